@@ -1,0 +1,367 @@
+"""Typed, validated experiment recipes.
+
+A recipe is a YAML file whose keys equal the field names below; `key=value` overrides on the command
+line use dotted paths (`train.epochs=3`). Unknown keys and bad values fail at load time with the key,
+the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_TASKS = ("molecule_captioning", "molecule_generation")
+ALL_TASKS = (
+    "forward_synthesis",
+    "retrosynthesis",
+    "molecule_captioning",
+    "molecule_generation",
+    "name_conversion-i2f",
+    "name_conversion-i2s",
+    "name_conversion-s2f",
+    "name_conversion-s2i",
+    "property_prediction-esol",
+    "property_prediction-lipo",
+    "property_prediction-bbbp",
+    "property_prediction-clintox",
+    "property_prediction-hiv",
+    "property_prediction-sider",
+)
+RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
+DEMO_RECIPE = "demo-cpu"
+
+
+class RecipeError(ValueError):
+    """A recipe (or an override) is invalid. The message names the key, the value and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class BuiltinModelConfig(_Section):
+    """Architecture of the tiny built-in model (`model.name: builtin:tiny-qwen2`) used by the CPU demo."""
+
+    hidden_size: int = Field(96, ge=8)
+    """Width of the residual stream."""
+    intermediate_size: int = Field(192, ge=8)
+    """Width of the MLP."""
+    num_hidden_layers: int = Field(2, ge=1)
+    """Number of transformer blocks."""
+    num_attention_heads: int = Field(4, ge=1)
+    """Attention heads (must divide hidden_size)."""
+    num_key_value_heads: int = Field(2, ge=1)
+    """Key/value heads (grouped-query attention, as in Qwen2)."""
+    vocab_size: int = Field(384, ge=64)
+    """Target size of the byte-level BPE vocabulary trained on the synthetic corpus."""
+    pretrain_samples: int = Field(3000, ge=10)
+    """Synthetic records (disjoint from every audited sample) the base model learns before fine-tuning."""
+    pretrain_epochs: int = Field(4, ge=0)
+    """Epochs of full-parameter pre-training of the base model (cached after the first build)."""
+    pretrain_lr: float = Field(3e-3, gt=0)
+    """Learning rate of that pre-training."""
+    seed: int = 1234
+    """Seed of the base model's initialisation and pre-training."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "BuiltinModelConfig":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must divide hidden_size={self.hidden_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_key_value_heads must divide num_attention_heads")
+        return self
+
+
+class ModelConfig(_Section):
+    """The base causal LM that every run fine-tunes."""
+
+    name: str = "builtin:tiny-qwen2"
+    """A Hugging Face hub id (`Qwen/Qwen2.5-0.5B-Instruct`), a local directory, or `builtin:tiny-qwen2`."""
+    revision: Optional[str] = None
+    """Hub revision (branch, tag or commit) to pin."""
+    trust_remote_code: bool = False
+    """Allow code shipped with the model to run. Off unless you trust the repository."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights' dtype: auto = float32 on CPU, bfloat16 on GPU."""
+    builtin: BuiltinModelConfig = Field(default_factory=BuiltinModelConfig)
+    """Settings of the built-in tiny model (ignored for hub or local models)."""
+
+
+class DataConfig(_Section):
+    """Where the SMolInstruct records come from and how the audited pool is drawn."""
+
+    source: Literal["synthetic", "hub", "local"] = "synthetic"
+    """synthetic = offline deterministic generator; hub = osunlp/SMolInstruct's data.zip; local = `path`."""
+    path: Optional[str] = None
+    """For source=local: data.zip, an extracted data.zip directory, a directory of JSONL/parquet files, or one JSONL/parquet file."""
+    hub_id: str = "osunlp/SMolInstruct"
+    """Dataset repository on the hub (source=hub)."""
+    hub_split: Literal["train", "dev", "test"] = "train"
+    """SMolInstruct split the pool and the validation set are drawn from."""
+    tasks: list[str] = Field(default_factory=lambda: list(DEFAULT_TASKS))
+    """SMolInstruct tasks to use."""
+    pool_size: int = Field(256, ge=4)
+    """Candidate training samples; each run trains on a random subset of them (membership varies)."""
+    val_size: int = Field(128, ge=2)
+    """Held-out validation samples, never trained on by any run (r_Q and utility)."""
+    max_length: int = Field(256, ge=16)
+    """Records longer than this many tokens (prompt + response) are dropped before drawing the pool."""
+    include_prompt_in_loss: bool = False
+    """Train and score on the prompt tokens too (default: response tokens only)."""
+    seed: int = 0
+    """Seed of the pool/validation draw (and of the synthetic generator)."""
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: list[str]) -> list[str]:
+        unknown = [t for t in tasks if t not in ALL_TASKS]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}; allowed: {list(ALL_TASKS)}")
+        if not tasks:
+            raise ValueError("at least one task is needed")
+        return tasks
+
+    @model_validator(mode="after")
+    def _path_for_local(self) -> "DataConfig":
+        if self.source == "local" and not self.path:
+            raise ValueError("data.source=local needs data.path (data.zip, a directory, or a JSONL/parquet file)")
+        return self
+
+
+class LoraSettings(_Section):
+    """LoRA adapter settings (peft)."""
+
+    r: int = Field(8, ge=1)
+    """Rank."""
+    alpha: float = Field(16, gt=0)
+    """Scaling numerator (lora_alpha)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter input."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names that receive an adapter."""
+
+
+class TrainConfig(_Section):
+    """Fine-tuning runs: how many, on what subset, and the optimisation."""
+
+    runs: int = Field(8, ge=2)
+    """Independent runs (each a random subset of the pool). Offline LiRA needs several runs per sample OUT."""
+    member_fraction: float = Field(0.5, gt=0, lt=1)
+    """Share of the pool each run trains on (exactly round(fraction * pool_size) samples)."""
+    epochs: int = Field(10, ge=1)
+    """Passes over the run's training subset."""
+    batch_size: int = Field(8, ge=1)
+    """Samples per optimizer step."""
+    lr: float = Field(2e-3, gt=0)
+    """AdamW learning rate (constant)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    checkpoints_per_epoch: int = Field(1, ge=1)
+    """Adapter checkpoints saved along the trajectory per epoch (evenly spaced in steps)."""
+    seed: int = 0
+    """Base seed; run r uses (seed, r) for its subset, its adapter init and its batch order."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: auto = cuda if available."""
+
+
+class ScoreConfig(_Section):
+    """Scoring: which quantizers, on which device, with which batching."""
+
+    quantizers: list[str] = Field(
+        default_factory=lambda: ["fp32", "uniform-5", "uniform-3", "uniform-2", "ternary-50", "sign", "hqq-4", "hqq-2"]
+    )
+    """Quantizer names (`llmaudit quantizers` lists them). The first full-precision one is the reference column."""
+    quantizer_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to score: auto = cuda if available."""
+    token_budget: int = Field(8192, ge=64)
+    """Maximum padded tokens per batch (batches are length-sorted)."""
+    head_chunk: int = Field(1024, ge=1)
+    """Positions per chunk when applying the output head (bounds logits memory)."""
+    vocab_stats: bool = True
+    """Store per-token mean/std of log p under the model's next-token distribution (Min-K%++)."""
+    score_base: bool = True
+    """Score the base model once on pool and validation (reference attack, memorization)."""
+    trajectory: Literal["all", "final"] = "all"
+    """Checkpoints scored on the validation set: all (r_Q needs the trajectory) or the final one only."""
+
+
+class AttackConfig(_Section):
+    """Membership inference attacks run on every quantizer's final checkpoint."""
+
+    attacks: list[str] = Field(
+        default_factory=lambda: ["loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref", "loss+zlib+ref", "lira_offline", "lira_online"]
+    )
+    """Attacks to run."""
+    fpc: Literal["auto", "off"] | float = "auto"
+    """Finite population correction of LiRA's OUT variance: auto = 1 - N/N_+ from the manifest."""
+    n_boot: int = Field(500, ge=0)
+    """Bootstrap resamples for confidence intervals."""
+    seed: int = 0
+    """Seed of the bootstraps."""
+
+
+class ReportConfig(_Section):
+    """Release checklist thresholds."""
+
+    max_tpr_at_1pct_fpr: float = Field(0.05, ge=0, le=1)
+    """Criterion: the best attack's TPR at 1% FPR must stay below this."""
+    min_r_q: float = Field(0.0, ge=0)
+    """Criterion: r_Q must be at least this (0 disables)."""
+    max_utility_loss: float = Field(0.10, ge=0)
+    """Criterion: relative increase of validation loss vs full precision must stay below this."""
+
+
+class ClusterConfig(_Section):
+    """Batch settings of `llmaudit submit`: where the shard jobs run and what each one asks for.
+
+    Not part of the experiment identity: moving an experiment between a laptop and a cluster, or
+    changing the shard count, never invalidates finished runs or scores."""
+
+    cluster: Literal["local", "slurm"] = "local"
+    """local = shard jobs run as processes on this machine (submitit's LocalExecutor); slurm = a SLURM array job."""
+    partition: Optional[str] = None
+    """SLURM partition (slurm_partition); None = the cluster's default partition."""
+    gpus_per_job: int = Field(0, ge=0)
+    """GPUs per shard job (gpus_per_node). With cluster=local, each running shard gets its own GPUs via CUDA_VISIBLE_DEVICES."""
+    cpus_per_job: int = Field(4, ge=1)
+    """CPU cores per shard job (cpus_per_task); also torch's thread count in the job unless LLMAUDIT_THREADS is set."""
+    mem_gb: Optional[int] = Field(None, ge=1)
+    """Host memory per shard job in GB; None = the cluster's default."""
+    time_minutes: int = Field(240, ge=1)
+    """Wall-clock limit of one shard job. A job that hits it (or is preempted) is requeued and resumes from disk."""
+    array_parallelism: int = Field(16, ge=1)
+    """Most shard jobs running at once (slurm_array_parallelism; with cluster=local, concurrent processes)."""
+    shards: int = Field(1, ge=1)
+    """N: every stage is split round-robin into N shard jobs (`--shard I/N`); finetune uses at most train.runs of them."""
+    slurm_additional_parameters: dict[str, Any] = Field(default_factory=dict)
+    """Extra sbatch options passed through unchanged, e.g. {account: my-project, qos: normal, constraint: a100}."""
+    log_dir: Optional[str] = None
+    """Where submitit writes job scripts, pickles and logs; default <output_dir>/jobs."""
+
+
+class ExperimentConfig(_Section):
+    """A whole audit: model, data, runs, scoring, attacks and report."""
+
+    name: str = "audit"
+    """Experiment name (also the default output directory under the current directory)."""
+    output_dir: Optional[str] = None
+    """Where the run store goes; default ./llmaudit-out/<name>."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    score: ScoreConfig = Field(default_factory=ScoreConfig)
+    attack: AttackConfig = Field(default_factory=AttackConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Batch settings for `llmaudit submit` (not part of the experiment identity)."""
+
+    def resolved_output_dir(self) -> Path:
+        return Path(self.output_dir) if self.output_dir else Path("llmaudit-out") / self.name
+
+    def identity(self) -> dict[str, Any]:
+        """The part of the config that defines the fine-tuned models: changing it makes a new experiment."""
+        return {
+            "model": self.model.model_dump(),
+            "data": self.data.model_dump(),
+            "lora": self.lora.model_dump(),
+            "train": {k: v for k, v in self.train.model_dump().items() if k != "device"},
+        }
+
+    def identity_hash(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid recipe {source}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        value = err.get("input")
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; `llmaudit finetune --help` lists the sections)"
+        elif err["type"] == "literal_error":
+            msg = f"{msg}"
+        lines.append(f"  {key} = {value!r}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise RecipeError(f"override {text!r} is not of the form key=value (e.g. train.epochs=3)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise RecipeError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"override {text!r}: value is not valid YAML ({exc})") from exc
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    raw = json.loads(json.dumps(raw))  # deep copy of plain data
+    for text in overrides:
+        path, value = parse_override(text)
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise RecipeError(f"override {text!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def resolve_recipe_path(recipe: str | Path | None) -> Path:
+    """A path to a YAML file, or the name of a shipped recipe (`demo-cpu`, `qwen2.5-0.5b-smolinstruct`)."""
+    if recipe is None:
+        recipe = DEMO_RECIPE
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    name = str(recipe)
+    if "/" not in name and os.sep not in name:
+        for candidate in (name, name.removesuffix(".yaml").removesuffix(".yml")):
+            shipped = RECIPE_DIR / f"{candidate}.yaml"
+            if shipped.is_file():
+                return shipped
+    available = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+    raise RecipeError(f"recipe {recipe!s} not found: pass a YAML file or one of the shipped recipes {available}.")
+
+
+def load_recipe(recipe: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    path = resolve_recipe_path(recipe)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise RecipeError(f"recipe {path} must be a mapping of sections (model, data, train, ...)")
+    raw = apply_overrides(raw, overrides or [])
+    return config_from_dict(raw, source=str(path))
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "(dict)") -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError(_format_validation_error(exc, source)) from None
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

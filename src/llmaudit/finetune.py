@@ -1,0 +1,216 @@
+"""`llmaudit finetune`: N LoRA runs, each on a random subset of a sample pool, with adapter checkpoints
+saved along every training trajectory.
+
+Resumable at every checkpoint: a finished run (DONE.json) is skipped; an interrupted one restarts from its
+latest complete checkpoint (adapter + optimizer state) and reproduces the uninterrupted trajectory.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llmaudit.config import ExperimentConfig
+from llmaudit.data import (
+    DataError,
+    dataset_fingerprint,
+    draw_pool_and_val,
+    load_records,
+    membership_masks,
+    records_to_jsonl,
+    resolve_route,
+    tokenize_records,
+)
+from llmaudit.io import atomic_dir, atomic_write_json, atomic_write_text
+from llmaudit.jobs import each_marked, run_marker_path
+from llmaudit.models import count_parameters, load_base_model, load_tokenizer, pick_device
+from llmaudit.store import RunStore
+from llmaudit.train_loop import TrainState, steps_per_epoch, train_epochs
+
+log = logging.getLogger(__name__)
+
+
+def shard_items(items: list, shard: tuple[int, int] | None) -> list:
+    """Deterministic round-robin split: item i belongs to shard i mod N (0-based I of N)."""
+    if shard is None:
+        return list(items)
+    index, count = shard
+    if not (count >= 1 and 0 <= index < count):
+        raise ValueError(f"shard {index}/{count} is invalid: need 0 <= I < N")
+    return [item for i, item in enumerate(items) if i % count == index]
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r} must look like I/N (e.g. 0/4), with 0 <= I < N") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ValueError(f"--shard {text!r}: need 0 <= I < N")
+    return i, n
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def prepare_experiment(cfg: ExperimentConfig, store: RunStore) -> dict[str, Any]:
+    """Create (or check and reuse) the run store: data draw, membership masks, manifest."""
+    store.check_identity(cfg)
+    if store.exists():
+        return store.manifest()
+    tok = load_tokenizer(cfg.model)
+    need = cfg.data.pool_size + cfg.data.val_size
+    records, route = load_records(cfg.data, n_needed=need)
+    # Drop over-long records before drawing, so the pool is exactly pool_size.
+    lengths_ok = {
+        ex.sample_id for ex in tokenize_records(tok, records, "any", include_prompt=cfg.data.include_prompt_in_loss, max_length=cfg.data.max_length)
+    }
+    usable = [r for r in records if r["sample_id"] in lengths_ok]
+    pool, val = draw_pool_and_val(usable, cfg.data.pool_size, cfg.data.val_size, cfg.data.seed)
+    masks = membership_masks(len(pool), cfg.train.runs, cfg.train.member_fraction, cfg.train.seed)
+    atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(pool))
+    atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(val))
+    data_info = {
+        "route": route,
+        "source": cfg.data.source,
+        "path": cfg.data.path,
+        "hub_id": cfg.data.hub_id if route == "hub" else None,
+        "tasks": cfg.data.tasks,
+        "n_available": len(records),
+        "n_usable": len(usable),
+        "fingerprint": dataset_fingerprint(pool + val),
+        "pool_ids": [r["sample_id"] for r in pool],
+        "val_ids": [r["sample_id"] for r in val],
+    }
+    return store.create(cfg, data_info, masks)
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+def checkpoint_steps(n_train: int, batch_size: int, epochs: int, per_epoch: int) -> list[int]:
+    """Evenly spaced optimizer steps at which an adapter checkpoint is saved (the last step included)."""
+    spe = steps_per_epoch(n_train, batch_size)
+    total = spe * epochs
+    k = epochs * per_epoch
+    return sorted({max(1, round(total * i / k)) for i in range(1, k + 1)})
+
+
+@dataclass
+class RunResult:
+    run: int
+    skipped: bool
+    steps: list[int]
+    final_loss: float | None
+    seconds: float
+
+
+def _lora_model(base: Any, cfg: ExperimentConfig, run: int) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    torch.manual_seed(int(np.random.default_rng([cfg.train.seed, run, 5]).integers(2**31)))
+    return get_peft_model(base, lora)
+
+
+def train_run(cfg: ExperimentConfig, store: RunStore, run: int, base: Any, tok: Any, device: torch.device, *, progress: bool = True) -> RunResult:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    t0 = time.time()
+    if store.run_done(run):
+        return RunResult(run, True, store.checkpoints(run), None, 0.0)
+    masks = store.membership()
+    pool = store.read_records("pool")
+    members = [pool[i] for i in np.flatnonzero(masks[run])]
+    examples = [
+        (list(ex.input_ids), list(ex.loss_mask))
+        for ex in tokenize_records(tok, members, "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    ]
+    save_at = checkpoint_steps(len(examples), cfg.train.batch_size, cfg.train.epochs, cfg.train.checkpoints_per_epoch)
+    model = _lora_model(copy.deepcopy(base), cfg, run)
+    model.to(device)
+    resume = None
+    done_steps = store.checkpoints(run)
+    if done_steps:
+        last = store.checkpoint_dir(run, done_steps[-1])
+        state_path = last / "trainer_state.pt"
+        if state_path.exists():
+            set_peft_model_state_dict(model, load_file(str(last / "adapter_model.safetensors")))
+            trainer_state = torch.load(state_path, map_location=device, weights_only=False)
+            torch.set_rng_state(trainer_state["torch_rng"])
+            resume = {"step": trainer_state["step"], "optimizer": trainer_state["optimizer"]}
+            log.info("run %d: resuming from step %d", run, trainer_state["step"])
+
+    def on_save(state: TrainState, optimizer: torch.optim.Optimizer) -> None:
+        target = store.checkpoint_dir(run, state.step)
+        with atomic_dir(target) as tmp:
+            model.save_pretrained(tmp)
+            torch.save(
+                {"step": state.step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
+                tmp / "trainer_state.pt",
+            )
+            atomic_write_json(tmp / "checkpoint.json", {"run": run, "step": state.step, "epoch": state.epoch, "train_loss": state.last_loss})
+        # Only the newest checkpoint keeps the optimizer state needed to resume (it is large on real models).
+        for step in store.checkpoints(run):
+            if step < state.step:
+                (store.checkpoint_dir(run, step) / "trainer_state.pt").unlink(missing_ok=True)
+
+    final = train_epochs(
+        model,
+        examples,
+        epochs=cfg.train.epochs,
+        batch_size=cfg.train.batch_size,
+        lr=cfg.train.lr,
+        weight_decay=cfg.train.weight_decay,
+        seed=int(np.random.default_rng([cfg.train.seed, run, 9]).integers(2**31)),
+        pad_id=tok.pad_token_id,
+        desc=f"run {run}",
+        device=device,
+        save_at=set(save_at),
+        on_save=on_save,
+        resume=resume,
+        progress=progress,
+    )
+    steps = store.checkpoints(run)
+    atomic_write_json(
+        store.run_done_path(run),
+        {"run": run, "steps": steps, "n_train": len(examples), "final_train_loss": final.last_loss, "seconds": round(time.time() - t0, 2)},
+    )
+    return RunResult(run, False, steps, final.last_loss, time.time() - t0)
+
+
+def finetune(cfg: ExperimentConfig, *, out: Path | None = None, shard: tuple[int, int] | None = None, progress: bool = True, echo=print) -> RunStore:
+    store = RunStore(out or cfg.resolved_output_dir())
+    manifest = prepare_experiment(cfg, store)
+    runs = shard_items(list(range(cfg.train.runs)), shard)
+    device = pick_device(cfg.train.device)
+    tok = load_tokenizer(cfg.model)
+    todo = [r for r in runs if not store.run_done(r)]
+    echo(f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} on {device}")
+    if todo:
+        base = load_base_model(cfg.model, device)
+        trainable, total = count_parameters(_lora_model(copy.deepcopy(base), cfg, 0))
+        if "parameters" not in manifest:
+            manifest["parameters"] = {"adapter_trainable": trainable, "model_total": total - trainable}
+            store.write_manifest(manifest)
+        for run in each_marked(todo, lambda r: run_marker_path(store, r)):
+            res = train_run(cfg, store, run, base, tok, device, progress=progress)
+            echo(f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)")
+    return store

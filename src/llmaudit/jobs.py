@@ -1,0 +1,398 @@
+"""Batch jobs: every stage as independent shard jobs, RUNNING markers, `llmaudit status` and `llmaudit submit`.
+
+A stage is a list of independent units, dealt round-robin to N shards (`shard_items`): shard I does the
+units whose index is I mod N, so N jobs cover the grid once, with no coordination between them.
+
+    finetune   one unit per fine-tuning run            (runs/run-007/DONE.json when finished)
+    score      one unit per (run, checkpoint, quantizer) (scores/run-007/step-000120/hqq-4.parquet)
+    report     one unit: the analysis and the report    (report/report.json)
+
+Resuming is the stages' own job (finished units are skipped, an interrupted run restarts from its
+latest checkpoint), so a crashed, killed or preempted shard is simply run again. While a unit is being
+worked on, a RUNNING marker sits beside it (runs/run-007/RUNNING.json, scores/.../hqq-4.RUNNING.json)
+with the host and pid of its process and a heartbeat (the file's mtime); `llmaudit status` tells a live
+marker from one left behind by a killed job. The markers are informational, never locks.
+
+`llmaudit submit` sends the shards through submitit: a SLURM array job per stage (later stages wait for
+earlier ones with `afterok` dependencies), or local processes with `cluster: local`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
+
+from llmaudit.config import ExperimentConfig, config_from_dict
+from llmaudit.io import atomic_write_json, read_json
+from llmaudit.store import RunStore
+
+T = TypeVar("T")
+Stage = Literal["finetune", "score", "report"]
+STAGES: tuple[Stage, ...] = ("finetune", "score", "report")
+HEARTBEAT_S = 30.0
+"""How often a live job refreshes its RUNNING marker's mtime."""
+STALE_AFTER_S = 300.0
+"""A marker from another host whose heartbeat is older than this belongs to a dead job."""
+
+
+# ------------------------------------------------------------------------------------------ markers
+
+
+def run_marker_path(store: RunStore, run: int) -> Path:
+    return store.run_dir(run) / "RUNNING.json"
+
+
+def unit_marker_path(store: RunStore, run: int, step: int, quantizer: str) -> Path:
+    path = store.unit_path(run, step, quantizer)
+    return path.with_name(f"{path.stem}.RUNNING.json")
+
+
+@contextlib.contextmanager
+def running_marker(path: Path, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[Path]:
+    """Hold a RUNNING marker at `path` for the duration of the block; a daemon thread refreshes its mtime.
+
+    Removed when the block ends, normally or by an exception; a killed process leaves it behind, which
+    `marker_state` recognises (dead pid on this host, or no heartbeat for STALE_AFTER_S)."""
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+    }
+    atomic_write_json(path, info)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat_s):
+            with contextlib.suppress(OSError):
+                os.utime(path)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat {path.name}", daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        thread.join()
+        path.unlink(missing_ok=True)
+
+
+def each_marked(items: Iterable[T], marker_path: Callable[[T], Path]) -> Iterator[T]:
+    """Yield each item while its RUNNING marker exists: `for run in each_marked(todo, path_of): ...`.
+
+    The marker of an item is removed when the loop moves to the next item, ends, breaks or raises
+    (the generator is closed then), so the work loop itself needs no changes."""
+    for item in items:
+        with running_marker(marker_path(item)):
+            yield item
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def marker_state(path: Path, *, now: float | None = None) -> Literal["running", "stale"] | None:
+    """running = a live job holds the marker; stale = its job died (the unit is missing); None = no marker."""
+    try:
+        age = (now or time.time()) - path.stat().st_mtime
+        info = read_json(path)
+    except (FileNotFoundError, ValueError):
+        return None
+    if age > STALE_AFTER_S:
+        return "stale"
+    if info.get("host") == socket.gethostname() and not _pid_alive(int(info.get("pid", -1))):
+        return "stale"
+    return "running"
+
+
+# ------------------------------------------------------------------------------------------ status
+
+
+def stage_status(store: RunStore) -> dict[str, Any]:
+    """What is done, running and missing in a run directory, per stage (the data of `llmaudit status`)."""
+    from llmaudit.scoring import plan_units  # torch: only when asked
+
+    cfg = store.config()
+    runs: dict[str, Any] = {"total": cfg.train.runs, "done": [], "running": [], "missing": [], "stale": [], "checkpoints": {}}
+    for run in range(cfg.train.runs):
+        steps = store.checkpoints(run)
+        runs["checkpoints"][run] = steps
+        if store.run_done(run):
+            runs["done"].append(run)
+            continue
+        state = marker_state(run_marker_path(store, run))
+        runs["running" if state == "running" else "missing"].append(run)
+        if state == "stale":
+            runs["stale"].append(run)
+
+    units = plan_units(cfg, store)
+    by_quantizer: dict[str, dict[str, int]] = {q: {"done": 0, "running": 0, "missing": 0} for q in cfg.score.quantizers}
+    scores: dict[str, Any] = {"total": len(units), "done": 0, "running": [], "missing": [], "stale": [], "by_quantizer": by_quantizer}
+    for unit in units:
+        key = {"run": unit.run, "step": unit.step, "quantizer": unit.quantizer}
+        if store.unit_path(unit.run, unit.step, unit.quantizer).exists():
+            scores["done"] += 1
+            by_quantizer.setdefault(unit.quantizer, {"done": 0, "running": 0, "missing": 0})["done"] += 1
+            continue
+        state = marker_state(unit_marker_path(store, unit.run, unit.step, unit.quantizer))
+        bucket = "running" if state == "running" else "missing"
+        scores[bucket].append(key)
+        by_quantizer.setdefault(unit.quantizer, {"done": 0, "running": 0, "missing": 0})[bucket] += 1
+        if state == "stale":
+            scores["stale"].append(key)
+    # Units of unfinished runs cannot be listed yet: their checkpoints do not exist.
+    scores["waiting_for_runs"] = [r for r in range(cfg.train.runs) if not store.run_done(r)]
+
+    report = {
+        "results": sorted(p.name for p in store.results_dir.glob("*") if p.is_file()) if store.results_dir.is_dir() else [],
+        "report": (store.report_dir / "report.json").exists(),
+    }
+    complete = not runs["missing"] and not runs["running"] and not scores["missing"] and not scores["running"] and report["report"]
+    return {"run_dir": str(store.root), "name": cfg.name, "finetune": runs, "score": scores, "report": report, "complete": complete}
+
+
+def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
+    def listed(items: list) -> str:
+        text = ", ".join(str(i) for i in items[:max_listed])
+        return text + (f", ... ({len(items) - max_listed} more)" if len(items) > max_listed else "")
+
+    def unit_name(u: dict) -> str:
+        return f"{'base' if u['run'] < 0 else 'run ' + str(u['run'])}/step {u['step']}/{u['quantizer']}"
+
+    ft, sc, rp = status["finetune"], status["score"], status["report"]
+    lines = [f"{status['name']}: {status['run_dir']}"]
+    lines.append(f"finetune  {len(ft['done'])}/{ft['total']} runs done, {len(ft['running'])} running, {len(ft['missing'])} missing")
+    if ft["running"]:
+        lines.append(f"  running: {listed(ft['running'])}")
+    for run in ft["missing"]:
+        steps = ft["checkpoints"][run]
+        resume = f"resumes from step {steps[-1]}" if steps else "not started"
+        stale = " (its job died)" if run in ft["stale"] else ""
+        lines.append(f"  missing: run {run}, {len(steps)} checkpoint(s), {resume}{stale}")
+    lines.append(
+        f"score     {sc['done']}/{sc['total']} units done, {len(sc['running'])} running, {len(sc['missing'])} missing"
+        + (f" (+ the units of {len(sc['waiting_for_runs'])} unfinished run(s))" if sc["waiting_for_runs"] else "")
+    )
+    for q, counts in sc["by_quantizer"].items():
+        lines.append(f"  {q:>14}: {counts['done']} done, {counts['running']} running, {counts['missing']} missing")
+    if sc["running"]:
+        lines.append(f"  running: {listed([unit_name(u) for u in sc['running']])}")
+    if sc["missing"]:
+        lines.append(f"  missing: {listed([unit_name(u) for u in sc['missing']])}")
+    lines.append(f"report    results: {listed(rp['results']) or 'none'}; report: {'yes' if rp['report'] else 'no'}")
+    lines.append("complete" if status["complete"] else "incomplete: `llmaudit submit all RUN_DIR` (or the stage commands) resumes it")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ one shard
+
+
+def _set_threads(cfg: ExperimentConfig) -> None:
+    import torch
+
+    threads = os.environ.get("LLMAUDIT_THREADS") or (cfg.cluster.cpus_per_job if os.environ.get("SLURM_JOB_ID") else None)
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def run_shard(stage: Stage, config: dict[str, Any], out: str, shard: tuple[int, int] | None, *, progress: bool = False) -> dict[str, Any]:
+    """Do shard `shard` of `stage` in this process: what `llmaudit STAGE ... --shard I/N` does.
+
+    Takes the config as plain data so that it pickles for submitit; safe to run again after any crash."""
+    cfg = config_from_dict(config, source="(submitted job)")
+    _set_threads(cfg)
+    store = RunStore(out)
+    if stage == "finetune":
+        from llmaudit.finetune import finetune
+
+        finetune(cfg, out=Path(out), shard=shard, progress=progress)
+        return {"stage": stage, "shard": shard, "runs_done": sum(store.run_done(r) for r in range(cfg.train.runs))}
+    if stage == "score":
+        from llmaudit.scoring import score
+
+        unfinished = [r for r in range(cfg.train.runs) if not store.run_done(r)]
+        if shard is not None and shard[1] > 1 and unfinished:
+            # The round-robin split is over the full grid; with runs missing, shards would disagree on it.
+            raise RuntimeError(
+                f"score shard {shard[0]}/{shard[1]}: runs {unfinished} of {store.root} are not finished, so the "
+                "scoring grid is incomplete. Finish `finetune` first (`llmaudit status` shows what is missing)."
+            )
+        return {"stage": stage, "shard": shard, **score(cfg, store, shard=shard, progress=progress)}
+    if stage == "report":
+        from llmaudit.analysis import analyze
+        from llmaudit.report import write_report
+
+        paths = write_report(store, analyze(store.config(), store))
+        return {"stage": stage, "shard": None, "paths": paths}
+    raise ValueError(f"unknown stage {stage!r}; allowed: {list(STAGES)}")
+
+
+class ShardJob:
+    """The callable each submitit job runs. On timeout or preemption submitit calls `checkpoint`, which
+    requeues the same call: the stage resumes from what is on disk (duck-typed submitit Checkpointable,
+    so that importing llmaudit never needs submitit)."""
+
+    def __call__(self, stage: Stage, config: dict[str, Any], out: str, shard: tuple[int, int] | None) -> dict[str, Any]:
+        return run_shard(stage, config, out, shard)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ submit
+
+
+def stage_shards(stage: Stage, cfg: ExperimentConfig) -> list[tuple[int, int] | None]:
+    """The shard arguments of one stage's jobs: finetune never gets more shards than runs; report is one job."""
+    if stage == "report":
+        return [None]
+    n = min(cfg.cluster.shards, cfg.train.runs) if stage == "finetune" else cfg.cluster.shards
+    return [(i, n) for i in range(n)]
+
+
+def shard_has_work(stage: Stage, cfg: ExperimentConfig, store: RunStore, shard: tuple[int, int] | None) -> bool:
+    """Whether a shard has anything left to do (the report is always redone: it is cheap and reads every score)."""
+    from llmaudit.finetune import shard_items
+
+    if stage == "finetune":
+        return any(not store.run_done(r) for r in shard_items(list(range(cfg.train.runs)), shard))
+    if stage == "score":
+        from llmaudit.scoring import plan_units
+
+        return any(not store.unit_path(u.run, u.step, u.quantizer).exists() for u in shard_items(plan_units(cfg, store), shard))
+    return True
+
+
+def slurm_parameters(cfg: ExperimentConfig, stage: Stage, dependency: str | None = None) -> dict[str, Any]:
+    """submitit AutoExecutor parameters of one stage's array job, from the recipe's cluster section."""
+    c = cfg.cluster
+    extra = dict(c.slurm_additional_parameters)
+    if dependency:
+        extra["dependency"] = dependency
+    params: dict[str, Any] = {
+        "name": f"llmaudit-{stage}-{cfg.name}",
+        "timeout_min": c.time_minutes,
+        "nodes": 1,
+        "tasks_per_node": 1,
+        "gpus_per_node": c.gpus_per_job,
+        "cpus_per_task": c.cpus_per_job,
+        "slurm_array_parallelism": c.array_parallelism,
+    }
+    if c.partition:
+        params["slurm_partition"] = c.partition
+    if c.mem_gb:
+        params["mem_gb"] = c.mem_gb
+    if extra:
+        params["slurm_additional_parameters"] = extra
+    return params
+
+
+def _log_dir(cfg: ExperimentConfig, out: Path) -> Path:
+    return Path(cfg.cluster.log_dir) if cfg.cluster.log_dir else out / "jobs"
+
+
+def _array_id(job: Any) -> str:
+    return str(job.job_id).split("_")[0]
+
+
+def submit_slurm(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, executor_factory: Callable[..., Any] | None = None, echo=print) -> list[Any]:
+    """One SLURM array job per stage, each waiting (afterok) for the previous one. Returns without waiting."""
+    if executor_factory is None:
+        import submitit
+
+        executor_factory = submitit.AutoExecutor
+    config = cfg.model_dump(mode="json")
+    all_jobs: list[Any] = []
+    dependency = None
+    for stage in stages:
+        shards = stage_shards(stage, cfg)
+        executor = executor_factory(folder=str(_log_dir(cfg, out) / stage), cluster="slurm")
+        executor.update_parameters(**slurm_parameters(cfg, stage, dependency))
+        jobs = executor.map_array(ShardJob(), [stage] * len(shards), [config] * len(shards), [str(out)] * len(shards), shards)
+        echo(f"[submit] {stage}: SLURM array job {_array_id(jobs[0])} with {len(jobs)} task(s)" + (f", after {dependency}" if dependency else ""))
+        dependency = f"afterok:{_array_id(jobs[0])}"
+        all_jobs.extend(jobs)
+    return all_jobs
+
+
+def _local_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def submit_local(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=print, poll_s: float = 0.5) -> list[dict[str, Any]]:
+    """Run every stage's shard jobs as local processes through submitit's LocalExecutor, stage after stage.
+
+    At most cluster.array_parallelism jobs run at once; with gpus_per_job > 0 each concurrent job gets its
+    own GPUs (CUDA_VISIBLE_DEVICES), so one node with G GPUs trains G runs side by side. Blocks until done:
+    local jobs are children of this process. Raises if a job fails (its log is in the log directory)."""
+    import submitit
+
+    config = cfg.model_dump(mode="json")
+    gpus = cfg.cluster.gpus_per_job
+    slots = cfg.cluster.array_parallelism
+    if gpus:
+        available = _local_gpu_count()
+        if available < gpus:
+            raise RuntimeError(f"cluster.gpus_per_job={gpus} but this machine has {available} GPU(s); set cluster.gpus_per_job=0 for CPU")
+        slots = min(slots, available // gpus)
+    results: list[dict[str, Any]] = []
+    for stage in stages:
+        executor = submitit.LocalExecutor(folder=str(_log_dir(cfg, out) / stage))
+        # Stages run one after the other here, so shards whose units are all on disk need no process at all.
+        pending = [shard for shard in stage_shards(stage, cfg) if shard_has_work(stage, cfg, RunStore(out), shard)]
+        running: dict[int, Any] = {}  # slot -> job
+        finished: list[Any] = []
+        while pending or running:
+            for slot in [s for s, job in running.items() if job.done()]:
+                finished.append(running.pop(slot))
+            for slot in [s for s in range(slots) if s not in running]:
+                if not pending:
+                    break
+                executor.update_parameters(
+                    timeout_min=cfg.cluster.time_minutes,
+                    gpus_per_node=gpus,
+                    visible_gpus=list(range(slot * gpus, (slot + 1) * gpus)),
+                )
+                running[slot] = executor.submit(ShardJob(), stage, config, str(out), pending.pop(0))
+            time.sleep(poll_s if running else 0)
+        for job in finished:
+            try:
+                results.append(job.result())
+            except Exception as exc:  # submitit wraps the job's traceback; the log path is what helps
+                raise RuntimeError(f"{stage} job {job.job_id} failed; its log: {job.paths.stderr}\n{exc}") from None
+        echo(f"[submit] {stage}: {len(finished)} local job(s) finished" + (f" ({len(stage_shards(stage, cfg)) - len(finished)} shard(s) had nothing left to do)" if len(finished) < len(stage_shards(stage, cfg)) else ""))
+    return results
+
+
+def submit(cfg: ExperimentConfig, stage: Literal["finetune", "score", "report", "all"], *, echo=print, executor_factory: Callable[..., Any] | None = None) -> list[Any]:
+    """Send a stage (or all three, in order) to the cluster the recipe names. Prepares the run directory
+    first (data draw, manifest) so that the shard jobs never race to create it."""
+    out = cfg.resolved_output_dir().resolve()
+    cfg = cfg.model_copy(update={"output_dir": str(out)})
+    stages: list[Stage] = list(STAGES) if stage == "all" else [stage]
+    if stages[0] == "finetune":
+        from llmaudit.finetune import prepare_experiment
+
+        prepare_experiment(cfg, RunStore(out))
+    else:
+        RunStore(out).check_identity(cfg)
+    echo(f"[submit] {', '.join(stages)} of {cfg.name} on {cfg.cluster.cluster}; run directory {out}; logs in {_log_dir(cfg, out)}")
+    if cfg.cluster.cluster == "slurm":
+        return submit_slurm(cfg, stages, out, executor_factory=executor_factory, echo=echo)
+    return submit_local(cfg, stages, out, echo=echo)

@@ -1,0 +1,59 @@
+"""Quantization adapters: one registry of named quantizers over several backends.
+
+>>> q = get_quantizer("hqq-4", group_size=64, device="auto")
+>>> q.check(model); qmodel = q.quantize_model(model)
+
+Importing this package never imports bitsandbytes, gptqmodel or hqq: each backend imports its library
+inside ``quantize_model``, behind a cached ``importlib.util.find_spec`` availability check.
+"""
+
+from __future__ import annotations
+
+from .base import DEFAULT_MODULES, QuantizationError, Quantizer, QuantizerInfo
+from .bnb_backend import BNB_KINDS, BnbQuantizer
+from .full import FULL_DTYPES, FullPrecision
+from .gptq_backend import GPTQ_BITS, GPTQQuantizer
+from .hqq_backend import HQQ_BITS, HQQQuantizer
+from .simple import SIMPLE_SPECS, SimpleQuantizer, sign_quantize, ternary_quantize, uniform_quantize
+
+_REGISTRY: dict[str, type[Quantizer]] = {
+    **{name: FullPrecision for name in FULL_DTYPES},
+    **{name: BnbQuantizer for name in BNB_KINDS},
+    **{name: GPTQQuantizer for name in GPTQ_BITS},
+    **{name: HQQQuantizer for name in HQQ_BITS},
+    **{name: SimpleQuantizer for name in SIMPLE_SPECS},
+}
+
+QUANTIZER_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def get_quantizer(name: str, **options) -> Quantizer:
+    """The quantizer called ``name`` with validated ``options`` (unknown key or bad value ->
+    QuantizationError naming the key, the value and what is allowed). Does not import the backend."""
+    if name not in _REGISTRY:
+        raise QuantizationError(f"unknown quantizer {name!r}; allowed: {list(QUANTIZER_NAMES)}")
+    return _REGISTRY[name](name, **options)
+
+
+def list_quantizers() -> list[QuantizerInfo]:
+    """Every quantizer with its family, nominal bits and whether it can run here (else why not)."""
+    infos = []
+    for name in QUANTIZER_NAMES:
+        q = get_quantizer(name)
+        reason = q.availability()
+        infos.append(QuantizerInfo(name, q.family, q.bits, reason is None, reason))
+    return infos
+
+
+__all__ = [
+    "DEFAULT_MODULES",
+    "QUANTIZER_NAMES",
+    "QuantizationError",
+    "Quantizer",
+    "QuantizerInfo",
+    "get_quantizer",
+    "list_quantizers",
+    "sign_quantize",
+    "ternary_quantize",
+    "uniform_quantize",
+]

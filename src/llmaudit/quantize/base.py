@@ -1,0 +1,336 @@
+"""Shared pieces of the quantization adapters: the error type, option validation, module scope,
+device resolution and the bits/size accounting.
+
+Accounting (``effective_bits`` and ``model_size_bytes``)
+--------------------------------------------------------
+``effective_bits(model)`` is the storage cost per quantized weight, averaged over the in-scope
+weight matrices (weighted by element count)::
+
+    sum_l numel(W_l) * bits_per_weight_l / sum_l numel(W_l)
+
+where ``bits_per_weight_l`` is the backend's code width plus its per-group / per-row / per-tensor
+metadata divided by the number of weights that share it (each backend documents its formula in
+``bits_per_weight``). It is computed from the layer shapes and the options, so it is the same for a
+real quantized module and for the equivalent fake-quantized ``nn.Linear``. Biases are not counted
+(they stay in floating point; they are counted by ``model_size_bytes``).
+
+``model_size_bytes(model)`` = in-scope weights at ``bits_per_weight`` + every other parameter of the
+returned model at its element size (embeddings, norms, output head, biases of quantized layers),
+tied parameters counted once, rounded up to whole bytes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+# Linear layers inside the transformer blocks of HF decoders (`model.layers.<i>.self_attn.q_proj`, ...).
+# Embeddings, norms and the output head are left alone, as the real backends do.
+DEFAULT_MODULES: tuple[str, ...] = (r"(^|\.)layers\.\d+\.",)
+DEVICES = ("auto", "cpu", "cuda")
+
+INSTALL_HINTS = {
+    "hqq": "pip install 'llmaudit[hqq]'",
+    "bitsandbytes": "pip install 'llmaudit[bnb]'",
+    "gptqmodel": "pip install 'llmaudit[gptq]'",
+}
+
+
+class QuantizationError(RuntimeError):
+    """A quantizer cannot do what was asked: bad option, missing library, impossible request."""
+
+
+@dataclass(frozen=True)
+class QuantizerInfo:
+    name: str
+    family: str
+    bits: float
+    available: bool
+    reason: str | None
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "family": self.family,
+            "bits": self.bits,
+            "available": self.available,
+            "reason": self.reason,
+        }
+
+
+@lru_cache(maxsize=None)
+def library_available(module_name: str) -> bool:
+    """Cached check that never imports the library itself."""
+    return importlib.util.find_spec(module_name) is not None
+
+
+def missing_library_reason(module_name: str) -> str | None:
+    if library_available(module_name):
+        return None
+    return f"the Python package '{module_name}' is not installed; fix: {INSTALL_HINTS[module_name]}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class Option:
+    """One validated option: its default, a human description of what is allowed, and a predicate."""
+
+    default: Any
+    allowed: str
+    is_valid: Callable[[Any], bool]
+    normalise: Callable[[Any], Any] = lambda v: v
+
+
+def choice(default: Any, values: Iterable[Any]) -> Option:
+    values = tuple(values)
+    return Option(default, f"one of {list(values)}", lambda v: v in values and type(v) is type(values[0]))
+
+
+def boolean(default: bool) -> Option:
+    return Option(default, "true or false", lambda v: isinstance(v, bool))
+
+
+def integer(default: int, allowed: str, ok: Callable[[int], bool]) -> Option:
+    return Option(default, allowed, lambda v: isinstance(v, int) and not isinstance(v, bool) and ok(v))
+
+
+def real(default: float, allowed: str, ok: Callable[[float], bool]) -> Option:
+    return Option(
+        default,
+        allowed,
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v),
+        normalise=float,
+    )
+
+
+def _valid_regex_list(v: Any) -> bool:
+    if isinstance(v, str) or not isinstance(v, (list, tuple)) or not v:
+        return False
+    for pattern in v:
+        if not isinstance(pattern, str):
+            return False
+        try:
+            re.compile(pattern)
+        except re.error:
+            return False
+    return True
+
+
+def common_options() -> dict[str, Option]:
+    return {
+        "modules": Option(
+            list(DEFAULT_MODULES),
+            "a non-empty list of regular expressions matched (re.search) against module names; "
+            "the linear layers whose name matches any of them are quantized",
+            _valid_regex_list,
+            normalise=list,
+        ),
+        "device": choice("auto", DEVICES),
+    }
+
+
+def resolve_options(quantizer_name: str, spec: dict[str, Option], given: dict[str, Any]) -> dict[str, Any]:
+    """Defaults + given values, each validated. Errors name the key, the value and what is allowed."""
+    unknown = sorted(set(given) - set(spec))
+    if unknown:
+        key = unknown[0]
+        raise QuantizationError(
+            f"{quantizer_name}: unknown option {key}={given[key]!r}; allowed options: {sorted(spec)}"
+        )
+    resolved = {}
+    for key, option in spec.items():
+        value = given.get(key, option.default)
+        if not option.is_valid(value):
+            raise QuantizationError(
+                f"{quantizer_name}: bad value {key}={value!r}; allowed: {option.allowed}"
+            )
+        resolved[key] = option.normalise(value)
+    return resolved
+
+
+# --------------------------------------------------------------------------------------------------
+# Scope, device
+
+
+def _is_linear_like(module: nn.Module) -> bool:
+    """nn.Linear and the backends' quantized linear modules (all expose in/out_features)."""
+    if isinstance(module, nn.Linear):
+        return True
+    return isinstance(getattr(module, "in_features", None), int) and isinstance(
+        getattr(module, "out_features", None), int
+    )
+
+
+def target_modules(model: nn.Module, patterns: Iterable[str]) -> list[tuple[str, nn.Module]]:
+    """Linear(-like) modules whose qualified name matches one of ``patterns`` (re.search)."""
+    compiled = [re.compile(p) for p in patterns]
+    found = []
+    for name, module in model.named_modules():
+        if not name or not _is_linear_like(module):
+            continue
+        if any(p.search(name) for p in compiled):
+            found.append((name, module))
+    # A matched module inside another matched module (e.g. a wrapper) is counted once, at the top.
+    tops = []
+    for name, module in found:
+        if not any(name.startswith(other + ".") for other, _ in tops):
+            tops.append((name, module))
+    return tops
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def compute_dtype_for(device: torch.device) -> torch.dtype:
+    """fp32 on CPU (bf16 matmuls are about 6x slower there), bf16 on GPU."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------------
+# Base class
+
+
+class Quantizer:
+    """Common behaviour; each backend module defines a subclass with its option spec,
+    ``bits_per_weight``, ``_check_backend`` and ``_quantize``."""
+
+    family: str = ""
+    library: str | None = None  # import name of the backend library, if any
+
+    def __init__(self, name: str, bits: float, option_spec: dict[str, Option], options: dict[str, Any]):
+        self.name = name
+        self.bits = float(bits)
+        self._spec = option_spec
+        self.options = resolve_options(name, option_spec, options)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, options={self.options!r})"
+
+    # ---- public API -------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return resolve_device(self.options["device"])
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return compute_dtype_for(self.device)
+
+    def availability(self) -> str | None:
+        """None when this quantizer can run here, else the reason (with the fix)."""
+        if self.library is not None:
+            reason = missing_library_reason(self.library)
+            if reason:
+                return f"{self.name}: {reason}"
+        if self.options["device"] == "cuda" and not torch.cuda.is_available():
+            return (
+                f"{self.name}: device='cuda' was requested but no CUDA GPU is available; "
+                "fix: run on a GPU machine or pass device='cpu' (or 'auto')"
+            )
+        return None
+
+    def check(self, model: nn.Module | None = None) -> None:
+        """Raise QuantizationError before any work if the request cannot be carried out."""
+        reason = self.availability()
+        if reason:
+            raise QuantizationError(reason)
+        self._check_options()
+        if model is not None:
+            targets = target_modules(model, self.options["modules"])
+            if not targets:
+                raise QuantizationError(
+                    f"{self.name}: modules={self.options['modules']!r} matches no linear layer of "
+                    f"{type(model).__name__}; fix: pass modules= regexes matching names such as "
+                    f"{[n for n, m in model.named_modules() if isinstance(m, nn.Linear)][:3]}"
+                )
+            for name, module in targets:
+                self._check_layer(name, module)
+
+    def quantize_model(self, model: nn.Module, *, tokenizer=None, calibration_texts=None) -> nn.Module:
+        self.check(model)
+        model.eval()
+        model.to(self.device)
+        with torch.no_grad():
+            out = self._quantize(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
+        out.eval()
+        return out
+
+    def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        raise NotImplementedError
+
+    def effective_bits(self, model: nn.Module) -> float:
+        targets = target_modules(model, self.options["modules"])
+        if not targets:
+            raise QuantizationError(f"{self.name}: no in-scope linear layer in the model")
+        total_bits = 0.0
+        total_weights = 0
+        for _, module in targets:
+            n = module.in_features * module.out_features
+            total_bits += n * self.bits_per_weight(module.in_features, module.out_features)
+            total_weights += n
+        return total_bits / total_weights
+
+    def model_size_bytes(self, model: nn.Module) -> int:
+        targets = target_modules(model, self.options["modules"])
+        target_names = [name for name, _ in targets]
+        bits = 0.0
+        for _, module in targets:
+            bits += module.in_features * module.out_features * self.bits_per_weight(
+                module.in_features, module.out_features
+            )
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                bits += bias.numel() * bias.element_size() * 8
+        for name, param in model.named_parameters():  # shared (tied) parameters appear once
+            if any(name.startswith(t + ".") for t in target_names):
+                continue
+            bits += param.numel() * param.element_size() * 8
+        return int(math.ceil(bits / 8))
+
+    # ---- hooks for backends -----------------------------------------------------------------------
+    def _check_options(self) -> None:
+        """Backend-specific checks that need no model."""
+
+    def _check_layer(self, name: str, module: nn.Module) -> None:
+        """Backend-specific checks on one in-scope layer (e.g. group size divides in_features)."""
+
+    def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
+        raise NotImplementedError
+
+
+def check_group_size(quantizer_name: str, layer_name: str, in_features: int, group_size: int) -> None:
+    if group_size > 0 and in_features % group_size != 0:
+        divisors = [g for g in (8, 16, 32, 64, 128, 256) if in_features % g == 0]
+        raise QuantizationError(
+            f"{quantizer_name}: group_size={group_size} does not divide the input width {in_features} "
+            f"of layer '{layer_name}'; fix: pass a group_size that divides every in-scope layer's "
+            f"input width (here e.g. {divisors}) or restrict modules="
+        )
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def linear_from_weight(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
+    """A plain nn.Linear holding ``weight: [out, in]`` (the fake-quantized / dequantized weight)."""
+    out_features, in_features = weight.shape
+    linear = nn.Linear(in_features, out_features, bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.detach().to(device=weight.device, dtype=dtype), requires_grad=False)
+    return linear

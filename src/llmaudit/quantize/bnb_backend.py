@@ -1,0 +1,112 @@
+"""bitsandbytes: NF4 / FP4 (4-bit blockwise, optional double quantization) and LLM.int8().
+
+4-bit ``mode``:
+- ``"real"``: the layers become ``bitsandbytes.nn.Linear4bit`` (compute dtype fp32 on CPU, bf16 on GPU).
+  NOTE: on CPUs with AVX512-BF16, bitsandbytes' eval-time CPU path repacks the weight and runs a fused
+  kernel that casts the activations to bf16, so "real" losses on such a CPU carry bf16 rounding.
+- ``"fake"``: ``bitsandbytes.functional.quantize_4bit`` then ``dequantize_4bit`` into an fp32
+  ``nn.Linear``. This equals Linear4bit's generic forward (dequantize, then an fp32 matmul) exactly;
+  a test proves it.
+- ``"auto"`` (default): fake on CPU, real on GPU.
+
+int8 is always the real ``Linear8bitLt`` (``has_fp16_weights=False``, outlier ``threshold`` option,
+default 6.0 as in transformers): LLM.int8() also quantizes the ACTIVATIONS row-wise at run time, so
+quantizing only the weights would not give the same losses (measured: it does not).
+
+Bits accounting: 4-bit: 4 + 32 / blocksize (one fp32 absmax per block); with double quantization the
+absmax is stored in 8 bits plus one fp32 per 256 blocks: 4 + 8 / blocksize + 32 / (256 * blocksize).
+int8: 8 + 32 / in_features (one fp32 scale per output row).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .base import (
+    QuantizationError,
+    Quantizer,
+    boolean,
+    choice,
+    common_options,
+    linear_from_weight,
+    real,
+    replace_module,
+    target_modules,
+)
+
+BNB_KINDS = {"bnb-nf4": ("nf4", 4), "bnb-fp4": ("fp4", 4), "bnb-int8": ("int8", 8)}
+BLOCKSIZES = (64, 128, 256, 512, 1024, 2048, 4096)
+DOUBLE_QUANT_BLOCKSIZE = 256  # bitsandbytes' blocksize for the nested (absmax) quantization
+
+
+class BnbQuantizer(Quantizer):
+    family = "bnb"
+    library = "bitsandbytes"
+
+    def __init__(self, name: str, **options):
+        self.kind, bits = BNB_KINDS[name]
+        spec = common_options()
+        if self.kind == "int8":
+            spec["threshold"] = real(6.0, "a number >= 0 (LLM.int8() outlier threshold; 0 disables it)",
+                                     lambda t: t >= 0)
+            spec["mode"] = choice("auto", ("auto", "real"))
+        else:
+            spec["double_quant"] = boolean(False)
+            spec["blocksize"] = choice(64, BLOCKSIZES)
+            spec["mode"] = choice("auto", ("auto", "fake", "real"))
+        super().__init__(name, bits, spec, options)
+
+    @property
+    def resolved_mode(self) -> str:
+        if self.options["mode"] != "auto":
+            return self.options["mode"]
+        return "fake" if (self.device.type == "cpu" and self.kind != "int8") else "real"
+
+    def _check_layer(self, name: str, module: nn.Module) -> None:
+        if not isinstance(module, nn.Linear):
+            raise QuantizationError(f"{self.name}: layer '{name}' is {type(module).__name__}, not nn.Linear")
+
+    def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        if self.kind == "int8":
+            return 8.0 + 32.0 / in_features
+        b = self.options["blocksize"]
+        if self.options["double_quant"]:
+            return 4.0 + 8.0 / b + 32.0 / (DOUBLE_QUANT_BLOCKSIZE * b)
+        return 4.0 + 32.0 / b
+
+    def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
+        import bitsandbytes as bnb
+        import bitsandbytes.functional as bnb_f
+
+        dtype = self.compute_dtype
+        device = self.device
+        fake = self.resolved_mode == "fake"
+        for name, linear in target_modules(model, self.options["modules"]):
+            weight = linear.weight.data.to(device=device, dtype=dtype).contiguous()
+            bias = linear.bias.data.to(device=device, dtype=dtype) if linear.bias is not None else None
+            if self.kind == "int8":
+                new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias is not None,
+                                          has_fp16_weights=False, threshold=self.options["threshold"])
+                new.weight = bnb.nn.Int8Params(weight.cpu(), requires_grad=False, has_fp16_weights=False)
+            elif fake:
+                packed, state = bnb_f.quantize_4bit(weight, blocksize=self.options["blocksize"],
+                                                    compress_statistics=self.options["double_quant"],
+                                                    quant_type=self.kind)
+                new = linear_from_weight(bnb_f.dequantize_4bit(packed, state).to(dtype), bias, dtype)
+            else:
+                new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias is not None,
+                                        compute_dtype=dtype, compress_statistics=self.options["double_quant"],
+                                        quant_type=self.kind)
+                new.weight = bnb.nn.Params4bit(weight.cpu(), requires_grad=False, blocksize=self.options["blocksize"],
+                                               compress_statistics=self.options["double_quant"],
+                                               quant_type=self.kind, module=new)
+            if not fake and bias is not None:
+                new.bias = nn.Parameter(bias.cpu(), requires_grad=False)
+            if not fake:
+                new = new.to(device)  # moving a bnb parameter to a device is what quantizes it
+            replace_module(model, name, new)
+        if device.type != "cpu":
+            for _, param in model.named_parameters():
+                if param.dtype.is_floating_point:
+                    param.data = param.data.to(dtype)
+        return model

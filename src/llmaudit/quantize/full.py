@@ -1,0 +1,47 @@
+"""Full-precision references: fp32, bf16, fp16.
+
+``mode``:
+- ``"fake"``: the in-scope weights are rounded to the dtype and stored back in the model's dtype
+  (exactly the values a bf16/fp16 checkpoint holds; compute stays fp32). Same scope as every other
+  quantizer, so the rows of a quantizer grid differ only by the rule applied to the same weights.
+- ``"native"``: the whole model is cast to the dtype (what a real bf16/fp16 deployment runs, including
+  embeddings, norms and head; activations in the dtype).
+- ``"auto"`` (default): fake on CPU (bf16 matmuls are about 6x slower there), native on GPU.
+
+Bits accounting: 32 or 16 bits per weight, no metadata.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import Quantizer, choice, common_options, target_modules
+
+FULL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class FullPrecision(Quantizer):
+    family = "full"
+
+    def __init__(self, name: str, **options):
+        self.dtype = FULL_DTYPES[name]
+        spec = common_options()
+        spec["mode"] = choice("auto", ("auto", "fake", "native"))
+        super().__init__(name, torch.finfo(self.dtype).bits, spec, options)
+
+    @property
+    def resolved_mode(self) -> str:
+        if self.options["mode"] != "auto":
+            return self.options["mode"]
+        return "fake" if self.device.type == "cpu" else "native"
+
+    def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        return float(torch.finfo(self.dtype).bits)
+
+    def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
+        if self.resolved_mode == "native":
+            return model.to(self.dtype)
+        for _, module in target_modules(model, self.options["modules"]):
+            module.weight.data = module.weight.data.to(self.dtype).to(module.weight.dtype)
+        return model

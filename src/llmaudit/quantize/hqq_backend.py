@@ -1,0 +1,81 @@
+"""HQQ (half-quadratic quantization) through hqq's own API: ``hqq.core.quantize.HQQLinear`` applied
+to each in-scope linear layer (the per-layer form of ``AutoHQQHFModel.quantize_model``, which lets the
+``modules`` scope be honoured exactly; transformers 5's ``HqqConfig`` is a stub).
+
+``mode``:
+- ``"real"``: the layers become ``HQQLinear`` modules (compute dtype fp32 on CPU, bf16 on GPU).
+- ``"fake"``: each layer is quantized with ``HQQLinear`` and replaced by an ``nn.Linear`` holding
+  ``HQQLinear.dequantize()``. HQQLinear's PyTorch forward is exactly ``x @ dequantize().T + bias``,
+  so the losses are the same (a test keeps proving it); the plain Linear is faster to score.
+- ``"auto"`` (default): fake on CPU, real on GPU.
+
+Bits accounting: nbits per weight + one scale and one zero per group of ``group_size`` weights,
+each counted at 16 bits (the dtype hqq checkpoints store them in): nbits + 32 / group_size
+(e.g. hqq-4 with group_size 64: 4.5 bits).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .base import (
+    QuantizationError,
+    Quantizer,
+    check_group_size,
+    choice,
+    common_options,
+    integer,
+    linear_from_weight,
+    replace_module,
+    target_modules,
+)
+
+HQQ_BITS = {"hqq-1": 1, "hqq-2": 2, "hqq-3": 3, "hqq-4": 4, "hqq-8": 8}
+
+
+class HQQQuantizer(Quantizer):
+    family = "hqq"
+    library = "hqq"
+
+    def __init__(self, name: str, **options):
+        self.nbits = HQQ_BITS[name]
+        spec = common_options()
+        spec["group_size"] = integer(64, "a positive multiple of 8 dividing each layer's input width",
+                                     lambda g: g > 0 and g % 8 == 0)
+        spec["mode"] = choice("auto", ("auto", "fake", "real"))
+        super().__init__(name, self.nbits, spec, options)
+
+    @property
+    def resolved_mode(self) -> str:
+        if self.options["mode"] != "auto":
+            return self.options["mode"]
+        return "fake" if self.device.type == "cpu" else "real"
+
+    def _check_layer(self, name: str, module: nn.Module) -> None:
+        if not isinstance(module, nn.Linear):
+            raise QuantizationError(f"{self.name}: layer '{name}' is {type(module).__name__}, not nn.Linear")
+        check_group_size(self.name, name, module.in_features, self.options["group_size"])
+
+    def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        return self.nbits + 32.0 / self.options["group_size"]
+
+    def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
+        from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
+
+        quant_config = BaseQuantizeConfig(nbits=self.nbits, group_size=self.options["group_size"])
+        device = str(self.device)
+        dtype = self.compute_dtype
+        fake = self.resolved_mode == "fake"
+        for name, linear in target_modules(model, self.options["modules"]):
+            linear = linear.to(dtype)
+            hqq_linear = HQQLinear(linear, quant_config, compute_dtype=dtype, device=device, del_orig=not fake)
+            if fake:
+                new = linear_from_weight(hqq_linear.dequantize(), linear.bias, dtype)
+            else:
+                new = hqq_linear
+            replace_module(model, name, new)
+        if self.device.type != "cpu":
+            # Modules outside the scope (embeddings, norms, head) follow the compute dtype too.
+            for _, param in model.named_parameters():
+                param.data = param.data.to(dtype)
+        return model

@@ -1,0 +1,285 @@
+"""`llmaudit score`: per-sample token losses of every (run, checkpoint, quantizer) unit.
+
+The engine runs the transformer body on length-sorted, right-padded batches under a token budget and
+applies the output head only to the scored positions, in chunks, so full-vocabulary logits are never
+materialised for a whole batch. Padding never changes a loss (right padding + causal attention).
+Each unit is written atomically as its own loss-table parquet; a rerun skips finished units.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from llmaudit.config import ExperimentConfig
+from llmaudit.data import Example, tokenize_records
+from llmaudit.finetune import shard_items
+from llmaudit.jobs import each_marked, unit_marker_path
+from llmaudit.losstable import REFERENCE_RUN, write_loss_table
+from llmaudit.models import load_base_model, load_tokenizer, pick_device
+from llmaudit.store import RunStore
+from llmaudit.train_loop import collate, decoder_and_head
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------ engine
+
+
+def length_sorted_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length whose padded size (B x max_len) fits the budget.
+
+    Longest first, so an out-of-memory error shows up on the first batch, not the last."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        width = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * width > token_budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class TokenScores:
+    """Scores of one sample: per-token NLL (nats) and optionally the next-token distribution's
+    mean and std of log p (expectations under the model's own distribution, as Min-K%++ defines them)."""
+
+    token_losses: np.ndarray  # [T] float32
+    vocab_mean: np.ndarray | None = None  # [T]
+    vocab_std: np.ndarray | None = None  # [T]
+
+    @property
+    def loss(self) -> float:
+        return float(self.token_losses.astype(np.float64).mean())
+
+
+@torch.inference_mode()
+def score_examples(
+    model: Any,
+    examples: Sequence[tuple[Sequence[int], Sequence[bool]]],
+    *,
+    pad_id: int,
+    token_budget: int = 8192,
+    head_chunk: int = 1024,
+    vocab_stats: bool = False,
+    device: torch.device | str = "cpu",
+) -> list[TokenScores]:
+    """Per-token losses of each (input_ids, loss_mask) example, in input order.
+
+    Memory: the body's activations for one batch (<= token_budget tokens) plus logits for at most
+    `head_chunk` positions at a time, in float32: independent of batch x length x vocab."""
+    decoder, head = decoder_and_head(model)
+    lengths = [len(ids) for ids, _ in examples]
+    out: list[TokenScores | None] = [None] * len(examples)
+    for batch in length_sorted_batches(lengths, token_budget):
+        ids, attn, mask = collate([examples[i] for i in batch], pad_id, device)
+        hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+        pred = mask[:, 1:]
+        h = hidden[:, :-1][pred]  # [P, H]
+        targets = ids[:, 1:][pred]  # [P]
+        nll = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+        mu = torch.empty_like(nll) if vocab_stats else None
+        sd = torch.empty_like(nll) if vocab_stats else None
+        for start in range(0, h.shape[0], head_chunk):
+            stop = min(start + head_chunk, h.shape[0])
+            logp = torch.log_softmax(head(h[start:stop]).float(), dim=-1)  # [C, V]
+            nll[start:stop] = -logp.gather(1, targets[start:stop, None]).squeeze(1)
+            if vocab_stats:
+                p = logp.exp()
+                m = (p * logp).sum(-1)
+                mu[start:stop] = m
+                sd[start:stop] = ((p * logp.square()).sum(-1) - m.square()).clamp_min(0).sqrt()
+        counts = pred.sum(1).tolist()
+        nll_np = nll.cpu().numpy()
+        mu_np = mu.cpu().numpy() if mu is not None else None
+        sd_np = sd.cpu().numpy() if sd is not None else None
+        offset = 0
+        for row, i in enumerate(batch):
+            sl = slice(offset, offset + counts[row])
+            out[i] = TokenScores(
+                nll_np[sl].copy(),
+                None if mu_np is None else mu_np[sl].copy(),
+                None if sd_np is None else sd_np[sl].copy(),
+            )
+            offset += counts[row]
+    return out  # type: ignore[return-value]
+
+
+def weights_digest(model: Any) -> str:
+    """Digest of all parameters and buffers: equal digests = the same (quantized) point."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(model.state_dict().items()):
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------ units
+
+
+@dataclass(frozen=True, order=True)
+class Unit:
+    run: int  # REFERENCE_RUN for the base model
+    step: int
+    quantizer: str
+    final: bool  # the final checkpoint is also scored on the pool (attacks)
+
+
+def plan_units(cfg: ExperimentConfig, store: RunStore) -> list[Unit]:
+    """Every scoring unit of the experiment, in a fixed order (the basis of --shard I/N)."""
+    units: list[Unit] = []
+    quantizers = list(cfg.score.quantizers)
+    if cfg.score.score_base:
+        units.append(Unit(REFERENCE_RUN, 0, _reference_quantizer(quantizers), True))
+    for run in range(cfg.train.runs):
+        if not store.run_done(run):
+            continue
+        steps = store.checkpoints(run)
+        chosen = steps if cfg.score.trajectory == "all" else steps[-1:]
+        for step in chosen:
+            for q in quantizers:
+                units.append(Unit(run, step, q, step == steps[-1]))
+    return units
+
+
+def _reference_quantizer(quantizers: list[str]) -> str:
+    for q in quantizers:
+        if q in ("fp32", "bf16", "fp16"):
+            return q
+    return "fp32"
+
+
+def _rows(unit: Unit, examples: list[Example], scores: list[TokenScores], members: set[str], point_id: str) -> pd.DataFrame:
+    rows = {
+        "run": unit.run,
+        "checkpoint": unit.step,
+        "quantizer": unit.quantizer,
+        "sample_id": [e.sample_id for e in examples],
+        "split": [e.split for e in examples],
+        "member": [e.sample_id in members for e in examples],
+        "loss": [s.loss for s in scores],
+        "n_tokens": [len(s.token_losses) for s in scores],
+        "token_losses": [s.token_losses for s in scores],
+        "zlib_bytes": [e.zlib_bytes for e in examples],
+        "point_id": point_id,
+    }
+    if scores and scores[0].vocab_mean is not None:
+        rows["token_vocab_mean"] = [s.vocab_mean for s in scores]
+        rows["token_vocab_std"] = [s.vocab_std for s in scores]
+    return pd.DataFrame(rows)
+
+
+def _record_quantizer(store: RunStore, quantizer: Any, qmodel: Any) -> None:
+    """Once per quantizer: its options, effective bits per weight and model size (for the report)."""
+    from llmaudit.io import atomic_write_json
+
+    path = store.scores_dir / "quantizers" / f"{quantizer.name}.json"
+    if path.exists():
+        return
+    atomic_write_json(
+        path,
+        {
+            "name": quantizer.name,
+            "family": quantizer.family,
+            "bits": quantizer.bits,
+            "effective_bits": quantizer.effective_bits(qmodel),
+            "model_size_bytes": quantizer.model_size_bytes(qmodel),
+            "options": quantizer.options,
+        },
+    )
+
+
+def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Any]:
+    """Build every quantizer and reject impossible requests before any work starts."""
+    from llmaudit.quantize import get_quantizer
+
+    quantizers = {}
+    for name in cfg.score.quantizers:
+        opts = dict(cfg.score.quantizer_options.get(name, {}))
+        opts.setdefault("device", device.type)
+        q = get_quantizer(name, **opts)
+        q.check()
+        quantizers[name] = q
+    return quantizers
+
+
+def score(cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | None = None, progress: bool = True, echo=print) -> dict[str, Any]:
+    """Score every unit of this shard that is not on disk yet. Returns counts and timings."""
+    from peft import PeftModel
+
+    device = pick_device(cfg.score.device)
+    quantizers = check_quantizers(cfg, device)
+    store.update_config(cfg)
+    all_units = plan_units(cfg, store)
+    mine = shard_items(all_units, shard)
+    todo = [u for u in mine if not store.unit_path(u.run, u.step, u.quantizer).exists()]
+    echo(f"[score] {store.root}: {len(all_units)} unit(s) in the grid, {len(mine)} in this shard, {len(mine) - len(todo)} already scored, {len(todo)} to do on {device}")
+    if not todo:
+        return {"units": len(mine), "scored": 0, "seconds": 0.0}
+    tok = load_tokenizer(cfg.model)
+    pool = tokenize_records(tok, store.read_records("pool"), "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    val = tokenize_records(tok, store.read_records("val"), "val", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    masks = store.membership()
+    pool_records = store.read_records("pool")
+    base = load_base_model(cfg.model, device)
+    t0 = time.time()
+    bar = tqdm(total=len(todo), desc="scoring", disable=not progress, mininterval=1.0)
+    merged_key, merged = None, None
+    for unit in each_marked(todo, lambda u: unit_marker_path(store, u.run, u.step, u.quantizer)):
+        if unit.run == REFERENCE_RUN:
+            model, members = base, set()
+        else:
+            if merged_key != (unit.run, unit.step):
+                # Load the base once; merge each adapter into a working copy.
+                adapter = PeftModel.from_pretrained(copy.deepcopy(base), str(store.checkpoint_dir(unit.run, unit.step)))
+                merged, merged_key = adapter.merge_and_unload().eval(), (unit.run, unit.step)
+            model = merged
+            members = {pool[i].sample_id for i in np.flatnonzero(masks[unit.run])}
+        quantizer = quantizers[unit.quantizer]
+        kwargs = {}
+        if quantizer.family == "gptq":
+            member_texts = [pool_records[i]["input"] + "\n" + pool_records[i]["output"] for i in np.flatnonzero(masks[max(unit.run, 0)])]
+            kwargs = {"tokenizer": tok, "calibration_texts": member_texts}
+        qmodel = model if quantizer.family == "full" and quantizer.name == "fp32" and next(model.parameters()).dtype == torch.float32 else quantizer.quantize_model(copy.deepcopy(model), **kwargs)
+        _record_quantizer(store, quantizer, qmodel)
+        examples = val + (pool if unit.final else [])
+        scores = score_examples(
+            qmodel,
+            [(e.input_ids, e.loss_mask) for e in examples],
+            pad_id=tok.pad_token_id,
+            token_budget=cfg.score.token_budget,
+            head_chunk=cfg.score.head_chunk,
+            vocab_stats=cfg.score.vocab_stats,
+            device=device,
+        )
+        nonfinite = [e.sample_id for e, s in zip(examples, scores) if not np.isfinite(s.token_losses).all()]
+        if nonfinite:
+            raise FloatingPointError(
+                f"unit run={unit.run} step={unit.step} quantizer={unit.quantizer}: non-finite losses on "
+                f"{len(nonfinite)} sample(s) (e.g. {nonfinite[:3]}): the quantized model diverges. Remove "
+                "this quantizer from score.quantizers, or try other options (group size, compute dtype)."
+            )
+        df = _rows(unit, examples, scores, members, weights_digest(qmodel))
+        write_loss_table(df, store.unit_path(unit.run, unit.step, unit.quantizer))
+        del qmodel
+        bar.update(1)
+    bar.close()
+    seconds = time.time() - t0
+    echo(f"[score] scored {len(todo)} unit(s) in {seconds:.1f}s")
+    return {"units": len(mine), "scored": len(todo), "seconds": seconds}

@@ -1,0 +1,139 @@
+"""The optimisation loop shared by the built-in model's pre-training and LoRA fine-tuning.
+
+Deterministic and resumable: the batch order of epoch e is a permutation seeded by (seed, e), so a run
+resumed from a checkpoint at step s continues exactly as the uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+Example = tuple[Sequence[int], Sequence[bool]]  # (input_ids, loss_mask)
+
+
+def decoder_and_head(model: Any) -> tuple[Any, Any]:
+    """The transformer body and the output head of a causal LM (peft wrappers unwrapped).
+
+    Calling the body, then the head on the scored positions only, avoids materialising [B, T, V] logits."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+    head = base.get_output_embeddings()
+    if decoder is None or head is None:
+        raise TypeError(f"{type(base).__name__} is not a causal LM with a decoder body and an output head")
+    return decoder, head
+
+
+def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Right-padded input_ids [B, T], attention_mask [B, T], loss_mask [B, T] (True = scored token).
+
+    Right padding with a causal mask leaves every real token's logits unchanged."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.bool)
+    for i, (seq, m) in enumerate(examples):
+        ids[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        attn[i, : len(seq)] = 1
+        mask[i, : len(seq)] = torch.as_tensor(list(m), dtype=torch.bool)
+    mask[:, 0] = False  # nothing predicts the first token
+    return ids.to(device), attn.to(device), mask.to(device)
+
+
+def scored_hidden(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hidden states that predict the scored tokens: (h [P, H], targets [P], row index [P])."""
+    decoder, _ = decoder_and_head(model)
+    hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state  # [B, T, H]
+    pred = mask[:, 1:]  # position t-1 predicts token t
+    rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(pred)[pred]
+    return hidden[:, :-1][pred], ids[:, 1:][pred], rows
+
+
+def batch_mean_nll(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood over all scored tokens of the batch (the training objective)."""
+    h, targets, _ = scored_hidden(model, ids, attn, mask)
+    _, head = decoder_and_head(model)
+    logits = head(h).float()
+    return torch.nn.functional.cross_entropy(logits, targets)
+
+
+@dataclass
+class TrainState:
+    step: int
+    epoch: int
+    last_loss: float
+
+
+def steps_per_epoch(n_examples: int, batch_size: int) -> int:
+    return math.ceil(n_examples / batch_size)
+
+
+def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    order = np.random.default_rng([seed, epoch, 3]).permutation(n_examples)
+    return [order[i : i + batch_size] for i in range(0, n_examples, batch_size)]
+
+
+def train_epochs(
+    model: Any,
+    examples: Sequence[Example],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    pad_id: int,
+    weight_decay: float = 0.0,
+    desc: str = "training",
+    schedule: str = "constant",
+    device: torch.device | str = "cpu",
+    save_at: set[int] | None = None,
+    on_save: Callable[[TrainState, Any], None] | None = None,
+    resume: dict | None = None,
+    progress: bool = True,
+) -> TrainState:
+    """AdamW over `examples` for `epochs`; calls on_save(state, optimizer) after each step in save_at.
+
+    resume: {"step": s, "optimizer": state_dict} restores the optimizer and continues at step s."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    spe = steps_per_epoch(len(examples), batch_size)
+    total = spe * epochs
+    if schedule == "cosine":
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    else:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    start = 0
+    if resume:
+        optimizer.load_state_dict(resume["optimizer"])
+        start = int(resume["step"])
+        for _ in range(start):
+            scheduler.step()
+    model.train()
+    state = TrainState(step=start, epoch=start // spe, last_loss=float("nan"))
+    bar = tqdm(total=total, initial=start, desc=desc, disable=not progress, leave=False, mininterval=1.0)
+    for epoch in range(start // spe, epochs):
+        batches = epoch_batches(len(examples), batch_size, seed, epoch)
+        for b_idx, batch in enumerate(batches):
+            if epoch * spe + b_idx < start:
+                continue
+            ids, attn, mask = collate([examples[i] for i in batch], pad_id, device)
+            loss = batch_mean_nll(model, ids, attn, mask)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            state = TrainState(step=epoch * spe + b_idx + 1, epoch=epoch, last_loss=float(loss.detach()))
+            bar.update(1)
+            bar.set_postfix(loss=f"{state.last_loss:.3f}", refresh=False)
+            if save_at and state.step in save_at and on_save is not None:
+                model.eval()
+                on_save(state, optimizer)
+                model.train()
+    bar.close()
+    model.eval()
+    return state

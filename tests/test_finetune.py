@@ -1,0 +1,111 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from llmaudit.config import load_recipe
+from llmaudit.finetune import checkpoint_steps, finetune, parse_shard, shard_items
+from llmaudit.store import RunStore, StoreError
+
+from .conftest import TINY_OVERRIDES
+
+
+def _adapters(store, run):
+    return {step: load_file(str(store.checkpoint_dir(run, step) / "adapter_model.safetensors")) for step in store.checkpoints(run)}
+
+
+def test_checkpoint_schedule():
+    assert checkpoint_steps(n_train=10, batch_size=4, epochs=2, per_epoch=1) == [3, 6]
+    assert checkpoint_steps(n_train=16, batch_size=4, epochs=3, per_epoch=2) == [2, 4, 6, 8, 10, 12]
+    assert checkpoint_steps(10_000, 16, 10, 2)[-1] == 6250 and len(checkpoint_steps(10_000, 16, 10, 2)) == 20
+
+
+def test_sharding_is_a_partition():
+    items = list(range(11))
+    for n in (1, 2, 3, 5):
+        parts = [shard_items(items, (i, n)) for i in range(n)]
+        assert sorted(x for p in parts for x in p) == items
+    assert parse_shard("1/4") == (1, 4)
+    for bad in ("4/4", "x", "1/0"):
+        with pytest.raises(ValueError, match="I/N|0 <= I < N"):
+            parse_shard(bad)
+
+
+def test_membership_bookkeeping_and_resume(tiny_cfg):
+    store = finetune(tiny_cfg, progress=False, echo=lambda *_: None)
+    manifest = store.manifest()
+    masks = store.membership()
+    pool_ids = manifest["data"]["pool_ids"]
+    val_ids = set(manifest["data"]["val_ids"])
+    assert masks.shape == (3, 16) and (masks.sum(1) == 8).all()
+    assert manifest["membership"]["fpc"] == pytest.approx(0.5)
+    assert not set(pool_ids) & val_ids
+    pool_records = {r["sample_id"]: r for r in store.read_records("pool")}
+    assert list(pool_records) == pool_ids
+    for run in range(3):
+        done = json.loads(store.run_done_path(run).read_text())
+        assert done["n_train"] == 8
+        assert store.checkpoints(run) == [2, 4]
+        trained = {pool_ids[i] for i in np.flatnonzero(masks[run])}
+        assert not trained & val_ids  # no validation sample is ever trained on
+        # optimizer state is kept only in the newest checkpoint
+        assert not (store.checkpoint_dir(run, 2) / "trainer_state.pt").exists()
+        assert (store.checkpoint_dir(run, 4) / "trainer_state.pt").exists()
+    # the runs moved away from the base and differ from each other
+    a0, a1 = _adapters(store, 0)[4], _adapters(store, 1)[4]
+    key = next(k for k in a0 if "lora_B" in k)
+    assert a0[key].abs().sum() > 0 and not torch.equal(a0[key], a1[key])
+
+    # a second invocation does no repeated work
+    stamps = {p: p.stat().st_mtime_ns for p in store.root.rglob("*") if p.is_file()}
+    finetune(tiny_cfg, progress=False, echo=lambda *_: None)
+    assert {p: p.stat().st_mtime_ns for p in store.root.rglob("*") if p.is_file()} == stamps
+
+    # a run whose directory is lost is retrained to bitwise identical adapters (deterministic on CPU)
+    before = _adapters(store, 1)
+    shutil.rmtree(store.run_dir(1))
+    finetune(tiny_cfg, progress=False, echo=lambda *_: None)
+    after = _adapters(store, 1)
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[s][k], after[s][k]) for s in before for k in before[s])
+
+
+def test_crash_mid_run_resumes_from_the_last_checkpoint_exactly(tmp_path, monkeypatch):
+    over = TINY_OVERRIDES + ["train.runs=2", "train.epochs=3"]
+    full = finetune(load_recipe("demo-cpu", over + [f"output_dir={tmp_path / 'a'}"]), progress=False, echo=lambda *_: None)
+    cfg_b = load_recipe("demo-cpu", over + [f"output_dir={tmp_path / 'b'}"])
+
+    real_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def crashing_step(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:  # run 0: checkpoint at step 2 is on disk, step 4 is not
+            raise KeyboardInterrupt("simulated preemption")
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", crashing_step)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(cfg_b, progress=False, echo=lambda *_: None)
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    part = RunStore(cfg_b.resolved_output_dir())
+    assert part.checkpoints(0) == [2] and not part.run_done(0)
+    assert (part.checkpoint_dir(0, 2) / "trainer_state.pt").exists()
+
+    finetune(cfg_b, progress=False, echo=lambda *_: None)
+    for run in (0, 1):
+        a, b = _adapters(full, run), _adapters(part, run)
+        assert a.keys() == b.keys() == {2, 4, 6}
+        assert all(torch.equal(a[s][k], b[s][k]) for s in a for k in a[s])
+
+
+def test_directory_of_another_experiment_is_refused(tiny_cfg):
+    finetune(tiny_cfg, progress=False, echo=lambda *_: None)
+    other = tiny_cfg.model_copy(update={"train": tiny_cfg.train.model_copy(update={"epochs": 5})})
+    with pytest.raises(StoreError, match="another experiment's manifest.*train.epochs"):
+        finetune(other, progress=False, echo=lambda *_: None)
+    with pytest.raises(StoreError, match="no manifest.json"):
+        RunStore(tiny_cfg.resolved_output_dir() / "nope").manifest()

@@ -1,0 +1,320 @@
+"""The report: schema, self-contained HTML, no sample text without --include-samples, checklist rules.
+
+A tiny experiment is built in code (run store, data files, loss tables) and analysed with the real
+`analysis.analyze`, so the report is tested against the result object the pipeline actually produces.
+"""
+
+import base64
+import copy
+import json
+import re
+import shutil
+
+import jsonschema
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmaudit.analysis import analyze
+from llmaudit.config import ExperimentConfig
+from llmaudit.data import membership_masks, records_to_jsonl
+from llmaudit.io import atomic_write_json, atomic_write_text
+from llmaudit.losstable import validate_loss_table, write_loss_table
+from llmaudit.report import (
+    FAIL,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    PASS,
+    REPORT_SCHEMA,
+    ReportSchemaError,
+    build_report,
+    judge,
+    recommend,
+    release_checklist,
+    render_markdown,
+    strict_json,
+    validate_report,
+    write_report,
+)
+from llmaudit.store import RunStore
+
+N_POOL, N_VAL, RUNS, STEPS, N_TOK = 24, 12, 6, (10, 20, 30), 6
+# quantizer: (member loss shift at the final checkpoint, extra loss, bits, size in bytes)
+QUANTIZERS = {"fp32": (0.8, 0.0, 32.0, 4000), "uniform-5": (0.4, 0.05, 5.0, 700), "sign": (0.0, 2.0, 1.0, 200)}
+
+
+def _record(split, j):
+    # every record carries a unique phrase so a leak is found by substring search
+    return {"sample_id": f"synthetic/{split}/{j:04d}", "task": "molecule_captioning", "split": split,
+            "input": f"Describe molecule C{j}O{j} secret-input-{split}-{j:04d}",
+            "output": f"The molecule is confidential compound number {j} secret-output-{split}-{j:04d}."}
+
+
+def _loss_rows(rng, membership):
+    difficulty = {"pool": rng.uniform(1.0, 2.0, N_POOL), "val": rng.uniform(1.0, 2.0, N_VAL)}
+    rows = []
+
+    def add(run, step, q, split, j, loss, member):
+        tl = np.abs(rng.normal(loss, 0.15, N_TOK))
+        rows.append(dict(run=run, checkpoint=step, quantizer=q, sample_id=f"synthetic/{split}/{j:04d}", split=split,
+                         member=member, loss=float(tl.mean()), n_tokens=N_TOK, token_losses=tl, zlib_bytes=40 + j))
+
+    for split, n in (("pool", N_POOL), ("val", N_VAL)):
+        for j in range(n):
+            add(-1, 0, "fp32", split, j, difficulty[split][j] + 0.3, False)
+    for q, (shift, extra, _bits, _size) in QUANTIZERS.items():
+        for run in range(RUNS):
+            for k, step in enumerate(STEPS):
+                drift = 0.04 * k + rng.normal(0, 0.01)  # a trajectory with distinct quantized points
+                for split, n in (("pool", N_POOL), ("val", N_VAL)):
+                    for j in range(n):
+                        member = split == "pool" and bool(membership[run, j])
+                        loss = difficulty[split][j] + extra + drift - shift * member * (k + 1) / len(STEPS)
+                        add(run, step, q, split, j, loss + rng.normal(0, 0.05), member)
+    return validate_loss_table(pd.DataFrame(rows))
+
+
+def _make_store(root):
+    cfg = ExperimentConfig(name="tiny-report", output_dir=str(root), train={"runs": RUNS},
+                           score={"quantizers": list(QUANTIZERS)},
+                           attack={"attacks": ["loss", "ref", "lira_offline"], "n_boot": 30})
+    pool, val = [_record("pool", j) for j in range(N_POOL)], [_record("val", j) for j in range(N_VAL)]
+    membership = membership_masks(N_POOL, RUNS, 0.5, seed=0)
+    store = RunStore(root)
+    data = {"route": "synthetic", "source": "synthetic", "path": None, "hub_id": None, "tasks": ["molecule_captioning"],
+            "n_available": N_POOL + N_VAL, "n_usable": N_POOL + N_VAL, "fingerprint": "0123456789abcdef",
+            "pool_ids": [r["sample_id"] for r in pool], "val_ids": [r["sample_id"] for r in val]}
+    manifest = store.create(cfg, data, membership)
+    manifest["parameters"] = {"adapter_trainable": 1000, "model_total": 5000}
+    store.write_manifest(manifest)
+    atomic_write_text(root / "data" / "pool.jsonl", records_to_jsonl(pool))
+    atomic_write_text(root / "data" / "val.jsonl", records_to_jsonl(val))
+    write_loss_table(_loss_rows(np.random.default_rng(7), membership), store.scores_dir / "all.parquet")
+    for q, (_shift, _extra, bits, size) in QUANTIZERS.items():
+        atomic_write_json(store.scores_dir / "quantizers" / f"{q}.json",
+                          {"name": q, "family": "full" if q == "fp32" else "simple", "bits": bits, "effective_bits": bits,
+                           "model_size_bytes": size})
+    return cfg, store, pool + val
+
+
+def _with_vulnerable_samples(result):
+    """What analysis should record (the key the report reads): per attack, top samples by id and score."""
+    result = copy.deepcopy(result)
+    ref = result["reference_quantizer"]
+    for name, entry in result["attacks"]["quantizers"][ref]["attacks"].items():
+        entry["vulnerable_samples"] = [{"sample_id": f"synthetic/pool/{j:04d}", "score": 5.0 - j} for j in range(5)]
+    return result
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    cfg, store, records = _make_store(root)
+    result = analyze(cfg, store, echo=lambda *a, **k: None)
+    result = _with_vulnerable_samples(result)
+    paths = write_report(store, result)
+    outputs = {kind: open(p, encoding="utf-8").read() for kind, p in paths.items() if kind in ("json", "markdown", "html")}
+    return {"store": store, "result": result, "records": records, "paths": paths, "outputs": outputs}
+
+
+# ------------------------------------------------------------------------------------------ schema
+
+
+def test_report_json_is_strict_and_validates_against_the_versioned_schema(experiment):
+    def no_constants(name):
+        raise AssertionError(f"non-finite constant {name} in report.json")
+
+    report = json.loads(experiment["outputs"]["json"], parse_constant=no_constants)
+    jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
+    assert report["report_schema_version"] == REPORT_SCHEMA["properties"]["report_schema_version"]["const"]
+    prov = report["provenance"]
+    assert prov["data"]["fingerprint"] == "0123456789abcdef"
+    assert prov["attack_definitions"]["lira_offline"].startswith("1:")
+    assert prov["library_versions"]["llmaudit"] == report["llmaudit_version"]
+    # the reference column first, with its own relative change 0
+    grid = report["grid"]
+    assert [r["quantizer"] for r in grid] == ["fp32", "uniform-5", "sign"]
+    assert grid[0]["is_reference"] and grid[0]["utility"]["relative_change"] == 0.0
+    assert grid[2]["size_vs_reference"] == pytest.approx(200 / 4000)
+    util = experiment["result"]["utility"]["sign"]
+    assert grid[2]["utility"]["relative_change"] == pytest.approx(util["relative_change"])
+    assert set(grid[0]["attacks"]) == {"loss", "ref", "lira_offline"}
+
+
+def test_non_finite_numbers_become_null_and_a_broken_report_fails_loudly(experiment):
+    result = copy.deepcopy(experiment["result"])
+    result["utility"]["uniform-5"]["val_loss"] = float("nan")
+    result["indicator"]["per_quantizer"]["sign"]["r_q"]["mean"] = float("inf")
+    report = build_report(result)
+    validate_report(report)
+    row = {r["quantizer"]: r for r in report["grid"]}
+    assert row["uniform-5"]["utility"]["val_loss"] is None and row["sign"]["r_q"]["mean"] is None
+    assert strict_json({"a": [np.float64("nan"), (1.0, float("-inf"))]}) == {"a": [None, [1.0, None]]}
+
+    bad = copy.deepcopy(report)
+    bad["checklist"]["per_quantizer"]["fp32"]["criteria"][0]["status"] = "PROBABLY FINE"
+    with pytest.raises(ReportSchemaError, match="checklist/per_quantizer/fp32/criteria/0/status"):
+        validate_report(bad)
+    bad = copy.deepcopy(report)
+    bad["grid"][0]["r_q"]["mean"] = float("nan")
+    with pytest.raises(ReportSchemaError, match="strict JSON"):
+        validate_report(bad)
+
+
+# ------------------------------------------------------------------------------------------ HTML
+
+
+def test_html_is_self_contained_with_every_plot_embedded(experiment):
+    page = experiment["outputs"]["html"]
+    assert page.startswith("<!DOCTYPE html>")
+    lowered = page.lower()
+    for forbidden in ("<script", "<link", "<iframe", "@import", "url(", "http://", "https://", "//cdn"):
+        assert forbidden not in lowered, forbidden
+    sources = re.findall(r'src="([^"]*)"', page)
+    report = json.loads(experiment["outputs"]["json"])
+    assert set(report["plots"]) == {"r_q_vs_attack", "lira_roc", "r_q_intervals", "utility_vs_privacy", "trajectory"}
+    assert len(sources) == len(report["plots"])
+    plot_dir = experiment["store"].report_dir
+    for src, rel in zip(sources, report["plots"].values()):
+        assert src.startswith("data:image/png;base64,")
+        png = base64.b64decode(src.split(",", 1)[1])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png == (plot_dir / rel).read_bytes()  # the same figure as the PNG file beside it
+    for href in re.findall(r'href="([^"]*)"', page):
+        assert href.startswith("#")  # only in-page anchors
+
+
+# ------------------------------------------------------------------------------------------ privacy
+
+
+def _record_substrings(records):
+    return [rec[key] for rec in records for key in ("input", "output")]
+
+
+def test_no_sample_text_in_any_output_by_default(experiment):
+    records = experiment["records"]
+    assert len(records) == N_POOL + N_VAL
+    texts = dict(experiment["outputs"])
+    for png in (experiment["store"].report_dir / "plots").glob("*.png"):
+        texts[png.name] = png.read_bytes().decode("latin-1")
+    for kind, text in texts.items():
+        for s in _record_substrings(records):
+            assert s not in text, f"training text leaked into {kind}"
+        assert "secret-" not in text and "confidential compound" not in text
+    # the most vulnerable samples are listed by id and score only
+    report = json.loads(experiment["outputs"]["json"])
+    vs = report["vulnerable_samples"]
+    assert vs["available"] and not vs["include_samples"] and vs["attack"] in {"loss", "ref", "lira_offline"}
+    assert [s["sample_id"] for s in vs["samples"]] == [f"synthetic/pool/{j:04d}" for j in range(5)]
+    assert all(set(s) == {"rank", "sample_id", "score"} for s in vs["samples"])
+    assert "synthetic/pool/0000" in experiment["outputs"]["markdown"] and "synthetic/pool/0000" in experiment["outputs"]["html"]
+
+
+def test_include_samples_adds_the_text_and_the_schema_forbids_it_otherwise(experiment, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(experiment["store"].root, root, ignore=shutil.ignore_patterns("scores"))
+    paths = write_report(RunStore(root), experiment["result"], include_samples=True)
+    report = json.loads(open(paths["json"]).read())
+    first = report["vulnerable_samples"]["samples"][0]
+    assert first["text"] == "\n".join([_record("pool", 0)["input"], _record("pool", 0)["output"]])
+    assert _record("pool", 0)["output"] in open(paths["markdown"]).read()
+    assert _record("pool", 0)["output"] in open(paths["html"]).read()
+    # a report that claims include_samples=False but carries text is rejected
+    report["include_samples"] = False
+    with pytest.raises(ReportSchemaError):
+        validate_report(report)
+
+
+# ------------------------------------------------------------------------------------------ checklist
+
+
+def test_judge_follows_the_conservative_rule():
+    assert judge(0.02, [0.01, 0.04], limit=0.05, kind="max", measured=True)["status"] == PASS
+    assert judge(0.06, [0.01, 0.09], limit=0.05, kind="max", measured=True)["status"] == FAIL
+    assert judge(0.04, [0.02, 0.07], limit=0.05, kind="max", measured=True)["status"] == INCONCLUSIVE
+    assert judge(0.02, None, limit=0.05, kind="max", measured=True)["status"] == NOT_MEASURED
+    assert judge(None, None, limit=0.05, kind="max", measured=True)["status"] == NOT_MEASURED
+    # an unreliable estimate is never PASS, however tight its interval
+    assert judge(0.001, [0.0, 0.002], limit=0.05, kind="max", measured=False, why_not="few negatives")["status"] == NOT_MEASURED
+    assert judge(2.0, [1.5, 2.5], limit=1.0, kind="min", measured=True)["status"] == PASS
+    assert judge(0.5, [0.4, 0.6], limit=1.0, kind="min", measured=True)["status"] == FAIL
+    assert judge(1.2, [0.8, 1.6], limit=1.0, kind="min", measured=True)["status"] == INCONCLUSIVE
+
+
+def _row(q, *, tpr, tpr_ci, reliable=True, n_models=8, rel=0.0, rel_ci=(0.0, 0.0), r_q=1.0, r_q_ci=(0.5, 1.5), n_runs=8, ref=False):
+    t = {"tpr": tpr, "ci": list(tpr_ci) if tpr_ci else None, "reliable": reliable, "min_negatives": 1000}
+    att = {"auroc": 0.6, "auroc_ci": [0.55, 0.65], "n_models": n_models, "low_fpr": {"pooled_calibrated": {"0.01": t}}}
+    return {"quantizer": q, "is_reference": ref, "attacks": {"loss": att}, "skipped_attacks": {},
+            "best_attack": {"name": "loss", "value": tpr, "ci": t["ci"], "reliable": reliable},
+            "utility": {"relative_change": rel, "relative_change_ci": list(rel_ci), "n_runs": n_runs},
+            "r_q": {"mean": r_q, "ci": list(r_q_ci), "n_finite": n_runs, "n_undefined": 0}}
+
+
+TH = {"max_tpr_at_1pct_fpr": 0.05, "min_r_q": 0.1, "max_utility_loss": 0.10, "min_runs": 5}
+
+
+def _status(checklist, q, cid):
+    return next(c for c in checklist["per_quantizer"][q]["criteria"] if c["id"] == cid)["status"]
+
+
+def test_unreliable_estimates_and_too_few_runs_are_not_measured():
+    grid = [
+        _row("fp", tpr=0.01, tpr_ci=(0.0, 0.02), ref=True),
+        _row("few-negatives", tpr=0.01, tpr_ci=(0.0, 0.02), reliable=False),
+        _row("few-runs", tpr=0.01, tpr_ci=(0.0, 0.02), n_models=3, n_runs=3),
+        _row("leaky", tpr=0.30, tpr_ci=(0.2, 0.4)),
+        _row("leaky-unreliable", tpr=0.30, tpr_ci=(0.2, 0.4), reliable=False),
+    ]
+    cl = release_checklist(grid, TH)
+    assert cl["per_quantizer"]["fp"]["overall"] == PASS
+    assert _status(cl, "few-negatives", "attack_tpr") == NOT_MEASURED
+    assert cl["per_quantizer"]["few-negatives"]["overall"] == NOT_MEASURED
+    assert _status(cl, "few-runs", "attack_tpr") == NOT_MEASURED
+    assert _status(cl, "few-runs", "utility") == NOT_MEASURED and _status(cl, "few-runs", "r_q") == NOT_MEASURED
+    assert _status(cl, "leaky", "attack_tpr") == FAIL
+    crit = next(c for c in cl["per_quantizer"]["leaky-unreliable"]["criteria"] if c["id"] == "attack_tpr")
+    assert crit["status"] == NOT_MEASURED and "exceeds the limit" in crit["reason"]
+    assert release_checklist(grid, TH | {"min_r_q": 0.0})["per_quantizer"]["fp"]["criteria"][1]["status"] == "DISABLED"
+
+
+def test_demo_sized_experiment_cannot_clear_tpr_at_one_percent(experiment):
+    # 6 runs x 24 pool samples give far fewer than 10 / 0.01 = 1000 non-members: never PASS
+    report = json.loads(experiment["outputs"]["json"])
+    for q, entry in report["checklist"]["per_quantizer"].items():
+        assert _status(report["checklist"], q, "attack_tpr") == NOT_MEASURED
+        assert entry["overall"] != PASS
+    assert report["recommendation"]["cleared_for_release"] is False
+
+
+def test_recommendation_is_the_most_private_quantizer_within_the_utility_budget():
+    grid = [
+        _row("fp", tpr=0.20, tpr_ci=(0.15, 0.25), ref=True),
+        _row("q8", tpr=0.02, tpr_ci=(0.01, 0.04), rel=0.02, rel_ci=(0.01, 0.03)),
+        _row("q4", tpr=0.01, tpr_ci=(0.0, 0.03), rel=0.05, rel_ci=(0.03, 0.08)),
+        _row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.50, rel_ci=(0.4, 0.6)),  # most private, over budget
+        _row("q3", tpr=0.0, tpr_ci=(0.0, 0.01), rel=0.08, rel_ci=(0.05, 0.12)),  # budget INCONCLUSIVE
+    ]
+    cl = release_checklist(grid, TH)
+    rec = recommend(grid, cl)
+    assert rec["quantizer"] == "q4" and rec["cleared_for_release"] and rec["overall"] == PASS
+    assert set(rec["candidates"]) == {"fp", "q8", "q4"}
+    over = [_row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.5, rel_ci=(0.4, 0.6))]
+    assert recommend(over, release_checklist(over, TH))["quantizer"] is None
+
+
+# ------------------------------------------------------------------------------------------ Markdown
+
+
+def test_markdown_is_compact_and_keeps_per_run_detail_in_json_only(experiment):
+    md = experiment["outputs"]["markdown"]
+    for heading in ("## Summary", "## Release checklist", "## Quantizer grid", "## Membership inference attacks",
+                    "## Memorization in bits", "## Most vulnerable samples", "## Provenance"):
+        assert heading in md
+    assert "per run" not in md.split("## Memorization in bits")[1].split("##")[0].lower().replace("per-run detail", "")
+    mem_table = md.split("## Memorization in bits")[1].split("## ")[0]
+    assert sum(1 for line in mem_table.splitlines() if line.startswith("| `")) == len(QUANTIZERS)
+    report = json.loads(experiment["outputs"]["json"])
+    assert len(report["result"]["memorization"]["per_run"]) == len(QUANTIZERS) * RUNS
+    assert "![r_Q per quantizer with 95% intervals](plots/r_q_intervals.png)" in md
+    summary = render_markdown(report, only=("summary", "checklist"))
+    assert "## Release checklist" in summary and "## Quantizer grid" not in summary

@@ -1,0 +1,161 @@
+"""Tests of the synthetic validation (llmaudit.synthetic): trainer, data, r_Q batch, MIS, config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import rankdata
+
+from llmaudit import synthetic as syn
+from llmaudit.indicator import r_q
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _tiny_runs(R=3, n=16, d=8, epochs=3, seed=0):
+    cfg = syn.load_config(None, [f"n_runs={max(R, 5)}", f"n_train={n}", f"dim={d}", f"epochs={epochs}", "n_val=20", "converged_from_epoch=1",
+                                 "batch_size=1"])
+    data = syn.make_dataset(cfg, 0, 4, 1.0, n_runs=R)
+    w0, b0 = syn.init_linear([syn.derive_seed(seed, r) for r in range(R)], d)
+    return data, w0, b0
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 16])
+def test_batched_trainer_matches_per_run_loop(batch_size):
+    data, w0, b0 = _tiny_runs()
+    args = (data["x_train"], data["y_train"], w0, b0, data["order"])
+    wb, bb = syn.train_batched(*args, lr=1e-2, batch_size=batch_size)
+    wr, br = syn.train_per_run(*args, lr=1e-2, batch_size=batch_size)
+    assert wb.shape == wr.shape == (4, 3, 2, 8) and bb.shape == br.shape == (4, 3, 2)
+    assert (wb[-1] - wb[0]).abs().max() > 1e-3          # it actually trained
+    torch.testing.assert_close(wb, wr, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bb, br, rtol=1e-5, atol=1e-6)
+
+
+def test_init_is_pytorch_default_linear_init():
+    w, b = syn.init_linear([7, 8], 16)
+    torch.manual_seed(7)
+    lin = torch.nn.Linear(16, 2)
+    torch.testing.assert_close(w[0], lin.weight.detach())
+    torch.testing.assert_close(b[0], lin.bias.detach())
+    assert not torch.equal(w[0], w[1])
+
+
+def test_data_generator_is_deterministic():
+    cfg = syn.load_config(None, ["n_runs=5", "n_val=30", "dim=16", "n_train=8"])
+    a = syn.make_dataset(cfg, 2, 6, 1.5)
+    b = syn.make_dataset(cfg, 2, 6, 1.5)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    c = syn.make_dataset(syn.load_config(None, ["n_runs=5", "n_val=30", "dim=16", "n_train=8", "seed=1"]), 2, 6, 1.5)
+    assert not torch.equal(a["x_train"], c["x_train"])
+    # labels alternate over clusters and both classes occur; members and non-members are different draws
+    centres, labels = syn.make_mixture(6, 16, torch.Generator().manual_seed(0))
+    assert labels.tolist() == [0, 1, 0, 1, 0, 1]
+    assert not torch.equal(a["x_train"], a["x_out"])
+    assert set(a["y_train"].unique().tolist()) == {0, 1}
+
+
+def test_r_q_batched_equals_indicator_r_q():
+    rng = np.random.default_rng(0)
+    L = rng.gamma(2.0, 1.0, size=(40, 9, 25))
+    L[:, 4] = L[:, 1]                       # identical quantized points are merged
+    L[:5, 7] = L[:5, 0]
+    L[5] = L[5, 0]                          # one distinct point only: undefined (nan)
+    L[6] = rng.integers(0, 5, size=(9, 25))  # integers: the means below are exactly equal
+    L[6, 2] = rng.integers(0, 2, size=25)
+    L[6, 3] = L[6, 2][::-1]                 # two distinct lowest points with the same mean: r_Q = 0
+    L[7] = rng.integers(0, 5, size=25) + np.arange(9)[:, None]  # exact constant shifts only: r_Q = inf
+    got = syn.r_q_batched(L)
+    want = np.array([r_q(L[i]) for i in range(len(L))])
+    assert math.isnan(got[5]) and math.isnan(want[5])
+    assert got[6] == want[6] == 0.0 and got[7] == want[7] == math.inf
+    np.testing.assert_allclose(got, want, rtol=1e-10, equal_nan=True)
+    _, points = syn.r_q_batched_details(L)
+    assert points[0] == 7 and points[8] == 8 and points[5] == 1
+
+
+def test_quantize_batched_is_per_tensor():
+    from llmaudit.quantize import simple
+
+    w = torch.randn(4, 2, 16)
+    for name in syn.QUANTIZER_NAMES:
+        got = syn.quantize_batched(name, w)
+        for r in range(4):
+            kind, _, arg = name.partition("-")
+            ref = (simple.sign_quantize(w[r]) if kind == "sign" else
+                   simple.ternary_quantize(w[r], int(arg) / 100) if kind == "ternary" else
+                   simple.uniform_quantize(w[r], int(arg)))
+            torch.testing.assert_close(got[r], ref)
+
+
+def _mis_of(loss_fn, R=40, n=64, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centres, labels = syn.make_mixture(4, d, g)
+    x_in, y_in = syn.sample_mixture(centres, labels, 1.0, (R, n), g)
+    x_out, y_out = syn.sample_mixture(centres, labels, 1.0, (R, n), g)
+    x = torch.cat([x_in, x_out], 1)
+    feats = [{"x": x, "y": torch.cat([y_in, y_out], 1).float(), "theta": torch.zeros(R, 6),
+              "loss": loss_fn(x, x_in), "member": torch.cat([torch.ones(R, n), torch.zeros(R, n)], 1)}]
+    tr, te = syn.split_runs(R, 0.8, torch.Generator().manual_seed(1))
+    out = syn.train_discriminators(feats, tr, te, hidden=32, epochs=5, lr=3e-3, batch_size=128, dtype="float32", seed=0)
+    return float(2 - 2 * out["correct"].mean())
+
+
+def test_mis_of_memorizing_1nn_is_near_zero():
+    # a 1-NN lookup: its loss is the distance to the nearest stored training point (0 on members)
+    mis = _mis_of(lambda x, x_in: torch.cdist(x, x_in).min(-1).values)
+    assert mis < 0.1
+
+
+def test_mis_of_constant_model_is_near_one():
+    mis = _mis_of(lambda x, x_in: torch.full(x.shape[:2], math.log(2.0)))
+    assert mis > 0.85
+
+
+def test_config_rejects_unknown_keys_and_bad_values():
+    with pytest.raises(syn.SyntheticConfigError, match="n_rnus"):
+        syn.load_config(None, ["n_rnus=3"])
+    with pytest.raises(syn.SyntheticConfigError, match=r"quantizers.*int-8.*allowed.*uniform-5"):
+        syn.load_config(None, ["quantizers=[sign, int-8]"])
+    with pytest.raises(syn.SyntheticConfigError, match="rq_loss_split.*'test'"):
+        syn.load_config(None, ["rq_loss_split=test"])
+    with pytest.raises(syn.SyntheticConfigError, match="batch_size=5 must divide n_train=128"):
+        syn.load_config(None, ["batch_size=5"])
+    cfg = syn.load_config(None, ["lr=1e-3", "sigmas=[2]", "quantize_bias=false"])
+    assert cfg.lr == 1e-3 and cfg.sigmas == [2.0] and cfg.quantize_bias is False
+
+
+def test_shipped_recipe_is_valid_and_is_the_default():
+    cfg = syn.load_config(REPO / "recipes" / "synthetic-validation.yaml")
+    assert cfg == syn.load_config(None)
+    assert cfg.n_runs == 300 and cfg.k_modes == [6, 8, 16] and cfg.sigmas == [1.5, 2.0, 3.0]
+    assert cfg.lr == 1e-4 and cfg.epochs == 30 and cfg.dim == 128 and cfg.n_train == 128
+
+
+def test_end_to_end_tiny(tmp_path):
+    over = ["n_runs=8", "k_modes=[4]", "sigmas=[1.0, 2.0]", "dim=8", "n_train=16", "n_val=40", "epochs=4",
+            "batch_size=4", "lr=1e-2", "disc_hidden=16", "disc_epochs=2", "n_boot=20", "stability_resamples=2",
+            "stability_k_runs=[4, 8]", "stability_mis_resamples=1", "converged_from_epoch=2", "perturb_points=4",
+            "rq_first_epoch=1"]
+    res = syn.validate_synthetic_command(None, over, tmp_path / "out")
+    out = tmp_path / "out"
+    for name in ("results.json", "results.md", "config.yaml", "rq_vs_mis.png", "stability.png"):
+        assert (out / name).is_file(), name
+    assert len(res["datasets"]) == 2
+    assert set(res["summary"]) == {"published", *syn.VARIANT_NAMES}
+    ds = res["datasets"][0]
+    assert set(ds["table"]) == set(syn.QUANTIZER_NAMES)
+    mis = [t["mis"] for t in ds["table"].values()]
+    assert [t["rank_mis"] for t in ds["table"].values()] == pytest.approx(list(rankdata([-m for m in mis])))
+    # reciprocal per run is exactly 1 / (2 r_Q)
+    pub = np.array(ds["r_q_per_run"]["published"]["sign"])
+    rec = np.array(ds["r_q_per_run"]["reciprocal"]["sign"])
+    ok = np.isfinite(pub) & (pub > 0)
+    np.testing.assert_allclose(rec[ok], 0.5 / pub[ok])
+    assert "protocol" in res and "quantization" in res["protocol"]
+    assert "| sign |" in (out / "results.md").read_text()
