@@ -10,14 +10,18 @@ Methods, run in this one process on the same model and the same samples:
           in chunks), once with vocab_stats off (the naive loop's workload) and once with them on
           (Min-K%++ statistics, the `llmaudit score` default).
 
-Reported per method: tokens/s (all input tokens, prompt included, per second; median of --repeats),
+Reported per method: wall and process CPU seconds and tokens/s (all input tokens, prompt included, per
+wall second; median of --repeats),
 peak memory, and for the engine the speed-up over naive, the max abs per-sample and per-token loss
 difference from naive, and the achieved FLOP rate as a fraction of this machine's own matmul peak.
 
 FLOP count (needed work only):  2 * params_body * all_tokens + 2 * hidden * vocab * scored_positions,
 where params_body = parameters of the decoder body without the token embedding (a lookup, no matmul).
 Attention-score FLOPs (QK^T, AV) are not counted, so the fraction slightly understates the real rate.
-Matmul peak: the best of a few large square torch.mm (--peak-n) in this process, fp32 on CPU, bf16 on GPU.
+Matmul peak: the best of a few large square torch.mm (--peak-n) in this process, fp32 on CPU, bf16 on GPU,
+per wall second and per process CPU second; "CPU of peak" divides FLOPs per CPU second by the latter, a
+measure that other processes on a shared CPU disturb much less than wall time (OpenMP spin-waiting
+counts as CPU time, so with several threads it understates the rate).
 
 Peak memory: on CPU, the process RSS sampled every 2 ms by a psutil thread, minus the RSS just before
 the method starts (allocations shorter than the interval can be missed; freed memory that the allocator
@@ -133,35 +137,38 @@ class PeakMemory:
         self.peak_bytes = self._peak - self._base
 
 
-def timed(fn: Callable[[], list[np.ndarray]], device: torch.device, repeats: int) -> tuple[list[np.ndarray], float, int]:
-    """Result, median seconds over `repeats`, and the largest peak memory seen."""
-    seconds, peak, result = [], 0, None
+def timed(fn: Callable[[], list[np.ndarray]], device: torch.device, repeats: int) -> tuple[list[np.ndarray], float, float, int]:
+    """Result, median wall seconds and median process CPU seconds over `repeats`, largest peak memory."""
+    seconds, cpu_seconds, peak, result = [], [], 0, None
     for _ in range(repeats):
         with PeakMemory(device) as mem:
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             result = fn()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t0)
+            cpu_seconds.append(time.process_time() - c0)
         peak = max(peak, mem.peak_bytes)
-    return result, statistics.median(seconds), peak  # type: ignore[return-value]
+    return result, statistics.median(seconds), statistics.median(cpu_seconds), peak  # type: ignore[return-value]
 
 
-def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int, tries: int = 5) -> float:
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int, tries: int = 5) -> tuple[float, float]:
+    """Best FLOP/s of a square torch.mm over `tries`, per wall second and per process CPU second."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    best = 0.0
+    best, best_cpu = 0.0, 0.0
     for _ in range(tries):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         torch.mm(a, b)
         if device.type == "cuda":
             torch.cuda.synchronize()
         best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-    return best
+        best_cpu = max(best_cpu, 2 * n**3 / max(time.process_time() - c0, 1e-9))
+    return best, best_cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -176,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--token-budget", type=int, default=8192)
     parser.add_argument("--head-chunk", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per method (median reported)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed repeats per method (median reported)")
     parser.add_argument("--peak-n", type=int, default=None, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -196,14 +203,14 @@ def main(argv: list[str] | None = None) -> None:
     body = model.get_decoder()
     params_body = sum(p.numel() for p in body.parameters()) - body.embed_tokens.weight.numel()
     flops = 2 * params_body * all_tokens + 2 * args.hidden * args.vocab * scored
-    peak_flops = matmul_peak_flops(device, dtype, args.peak_n or (8192 if device.type == "cuda" else 2048))
+    peak_flops, peak_flops_cpu = matmul_peak_flops(device, dtype, args.peak_n or (8192 if device.type == "cuda" else 2048))
 
     load = os.getloadavg()[0]
     print(f"device {device} ({torch.get_num_threads()} threads, load average {load:.1f} on {os.cpu_count()} cores), torch {torch.__version__}, dtype {dtype}")
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; body params {params_body / 1e6:.2f} M")
     print(f"data: {len(examples)} samples, lengths {args.min_len}-{args.max_len}, {all_tokens} tokens, {scored} scored (half prompt)")
     print(f"needed work: 2*{params_body}*{all_tokens} + 2*{args.hidden}*{args.vocab}*{scored} = {flops / 1e9:.1f} GFLOP")
-    print(f"matmul peak ({dtype}, {args.peak_n or (8192 if device.type == 'cuda' else 2048)}^2 torch.mm): {peak_flops / 1e9:.1f} GFLOP/s")
+    print(f"matmul peak ({dtype}, {args.peak_n or (8192 if device.type == 'cuda' else 2048)}^2 torch.mm): {peak_flops / 1e9:.1f} GFLOP/s per wall s, {peak_flops_cpu / 1e9:.1f} per CPU s")
     print(f"engine: token_budget {args.token_budget}, head_chunk {args.head_chunk}; {args.repeats} timed repeat(s) per method, median")
 
     warm = examples[:2]  # thread pools, allocator, kernels
@@ -213,26 +220,29 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     naive = None
     if not args.no_naive:
-        naive, t_naive, mem_naive = timed(lambda: naive_scores(model, examples, device), device, args.repeats)
-        rows.append(("naive", t_naive, mem_naive, None, None))
+        naive, t_naive, c_naive, mem_naive = timed(lambda: naive_scores(model, examples, device), device, args.repeats)
+        rows.append(("naive", t_naive, c_naive, mem_naive, None, None))
     for vocab_stats in (False, True):
-        eng, t_eng, mem_eng = timed(lambda: engine_scores(model, examples, device, args, vocab_stats), device, args.repeats)
+        eng, t_eng, c_eng, mem_eng = timed(lambda: engine_scores(model, examples, device, args, vocab_stats), device, args.repeats)
         if naive is not None:
             sample_diff = max(abs(float(a.astype(np.float64).mean()) - float(b.astype(np.float64).mean())) for a, b in zip(eng, naive))
             token_diff = max(float(np.abs(a - b).max()) for a, b in zip(eng, naive))
         else:
             sample_diff = token_diff = None
-        rows.append((f"engine vocab_stats={'on' if vocab_stats else 'off'}", t_eng, mem_eng, sample_diff, token_diff))
+        rows.append((f"engine vocab_stats={'on' if vocab_stats else 'off'}", t_eng, c_eng, mem_eng, sample_diff, token_diff))
 
     print()
-    print(f"{'method':<24} {'seconds':>8} {'tokens/s':>10} {'ratio':>7} {'peak MiB':>9} {'of peak':>8} {'max |dloss|':>12} {'max |dtoken|':>13}")
-    t_ref = rows[0][1] if naive is not None else None
-    for name, t, mem, sample_diff, token_diff in rows:
+    print(f"{'method':<24} {'wall s':>7} {'CPU s':>7} {'tokens/s':>9} {'ratio':>6} {'CPU ratio':>9} {'peak MiB':>8} "
+          f"{'of peak':>7} {'CPU of peak':>11} {'max |dloss|':>11} {'max |dtoken|':>12}")
+    t_ref, c_ref = (rows[0][1], rows[0][2]) if naive is not None else (None, None)
+    for name, t, c, mem, sample_diff, token_diff in rows:
         ratio = f"{t_ref / t:.2f}" if t_ref else "-"
-        frac = f"{flops / t / peak_flops:.0%}"
-        sd = "-" if sample_diff is None else f"{sample_diff:.2e}"
-        td = "-" if token_diff is None else f"{token_diff:.2e}"
-        print(f"{name:<24} {t:8.2f} {all_tokens / t:10.0f} {ratio:>7} {mem / 2**20:9.0f} {frac:>8} {sd:>12} {td:>13}")
+        c_ratio = f"{c_ref / c:.2f}" if c_ref else "-"
+        sd = "-" if sample_diff is None else f"{sample_diff:.1e}"
+        td = "-" if token_diff is None else f"{token_diff:.1e}"
+        print(f"{name:<24} {t:7.2f} {c:7.2f} {all_tokens / t:9.0f} {ratio:>6} {c_ratio:>9} {mem / 2**20:8.0f} "
+              f"{flops / t / peak_flops:7.0%} {flops / c / peak_flops_cpu:11.0%} {sd:>11} {td:>12}")
+    print("(ratio, of peak: wall time; CPU ratio, CPU of peak: process CPU time, less sensitive to other load)")
     target_ratio, target_frac = (10, 0.40) if device.type == "cuda" else (3, 0.50)
     print(f"\ntargets on {device.type}: ratio >= {target_ratio}, >= {target_frac:.0%} of matmul peak, max |dloss| <= 1e-5"
           f"; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

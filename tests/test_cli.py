@@ -26,11 +26,14 @@ def test_audit_end_to_end_then_rerun_does_no_work(tmp_path):
     grid = {row["quantizer"]: row for row in report["grid"]}
     assert set(grid) == {"fp32", "uniform-4", "sign"}
     for row in grid.values():
-        assert math.isfinite(row["val_loss"])
-        assert row["r_q_n_runs"] == 3
+        assert math.isfinite(row["utility"]["val_loss"])
+        assert row["r_q"]["n_runs"] == 3
         assert {"loss", "lira_offline"} <= set(row["attacks"])
-    assert grid["fp32"]["val_loss_relative_change"] == 0
+    assert grid["fp32"]["utility"]["relative_change"] == 0
+    # sign without a scale wrecks a language model: the report must show the utility cost
+    assert grid["sign"]["utility"]["relative_change"] > 0.1
     assert (out / "report" / "report.md").read_text().startswith("# llmaudit report")
+    assert (out / "report" / "report.html").exists()
     n_units = len(list((out / "scores").rglob("*.parquet")))
     assert n_units == 1 + 3 * 2 * 3  # base + runs x checkpoints x quantizers
 

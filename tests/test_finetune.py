@@ -109,3 +109,12 @@ def test_directory_of_another_experiment_is_refused(tiny_cfg):
         finetune(other, progress=False, echo=lambda *_: None)
     with pytest.raises(StoreError, match="no manifest.json"):
         RunStore(tiny_cfg.resolved_output_dir() / "nope").manifest()
+
+
+def test_score_shards_wait_for_every_run(tiny_cfg):
+    from llmaudit.scoring import score
+
+    store = finetune(tiny_cfg, shard=(0, 2), progress=False, echo=lambda *_: None)
+    assert [store.run_done(r) for r in range(3)] == [True, False, True]
+    with pytest.raises(ValueError, match=r"runs \[1\] .* not finished"):
+        score(tiny_cfg, store, shard=(0, 2), progress=False, echo=lambda *_: None)

@@ -23,16 +23,10 @@ from llmaudit.jobs import marker_state, run_marker_path, running_marker, slurm_p
 from llmaudit.scoring import plan_units, score
 from llmaudit.store import RunStore
 
-# Small enough for a 2-core CPU, big enough that a run has several steps between checkpoints (batch 2).
-OVERRIDES = [
-    "train.runs=3",
-    "train.epochs=3",
-    "train.batch_size=2",
-    "data.pool_size=16",
-    "data.val_size=8",
-    "score.quantizers=[fp32,uniform-4]",
-    "attack.n_boot=10",
-]
+from .conftest import TINY_OVERRIDES
+
+# The shared tiny experiment, with batch 2 so that a run has several steps between its checkpoints.
+OVERRIDES = TINY_OVERRIDES + ["train.epochs=3", "train.batch_size=2", "score.quantizers=[fp32,uniform-4]", "attack.n_boot=10"]
 
 
 def small_cfg(out: Path, *extra: str):
@@ -186,6 +180,7 @@ def test_running_marker_lives_with_its_block_and_a_dead_pid_makes_it_stale(tmp_p
 # ------------------------------------------------------------------------------------------ kill and resume
 
 
+@pytest.mark.slow  # real processes: about 20 s (kill) and 40-80 s (submit) on a busy 2-core CPU
 def test_killed_jobs_resume_to_the_uninterrupted_result_bit_for_bit(tmp_path, reference, one_thread):
     out = tmp_path / "killed"
     cfg = small_cfg(out)
@@ -222,6 +217,7 @@ def test_killed_jobs_resume_to_the_uninterrupted_result_bit_for_bit(tmp_path, re
 # ------------------------------------------------------------------------------------------ submit
 
 
+@pytest.mark.slow  # real processes: about 20 s (kill) and 40-80 s (submit) on a busy 2-core CPU
 def test_submit_all_on_the_local_cluster_completes_the_demo(tmp_path, reference):
     from typer.testing import CliRunner
 
@@ -252,11 +248,15 @@ def test_submit_to_slurm_builds_array_jobs_with_the_recipe_settings(tmp_path, mo
     (bin_dir / "sbatch").write_text(
         '#!/bin/sh\nn=$(ls "$FAKE_SLURM" | wc -l)\ncp "$1" "$FAKE_SLURM/$n.sh"\necho "Submitted batch job $((1000 + n))"\n'
     )
-    (bin_dir / "sbatch").chmod(0o755)
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit only checks that it exists
+    for tool in ("sbatch", "srun"):
+        (bin_dir / tool).chmod(0o755)
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SLURM", str(scripts))
+    prepared = []  # the data draw (tested with finetune) happens once in the submitting process, before any job
+    monkeypatch.setattr("llmaudit.finetune.prepare_experiment", lambda cfg, store: prepared.append(store.root))
     cfg = small_cfg(
         tmp_path / "run",
         "cluster.cluster=slurm",
@@ -275,9 +275,9 @@ def test_submit_to_slurm_builds_array_jobs_with_the_recipe_settings(tmp_path, mo
     for script in text:
         for flag in ("--partition=gpu-h100", "--gpus-per-node=1", "--cpus-per-task=8", "--mem=64GB", "--time=90", "--account=audit"):
             assert f"#SBATCH {flag}\n" in script, (flag, script)
-    assert "#SBATCH --array=0-2%4\n" in text[0] and "--dependency" not in text[0]
+    assert "#SBATCH --array=0-2%3\n" in text[0] and "--dependency" not in text[0]  # submitit caps % at the task count
     assert "#SBATCH --array=0-4%4\n" in text[1] and "#SBATCH --dependency=afterok:1000\n" in text[1]
     assert "#SBATCH --dependency=afterok:1001\n" in text[2]
     assert "#SBATCH --job-name=llmaudit-score-demo-cpu\n" in text[1]
     assert slurm_parameters(cfg, "score")["slurm_additional_parameters"] == {"account": "audit"}
-    assert RunStore(tmp_path / "run").exists()  # the data draw happened once, before any job
+    assert prepared == [(tmp_path / "run").resolve()]

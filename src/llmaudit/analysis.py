@@ -64,6 +64,31 @@ def trajectory_from_table(df: pd.DataFrame) -> dict[str, Any]:
     return {q: {"checkpoint": g["checkpoint"].tolist(), "val_loss": g["loss"].tolist()} for q, g in curve.groupby("quantizer")}
 
 
+def vulnerable_samples(df: pd.DataFrame, quantizer: str, fpc_value: float | None, top: int = 20) -> dict[str, Any]:
+    """The samples offline LiRA finds most exposed: ids and scores only, never text.
+
+    Score of a sample = mean over the runs that trained on it of its calibrated LiRA statistic when that
+    run is the target (leave-one-out; the other runs where it was OUT give its Gaussian)."""
+    from llmaudit.attacks import _final_pool, _leave_one_out, lira_offline, lira_statistic
+
+    rows, _ = _final_pool(df, quantizer)
+    loss = rows.pivot(index="run", columns="sample_id", values="loss").sort_index()
+    member = rows.pivot(index="run", columns="sample_id", values="member").sort_index().astype(bool)
+    samples = [str(c) for c in loss.columns]
+    z = _leave_one_out(lira_offline, lira_statistic(loss.to_numpy()), member.to_numpy(), fpc_value)
+    keep = member.to_numpy()
+    with np.errstate(invalid="ignore"):
+        z_in = np.where(keep & np.isfinite(z), z, np.nan)
+        counts = np.isfinite(z_in).sum(0)
+        score = np.where(counts > 0, np.nansum(np.nan_to_num(z_in, nan=0.0), 0) / np.maximum(counts, 1), np.nan)
+    order = [i for i in np.argsort(-np.nan_to_num(score, nan=-np.inf)) if np.isfinite(score[i])][:top]
+    return {
+        "attack": "lira_offline",
+        "score_definition": "mean over the runs that trained on the sample of its calibrated offline-LiRA z-score (leave-one-out)",
+        "samples": [{"sample_id": samples[i], "score": float(score[i]), "n_member_runs": int(counts[i])} for i in order],
+    }
+
+
 def analyze(cfg: ExperimentConfig, store: RunStore, *, echo=print) -> dict[str, Any]:
     """Compute every result from the stored loss tables and write results/*.json."""
     from llmaudit.attacks import run_attacks
@@ -100,6 +125,14 @@ def analyze(cfg: ExperimentConfig, store: RunStore, *, echo=print) -> dict[str, 
             r_q=r_q_means,
             reference_quantizer=reference,
         )
+
+    for q in quantizers:
+        block = attacks.get("quantizers", {}).get(q)
+        if block is not None:
+            fpc_value = block.get("fpc") if isinstance(block.get("fpc"), (int, float)) else None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                block["vulnerable_samples"] = vulnerable_samples(table, q, fpc_value)
 
     memorization = None
     params = manifest.get("parameters", {})

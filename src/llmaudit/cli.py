@@ -3,10 +3,12 @@
     llmaudit audit [RECIPE] [key=value ...]     finetune -> score -> report (default: the CPU demo)
     llmaudit finetune RECIPE [key=value ...]    LoRA runs with membership masks and checkpoints
     llmaudit score RUN_DIR_OR_RECIPE [...]      per-sample token losses of every quantized checkpoint
-    llmaudit report RUN_DIR                     r_Q, attacks, memorization -> report.json / report.md
+    llmaudit report RUN_DIR                     r_Q, attacks, memorization -> report.json / .md / .html
     llmaudit indicator | attack | memorization LOSS_TABLE   on any loss table (bring your own losses)
     llmaudit validate synthetic | capacity      validations where the truth is known
     llmaudit quantizers                         every quantizer and whether it can run here
+    llmaudit status RUN_DIR                     what is done, running and missing
+    llmaudit submit STAGE RECIPE                shard jobs on SLURM (submitit) or local processes
 """
 
 from __future__ import annotations
@@ -62,9 +64,12 @@ def _split_recipe_args(args: list[str]) -> tuple[Optional[str], list[str]]:
 def _load(recipe: Optional[str], overrides: list[str], out: Optional[Path]):
     from llmaudit.config import load_recipe
 
+    from llmaudit.models import configure_threads
+
     cfg = load_recipe(recipe, overrides)
     if out is not None:
         cfg = cfg.model_copy(update={"output_dir": str(out)})
+    configure_threads(cfg.model)
     return cfg
 
 
@@ -77,7 +82,11 @@ def _cfg_from_run_dir_or_recipe(target: Optional[str], overrides: list[str], out
         store = RunStore(target)
         raw = apply_overrides(store.manifest()["config"], overrides)
         raw["output_dir"] = str(Path(target))
-        return config_from_dict(raw, source=f"{target}/manifest.json"), store
+        cfg = config_from_dict(raw, source=f"{target}/manifest.json")
+        from llmaudit.models import configure_threads
+
+        configure_threads(cfg.model)
+        return cfg, store
     cfg = _load(target, overrides, out)
     return cfg, RunStore(cfg.resolved_output_dir())
 
@@ -119,17 +128,22 @@ def score(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="The experiment directory written by finetune/score."),
+    include_samples: bool = typer.Option(False, "--include-samples", help="Also print the text of the most vulnerable samples (off: ids and scores only)."),
 ) -> None:
-    """Compute r_Q, the attacks and memorization from the loss tables and write report.json and report.md."""
+    """Compute r_Q, the attacks and memorization from the loss tables and write report.json, report.md
+    and a self-contained report.html (plots embedded)."""
     from llmaudit.analysis import analyze
     from llmaudit.report import write_report
     from llmaudit.store import RunStore
 
     store = RunStore(run_dir)
     cfg = store.config()
+    from llmaudit.models import configure_threads
+
+    configure_threads(cfg.model)
     result = analyze(cfg, store)
-    paths = write_report(store, result)
-    typer.echo(f"[report] wrote {', '.join(paths.values())}")
+    paths = write_report(store, result, include_samples=include_samples)
+    typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -154,9 +168,9 @@ def audit(
     result = analyze(cfg, store)
     paths = write_report(store, result)
     typer.echo("")
-    typer.echo(render_markdown(build_report(result)).split("## Every attack")[0].rstrip())
+    typer.echo(render_markdown(build_report(result), only=("summary", "checklist")).rstrip())
     typer.echo("")
-    typer.echo(f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(paths.values())}")
+    typer.echo(f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
 
 
 @app.command()
@@ -293,7 +307,7 @@ def main() -> None:
     _setup()
     try:
         app()
-    except (RecipeError, DataError, StoreError, ModelError, LossTableError, QuantizationError, FileNotFoundError, FloatingPointError, ValueError) as exc:
+    except (CliError, RecipeError, DataError, StoreError, ModelError, LossTableError, QuantizationError, FileNotFoundError, FloatingPointError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
 

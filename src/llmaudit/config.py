@@ -221,6 +221,8 @@ class ReportConfig(_Section):
     """Criterion: r_Q must be at least this (0 disables)."""
     max_utility_loss: float = Field(0.10, ge=0)
     """Criterion: relative increase of validation loss vs full precision must stay below this."""
+    min_runs: int = Field(5, ge=1)
+    """A criterion estimated from fewer fine-tuning runs than this is NOT MEASURED, never PASS."""
 
 
 class ClusterConfig(_Section):

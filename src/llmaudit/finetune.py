@@ -68,9 +68,9 @@ def prepare_experiment(cfg: ExperimentConfig, store: RunStore) -> dict[str, Any]
     store.check_identity(cfg)
     if store.exists():
         return store.manifest()
-    tok = load_tokenizer(cfg.model)
     need = cfg.data.pool_size + cfg.data.val_size
-    records, route = load_records(cfg.data, n_needed=need)
+    records, route = load_records(cfg.data, n_needed=need)  # bad data fails before any model is built
+    tok = load_tokenizer(cfg.model)
     # Drop over-long records before drawing, so the pool is exactly pool_size.
     lengths_ok = {
         ex.sample_id for ex in tokenize_records(tok, records, "any", include_prompt=cfg.data.include_prompt_in_loss, max_length=cfg.data.max_length)

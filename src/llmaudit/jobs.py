@@ -174,8 +174,8 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
     ft, sc, rp = status["finetune"], status["score"], status["report"]
     lines = [f"{status['name']}: {status['run_dir']}"]
     lines.append(f"finetune  {len(ft['done'])}/{ft['total']} runs done, {len(ft['running'])} running, {len(ft['missing'])} missing")
-    if ft["running"]:
-        lines.append(f"  running: {listed(ft['running'])}")
+    for run in ft["running"]:
+        lines.append(f"  running: run {run}, {len(ft['checkpoints'][run])} checkpoint(s) so far")
     for run in ft["missing"]:
         steps = ft["checkpoints"][run]
         resume = f"resumes from step {steps[-1]}" if steps else "not started"
@@ -222,13 +222,6 @@ def run_shard(stage: Stage, config: dict[str, Any], out: str, shard: tuple[int, 
     if stage == "score":
         from llmaudit.scoring import score
 
-        unfinished = [r for r in range(cfg.train.runs) if not store.run_done(r)]
-        if shard is not None and shard[1] > 1 and unfinished:
-            # The round-robin split is over the full grid; with runs missing, shards would disagree on it.
-            raise RuntimeError(
-                f"score shard {shard[0]}/{shard[1]}: runs {unfinished} of {store.root} are not finished, so the "
-                "scoring grid is incomplete. Finish `finetune` first (`llmaudit status` shows what is missing)."
-            )
         return {"stage": stage, "shard": shard, **score(cfg, store, shard=shard, progress=progress)}
     if stage == "report":
         from llmaudit.analysis import analyze
@@ -351,6 +344,8 @@ def submit_local(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=
         if available < gpus:
             raise RuntimeError(f"cluster.gpus_per_job={gpus} but this machine has {available} GPU(s); set cluster.gpus_per_job=0 for CPU")
         slots = min(slots, available // gpus)
+    elif _local_gpu_count():
+        echo("[submit] note: cluster.gpus_per_job=0, so the jobs see no GPU (CUDA_VISIBLE_DEVICES is empty); set it to 1 to use this machine's GPUs")
     results: list[dict[str, Any]] = []
     for stage in stages:
         executor = submitit.LocalExecutor(folder=str(_log_dir(cfg, out) / stage))
@@ -359,7 +354,8 @@ def submit_local(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=
         running: dict[int, Any] = {}  # slot -> job
         finished: list[Any] = []
         while pending or running:
-            for slot in [s for s, job in running.items() if job.done()]:
+            # A job's result file appears before its process has finished exiting (torch teardown is slow).
+            for slot in [s for s, job in running.items() if job.paths.result_pickle.exists() or job.done()]:
                 finished.append(running.pop(slot))
             for slot in [s for s in range(slots) if s not in running]:
                 if not pending:
@@ -376,7 +372,8 @@ def submit_local(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=
                 results.append(job.result())
             except Exception as exc:  # submitit wraps the job's traceback; the log path is what helps
                 raise RuntimeError(f"{stage} job {job.job_id} failed; its log: {job.paths.stderr}\n{exc}") from None
-        echo(f"[submit] {stage}: {len(finished)} local job(s) finished" + (f" ({len(stage_shards(stage, cfg)) - len(finished)} shard(s) had nothing left to do)" if len(finished) < len(stage_shards(stage, cfg)) else ""))
+        skipped = len(stage_shards(stage, cfg)) - len(finished)
+        echo(f"[submit] {stage}: {len(finished)} local job(s) finished" + (f"; {skipped} shard(s) had nothing left to do" if skipped else ""))
     return results
 
 

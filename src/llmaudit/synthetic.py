@@ -208,40 +208,27 @@ def _format_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for text in overrides:
-        key, sep, raw = text.partition("=")
-        if not sep or not key.strip():
-            raise SyntheticConfigError(f"override {text!r} is not of the form key=value (e.g. n_runs=30)")
-        try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            raise SyntheticConfigError(f"override {text!r}: value is not valid YAML ({exc})") from None
-    return out
-
-
 def load_config(recipe: Path | str | None = None, overrides: Sequence[str] = ()) -> SyntheticConfig:
-    """Defaults <- recipe YAML (keys = field names) <- `key=value` overrides (values parsed as YAML)."""
+    """Defaults <- recipe YAML (keys = field names) <- `key=value` overrides (values parsed as YAML).
+
+    Recipe lookup and override parsing are llmaudit.config's, shared with the audit recipes."""
+    from llmaudit.config import RecipeError, apply_overrides, resolve_recipe_path
+
     raw: dict[str, Any] = {}
     source = "(defaults)"
-    if recipe is not None:
-        path = Path(recipe)
-        if not path.is_file():
-            candidates = [Path.cwd() / "recipes" / f"{path.stem}.yaml",
-                          Path(__file__).resolve().parent / "recipes" / f"{path.stem}.yaml"]
-            found = [c for c in candidates if c.is_file() and path.suffix in ("", ".yaml", ".yml")]
-            if not found:
-                raise SyntheticConfigError(f"recipe {recipe!s} not found (looked at {path} and {candidates})")
-            path = found[0]
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise SyntheticConfigError(f"recipe {path} is not valid YAML: {exc}") from None
-        if not isinstance(raw, dict):
-            raise SyntheticConfigError(f"recipe {path} must be a mapping of field: value")
-        source = str(path)
-    raw.update(_parse_overrides(overrides))
+    try:
+        if recipe is not None:
+            path = resolve_recipe_path(recipe)
+            try:
+                raw = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError as exc:
+                raise SyntheticConfigError(f"recipe {path} is not valid YAML: {exc}") from None
+            if not isinstance(raw, dict):
+                raise SyntheticConfigError(f"recipe {path} must be a mapping of field: value")
+            source = str(path)
+        raw = apply_overrides(raw, list(overrides))
+    except RecipeError as exc:
+        raise SyntheticConfigError(str(exc)) from None
     try:
         return SyntheticConfig.model_validate(raw)
     except ValidationError as exc:
@@ -840,8 +827,11 @@ def protocol_block(cfg: SyntheticConfig) -> dict[str, Any]:
     }
 
 
-def run_synthetic(cfg: SyntheticConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The full protocol over the k_modes x sigmas grid. Returns the result dict (see `write_outputs`)."""
+def run_synthetic(
+    cfg: SyntheticConfig, log: Callable[[str], None] = print, on_dataset: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """The full protocol over the k_modes x sigmas grid. Returns the result dict (see `write_outputs`).
+    `on_dataset` is called with each finished data set's result (e.g. to save partial results)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
@@ -849,6 +839,8 @@ def run_synthetic(cfg: SyntheticConfig, log: Callable[[str], None] = print) -> d
     grid = [(k, s) for k in cfg.k_modes for s in cfg.sigmas]
     for i, (k, s) in enumerate(grid):
         datasets.append(run_dataset(cfg, i, k, s, log=log))
+        if on_dataset is not None:
+            on_dataset(datasets[-1])
     wall = time.perf_counter() - t0
     summary = {}
     for v in datasets[0]["comparison"]:
@@ -990,7 +982,12 @@ def validate_synthetic_command(recipe: Path | None, overrides: list[str], out: P
     out = Path(out) if out is not None else Path.cwd() / "synthetic-validation"
     print(f"synthetic validation: {len(cfg.k_modes) * len(cfg.sigmas)} data sets x {cfg.n_runs} runs, "
           f"{len(cfg.quantizers)} quantizers -> {out}", flush=True)
-    res = run_synthetic(cfg, log=lambda s: print(s, flush=True))
+    def save_partial(ds: dict[str, Any]) -> None:
+        # each finished data set is kept, so an interrupted run still leaves its numbers
+        atomic_write_json(out / "partial" / f"{ds['name']}.json",
+                          {**ds, "comparison": {v: {k: x for k, x in c.items() if k != "_boots"} for v, c in ds["comparison"].items()}})
+
+    res = run_synthetic(cfg, log=lambda s: print(s, flush=True), on_dataset=save_partial)
     paths = write_outputs(res, out, plots=cfg.plots)
     s = res["summary"]["published"]
     print(f"mean Spearman(r_Q, MIS) = {s['mean_spearman']:+.2f} (bootstrap std {s['boot_std_of_mean']:.2f}); "

@@ -1,0 +1,230 @@
+"""The scoring engine against the naive computation (full logits, one sample at a time, float64).
+
+Tiny Qwen2 and Llama models are built in code (hidden 64, 2 layers, vocabulary 512) with
+initializer_range 0.1 so that the next-token distributions are far from uniform."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from llmaudit import scoring
+from llmaudit.scoring import TokenScores, head_scores, length_sorted_batches, score_examples, weights_digest
+
+VOCAB = 512
+PAD_ID = 0
+
+
+def _tiny_model(kind: str):
+    import transformers
+
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(**common) if kind == "qwen2" else transformers.LlamaConfig(**common)
+    cls = transformers.Qwen2ForCausalLM if kind == "qwen2" else transformers.LlamaForCausalLM
+    return cls(config).eval()
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def model(request):
+    return _tiny_model(request.param)
+
+
+def _examples(seed: int = 0, n: int = 9, include_prompt: bool = False) -> list[tuple[list[int], list[bool]]]:
+    """Lengths 2..40 (distinct, so batches need padding), half prompt; pad id 0 also occurs as a real token."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for length in rng.choice(np.arange(2, 41), size=n, replace=False):
+        ids = rng.integers(0, VOCAB, size=int(length)).tolist()
+        ids[-1] = PAD_ID
+        n_prompt = int(length) // 2
+        mask = [False] + [True] * (int(length) - 1) if include_prompt else [False] * n_prompt + [True] * (int(length) - n_prompt)
+        out.append((ids, mask))
+    return out
+
+
+@torch.inference_mode()
+def _naive(model, examples) -> list[dict[str, np.ndarray]]:
+    """One sample at a time through model(input_ids, labels=...): per-token NLL and the vocabulary
+    statistics recomputed from the full logits in float64."""
+    out = []
+    for ids, mask in examples:
+        input_ids = torch.tensor([ids])
+        scored = torch.tensor(mask)
+        scored[0] = False
+        labels = input_ids.masked_fill(~scored[None], -100)
+        result = model(input_ids=input_ids, labels=labels)
+        logp = torch.log_softmax(result.logits[0, :-1].double(), dim=-1)[scored[1:]]  # [n, V]
+        nll = -logp.gather(1, input_ids[0, 1:][scored[1:], None]).squeeze(1)
+        p = logp.exp()
+        mean = (p * logp).sum(-1)
+        std = (p * (logp - mean[:, None]) ** 2).sum(-1).sqrt()
+        if len(nll):  # the model's own loss is the mean of these token losses
+            assert float(result.loss) == pytest.approx(float(nll.mean()), abs=1e-5)
+        out.append({"nll": nll.numpy(), "mean": mean.numpy(), "std": std.numpy()})
+    return out
+
+
+def _max_diff(scores: list[TokenScores], naive: list[dict[str, np.ndarray]], field: str = "token_losses", key: str = "nll") -> float:
+    diffs = [np.abs(getattr(s, field).astype(np.float64) - ref[key]).max(initial=0.0) for s, ref in zip(scores, naive)]
+    return float(max(diffs))
+
+
+# ------------------------------------------------------------------------------------- batching
+
+
+def test_length_sorted_batches_hand_example():
+    # lengths 5, 3, 8, 2 sorted longest first: 8 | 5, 3 (2 x 5 = 10 <= 10) | 2 (3 x 5 = 15 > 10)
+    assert length_sorted_batches([5, 3, 8, 2], 10) == [[2], [0, 1], [3]]
+    # a sample longer than the budget still gets a batch of its own
+    assert length_sorted_batches([20, 4, 4], 8) == [[0], [1, 2]]
+
+
+@pytest.mark.parametrize("budget", [1, 17, 64, 500, 10**6])
+def test_length_sorted_batches_budget_and_cover(budget):
+    lengths = np.random.default_rng(budget).integers(1, 60, size=101).tolist()
+    batches = length_sorted_batches(lengths, budget)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        width = max(lengths[i] for i in b)
+        assert len(b) == 1 or len(b) * width <= budget
+        assert lengths[b[0]] == width  # the first index of a batch is its longest
+    widths = [lengths[b[0]] for b in batches]
+    assert widths == sorted(widths, reverse=True)
+    if budget >= sum(lengths) * 60:
+        assert len(batches) == 1
+
+
+# ------------------------------------------------------------------------------------- losses
+
+
+@pytest.mark.parametrize("include_prompt", [False, True])
+def test_losses_and_vocab_stats_equal_naive(model, include_prompt):
+    examples = _examples(include_prompt=include_prompt)
+    naive = _naive(model, examples)
+    assert max(float(r["nll"].max()) for r in naive) > 1.5 * min(float(r["nll"].min()) for r in naive)  # not uniform
+    longest, total = max(len(i) for i, _ in examples), sum(len(i) for i, _ in examples)
+    for budget in (1, longest, 2 * longest, total):  # one sample per batch ... all in one batch
+        for head_chunk in (1, 7, 4096):
+            scores = score_examples(model, examples, pad_id=PAD_ID, token_budget=budget, head_chunk=head_chunk, vocab_stats=True)
+            assert [len(s.token_losses) for s in scores] == [sum(m[1:]) for _, m in examples]
+            assert all(s.token_losses.dtype == np.float32 for s in scores)
+            assert _max_diff(scores, naive) <= 1e-5, (budget, head_chunk)
+            assert _max_diff(scores, naive, "vocab_mean", "mean") <= 1e-5, (budget, head_chunk)
+            assert _max_diff(scores, naive, "vocab_std", "std") <= 1e-5, (budget, head_chunk)
+            for s, ref in zip(scores, naive):
+                assert s.loss == pytest.approx(float(ref["nll"].mean()), abs=1e-6)
+
+
+def test_vocab_stats_off_gives_the_same_losses(model):
+    examples = _examples(seed=1)
+    on = score_examples(model, examples, pad_id=PAD_ID, token_budget=64, head_chunk=5, vocab_stats=True)
+    off = score_examples(model, examples, pad_id=PAD_ID, token_budget=64, head_chunk=5, vocab_stats=False)
+    assert all(s.vocab_mean is None and s.vocab_std is None for s in off)
+    assert _max_diff(off, [{"nll": s.token_losses.astype(np.float64)} for s in on]) <= 1e-6
+
+
+def test_response_only_losses_are_the_tail_of_full_losses(model):
+    full = score_examples(model, _examples(seed=2, include_prompt=True), pad_id=PAD_ID, vocab_stats=True)
+    response = score_examples(model, _examples(seed=2, include_prompt=False), pad_id=PAD_ID, vocab_stats=True)
+    for f, r in zip(full, response):
+        n = len(r.token_losses)
+        assert 0 < n < len(f.token_losses)
+        np.testing.assert_allclose(r.token_losses, f.token_losses[-n:], atol=1e-6)
+        np.testing.assert_allclose(r.vocab_std, f.vocab_std[-n:], atol=1e-6)
+        assert r.loss != pytest.approx(f.loss, abs=1e-3)  # the prompt's tokens change the mean
+
+
+def test_batch_composition_never_changes_a_loss(model):
+    examples = _examples(seed=3, n=12)
+    alone = [score_examples(model, [ex], pad_id=PAD_ID, vocab_stats=True)[0] for ex in examples]
+    rng = np.random.default_rng(0)
+    for budget in (45, 120, 10**6):
+        order = rng.permutation(len(examples))
+        shuffled = score_examples(model, [examples[i] for i in order], pad_id=PAD_ID, token_budget=budget, vocab_stats=True)
+        for pos, i in enumerate(order):
+            assert np.abs(shuffled[pos].token_losses - alone[i].token_losses).max() <= 1e-5
+            assert np.abs(shuffled[pos].vocab_mean - alone[i].vocab_mean).max() <= 1e-5
+
+
+def test_vocabulary_tiles_and_quantized_head_fallback(model, monkeypatch):
+    """Vocabulary tiles that do not divide the vocabulary (CPU path), and a head that is not a plain
+    nn.Linear (as a quantized head would be), give the naive answers."""
+    examples = _examples(seed=4)
+    naive = _naive(model, examples)
+    monkeypatch.setattr(scoring, "CPU_HEAD_TILE_BYTES", 4 * 7 * 37)  # 37 columns for a 7-row chunk
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tile width scales with the thread count
+    try:
+        assert scoring._cpu_vocab_tile(7, VOCAB) == 37
+        tiled = score_examples(model, examples, pad_id=PAD_ID, head_chunk=7, vocab_stats=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert _max_diff(tiled, naive) <= 1e-5 and _max_diff(tiled, naive, "vocab_std", "std") <= 1e-5
+
+    class WrappedHead(torch.nn.Linear):
+        pass
+
+    wrapped = copy.deepcopy(model)
+    old = wrapped.get_output_embeddings()
+    head = WrappedHead(old.in_features, old.out_features, bias=False)
+    head.weight = old.weight
+    wrapped.set_output_embeddings(head)
+    fallback = score_examples(wrapped, examples, pad_id=PAD_ID, head_chunk=7, vocab_stats=True)
+    assert _max_diff(fallback, naive) <= 1e-5
+    assert _max_diff(fallback, naive, "vocab_mean", "mean") <= 1e-5
+    assert _max_diff(fallback, naive, "vocab_std", "std") <= 1e-5
+
+
+def test_head_scores_hand_example():
+    """Two positions, vocabulary 3, head = identity on 3 dims: the logits are the hidden states."""
+    head = torch.nn.Linear(3, 3, bias=False)
+    head.weight.data = torch.eye(3)
+    h = torch.tensor([[0.0, 0.0, 0.0], [np.log(2.0), 0.0, -50.0]], dtype=torch.float32)
+    targets = torch.tensor([1, 0])
+    for tile in (1, 2, 3):
+        nll, mean, std = head_scores(head, h, targets, vocab_stats=True, vocab_tile=tile)
+        # row 0 uniform: nll = ln 3, log p = -ln 3 everywhere, std 0
+        # row 1: p ~ (2/3, 1/3, 0): nll(0) = ln 1.5; E log p = 2/3 ln(2/3) + 1/3 ln(1/3); std = ln 2 * sqrt(2/9)
+        assert nll.tolist() == pytest.approx([np.log(3), np.log(1.5)], abs=1e-6)
+        assert mean.tolist() == pytest.approx([-np.log(3), 2 / 3 * np.log(2 / 3) + 1 / 3 * np.log(1 / 3)], abs=1e-6)
+        assert std.tolist() == pytest.approx([0.0, np.log(2) * np.sqrt(2 / 9)], abs=1e-6)
+
+
+def test_samples_without_scored_tokens(model):
+    examples = [([5], [True]), ([5, 6, 7], [False, False, False]), ([5, 6, 7], [False, True, True])]
+    scores = score_examples(model, examples, pad_id=PAD_ID, vocab_stats=True)
+    assert [len(s.token_losses) for s in scores] == [0, 0, 2]
+    assert [len(s.vocab_std) for s in scores] == [0, 0, 2]
+    assert np.isfinite(scores[2].token_losses).all() and (scores[2].token_losses > 0).all()
+
+
+def test_deterministic_on_cpu(model):
+    examples = _examples(seed=5)
+    a = score_examples(model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True)
+    b = score_examples(model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True)
+    for x, y in zip(a, b):
+        assert x.token_losses.tobytes() == y.token_losses.tobytes()
+        assert x.vocab_mean.tobytes() == y.vocab_mean.tobytes()
+        assert x.vocab_std.tobytes() == y.vocab_std.tobytes()
+
+
+def test_weights_digest_tracks_every_parameter(model):
+    clone = copy.deepcopy(model)
+    assert weights_digest(clone) == weights_digest(model)
+    with torch.no_grad():
+        clone.model.layers[-1].mlp.down_proj.weight[0, 0] += 1e-3
+    assert weights_digest(clone) != weights_digest(model)
