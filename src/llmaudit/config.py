@@ -185,8 +185,9 @@ class ScoreConfig(_Section):
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to score: auto = cuda if available."""
-    token_budget: int = Field(8192, ge=64)
-    """Maximum padded tokens per batch (batches are length-sorted)."""
+    token_budget: Optional[int] = Field(None, ge=64)
+    """Maximum padded tokens per batch (batches are length-sorted); null = 2048 on CPU (smaller batches stay
+    in cache: measured faster by benchmarks/bench_scoring.py), 16384 on GPU."""
     head_chunk: int = Field(1024, ge=1)
     """Positions per chunk when applying the output head (bounds logits memory)."""
     vocab_stats: bool = True

@@ -350,7 +350,7 @@ def score(cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | No
             qmodel,
             [(e.input_ids, e.loss_mask) for e in examples],
             pad_id=tok.pad_token_id,
-            token_budget=cfg.score.token_budget,
+            token_budget=cfg.score.token_budget or (16384 if device.type == "cuda" else 2048),
             head_chunk=cfg.score.head_chunk,
             vocab_stats=cfg.score.vocab_stats,
             device=device,
