@@ -3,17 +3,20 @@
 1. The batched trainer (all runs as one set of tensors) against the straightforward per-run loop
    (nn.Linear + torch.optim.Adam per run) on the SAME runs, in the same process; prints both times,
    the ratio and the largest parameter difference.
-2. Optionally the wall time of the full experiment: `--full` runs it (9 data sets x 300 runs, r_Q and
-   baseline MIS, `stability_mis_resamples=0` unless overridden), `--results results.json` reads the
-   time recorded by an earlier run.
+2. Optionally the wall time of the full experiment with its per-stage breakdown (train, r_Q +
+   variants, MIS discriminators, stability) and the load average: `--full` runs it (9 data sets x
+   300 runs, r_Q and baseline MIS; `stability_mis_resamples=0` unless `--default-protocol`, which
+   runs exactly `llmaudit validate synthetic` with the defaults, MIS stability retrains included),
+   `--results results.json` reads the times recorded by an earlier run. Target: under 300 s.
 
-    python benchmarks/bench_synthetic.py [--runs 50] [--batch-size 1] [--full | --results PATH] [key=value ...]
+    python benchmarks/bench_synthetic.py [--runs 50] [--batch-size 1] [--full [--default-protocol] | --results PATH] [key=value ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -46,6 +49,8 @@ def main() -> None:
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--full", action="store_true", help="also run the full experiment and time it")
     group.add_argument("--results", type=Path, help="results.json of an earlier full run: print its wall time")
+    ap.add_argument("--default-protocol", action="store_true",
+                    help="with --full: keep the default stability_mis_resamples (MIS stability retrains)")
     ap.add_argument("--out", type=Path, default=Path("synthetic-validation-bench"))
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the synthetic config")
     a = ap.parse_args()
@@ -57,8 +62,12 @@ def main() -> None:
     print(f"  batched      : {r['batched_s']:8.2f} s")
     print(f"  ratio        : {r['ratio']:8.1f} x   (max |param diff| = {r['max_abs_param_diff']:.1e})")
     if a.full:
-        res = syn.validate_synthetic_command(None, ["stability_mis_resamples=0", *a.overrides], a.out)
+        load0 = os.getloadavg()
+        extra = [] if a.default_protocol else ["stability_mis_resamples=0"]
+        res = syn.validate_synthetic_command(None, [*extra, *a.overrides], a.out)
         wall = res["wall_time_s"]
+        print(f"load average (1/5/15 min) before: {load0[0]:.2f}/{load0[1]:.2f}/{load0[2]:.2f}, "
+              f"after: " + "/".join(f"{x:.2f}" for x in os.getloadavg()))
     elif a.results:
         res = json.loads(a.results.read_text())
         wall = res["wall_time_s"]
@@ -67,7 +76,10 @@ def main() -> None:
     cfg = res["config"]
     parts = {k: sum(d["timing_s"][k] for d in res["datasets"]) for k in ("train", "r_q", "mis", "stability")}
     print(f"full experiment: {len(res['datasets'])} data sets x {cfg['n_runs']} runs, batch {cfg['batch_size']}: "
-          f"wall {wall:.0f} s ({wall / 60:.1f} min); " + ", ".join(f"{k} {v:.0f} s" for k, v in parts.items()))
+          f"wall {wall:.0f} s ({wall / 60:.1f} min; target 300 s); " + ", ".join(f"{k} {v:.0f} s" for k, v in parts.items()))
+    s = res["summary"]["published"]
+    print(f"mean Spearman(r_Q, MIS) = {s['mean_spearman']:+.2f} (bootstrap std {s['boot_std_of_mean']:.2f}), "
+          f"stability_mis_resamples={cfg['stability_mis_resamples']}")
 
 
 if __name__ == "__main__":

@@ -159,3 +159,81 @@ def test_end_to_end_tiny(tmp_path):
     np.testing.assert_allclose(rec[ok], 0.5 / pub[ok])
     assert "protocol" in res and "quantization" in res["protocol"]
     assert "| sign |" in (out / "results.md").read_text()
+
+
+def _disc_feats(Q=3, R=20, m=16, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(R, m, d, generator=g)
+    y = (torch.rand(R, m, generator=g) > 0.5).float()
+    member = torch.cat([torch.ones(R, m // 2), torch.zeros(R, m // 2)], 1)
+    return [{"x": x, "y": y, "theta": torch.randn(R, 2 * d + 2, generator=g).sign() * (q + 1),
+             "loss": torch.rand(R, m, generator=g) * (1 + member * q), "member": member} for q in range(Q)]
+
+
+def test_batched_discriminators_match_one_at_a_time_reference():
+    """The batched trainer (all quantizers' discriminators as stacked tensors, written-out backward,
+    one Adam over one flat buffer) equals training each discriminator alone (nn.Linear + ReLU +
+    nn.Linear on the full rows, autograd, torch.optim.Adam) from the same init and row order."""
+    Q, hidden = 3, 16
+    feats = _disc_feats(Q)
+    tr, te = syn.split_runs(20, 0.8, torch.Generator().manual_seed(1))
+    kw = dict(hidden=hidden, epochs=3, lr=3e-3, batch_size=32, dtype="float32", seed=0)
+    out = syn.train_discriminators(feats, tr, te, return_state=True, **kw)
+    assert (out["params"]["w_th"] - out["init"]["w_th"]).abs().max() > 1e-3       # it actually trained
+    for q in range(Q):
+        ref = syn.train_discriminator_reference(out["prepared"], q, out["init"], out["perms"], tr, te,
+                                                hidden=hidden, lr=3e-3, batch_size=32)
+        for k, want in ref["params"].items():
+            got = out["params"][k][:, q * hidden:(q + 1) * hidden] if k == "w_xy" else out["params"][k][q]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"quantizer {q} parameter {k}")
+        np.testing.assert_allclose(out["correct"][q], ref["correct"])
+        assert out["train_acc"][q] == pytest.approx(ref["train_acc"])
+    # the previous autograd implementation (stacked parameters, torch.optim.Adam) gives the same result
+    old = syn._train_discriminators_autograd(feats, tr, te, **kw)
+    np.testing.assert_allclose(out["correct"], old["correct"])
+    np.testing.assert_allclose(out["train_acc"], old["train_acc"])
+
+
+def test_r_q_all_variants_equals_separate_estimates():
+    """One quantization and loss pass per quantizer gives the same r_Q as separate r_q_from_points
+    calls per estimator, and r_q_from_points equals llmaudit.indicator.r_q per run."""
+    cfg = syn.load_config(None, ["n_runs=6", "n_train=16", "dim=8", "epochs=6", "n_val=30", "batch_size=4",
+                                 "lr=1e-2", "converged_from_epoch=3"])
+    data = syn.make_dataset(cfg, 0, 4, 1.0)
+    w0, b0 = syn.init_linear([syn.derive_seed(0, r) for r in range(6)], 8)
+    tw, tb = syn.train_batched(data["x_train"], data["y_train"], w0, b0, data["order"], lr=cfg.lr, batch_size=4)
+    g = torch.Generator().manual_seed(0)
+    pert = (tw[-1] + 0.1 * torch.randn(5, *tw.shape[1:], generator=g), tb[-1] + 0.1 * torch.randn(5, *tb.shape[1:], generator=g))
+    ep, cs = slice(1, None), slice(3, None)
+    for q in ("sign", "ternary-50", "uniform-3"):
+        est, pts = syn.r_q_all_variants(q, tw, tb, data["x_val"], data["y_val"], data["x_train"], data["y_train"],
+                                        pert, cfg, list(syn.VARIANT_NAMES))
+        args = dict(quantize_bias=True, ddof=1)
+        want = {"published": syn.r_q_from_points(q, tw[ep], tb[ep], data["x_val"], data["y_val"], **args),
+                "converged": syn.r_q_from_points(q, tw[cs], tb[cs], data["x_val"], data["y_val"], **args),
+                "train-loss": syn.r_q_from_points(q, tw[ep], tb[ep], data["x_train"], data["y_train"], **args),
+                "perturbed": syn.r_q_from_points(q, *pert, data["x_val"], data["y_val"], **args),
+                "unquantized-bias": syn.r_q_from_points(q, tw[ep], tb[ep], data["x_val"], data["y_val"],
+                                                        quantize_bias=False, ddof=1)}
+        assert set(est) == set(want)
+        for v in want:
+            np.testing.assert_allclose(est[v], want[v], rtol=1e-4, equal_nan=True, err_msg=f"{q} {v}")
+        # and the per-run reference: llmaudit.indicator.r_q on the flattened per_sample_losses
+        K = tw[ep].shape[0]
+        wq = syn.quantize_batched(q, tw[ep].reshape(-1, 2, 8))
+        bq = syn.quantize_batched(q, tb[ep].reshape(-1, 2))
+        L = syn.per_sample_losses(wq, bq, data["x_val"], data["y_val"]).reshape(K, 6, -1).double().numpy()
+        ref = np.array([r_q(L[:, r]) for r in range(6)])
+        np.testing.assert_allclose(est["published"], ref, rtol=1e-4, equal_nan=True)
+
+
+def test_spearman_rows_equals_spearman():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(300, 8)), rng.normal(size=(300, 8))
+    a[:50] = np.round(a[:50])               # ties
+    b[50:80] = np.round(b[50:80] * 0.3)
+    a[80, 2] = np.nan                       # non-finite entries and constant rows: the scalar path
+    b[81] = 1.0
+    a[82] = np.inf
+    want = np.array([syn.spearman(x, y) for x, y in zip(a, b)])
+    np.testing.assert_allclose(syn.spearman_rows(a, b), want, rtol=0, atol=1e-12, equal_nan=True)

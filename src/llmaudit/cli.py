@@ -105,7 +105,8 @@ def finetune(
     recipe, overrides = _split_recipe_args(list(args or []))
     cfg = _load(recipe, overrides, out)
     store = do_finetune(cfg, shard=parse_shard(shard), progress=not no_progress)
-    typer.echo(f"[finetune] done: {store.root}")
+    if int(os.environ.get("RANK", "0")) == 0:  # under accelerate/torchrun only the main process reports
+        typer.echo(f"[finetune] done: {store.root}")
 
 
 @app.command(context_settings={"allow_extra_args": True})

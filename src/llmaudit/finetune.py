@@ -3,6 +3,11 @@ saved along every training trajectory.
 
 Resumable at every checkpoint: a finished run (DONE.json) is skipped; an interrupted one restarts from its
 latest complete checkpoint (adapter + optimizer state) and reproduces the uninterrupted trajectory.
+
+Launched with several processes (`accelerate launch --multi_gpu --num_processes N -m llmaudit.cli finetune ...`
+or `torchrun --nproc_per_node N -m llmaudit.cli finetune ...`; on CPU too, over gloo), every run is trained
+data parallel (DDP) by all the processes together; only the main process writes to the run store.
+(`accelerate launch --cpu` starts a single process.)
 """
 
 from __future__ import annotations
@@ -98,6 +103,36 @@ def prepare_experiment(cfg: ExperimentConfig, store: RunStore) -> dict[str, Any]
 # ------------------------------------------------------------------------------------------ runs
 
 
+def launched_processes() -> int:
+    """How many processes a launcher (accelerate launch, torchrun) started for this job; 1 when run plainly."""
+    import os
+
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def make_accelerator(device: torch.device) -> Any | None:
+    """An accelerate.Accelerator when launched with more than one process, else None (the plain path).
+
+    On CPU (device cpu, or no GPU) the processes talk over gloo. mixed_precision="no": the model trains in
+    the recipe's model.dtype, as in one process."""
+    if launched_processes() <= 1:
+        return None
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+
+    accelerator = Accelerator(
+        cpu=device.type == "cpu", mixed_precision="no", kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)]
+    )
+    if accelerator.num_processes <= 1:
+        raise RuntimeError(
+            f"launched as {launched_processes()} processes (WORLD_SIZE) but accelerate found no distributed setup "
+            f"({accelerator.distributed_type}); the processes would all write the same runs"
+        )
+    return accelerator
+
+
 def checkpoint_steps(n_train: int, batch_size: int, epochs: int, per_epoch: int) -> list[int]:
     """Evenly spaced optimizer steps at which an adapter checkpoint is saved (the last step included)."""
     spe = steps_per_epoch(n_train, batch_size)
@@ -129,7 +164,11 @@ def _lora_model(base: Any, cfg: ExperimentConfig, run: int) -> Any:
     return get_peft_model(base, lora)
 
 
-def train_run(cfg: ExperimentConfig, store: RunStore, run: int, base: Any, tok: Any, device: torch.device, *, progress: bool = True) -> RunResult:
+def train_run(
+    cfg: ExperimentConfig, store: RunStore, run: int, base: Any, tok: Any, device: torch.device, *, progress: bool = True, accelerator: Any | None = None
+) -> RunResult:
+    """Train one run (resuming from its latest checkpoint). With `accelerator` (multi-process), every process
+    calls this for the same run; they train it data parallel and only the main process writes."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -158,7 +197,12 @@ def train_run(cfg: ExperimentConfig, store: RunStore, run: int, base: Any, tok: 
             resume = {"step": trainer_state["step"], "optimizer": trainer_state["optimizer"]}
             log.info("run %d: resuming from step %d", run, trainer_state["step"])
 
+    writer = accelerator is None or accelerator.is_main_process
+
     def on_save(state: TrainState, optimizer: torch.optim.Optimizer) -> None:
+        if not writer:
+            accelerator.wait_for_everyone()  # the main process writes the checkpoint
+            return
         target = store.checkpoint_dir(run, state.step)
         with atomic_dir(target) as tmp:
             model.save_pretrained(tmp)
@@ -171,6 +215,8 @@ def train_run(cfg: ExperimentConfig, store: RunStore, run: int, base: Any, tok: 
         for step in store.checkpoints(run):
             if step < state.step:
                 (store.checkpoint_dir(run, step) / "trainer_state.pt").unlink(missing_ok=True)
+        if accelerator is not None:
+            accelerator.wait_for_everyone()
 
     final = train_epochs(
         model,
@@ -187,16 +233,23 @@ def train_run(cfg: ExperimentConfig, store: RunStore, run: int, base: Any, tok: 
         on_save=on_save,
         resume=resume,
         progress=progress,
+        accelerator=accelerator,
     )
     steps = store.checkpoints(run)
-    atomic_write_json(
-        store.run_done_path(run),
-        {"run": run, "steps": steps, "n_train": len(examples), "final_train_loss": final.last_loss, "seconds": round(time.time() - t0, 2)},
-    )
+    if writer:
+        atomic_write_json(
+            store.run_done_path(run),
+            {"run": run, "steps": steps, "n_train": len(examples), "final_train_loss": final.last_loss, "seconds": round(time.time() - t0, 2)},
+        )
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
     return RunResult(run, False, steps, final.last_loss, time.time() - t0)
 
 
 def finetune(cfg: ExperimentConfig, *, out: Path | None = None, shard: tuple[int, int] | None = None, progress: bool = True, echo=print) -> RunStore:
+    accelerator = make_accelerator(pick_device(cfg.train.device)) if launched_processes() > 1 else None
+    if accelerator is not None:
+        return _finetune_data_parallel(cfg, accelerator, out=out, shard=shard, progress=progress, echo=echo)
     store = RunStore(out or cfg.resolved_output_dir())
     manifest = prepare_experiment(cfg, store)
     runs = shard_items(list(range(cfg.train.runs)), shard)
@@ -213,4 +266,40 @@ def finetune(cfg: ExperimentConfig, *, out: Path | None = None, shard: tuple[int
         for run in each_marked(todo, lambda r: run_marker_path(store, r)):
             res = train_run(cfg, store, run, base, tok, device, progress=progress)
             echo(f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)")
+    return store
+
+
+def _finetune_data_parallel(
+    cfg: ExperimentConfig, accelerator: Any, *, out: Path | None, shard: tuple[int, int] | None, progress: bool, echo
+) -> RunStore:
+    """finetune() across the processes of one launch: each run is trained by all of them together (DDP).
+
+    The main process creates the store and builds any built-in model first; the others then read them.
+    Only the main process writes (manifest, checkpoints, DONE, RUNNING markers) and prints."""
+    main = accelerator.is_main_process
+    say = echo if main else (lambda *_: None)
+    store = RunStore(out or cfg.resolved_output_dir())
+    requested = pick_device(cfg.train.device)  # fails early on device=cuda without a GPU
+    device = accelerator.device if cfg.train.device in ("auto", "cuda") else requested
+    with accelerator.main_process_first():
+        manifest = prepare_experiment(cfg, store)
+        tok = load_tokenizer(cfg.model)
+    runs = shard_items(list(range(cfg.train.runs)), shard)
+    todo = [r for r in runs if not store.run_done(r)]
+    say(
+        f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} "
+        f"data parallel on {accelerator.num_processes} processes ({device.type})"
+    )
+    if todo:
+        with accelerator.main_process_first():
+            base = load_base_model(cfg.model, device)
+        trainable, total = count_parameters(_lora_model(copy.deepcopy(base), cfg, 0))
+        if main and "parameters" not in manifest:
+            manifest["parameters"] = {"adapter_trainable": trainable, "model_total": total - trainable}
+            store.write_manifest(manifest)
+        accelerator.wait_for_everyone()
+        for run in each_marked(todo, lambda r: run_marker_path(store, r)) if main else todo:
+            res = train_run(cfg, store, run, base, tok, device, progress=progress, accelerator=accelerator)
+            say(f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)")
+    accelerator.wait_for_everyone()
     return store

@@ -9,9 +9,15 @@ Pipeline per data set (k_modes x sigma):
    reference loop (nn.Linear + torch.optim.Adam), used by the tests and the benchmark.
 3. r_Q per run and quantizer: quantize every checkpoint, per-sample losses on the validation set,
    `r_q_batched` (Algorithm 2, equal to `llmaudit.indicator.r_q` row by row), mean over runs.
+   `r_q_all_variants` computes the published estimator and the variants of one quantizer from one
+   quantization of the trajectory and one loss pass per input set (`r_q_from_points` per estimator
+   is the reference).
 4. Baseline MIS: `train_discriminators` fits one 388 -> 256 -> 1 feed-forward discriminator per
    quantizer on [x, y, flattened quantized parameters, loss] rows of 80% of the runs; MIS = 2 - 2 acc
-   on the rows of the remaining runs.
+   on the rows of the remaining runs. All quantizers' discriminators train at once as stacked
+   tensors (written-out forward/backward, one Adam over one flat parameter buffer);
+   `train_discriminator_reference` trains one alone (nn.Linear + autograd + torch.optim.Adam) and is
+   the reference the tests compare against.
 5. Spearman rho between the two rankings, the stability study, and clearly labelled r_Q VARIANTS
    (never replacing the published estimator) that probe the sign of that correlation.
 """
@@ -425,9 +431,10 @@ def r_q_batched_details(losses: torch.Tensor | np.ndarray, *, ddof: int = 1) -> 
     equal means."""
     L = torch.as_tensor(losses, dtype=torch.float64)
     R, K, n = L.shape
-    if not torch.isfinite(L).all():
-        raise ValueError("non-finite losses: a diverged quantized model cannot be scored")
     m = L.mean(-1)                                                       # [R, K]
+    # a non-finite loss makes its row mean non-finite: the full check runs only then
+    if not torch.isfinite(m).all() and not torch.isfinite(L).all():
+        raise ValueError("non-finite losses: a diverged quantized model cannot be scored")
     # Identical rows have identical means; test full equality only on equal-mean pairs (k2 < k).
     cand = (m[:, :, None] == m[:, None, :]) & torch.ones(K, K, dtype=torch.bool).tril(-1)
     dup = torch.zeros(R, K, dtype=torch.bool)
@@ -459,6 +466,24 @@ def _quantized_params(name: str, w: torch.Tensor, b: torch.Tensor, quantize_bias
     return quantize_batched(name, w), (quantize_batched(name, b) if quantize_bias else b)
 
 
+def point_losses(wq: torch.Tensor, bq: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample cross-entropy of K parameter points per run: wq [K, R, C, d], bq [K, R, C];
+    x [n, d] / y [n] shared by the runs, or x [R, n, d] / y [R, n] per run. Returns [R, K, n].
+
+    Same values as `per_sample_losses` on the flattened points (up to float rounding of the matmul),
+    computed without repeating per-run inputs K times: one [K*R*C, d] x [d, n] product for shared
+    inputs, one [n, d] x [d, K*C] product per run otherwise."""
+    K, R, C, d = wq.shape
+    if x.dim() == 2:
+        z = (wq.reshape(K * R * C, d) @ x.T).view(K, R, C, -1).add_(bq[..., None])         # [K, R, C, n]
+        return -torch.log_softmax(z, 2).gather(2, y.view(1, 1, 1, -1).expand(K, R, 1, -1)).squeeze(2).transpose(0, 1)
+    n = x.shape[1]
+    z = torch.bmm(x, wq.permute(1, 3, 0, 2).reshape(R, d, K * C)).view(R, n, K, C)         # [R, n, K, C]
+    z = z + bq.transpose(0, 1)[:, None]
+    loss = -torch.log_softmax(z, -1).gather(-1, y.view(R, n, 1, 1).expand(R, n, K, 1)).squeeze(-1)
+    return loss.permute(0, 2, 1)                                                            # [R, K, n]
+
+
 def r_q_from_points(
     name: str, w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *,
     quantize_bias: bool, ddof: int, return_points: bool = False,
@@ -467,12 +492,52 @@ def r_q_from_points(
     or [R, n, d] (per run). Returns [R]."""
     K, R = w.shape[:2]
     wq, bq = _quantized_params(name, w.reshape(K * R, *w.shape[2:]), b.reshape(K * R, -1), quantize_bias)
-    if x.dim() == 2:
-        losses = per_sample_losses(wq, bq, x, y)                         # [K*R, n]
-    else:
-        losses = per_sample_losses(wq, bq, x.repeat(K, 1, 1), y.repeat(K, 1))
-    r, n_points = r_q_batched_details(losses.reshape(K, R, -1).transpose(0, 1), ddof=ddof)
+    losses = point_losses(wq.view(w.shape), bq.view(b.shape), x, y)
+    r, n_points = r_q_batched_details(losses, ddof=ddof)
     return (r, n_points) if return_points else r
+
+
+def r_q_all_variants(
+    name: str, traj_w: torch.Tensor, traj_b: torch.Tensor, x_rq: torch.Tensor, y_rq: torch.Tensor,
+    x_train: torch.Tensor, y_train: torch.Tensor, pert: tuple[torch.Tensor, torch.Tensor] | None,
+    cfg: SyntheticConfig, variants: Sequence[str],
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """r_Q per run of one quantizer: the published estimator and the requested variants, from ONE
+    quantization of the trajectory and ONE loss evaluation per input set (the published and
+    "converged" estimators slice the same per-checkpoint losses; "unquantized-bias" reuses the
+    quantized weight products). Equal to the separate `r_q_from_points` calls up to float rounding.
+    Returns ({estimator: r_Q [R]}, distinct points per run of the published estimator)."""
+    E1, R, C, d = traj_w.shape
+    e0 = min(cfg.rq_first_epoch, cfg.converged_from_epoch if "converged" in variants else cfg.rq_first_epoch)
+    w, b = traj_w[e0:], traj_b[e0:]
+    K = w.shape[0]
+    wq = quantize_batched(name, w.reshape(K * R, C, d)).view(K, R, C, d)
+    b_q = quantize_batched(name, b.reshape(K * R, C)).view(K, R, C)
+    b_pub, b_alt = (b_q, b) if cfg.quantize_bias else (b, b_q)
+    ep, cs = slice(cfg.rq_first_epoch - e0, None), slice(cfg.converged_from_epoch - e0, None)
+    out: dict[str, np.ndarray] = {}
+    if x_rq.dim() == 2:
+        z_w = (wq.reshape(K * R * C, d) @ x_rq.T).view(K, R, C, -1)                        # [K, R, C, n]
+        yy = y_rq.view(1, 1, 1, -1).expand(K, R, 1, -1)
+
+        def losses(bias: torch.Tensor) -> torch.Tensor:
+            z = z_w + bias[..., None]
+            return -torch.log_softmax(z, 2).gather(2, yy).squeeze(2).transpose(0, 1)       # [R, K, n]
+    else:
+        def losses(bias: torch.Tensor) -> torch.Tensor:
+            return point_losses(wq, bias, x_rq, y_rq)
+    L = losses(b_pub)
+    out["published"], pts = r_q_batched_details(L[:, ep], ddof=cfg.rq_ddof)
+    if "converged" in variants:
+        out["converged"] = r_q_batched_details(L[:, cs], ddof=cfg.rq_ddof)[0]
+    del L
+    if "unquantized-bias" in variants:
+        out["unquantized-bias"] = r_q_batched_details(losses(b_alt)[:, ep], ddof=cfg.rq_ddof)[0]
+    if "train-loss" in variants:
+        out["train-loss"] = r_q_batched_details(point_losses(wq[ep], b_pub[ep], x_train, y_train), ddof=cfg.rq_ddof)[0]
+    if "perturbed" in variants and pert is not None:
+        out["perturbed"] = r_q_from_points(name, pert[0], pert[1], x_rq, y_rq, quantize_bias=cfg.quantize_bias, ddof=cfg.rq_ddof)
+    return out, pts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -497,12 +562,197 @@ def mis_features(
     return {"x": x, "y": y.float(), "theta": torch.cat([wq.flatten(1), bq], 1), "loss": loss, "member": member}
 
 
+def _disc_prepare(
+    feats: list[dict[str, torch.Tensor]], train_runs: torch.Tensor, test_runs: torch.Tensor,
+) -> dict[str, Any]:
+    """Standardised discriminator inputs (statistics of the training rows), shared by the batched
+    trainer and the per-quantizer reference. Rows are kept factorised: xy [R, m, d+1] (shared by the
+    quantizers), theta_s [Q, R, P] (one per run), loss_s [Q, R, m], member [R, m]."""
+    Q = len(feats)
+    x = feats[0]["x"]                                     # shared by all quantizers (same rows)
+    R, m, d = x.shape
+
+    def flat_rows(t: torch.Tensor, runs: torch.Tensor) -> torch.Tensor:
+        return t[runs].reshape(len(runs) * m, *t.shape[2:])
+
+    xtr = flat_rows(x, train_runs)
+    ytr = flat_rows(feats[0]["y"], train_runs)[:, None]
+    xy_tr = torch.cat([xtr, ytr], 1)                      # [N, d + 1] shared
+    mu_xy, sd_xy = xy_tr.mean(0), xy_tr.std(0).clamp_min(1e-6)
+    theta = torch.stack([f["theta"] for f in feats])      # [Q, R, P]
+    loss = torch.stack([f["loss"] for f in feats])        # [Q, R, m]
+    mu_th = theta[:, train_runs].mean(1, keepdim=True)
+    sd_th = theta[:, train_runs].std(1, keepdim=True).clamp_min(1e-6)
+    lt = loss[:, train_runs].reshape(Q, -1)
+    return {"Q": Q, "R": R, "m": m, "d": d, "P": theta.shape[-1],
+            "xy": (torch.cat([x, feats[0]["y"][..., None]], -1) - mu_xy) / sd_xy,
+            "theta_s": (theta - mu_th) / sd_th,
+            "loss_s": (loss - lt.mean(1)[:, None, None]) / lt.std(1).clamp_min(1e-6)[:, None, None],
+            "member": feats[0]["member"]}
+
+
+def _disc_init(Q: int, d: int, P: int, hidden: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Initial parameters of Q discriminators (uniform +-1/sqrt(fan_in), as nn.Linear), drawn from g
+    in a fixed order. w_xy [d+1, Q*hidden] (column q*hidden + j = unit j of discriminator q)."""
+    fan_in = d + 1 + P + 1
+    bound = 1.0 / math.sqrt(fan_in)
+    return {
+        "w_xy": (torch.rand(d + 1, Q * hidden, generator=g) * 2 - 1) * bound,
+        "w_th": (torch.rand(Q, P, hidden, generator=g) * 2 - 1) * bound,
+        "w_l": (torch.rand(Q, hidden, generator=g) * 2 - 1) * bound,
+        "b1": (torch.rand(Q, hidden, generator=g) * 2 - 1) * bound,
+        "w2": (torch.rand(Q, hidden, generator=g) * 2 - 1) / math.sqrt(hidden),
+        "b2": (torch.rand(Q, generator=g) * 2 - 1) / math.sqrt(hidden),
+    }
+
+
 def train_discriminators(
     feats: list[dict[str, torch.Tensor]], train_runs: torch.Tensor, test_runs: torch.Tensor, *,
     hidden: int, epochs: int, lr: float, batch_size: int, dtype: str, seed: int,
-) -> dict[str, np.ndarray]:
+    threads: int = 0, return_state: bool = False,
+) -> dict[str, Any]:
     """Train one [x, y, theta, loss] -> hidden -> 1 MLP per entry of `feats` (one per quantizer),
-    all at once, on the rows of `train_runs`; score the rows of `test_runs`.
+    all at once as batched tensors, on the rows of `train_runs`; score the rows of `test_runs`.
+
+    Per quantizer this is exactly `train_discriminator_reference` (an nn.Linear-ReLU-nn.Linear MLP on
+    the full 388-wide rows, mean BCE, torch.optim.Adam, same init and mini-batch order): the
+    discriminators share nothing but the mini-batch row order. The forward and backward passes are
+    written out (no autograd) over a leading quantizer dimension, and Adam's update (elementwise, so
+    stacking is exact) runs once over one flat buffer holding all parameters. The first layer's
+    theta block is applied once per run of the mini-batch and gathered per row (theta is constant
+    within a run); its gradient is summed per run before the product with theta.
+    Features are standardised with the training rows' mean and std.
+    Returns correct [Q, len(test_runs)] (fraction of correctly classified test rows per run) and
+    train_acc [Q]; with `return_state` also the final parameters and the row permutations."""
+    if dtype != "float32":
+        # The written-out backward is float32; keep the autograd path for the bfloat16 setting.
+        return _train_discriminators_autograd(feats, train_runs, test_runs, hidden=hidden, epochs=epochs, lr=lr,
+                                              batch_size=batch_size, dtype=dtype, seed=seed)
+    pre = _disc_prepare(feats, train_runs, test_runs)
+    Q, m, d, P = pre["Q"], pre["m"], pre["d"], pre["P"]
+    g = _gen(seed, "disc")
+    init = _disc_init(Q, d, P, hidden, g)
+    n_tr = len(train_runs) * m
+    perms = [torch.randperm(n_tr, generator=g) for _ in range(epochs)]   # same draws as one per epoch
+    names = list(init)
+    sizes = [init[k].numel() for k in names]
+    # all parameters of all discriminators live in ONE flat buffer (prm: views into it), their
+    # gradients in another: one Adam (fused kernel where torch has one) updates everything at once.
+    flat = torch.cat([init[k].reshape(-1) for k in names]).requires_grad_(True)
+    gflat = torch.zeros_like(flat, requires_grad=False)
+    with torch.no_grad():
+        prm = dict(zip(names, (t.view(init[k].shape) for t, k in zip(flat.split(sizes), names))))
+        grd = dict(zip(names, (t.view(init[k].shape) for t, k in zip(gflat.split(sizes), names))))
+    flat.grad = gflat
+    try:
+        opt = torch.optim.Adam([flat], lr=lr, fused=True)
+    except (RuntimeError, ValueError):
+        opt = torch.optim.Adam([flat], lr=lr)
+
+    row_run = torch.arange(len(train_runs)).repeat_interleave(m)
+    th_tr = pre["theta_s"][:, train_runs].contiguous()                  # [Q, Rtr, P]
+    xy_trs = pre["xy"][train_runs].reshape(n_tr, d + 1)
+    loss_tr = pre["loss_s"][:, train_runs].reshape(Q, n_tr)
+    target_tr = pre["member"][train_runs].reshape(n_tr)
+
+    # Activations are laid out [B, Q, H] (row-major over the Q*hidden columns of w_xy), so the
+    # shared-input products are plain [B, d+1] x [d+1, Q*H] matmuls without transposed copies.
+    def forward(run_of_row: torch.Tensor, xy_rows: torch.Tensor, loss_rows: torch.Tensor, th_runs: torch.Tensor):
+        # loss_rows [B, Q]
+        uniq, inv = torch.unique(run_of_row, return_inverse=True)
+        th_u = th_runs[:, uniq]                                          # [Q, R', P]
+        h_th = torch.bmm(th_u, prm["w_th"]).transpose(0, 1).reshape(-1, Q * hidden)   # [R', Q*H]
+        h = torch.addmm(h_th.index_select(0, inv), xy_rows, prm["w_xy"]).view(-1, Q, hidden)   # [B, Q, H]
+        h.addcmul_(loss_rows[..., None], prm["w_l"]).add_(prm["b1"])
+        a = h.clamp_min_(0)                                              # relu in place: a > 0 <=> h > 0
+        logits = torch.bmm(a.transpose(0, 1), prm["w2"][..., None]).squeeze(-1).add_(prm["b2"][:, None])  # [Q, B]
+        return logits, a, th_u, inv, uniq.numel()
+
+    loss_tr_t = loss_tr.T.contiguous()                                   # [n_tr, Q]
+    with _threads(threads), torch.no_grad():
+        for e in range(epochs):
+            perm = perms[e]
+            for s in range(0, n_tr, batch_size):
+                idx = perm[s:s + batch_size]
+                B = idx.numel()
+                xy_b, loss_b, t_b = xy_trs[idx], loss_tr_t[idx], target_tr[idx]
+                logits, a, th_u, inv, nu = forward(row_run[idx], xy_b, loss_b, th_tr)
+                # d(sum_q mean_b BCE_q)/d logit = (sigmoid(logit) - target) / B, per quantizer
+                gl = (torch.sigmoid(logits) - t_b).div_(B)                  # [Q, B]
+                a_t = a.transpose(0, 1)                                     # [Q, B, H] view
+                torch.bmm(gl[:, None, :], a_t, out=grd["w2"][:, None, :])
+                torch.sum(gl, 1, out=grd["b2"])
+                dh = (a > 0).to(a.dtype).mul_(gl.T[..., None]).mul_(prm["w2"])   # [B, Q, H]
+                torch.sum(dh, 0, out=grd["b1"])
+                torch.bmm(loss_b.T[:, None, :], dh.transpose(0, 1), out=grd["w_l"][:, None, :])
+                torch.mm(xy_b.T, dh.view(B, Q * hidden), out=grd["w_xy"])
+                dh_u = torch.zeros(nu, Q, hidden).index_add_(0, inv, dh)
+                torch.bmm(th_u.transpose(1, 2), dh_u.transpose(0, 1), out=grd["w_th"])
+                opt.step()                                                  # elementwise: exact per discriminator
+        te = test_runs
+        n_te = len(te) * m
+        logits = forward(torch.arange(len(te)).repeat_interleave(m), pre["xy"][te].reshape(n_te, d + 1),
+                         pre["loss_s"][:, te].reshape(Q, n_te).T, pre["theta_s"][:, te])[0]
+        correct = ((logits > 0).float() == pre["member"][te].reshape(n_te)).float().reshape(Q, len(te), m).mean(-1)
+        train_acc = torch.cat([((forward(row_run[s:s + 8192], xy_trs[s:s + 8192], loss_tr_t[s:s + 8192], th_tr)[0] > 0).float()
+                                == target_tr[s:s + 8192]).float() for s in range(0, n_tr, 8192)], 1).mean(-1)
+    out: dict[str, Any] = {"correct": correct.numpy(), "train_acc": train_acc.numpy()}
+    if return_state:
+        out["params"] = {k: v.clone() for k, v in prm.items()}
+        out["init"] = init
+        out["perms"] = perms
+        out["prepared"] = pre
+    return out
+
+
+def train_discriminator_reference(
+    pre: dict[str, Any], q: int, init: dict[str, torch.Tensor], perms: Sequence[torch.Tensor],
+    train_runs: torch.Tensor, test_runs: torch.Tensor, *, hidden: int, lr: float, batch_size: int,
+) -> dict[str, Any]:
+    """Reference for ONE discriminator (quantizer index q of `train_discriminators`): the plain
+    Linear(388, hidden) - ReLU - Linear(hidden, 1) network on materialised 388-wide rows
+    [x, y, theta, loss], mean BCE, torch.optim.Adam, autograd; the same initial parameters (slice q
+    of the batched init) and the same row order per epoch. Returns its parameters in the batched
+    layout (slice q) and correct / train_acc."""
+    m, d, P = pre["m"], pre["d"], pre["P"]
+
+    def rows(runs: torch.Tensor) -> torch.Tensor:
+        n = len(runs) * m
+        th = pre["theta_s"][q, runs][:, None, :].expand(-1, m, -1).reshape(n, P)
+        return torch.cat([pre["xy"][runs].reshape(n, d + 1), th, pre["loss_s"][q, runs].reshape(n, 1)], 1)
+
+    l1, l2 = torch.nn.Linear(d + 1 + P + 1, hidden), torch.nn.Linear(hidden, 1)
+    with torch.no_grad():
+        l1.weight.copy_(torch.cat([init["w_xy"][:, q * hidden:(q + 1) * hidden], init["w_th"][q], init["w_l"][q][None]]).T)
+        l1.bias.copy_(init["b1"][q])
+        l2.weight.copy_(init["w2"][q][None])
+        l2.bias.copy_(init["b2"][q][None])
+    net = torch.nn.Sequential(l1, torch.nn.ReLU(), l2)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    x_tr, t_tr = rows(train_runs), pre["member"][train_runs].reshape(-1)
+    for perm in perms:
+        for s in range(0, len(perm), batch_size):
+            idx = perm[s:s + batch_size]
+            loss = F.binary_cross_entropy_with_logits(net(x_tr[idx]).squeeze(-1), t_tr[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        te_logits = net(rows(test_runs)).squeeze(-1)
+        correct = ((te_logits > 0).float() == pre["member"][test_runs].reshape(-1)).float().reshape(len(test_runs), m).mean(-1)
+        train_acc = ((net(x_tr).squeeze(-1) > 0).float() == t_tr).float().mean()
+        w1 = l1.weight.T
+        params = {"w_xy": w1[:d + 1], "w_th": w1[d + 1:d + 1 + P], "w_l": w1[-1], "b1": l1.bias.clone(),
+                  "w2": l2.weight[0].clone(), "b2": l2.bias[0].clone()}
+    return {"params": params, "correct": correct.numpy(), "train_acc": float(train_acc)}
+
+
+def _train_discriminators_autograd(
+    feats: list[dict[str, torch.Tensor]], train_runs: torch.Tensor, test_runs: torch.Tensor, *,
+    hidden: int, epochs: int, lr: float, batch_size: int, dtype: str, seed: int,
+) -> dict[str, np.ndarray]:
+    """Previous autograd implementation (torch.optim.Adam over the stacked parameters), kept for
+    disc_dtype=bfloat16 (autocast). Same init and row order as `train_discriminators`.
 
     Features are standardised with the training rows' mean and std. The first layer's theta block is
     applied once per run and gathered per row (theta is constant within a run): mathematically the
@@ -635,11 +885,30 @@ def boot_spearman(per_run: np.ndarray, correct: np.ndarray, n_boot: int, rng: np
     """Spearman(r_Q means, MIS) under a bootstrap over runs: r_Q runs resampled [Q, R] and, for MIS,
     the discriminator's test runs resampled [Q, R_test] (discriminator not retrained). Returns [n_boot]."""
     R, Rt = per_run.shape[1], correct.shape[1]
-    out = np.empty(n_boot)
-    for i in range(n_boot):
-        rq = _finite_mean(per_run[:, rng.integers(0, R, R)])
-        mis = 2 - 2 * correct[:, rng.integers(0, Rt, Rt)].mean(1)
-        out[i] = spearman(rq, mis)
+    rq = np.empty((n_boot, per_run.shape[0]))
+    mis = np.empty((n_boot, correct.shape[0]))
+    for i in range(n_boot):                       # the same draws, in the same order, as one at a time
+        rq[i] = _finite_mean(per_run[:, rng.integers(0, R, R)])
+        mis[i] = 2 - 2 * correct[:, rng.integers(0, Rt, Rt)].mean(1)
+    return spearman_rows(rq, mis)
+
+
+def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`spearman` of each row pair of a, b [N, Q] (ties averaged): Pearson's r of the average ranks,
+    vectorised for the rows that are all finite and not constant, `spearman` itself for the others."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    out = np.full(len(a), math.nan)
+    ok = np.isfinite(a).all(1) & np.isfinite(b).all(1)
+    ok &= (np.ptp(np.where(ok[:, None], a, 0), 1) > 0) & (np.ptp(np.where(ok[:, None], b, 0), 1) > 0) & (a.shape[1] >= 3)
+    if ok.any():
+        ra = stats.rankdata(a[ok], axis=1)
+        rb = stats.rankdata(b[ok], axis=1)
+        ra -= ra.mean(1, keepdims=True)
+        rb -= rb.mean(1, keepdims=True)
+        r = (ra * rb).sum(1) / np.sqrt((ra * ra).sum(1) * (rb * rb).sum(1))
+        out[ok] = np.clip(r, -1.0, 1.0)
+    for i in np.flatnonzero(~ok):
+        out[i] = spearman(a[i], b[i])
     return out
 
 
@@ -693,18 +962,10 @@ def run_dataset(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float,
     n_points = {}
     with torch.no_grad():
         for q in names:
-            per_run["published"][q], pts = r_q_from_points(q, traj_w[ep], traj_b[ep], x_rq, y_rq, quantize_bias=cfg.quantize_bias,
-                                                           ddof=cfg.rq_ddof, return_points=True)
+            est, pts = r_q_all_variants(q, traj_w, traj_b, x_rq, y_rq, data["x_train"], data["y_train"], pert, cfg, variants)
             n_points[q] = float(pts.mean())
-            if "converged" in variants:
-                cs = slice(cfg.converged_from_epoch, None)
-                per_run["converged"][q] = r_q_from_points(q, traj_w[cs], traj_b[cs], x_rq, y_rq, quantize_bias=cfg.quantize_bias, ddof=cfg.rq_ddof)
-            if "train-loss" in variants:
-                per_run["train-loss"][q] = r_q_from_points(q, traj_w[ep], traj_b[ep], data["x_train"], data["y_train"], quantize_bias=cfg.quantize_bias, ddof=cfg.rq_ddof)
-            if "perturbed" in variants:
-                per_run["perturbed"][q] = r_q_from_points(q, pert[0], pert[1], x_rq, y_rq, quantize_bias=cfg.quantize_bias, ddof=cfg.rq_ddof)
-            if "unquantized-bias" in variants:
-                per_run["unquantized-bias"][q] = r_q_from_points(q, traj_w[ep], traj_b[ep], x_rq, y_rq, quantize_bias=not cfg.quantize_bias, ddof=cfg.rq_ddof)
+            for v, r in est.items():
+                per_run[v][q] = r
     if "reciprocal" in variants:
         # max_k sigma_k^2 / delta_k^2 = 1 / (2 r_Q) per run (llmaudit.indicator.r_q_reciprocal); a RISK score.
         with np.errstate(divide="ignore"):
