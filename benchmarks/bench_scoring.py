@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4 x hidden)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--token-budget", type=int, default=8192)
+    parser.add_argument("--token-budget", type=int, default=None,
+                        help="padded tokens per batch; default: what `llmaudit score` uses (2048 on CPU, 16384 on GPU)")
     parser.add_argument("--head-chunk", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=1, help="timed repeats per method (median reported)")
     parser.add_argument("--peak-n", type=int, default=None, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    if args.token_budget is None:
+        args.token_budget = 16384 if device.type == "cuda" else 2048
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args, device, dtype)
     examples = make_examples(args)

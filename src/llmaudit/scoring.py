@@ -168,8 +168,10 @@ def score_examples(
     out: list[TokenScores | None] = [None] * len(examples)
     for batch in length_sorted_batches(lengths, token_budget):
         ids, attn, mask = collate([examples[i] for i in batch], pad_id, device)
+        # Right padding + causal attention: a real token only attends to earlier tokens, which are all real,
+        # so no padding mask is needed; without one the decoder takes the fused causal attention kernel.
         # use_cache=False: no key/value cache is built (it would copy every layer's keys and values).
-        hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
         pred = mask[:, 1:]
         h = hidden[:, :-1][pred]  # [P, H]
         targets = ids[:, 1:][pred]  # [P]
