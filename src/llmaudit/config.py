@@ -347,15 +347,20 @@ def resolve_recipe_path(recipe: str | Path | None) -> Path:
     raise RecipeError(f"recipe {recipe!s} not found: pass a YAML file or one of the shipped recipes {available}.")
 
 
-def load_recipe(recipe: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
-    path = resolve_recipe_path(recipe)
+def read_recipe_yaml(path: Path) -> dict[str, Any]:
+    """The mapping in a recipe file (keys = config field names)."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
-        raise RecipeError(f"recipe {path} must be a mapping of sections (model, data, train, ...)")
-    raw = apply_overrides(raw, overrides or [])
+        raise RecipeError(f"recipe {path} must be a mapping of keys to values (sections: model, data, train, ...)")
+    return raw
+
+
+def load_recipe(recipe: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    path = resolve_recipe_path(recipe)
+    raw = apply_overrides(read_recipe_yaml(path), overrides or [])
     return config_from_dict(raw, source=str(path))
 
 

@@ -218,19 +218,14 @@ def load_config(recipe: Path | str | None = None, overrides: Sequence[str] = ())
     """Defaults <- recipe YAML (keys = field names) <- `key=value` overrides (values parsed as YAML).
 
     Recipe lookup and override parsing are llmaudit.config's, shared with the audit recipes."""
-    from llmaudit.config import RecipeError, apply_overrides, resolve_recipe_path
+    from llmaudit.config import RecipeError, apply_overrides, read_recipe_yaml, resolve_recipe_path
 
     raw: dict[str, Any] = {}
     source = "(defaults)"
     try:
         if recipe is not None:
             path = resolve_recipe_path(recipe)
-            try:
-                raw = yaml.safe_load(path.read_text()) or {}
-            except yaml.YAMLError as exc:
-                raise SyntheticConfigError(f"recipe {path} is not valid YAML: {exc}") from None
-            if not isinstance(raw, dict):
-                raise SyntheticConfigError(f"recipe {path} must be a mapping of field: value")
+            raw = read_recipe_yaml(path)
             source = str(path)
         raw = apply_overrides(raw, list(overrides))
     except RecipeError as exc:

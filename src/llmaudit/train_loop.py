@@ -97,6 +97,16 @@ class TrainState:
     last_loss: float
 
 
+def _after_step(state: TrainState, bar: Any, model: Any, optimizer: Any, save_at: set[int] | None, on_save: Callable | None) -> None:
+    """Progress, and a checkpoint when this step is one of save_at (in eval mode, then back to train)."""
+    bar.update(1)
+    bar.set_postfix(loss=f"{state.last_loss:.3f}", refresh=False)
+    if save_at and state.step in save_at and on_save is not None:
+        model.eval()
+        on_save(state, optimizer)
+        model.train()
+
+
 def steps_per_epoch(n_examples: int, batch_size: int) -> int:
     return math.ceil(n_examples / batch_size)
 
@@ -168,12 +178,7 @@ def train_epochs(
             optimizer.step()
             scheduler.step()
             state = TrainState(step=epoch * spe + b_idx + 1, epoch=epoch, last_loss=float(loss.detach()))
-            bar.update(1)
-            bar.set_postfix(loss=f"{state.last_loss:.3f}", refresh=False)
-            if save_at and state.step in save_at and on_save is not None:
-                model.eval()
-                on_save(state, optimizer)
-                model.train()
+            _after_step(state, bar, model, optimizer, save_at, on_save)
     bar.close()
     model.eval()
     return state
@@ -229,12 +234,7 @@ def _train_epochs_ddp(
                 nll_sum = torch.zeros_like(nll_sum)
             global_nll = accelerator.reduce(nll_sum, reduction="sum")
             state = TrainState(step=epoch * spe + b_idx + 1, epoch=epoch, last_loss=float(global_nll) / n_global)
-            bar.update(1)
-            bar.set_postfix(loss=f"{state.last_loss:.3f}", refresh=False)
-            if save_at and state.step in save_at and on_save is not None:
-                model.eval()
-                on_save(state, optimizer)
-                model.train()
+            _after_step(state, bar, model, optimizer, save_at, on_save)
     bar.close()
     model.eval()
     return state
