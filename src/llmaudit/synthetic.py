@@ -754,39 +754,11 @@ def _train_discriminators_autograd(
     same network as applying the full 388-wide layer to every row, without the redundant work.
     Returns correct [Q, len(test_runs)] (fraction of correctly classified test rows per run) and
     train_acc [Q]."""
-    Q = len(feats)
-    x = feats[0]["x"]                                     # shared by all quantizers (same rows)
-    R, m, d = x.shape
     g = _gen(seed, "disc")
-
-    def flat_rows(t: torch.Tensor, runs: torch.Tensor) -> torch.Tensor:
-        return t[runs].reshape(len(runs) * m, *t.shape[2:])
-
-    xtr = flat_rows(x, train_runs)
-    ytr = flat_rows(feats[0]["y"], train_runs)[:, None]
-    xy_tr = torch.cat([xtr, ytr], 1)                      # [N, d + 1] shared
-    mu_xy, sd_xy = xy_tr.mean(0), xy_tr.std(0).clamp_min(1e-6)
-    theta = torch.stack([f["theta"] for f in feats])      # [Q, R, P]
-    loss = torch.stack([f["loss"] for f in feats])        # [Q, R, m]
-    member = feats[0]["member"]
-    mu_th = theta[:, train_runs].mean(1, keepdim=True)
-    sd_th = theta[:, train_runs].std(1, keepdim=True).clamp_min(1e-6)
-    theta_s = (theta - mu_th) / sd_th
-    lt = loss[:, train_runs].reshape(Q, -1)
-    loss_s = (loss - lt.mean(1)[:, None, None]) / lt.std(1).clamp_min(1e-6)[:, None, None]
-    xy_all = (torch.cat([x, feats[0]["y"][..., None]], -1) - mu_xy) / sd_xy   # [R, m, d + 1]
-
-    P = theta.shape[-1]
-    fan_in = d + 1 + P + 1
-    bound = 1.0 / math.sqrt(fan_in)
-    params = {
-        "w_xy": (torch.rand(d + 1, Q * hidden, generator=g) * 2 - 1) * bound,
-        "w_th": (torch.rand(Q, P, hidden, generator=g) * 2 - 1) * bound,
-        "w_l": (torch.rand(Q, hidden, generator=g) * 2 - 1) * bound,
-        "b1": (torch.rand(Q, hidden, generator=g) * 2 - 1) * bound,
-        "w2": (torch.rand(Q, hidden, generator=g) * 2 - 1) / math.sqrt(hidden),
-        "b2": (torch.rand(Q, generator=g) * 2 - 1) / math.sqrt(hidden),
-    }
+    pre = _disc_prepare(feats, train_runs, test_runs)
+    Q, R, m, d, P = pre["Q"], pre["R"], pre["m"], pre["d"], pre["P"]
+    theta_s, loss_s, xy_all, member = pre["theta_s"], pre["loss_s"], pre["xy"], pre["member"]
+    params = _disc_init(Q, d, P, hidden, g)
     for p in params.values():
         p.requires_grad_(True)
     opt = torch.optim.Adam(params.values(), lr=lr)
