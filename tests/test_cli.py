@@ -81,3 +81,25 @@ def test_help_is_useful():
         assert cmd in res.output
     res = CliRunner().invoke(app, ["finetune", "--help"])
     assert "--shard" in res.output and "key=value" in res.output
+
+
+def test_third_party_import_notices_are_quiet_unless_asked(monkeypatch):
+    """torchao / bitsandbytes / torch pytree notices about kernels llmaudit does not use are hidden by
+    default and shown again with LLMAUDIT_LOG."""
+    import logging
+
+    from llmaudit import cli
+
+    levels = {name: logging.getLogger(name).level for name in cli.QUIET_LOGGERS}
+    try:
+        monkeypatch.delenv("LLMAUDIT_LOG", raising=False)
+        cli._setup()
+        assert all(logging.getLogger(name).level == logging.ERROR for name in cli.QUIET_LOGGERS)
+        for name in cli.QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+        monkeypatch.setenv("LLMAUDIT_LOG", "WARNING")
+        cli._setup()
+        assert all(logging.getLogger(name).level == logging.NOTSET for name in cli.QUIET_LOGGERS)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

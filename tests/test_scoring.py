@@ -204,6 +204,28 @@ def test_head_scores_hand_example():
         assert std.tolist() == pytest.approx([0.0, np.log(2) * np.sqrt(2 / 9)], abs=1e-6)
 
 
+def test_head_scores_large_logits_against_float64():
+    """Logits spread over hundreds of nats (tiles whose mass underflows next to the top tile), against
+    the float64 log-softmax: the tile merge neither overflows nor loses the dominant tile."""
+    gen = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(8, 53, bias=True)
+    head.weight.data = torch.randn(53, 8, generator=gen) * 30
+    head.bias.data = torch.randn(53, generator=gen) * 10
+    h = torch.randn(6, 8, generator=gen)
+    targets = torch.randint(0, 53, (6,), generator=gen)
+    logp = torch.log_softmax(head(h).double(), dim=-1)
+    p = logp.exp()
+    mean = (p * logp).sum(1)
+    std = (p * (logp - mean[:, None]).square()).sum(1).sqrt()
+    for tile in (1, 5, 53):
+        nll, m, s = head_scores(head, h, targets, vocab_stats=True, vocab_tile=tile)
+        assert torch.isfinite(nll).all() and torch.isfinite(m).all() and torch.isfinite(s).all()
+        scale = logp.abs().amax().item()  # float32 logits carry about 1e-7 of their magnitude
+        assert (nll.double() + logp.gather(1, targets[:, None]).squeeze(1)).abs().max() <= 1e-5 * scale
+        assert (m.double() - mean).abs().max() <= 1e-5 * scale
+        assert (s.double() - std).abs().max() <= 1e-5 * scale
+
+
 def test_samples_without_scored_tokens(model):
     examples = [([5], [True]), ([5, 6, 7], [False, False, False]), ([5, 6, 7], [False, True, True])]
     scores = score_examples(model, examples, pad_id=PAD_ID, vocab_stats=True)
@@ -214,12 +236,57 @@ def test_samples_without_scored_tokens(model):
 
 def test_deterministic_on_cpu(model):
     examples = _examples(seed=5)
-    a = score_examples(model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True)
-    b = score_examples(model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True)
-    for x, y in zip(a, b):
-        assert x.token_losses.tobytes() == y.token_losses.tobytes()
-        assert x.vocab_mean.tobytes() == y.vocab_mean.tobytes()
-        assert x.vocab_std.tobytes() == y.vocab_std.tobytes()
+    for workers in (1, 3):
+        a = score_examples(model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True, cpu_workers=workers)
+        b = score_examples(model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True, cpu_workers=workers)
+        for x, y in zip(a, b):
+            assert x.token_losses.tobytes() == y.token_losses.tobytes()
+            assert x.vocab_mean.tobytes() == y.vocab_mean.tobytes()
+            assert x.vocab_std.tobytes() == y.vocab_std.tobytes()
+
+
+def test_cpu_workers_match_the_naive_loop(model):
+    """Batches scored by concurrent worker threads land on the right samples, in input order."""
+    examples = _examples(seed=6, n=23)
+    naive = _naive(model, examples)
+    threads = torch.get_num_threads()
+    for workers in (1, 2, 5, 64):
+        scores = score_examples(model, examples, pad_id=PAD_ID, token_budget=60, head_chunk=8, vocab_stats=True, cpu_workers=workers)
+        assert torch.get_num_threads() == threads  # the thread count is restored
+        assert [len(s.token_losses) for s in scores] == [len(ref["nll"]) for ref in naive]
+        assert _max_diff(scores, naive) <= 1e-5 and _max_diff(scores, naive, "vocab_std", "std") <= 1e-5
+
+
+def test_worker_threads_only_for_stock_layers(model, monkeypatch):
+    """A model with a non-stock linear layer (as a real quantized kernel would be) is scored one batch at a
+    time: its forward may keep state that concurrent calls would race on."""
+    assert scoring._plain_modules(model)
+
+    class StatefulLinear(torch.nn.Linear):
+        def forward(self, x):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().forward(x)
+
+    odd = copy.deepcopy(model)
+    old = odd.model.layers[0].mlp.up_proj
+    odd.model.layers[0].mlp.up_proj = StatefulLinear(old.in_features, old.out_features, bias=False)
+    odd.model.layers[0].mlp.up_proj.weight = old.weight
+    assert not scoring._plain_modules(odd)
+    seen = []
+    real_pool = scoring.ThreadPoolExecutor
+    monkeypatch.setattr(scoring, "ThreadPoolExecutor", lambda *a, **k: seen.append(a) or real_pool(*a, **k))
+    examples = _examples(seed=7, n=12)
+    score_examples(odd, examples, pad_id=PAD_ID, token_budget=40, cpu_workers=4)
+    assert seen == []  # no pool for the stateful model
+    score_examples(model, examples, pad_id=PAD_ID, token_budget=40, cpu_workers=4)
+    assert seen and seen[0][0] == 4
+
+
+def test_cpu_parallelism_honours_llmaudit_threads(monkeypatch):
+    monkeypatch.setenv("LLMAUDIT_THREADS", "3")
+    assert scoring.cpu_parallelism() == 3
+    monkeypatch.delenv("LLMAUDIT_THREADS")
+    assert scoring.cpu_parallelism() >= 1
 
 
 def test_weights_digest_tracks_every_parameter(model):

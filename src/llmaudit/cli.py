@@ -35,6 +35,9 @@ OVERRIDES_HELP = "Overrides as dotted key=value pairs, e.g. train.epochs=3 score
 SHARD_HELP = "Do only shard I of N (0-based, e.g. 0/4): units are dealt round-robin, so N jobs cover the grid once."
 
 
+QUIET_LOGGERS = ("torchao", "bitsandbytes", "torch.utils._pytree")
+
+
 class CliError(Exception):
     pass
 
@@ -47,6 +50,12 @@ def _setup() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     logging.basicConfig(level=os.environ.get("LLMAUDIT_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    if "LLMAUDIT_LOG" not in os.environ:
+        # Import-time notices of optional kernels that llmaudit does not use on this machine (torchao's
+        # CUDA extensions, bitsandbytes' CPU gemm from `kernels`, torch's pytree deprecation of torchao's
+        # enums). LLMAUDIT_LOG=WARNING shows them again.
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
     threads = os.environ.get("LLMAUDIT_THREADS")
     if threads:
         import torch

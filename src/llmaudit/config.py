@@ -190,6 +190,10 @@ class ScoreConfig(_Section):
     in cache: measured faster by benchmarks/bench_scoring.py), 16384 on GPU."""
     head_chunk: int = Field(1024, ge=1)
     """Positions per chunk when applying the output head (bounds logits memory)."""
+    cpu_workers: Optional[int] = Field(None, ge=1)
+    """CPU scoring: batches scored concurrently by this many threads, the torch threads shared among them;
+    null = one per available core ($LLMAUDIT_THREADS caps it), at most one per batch. 1 = one batch at a
+    time with all threads inside each op. Memory grows with the workers (one batch each)."""
     vocab_stats: bool = True
     """Store per-token mean/std of log p under the model's next-token distribution (Min-K%++)."""
     score_base: bool = True
