@@ -35,6 +35,7 @@ def _check(rows: dict[str, list[list[str]]]) -> None:
         assert float(timing[0]) > 0 and float(timing[3]) > 0  # wall s, ratio
 
 
+@pytest.mark.slow  # ten processes (the benchmark and its nine memory probes): about 100 s on a 2-core CPU
 def test_bench_scoring_toy_cpu():
     rows = _run("--device", "cpu")
     _check(rows)

@@ -19,7 +19,7 @@ import torch
 from llmaudit.config import load_recipe
 from llmaudit.finetune import finetune, shard_items
 from llmaudit.io import atomic_write_json
-from llmaudit.jobs import marker_state, run_marker_path, running_marker, slurm_parameters, stage_status, submit
+from llmaudit.jobs import clear_stale_markers, marker_state, run_marker_path, running_marker, slurm_parameters, stage_status, submit
 from llmaudit.scoring import plan_units, score
 from llmaudit.store import RunStore
 
@@ -175,6 +175,19 @@ def test_running_marker_lives_with_its_block_and_a_dead_pid_makes_it_stale(tmp_p
     atomic_write_json(marker, {"host": "another-node", "pid": 1})
     assert marker_state(marker) == "running"
     assert marker_state(marker, now=time.time() + 3600) == "stale"  # no heartbeat for an hour
+
+
+def test_stale_markers_of_finished_items_are_cleared(tmp_path):
+    """A job killed after writing an item but before removing its marker leaves a stale marker next to a
+    finished item; the next run removes it. A live job's marker stays."""
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale, live, absent = tmp_path / "a.RUNNING.json", tmp_path / "b.RUNNING.json", tmp_path / "c.RUNNING.json"
+    atomic_write_json(stale, {"host": socket.gethostname(), "pid": int(dead.stdout)})
+    atomic_write_json(live, {"host": socket.gethostname(), "pid": os.getpid()})
+    assert clear_stale_markers([stale, live, absent]) == 1
+    assert not stale.exists() and live.exists()
 
 
 # ------------------------------------------------------------------------------------------ kill and resume

@@ -35,7 +35,7 @@ from llmaudit.data import (
     tokenize_records,
 )
 from llmaudit.io import atomic_dir, atomic_write_json, atomic_write_text
-from llmaudit.jobs import each_marked, run_marker_path
+from llmaudit.jobs import clear_stale_markers, each_marked, run_marker_path
 from llmaudit.models import count_parameters, load_base_model, load_tokenizer, pick_device
 from llmaudit.store import RunStore
 from llmaudit.train_loop import TrainState, steps_per_epoch, train_epochs
@@ -256,6 +256,7 @@ def finetune(cfg: ExperimentConfig, *, out: Path | None = None, shard: tuple[int
     device = pick_device(cfg.train.device)
     tok = load_tokenizer(cfg.model)
     todo = [r for r in runs if not store.run_done(r)]
+    clear_stale_markers(run_marker_path(store, r) for r in runs if r not in todo)
     echo(f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} on {device}")
     if todo:
         base = load_base_model(cfg.model, device)
@@ -286,6 +287,8 @@ def _finetune_data_parallel(
         tok = load_tokenizer(cfg.model)
     runs = shard_items(list(range(cfg.train.runs)), shard)
     todo = [r for r in runs if not store.run_done(r)]
+    if accelerator.is_main_process:
+        clear_stale_markers(run_marker_path(store, r) for r in runs if r not in todo)
     say(
         f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} "
         f"data parallel on {accelerator.num_processes} processes ({device.type})"

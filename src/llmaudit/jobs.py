@@ -93,6 +93,18 @@ def each_marked(items: Iterable[T], marker_path: Callable[[T], Path]) -> Iterato
             yield item
 
 
+def clear_stale_markers(paths: Iterable[Path]) -> int:
+    """Remove the stale markers among `paths`, the markers of items that are already done: a job killed
+    after writing an item but before leaving its marker behind. Markers of live jobs stay. Returns how
+    many were removed."""
+    removed = 0
+    for path in paths:
+        if marker_state(path) == "stale":
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from llmaudit.config import ExperimentConfig
 from llmaudit.data import Example, tokenize_records
 from llmaudit.finetune import shard_items
-from llmaudit.jobs import each_marked, unit_marker_path
+from llmaudit.jobs import clear_stale_markers, each_marked, unit_marker_path
 from llmaudit.losstable import REFERENCE_RUN, write_loss_table
 from llmaudit.models import load_base_model, load_tokenizer, pick_device
 from llmaudit.store import RunStore
@@ -397,6 +397,8 @@ def score(cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | No
     all_units = plan_units(cfg, store)
     mine = shard_items(all_units, shard)
     todo = [u for u in mine if not store.unit_path(u.run, u.step, u.quantizer).exists()]
+    pending = set(todo)
+    clear_stale_markers(unit_marker_path(store, u.run, u.step, u.quantizer) for u in mine if u not in pending)
     echo(f"[score] {store.root}: {len(all_units)} unit(s) in the grid, {len(mine)} in this shard, {len(mine) - len(todo)} already scored, {len(todo)} to do on {device}")
     if not todo:
         return {"units": len(mine), "scored": 0, "seconds": 0.0}

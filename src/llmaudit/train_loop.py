@@ -11,6 +11,7 @@ batch), so DDP's gradient average equals the single-process gradient of the glob
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -153,8 +154,12 @@ def train_epochs(
     if resume:
         optimizer.load_state_dict(resume["optimizer"])
         start = int(resume["step"])
-        for _ in range(start):
-            scheduler.step()
+        with warnings.catch_warnings():
+            # Fast-forwarding the schedule to the resumed step: no optimizer step is missing, so torch's
+            # "scheduler.step() before optimizer.step()" warning does not apply.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            for _ in range(start):
+                scheduler.step()
     if accelerator is not None and accelerator.num_processes > 1:
         try:
             return _train_epochs_ddp(
