@@ -294,3 +294,22 @@ def test_submit_to_slurm_builds_array_jobs_with_the_recipe_settings(tmp_path, mo
     assert "#SBATCH --job-name=llmaudit-score-demo-cpu\n" in text[1]
     assert slurm_parameters(cfg, "score")["slurm_additional_parameters"] == {"account": "audit"}
     assert prepared == [(tmp_path / "run").resolve()]
+
+
+def test_job_threads_share_the_machine(tmp_path, monkeypatch):
+    """Local shard jobs divide this machine's cores among the jobs that run at once; SLURM jobs take
+    cpus_per_job; LLMAUDIT_THREADS wins everywhere."""
+    from llmaudit import jobs
+
+    for var in ("LLMAUDIT_THREADS", "SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = small_cfg(tmp_path, "cluster.shards=3", "cluster.array_parallelism=2", "cluster.cpus_per_job=5")
+    assert jobs.job_threads(cfg) is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", "1")
+    assert jobs.job_threads(cfg) == 4  # 8 cores, 2 jobs at once
+    monkeypatch.delenv("SUBMITIT_LOCAL_JOB_ID")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert jobs.job_threads(cfg) == 5
+    monkeypatch.setenv("LLMAUDIT_THREADS", "3")
+    assert jobs.job_threads(cfg) == 3

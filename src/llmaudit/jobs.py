@@ -211,12 +211,27 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
 # ------------------------------------------------------------------------------------------ one shard
 
 
+def job_threads(cfg: ExperimentConfig) -> int | None:
+    """CPU threads of one shard job: $LLMAUDIT_THREADS if set; on SLURM cluster.cpus_per_job; as a local
+    process, this machine's cores divided among the jobs that run at once (they share the machine);
+    None = torch's default."""
+    if os.environ.get("LLMAUDIT_THREADS"):
+        return int(os.environ["LLMAUDIT_THREADS"])
+    if os.environ.get("SLURM_JOB_ID"):
+        return cfg.cluster.cpus_per_job
+    if os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cores // min(cfg.cluster.array_parallelism, cfg.cluster.shards))
+    return None
+
+
 def _set_threads(cfg: ExperimentConfig) -> None:
     import torch
 
-    threads = os.environ.get("LLMAUDIT_THREADS") or (cfg.cluster.cpus_per_job if os.environ.get("SLURM_JOB_ID") else None)
+    threads = job_threads(cfg)
     if threads:
-        torch.set_num_threads(int(threads))
+        os.environ["LLMAUDIT_THREADS"] = str(threads)  # also caps the scoring engine's CPU workers
+        torch.set_num_threads(threads)
 
 
 def run_shard(stage: Stage, config: dict[str, Any], out: str, shard: tuple[int, int] | None, *, progress: bool = False) -> dict[str, Any]:
