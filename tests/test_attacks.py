@@ -302,6 +302,20 @@ def test_run_attacks_skips_missing_inputs_and_correlates_with_r_q(tmp_path):
     assert rho["rho"] == pytest.approx(-1.0) and rho["n_quantizers"] == 3
 
 
+def test_two_runs_skip_lira_with_a_reason_and_keep_the_other_attacks():
+    """With two runs each sample has at most one out-reference: LiRA cannot standardise anything. It is
+    skipped with the reason and the fix; the attacks that need no reference models are still scored."""
+    rng = np.random.default_rng(22)
+    df = _table(rng, n_runs=2)
+    res = run_attacks(df, n_boot=0, seed=1)
+    fp = res["quantizers"]["fp"]
+    assert "train more runs" in fp["skipped"]["lira_offline"]
+    assert "too few reference models" in fp["skipped"]["lira_online"]
+    assert "lira_offline" not in fp["attacks"] and "lira_online" not in fp["attacks"]
+    assert fp["attacks"]["loss"]["pooled_naive"]["auroc"] > 0.5
+    json.dumps(res)
+
+
 def test_attack_command_writes_json_and_plots(tmp_path):
     rng = np.random.default_rng(22)
     table = write_loss_table(_table(rng, n_runs=5, n_samples=30), tmp_path / "scores.parquet")

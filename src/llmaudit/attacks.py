@@ -573,6 +573,13 @@ def run_attacks(
                 skipped.setdefault(attack, "not computed")
                 continue
             scores = matrices[attack]
+            fin = np.isfinite(scores)
+            if not (fin.any() and 0 < keep[fin].sum() < fin.sum()):
+                # e.g. LiRA with a single out-reference per sample: no spread to standardise with
+                skipped[attack] = (f"no finite scores with both members and non-members ({int(fin.sum())} finite of "
+                                   f"{scores.size}; median {np.median(n_ref):g} out-reference runs per sample, "
+                                   "LiRA needs >= 2): train more runs")
+                continue
             if attack == "lira_offline":
                 z = scores
             else:
@@ -585,7 +592,7 @@ def run_attacks(
                 "pooled_calibrated": pooled_calibrated(z, keep, fprs, n_ref_eff, t_cutoff=t_cutoff, **kw_eval),
                 "per_sample": per_sample_tpr(scores, keep, fprs, **kw_eval),
             }
-            fin, zfin = np.isfinite(scores), np.isfinite(z)
+            zfin = np.isfinite(z)
             entry["roc_curve"] = {"pooled_naive": roc_curve_loglog(scores[fin], keep[fin])}
             if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
                 entry["roc_curve"]["pooled_calibrated"] = roc_curve_loglog(z[zfin], keep[zfin])

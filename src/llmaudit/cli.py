@@ -63,6 +63,17 @@ def _setup() -> None:
         torch.set_num_threads(int(threads))
 
 
+def _progress(no_progress: bool) -> bool:
+    """--no-progress also silences the weight-loading and download bars of transformers / huggingface_hub."""
+    if no_progress:
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as hf_logging
+
+        disable_progress_bars()
+        hf_logging.disable_progress_bar()
+    return not no_progress
+
+
 def _split_recipe_args(args: list[str]) -> tuple[Optional[str], list[str]]:
     """The first argument is a recipe unless it looks like key=value."""
     if args and "=" not in args[0]:
@@ -113,7 +124,7 @@ def finetune(
 
     recipe, overrides = _split_recipe_args(list(args or []))
     cfg = _load(recipe, overrides, out)
-    store = do_finetune(cfg, shard=parse_shard(shard), progress=not no_progress)
+    store = do_finetune(cfg, shard=parse_shard(shard), progress=_progress(no_progress))
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate/torchrun only the main process reports
         typer.echo(f"[finetune] done: {store.root}")
 
@@ -132,7 +143,7 @@ def score(
 
     target, overrides = _split_recipe_args(list(args or []))
     cfg, store = _cfg_from_run_dir_or_recipe(target, overrides, out)
-    do_score(cfg, store, shard=parse_shard(shard), progress=not no_progress)
+    do_score(cfg, store, shard=parse_shard(shard), progress=_progress(no_progress))
 
 
 @app.command()
@@ -173,8 +184,9 @@ def audit(
     t0 = time.time()
     recipe, overrides = _split_recipe_args(list(args or []))
     cfg = _load(recipe, overrides, out)
-    store = do_finetune(cfg, progress=not no_progress)
-    do_score(cfg, store, progress=not no_progress)
+    progress = _progress(no_progress)
+    store = do_finetune(cfg, progress=progress)
+    do_score(cfg, store, progress=progress)
     result = analyze(cfg, store)
     paths = write_report(store, result)
     typer.echo("")

@@ -36,7 +36,7 @@ from llmaudit.data import (
 )
 from llmaudit.io import atomic_dir, atomic_write_json, atomic_write_text
 from llmaudit.jobs import clear_stale_markers, each_marked, run_marker_path
-from llmaudit.models import count_parameters, load_base_model, load_tokenizer, pick_device
+from llmaudit.models import count_parameters, import_gptqmodel_quietly, load_base_model, load_tokenizer, pick_device
 from llmaudit.store import RunStore
 from llmaudit.train_loop import TrainState, steps_per_epoch, train_epochs
 
@@ -152,6 +152,8 @@ class RunResult:
 
 def _lora_model(base: Any, cfg: ExperimentConfig, run: int) -> Any:
     from peft import LoraConfig, get_peft_model
+
+    import_gptqmodel_quietly()  # peft's LoRA dispatch imports it
 
     lora = LoraConfig(
         r=cfg.lora.r,

@@ -51,6 +51,27 @@ def resolve_model_route(name: str) -> ModelRoute:
     return "hub"
 
 
+def import_gptqmodel_quietly() -> None:
+    """Import gptqmodel (when installed) with its start-up banner, environment notices and ASCII art
+    captured instead of printed. peft imports it whenever it wraps a model in LoRA layers, so without this
+    every fine-tuning and scoring job opens with a screen of text about GPU kernels. LLMAUDIT_LOG set: the
+    banner is shown. An import that fails still raises, with its output attached."""
+    import contextlib
+    import importlib.util
+    import io
+    import sys
+
+    if "gptqmodel" in sys.modules or os.environ.get("LLMAUDIT_LOG") or importlib.util.find_spec("gptqmodel") is None:
+        return
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            import gptqmodel  # noqa: F401
+    except Exception as exc:
+        raise ImportError(f"importing gptqmodel failed ({exc}); its output:\n{captured.getvalue()[-2000:]}") from exc
+    log.debug("gptqmodel import output:\n%s", captured.getvalue())
+
+
 def configure_threads(cfg: ModelConfig) -> int:
     """CPU threads for torch: $LLMAUDIT_THREADS if set; 1 for the built-in tiny model, whose matrices are
     too small for intra-op parallelism to pay (measured 3x faster on 1 thread than on 2 on a loaded

@@ -27,7 +27,7 @@ from llmaudit.data import Example, tokenize_records
 from llmaudit.finetune import shard_items
 from llmaudit.jobs import clear_stale_markers, each_marked, unit_marker_path
 from llmaudit.losstable import REFERENCE_RUN, write_loss_table
-from llmaudit.models import load_base_model, load_tokenizer, pick_device
+from llmaudit.models import import_gptqmodel_quietly, load_base_model, load_tokenizer, pick_device
 from llmaudit.store import RunStore
 from llmaudit.train_loop import collate, decoder_and_head
 
@@ -408,6 +408,7 @@ def score(cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | No
     masks = store.membership()
     pool_records = store.read_records("pool")
     base = load_base_model(cfg.model, device)
+    import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
     t0 = time.time()
     bar = tqdm(total=len(todo), desc="scoring", disable=not progress, mininterval=1.0)
     merged_key, merged = None, None
