@@ -32,7 +32,7 @@ def _check(rows: dict[str, list[list[str]]]) -> None:
     for name in ("engine vocab_stats=off", "engine vocab_stats=on"):
         timing = rows[name][0]
         assert float(timing[-2]) <= 1e-5 and float(timing[-1]) <= 1e-4  # max |dloss|, max |dtoken| vs naive
-        assert float(timing[0]) > 0 and float(timing[3]) > 0  # wall s, ratio
+        assert float(timing[2]) > 0 and float(timing[3]) > 0  # tokens/s, ratio (wall s may print as 0.00)
 
 
 @pytest.mark.slow  # ten processes (the benchmark and its nine memory probes): about 100 s on a 2-core CPU
