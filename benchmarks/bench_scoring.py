@@ -106,7 +106,8 @@ def naive_scores(model: Any, examples: list[Example], device: torch.device) -> l
 
 def engine_scores(model: Any, examples: list[Example], device: torch.device, args: argparse.Namespace, vocab_stats: bool) -> list[np.ndarray]:
     scores = score_examples(
-        model, examples, pad_id=0, token_budget=args.token_budget, head_chunk=args.head_chunk, vocab_stats=vocab_stats, device=device
+        model, examples, pad_id=0, token_budget=args.token_budget, head_chunk=args.head_chunk, vocab_stats=vocab_stats,
+        device=device, cpu_workers=args.cpu_workers,
     )
     return [s.token_losses for s in scores]
 
@@ -302,6 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-budget", type=int, default=None,
                         help="padded tokens per batch; default: what `llmaudit score` uses (2048 on CPU, 16384 on GPU)")
     parser.add_argument("--head-chunk", type=int, default=1024)
+    parser.add_argument("--cpu-workers", type=int, default=None,
+                        help="engine threads scoring batches concurrently on CPU (default: what `llmaudit score` uses, one per core)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
     parser.add_argument("--peak-n", type=int, default=None, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -332,7 +335,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"data: {len(examples)} samples, lengths {args.min_len}-{args.max_len}, {all_tokens} tokens, {scored} scored (half prompt)")
     print(f"needed work: 2*{params_body}*{all_tokens} + 2*{args.hidden}*{args.vocab}*{scored} = {flops / 1e9:.1f} GFLOP")
     print(f"matmul peak ({dtype}, {peak_n}^2 torch.mm): {peak_flops / 1e9:.1f} GFLOP/s per wall s, {peak_flops_cpu / 1e9:.1f} per CPU s")
-    print(f"engine: token_budget {args.token_budget}, head_chunk {args.head_chunk}; {args.repeats} timed round(s), median")
+    print(f"engine: token_budget {args.token_budget}, head_chunk {args.head_chunk}, cpu_workers {args.cpu_workers or 'auto'}"
+          f"; {args.repeats} timed round(s), median")
 
     names = [m for m in METHODS if not (args.no_naive and m == "naive")]
     methods = {name: method_fn(name, model, examples, device, args) for name in names}
