@@ -576,9 +576,10 @@ def run_attacks(
             fin = np.isfinite(scores)
             if not (fin.any() and 0 < keep[fin].sum() < fin.sum()):
                 # e.g. LiRA with a single out-reference per sample: no spread to standardise with
-                skipped[attack] = (f"no finite scores with both members and non-members ({int(fin.sum())} finite of "
-                                   f"{scores.size}; median {np.median(n_ref):g} out-reference runs per sample, "
-                                   "LiRA needs >= 2): train more runs")
+                why = f"no finite scores with both members and non-members ({int(fin.sum())} finite of {scores.size})"
+                if attack.startswith("lira"):
+                    why += f": median {np.median(n_ref):g} out-reference runs per sample, LiRA needs >= 2; train more runs"
+                skipped[attack] = why
                 continue
             if attack == "lira_offline":
                 z = scores

@@ -211,6 +211,11 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
 # ------------------------------------------------------------------------------------------ one shard
 
 
+def available_cores() -> int:
+    """CPUs in this process's affinity mask (what a cgroup or taskset allows), else the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def job_threads(cfg: ExperimentConfig) -> int | None:
     """CPU threads of one shard job: $LLMAUDIT_THREADS if set; on SLURM cluster.cpus_per_job; as a local
     process, this machine's cores divided among the jobs that run at once (they share the machine);
@@ -220,8 +225,7 @@ def job_threads(cfg: ExperimentConfig) -> int | None:
     if os.environ.get("SLURM_JOB_ID"):
         return cfg.cluster.cpus_per_job
     if os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, cores // min(cfg.cluster.array_parallelism, cfg.cluster.shards))
+        return max(1, available_cores() // min(cfg.cluster.array_parallelism, cfg.cluster.shards))
     return None
 
 

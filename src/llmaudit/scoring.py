@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from llmaudit.config import ExperimentConfig
 from llmaudit.data import Example, tokenize_records
 from llmaudit.finetune import shard_items
-from llmaudit.jobs import clear_stale_markers, each_marked, unit_marker_path
+from llmaudit.jobs import available_cores, clear_stale_markers, each_marked, unit_marker_path
 from llmaudit.losstable import REFERENCE_RUN, write_loss_table
 from llmaudit.models import import_gptqmodel_quietly, load_base_model, load_tokenizer, pick_device
 from llmaudit.store import RunStore
@@ -168,9 +168,7 @@ def _full_head_scores(
 def cpu_parallelism() -> int:
     """Cores this process may use: $LLMAUDIT_THREADS if set, else the CPUs in its affinity mask."""
     env = os.environ.get("LLMAUDIT_THREADS")
-    if env:
-        return max(1, int(env))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, int(env)) if env else available_cores()
 
 
 def _plain_modules(model: Any) -> bool:
@@ -403,10 +401,10 @@ def score(cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | No
     if not todo:
         return {"units": len(mine), "scored": 0, "seconds": 0.0}
     tok = load_tokenizer(cfg.model)
-    pool = tokenize_records(tok, store.read_records("pool"), "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    pool_records = store.read_records("pool")
+    pool = tokenize_records(tok, pool_records, "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     val = tokenize_records(tok, store.read_records("val"), "val", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     masks = store.membership()
-    pool_records = store.read_records("pool")
     base = load_base_model(cfg.model, device)
     import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
     t0 = time.time()
