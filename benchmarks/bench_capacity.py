@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llmaudit.capacity import DEFAULT_DATA_OVER_CAPACITY, DEFAULT_SIZES, capacity_command, capacity_markdown
+from llmaudit.validate.capacity import DEFAULT_DATA_OVER_CAPACITY, DEFAULT_SIZES, capacity_command, capacity_markdown
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -56,7 +56,7 @@ import numpy as np
 import psutil
 import torch
 
-from llmaudit.scoring import score_examples
+from llmaudit.score.engine import score_examples
 
 Example = tuple[list[int], list[bool]]
 

@@ -22,19 +22,22 @@ from pathlib import Path
 
 import torch
 
-from llmaudit import synthetic as syn
+from llmaudit.validate.synthetic.classifier import init_linear, train_batched, train_per_run
+from llmaudit.validate.synthetic.config import load_config
+from llmaudit.validate.synthetic.data import derive_seed, make_dataset
+from llmaudit.validate.synthetic.outputs import validate_synthetic_command
 
 
 def bench_trainer(n_runs: int, batch_size: int, overrides: list[str]) -> dict:
-    cfg = syn.load_config(None, [f"n_runs={max(n_runs, 5)}", f"batch_size={batch_size}", "stability_k_runs=[5]", *overrides])
-    data = syn.make_dataset(cfg, 0, cfg.k_modes[0], cfg.sigmas[0], n_runs=n_runs)
-    w0, b0 = syn.init_linear([syn.derive_seed(cfg.seed, 0, "init", r) for r in range(n_runs)], cfg.dim)
+    cfg = load_config(None, [f"n_runs={max(n_runs, 5)}", f"batch_size={batch_size}", "stability_k_runs=[5]", *overrides])
+    data = make_dataset(cfg, 0, cfg.k_modes[0], cfg.sigmas[0], n_runs=n_runs)
+    w0, b0 = init_linear([derive_seed(cfg.seed, 0, "init", r) for r in range(n_runs)], cfg.dim)
     args = (data["x_train"], data["y_train"], w0, b0, data["order"])
     t = time.perf_counter()
-    wb, bb = syn.train_batched(*args, lr=cfg.lr, batch_size=cfg.batch_size)
+    wb, bb = train_batched(*args, lr=cfg.lr, batch_size=cfg.batch_size)
     t_batched = time.perf_counter() - t
     t = time.perf_counter()
-    wr, br = syn.train_per_run(*args, lr=cfg.lr, batch_size=cfg.batch_size)
+    wr, br = train_per_run(*args, lr=cfg.lr, batch_size=cfg.batch_size)
     t_loop = time.perf_counter() - t
     diff = max((wb - wr).abs().max().item(), (bb - br).abs().max().item())
     return {"n_runs": n_runs, "batch_size": cfg.batch_size, "epochs": cfg.epochs, "steps_per_run": cfg.epochs * cfg.n_train // cfg.batch_size,
@@ -64,7 +67,7 @@ def main() -> None:
     if a.full:
         load0 = os.getloadavg()
         extra = [] if a.default_protocol else ["stability_mis_resamples=0"]
-        res = syn.validate_synthetic_command(None, [*extra, *a.overrides], a.out)
+        res = validate_synthetic_command(None, [*extra, *a.overrides], a.out)
         wall = res["wall_time_s"]
         print(f"load average (1/5/15 min) before: {load0[0]:.2f}/{load0[1]:.2f}/{load0[2]:.2f}, "
               f"after: " + "/".join(f"{x:.2f}" for x in os.getloadavg()))

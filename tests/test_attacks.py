@@ -9,26 +9,12 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from llmaudit.attacks import (
-    LiraWarning,
-    attack_command,
-    combine_scores,
-    confidence_logit,
-    fpc,
-    lira_offline,
-    lira_online,
-    loss_score,
-    min_k_count,
-    min_k_plus_plus_score,
-    min_k_score,
-    normality_check,
-    out_reference_counts,
-    ref_score,
-    run_attacks,
-    zlib_score,
-)
-from llmaudit.losstable import validate_loss_table, write_loss_table
-from llmaudit.metrics import calibrated_threshold, per_sample_fpr, pooled_calibrated, pooled_naive
+from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.lira import LiraWarning, confidence_logit, fpc, lira_offline, lira_online, normality_check, out_reference_counts
+from llmaudit.analyze.attacks.text import combine_scores, loss_score, min_k_count, min_k_plus_plus_score, min_k_score, ref_score, zlib_score
+from llmaudit.report.tables import attack_command
+from llmaudit.store.losstable import validate_loss_table, write_loss_table
+from llmaudit.analyze.metrics import calibrated_threshold, per_sample_fpr, pooled_calibrated, pooled_naive
 
 TOKENS = [0.5, 1.0, 2.0, 0.1, 3.0]  # per-token NLLs; log p = -l
 

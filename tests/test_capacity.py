@@ -9,17 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from llmaudit.capacity import (
-    TinyGPTSize,
-    build_tiny_gpt,
-    capacity_command,
-    count_parameters,
-    measure_capacity,
-    model_sequence_bits,
-    true_entropy_bits,
-    uniform_memorized_bits,
-    uniform_random_tokens,
-)
+from llmaudit.models.layers import count_parameters
+from llmaudit.validate.capacity import TinyGPTSize, build_tiny_gpt, capacity_command, measure_capacity, model_sequence_bits, true_entropy_bits, uniform_memorized_bits, uniform_random_tokens
 
 
 class UniformModel(torch.nn.Module):
@@ -66,7 +57,7 @@ def test_size_parsing_and_parameter_count():
     model = build_tiny_gpt(TinyGPTSize(8, 1), vocab_size=16, seq_len=16, seed=0)
     # GPT-2, d=8, V+1=17 tokens, 16 positions, tied output: wte 17*8 + wpe 16*8 + block 12*8^2+13*8
     # (=872) + final norm 2*8 = 136 + 128 + 872 + 16 = 1152.
-    assert count_parameters(model) == 1152
+    assert count_parameters(model).total == 1152
 
 
 def test_tiny_run_memorizes_positive_bits_below_the_true_entropy():

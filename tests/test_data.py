@@ -4,19 +4,12 @@ import zipfile
 import numpy as np
 import pytest
 
-from llmaudit.chem_synthetic import generate_records
+from llmaudit.data.chem import generate_records
 from llmaudit.config import DataConfig
-from llmaudit.data import (
-    RECORD_FIELDS,
-    DataError,
-    dataset_fingerprint,
-    draw_pool_and_val,
-    format_record,
-    load_records,
-    membership_masks,
-    read_record_file,
-    resolve_route,
-)
+from llmaudit.data.pool import draw_pool_and_val, membership_masks
+from llmaudit.data.records import DataError, RECORD_FIELDS, dataset_fingerprint, read_record_file
+from llmaudit.data.sources import load_records, resolve_route
+from llmaudit.data.tokenize import format_record
 
 TASKS = ["molecule_captioning", "molecule_generation"]
 
@@ -145,7 +138,7 @@ def test_local_jsonl_and_parquet_and_their_errors(tmp_path):
 
 
 def test_response_only_loss_mask_covers_exactly_the_response():
-    from llmaudit.models import build_tokenizer
+    from llmaudit.models.builtin import build_tokenizer
 
     recs = generate_records(TASKS, 40, seed=0)
     tok = build_tokenizer([r["input"] + "\n" + r["output"] for r in recs], 300)

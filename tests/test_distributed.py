@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from llmaudit.config import load_recipe
-from llmaudit.finetune import finetune
-from llmaudit.store import RunStore
-from llmaudit.train_loop import local_rows
+from llmaudit.finetune.runs import finetune
+from llmaudit.store.run_store import RunStore
+from llmaudit.models.training import local_rows
 
 from .conftest import TINY_OVERRIDES
 

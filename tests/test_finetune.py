@@ -7,8 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from llmaudit.config import load_recipe
-from llmaudit.finetune import checkpoint_steps, finetune, parse_shard, shard_items
-from llmaudit.store import RunStore, StoreError
+from llmaudit.finetune.runs import checkpoint_steps, finetune
+from llmaudit.store.shards import parse_shard, shard_items
+from llmaudit.store.run_store import RunStore, StoreError
 
 from .conftest import TINY_OVERRIDES
 
@@ -112,7 +113,7 @@ def test_directory_of_another_experiment_is_refused(tiny_cfg):
 
 
 def test_score_shards_wait_for_every_run(tiny_cfg):
-    from llmaudit.scoring import score
+    from llmaudit.score.stage import score
 
     store = finetune(tiny_cfg, shard=(0, 2), progress=False, echo=lambda *_: None)
     assert [store.run_done(r) for r in range(3)] == [True, False, True]

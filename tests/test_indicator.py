@@ -10,25 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmaudit.indicator import (
-    STATUS_INFINITE,
-    STATUS_OK,
-    STATUS_UNDEFINED,
-    STATUS_ZERO,
-    aggregate_r_q,
-    indicator_command,
-    indicator_from_table,
-    merge_identical_points,
-    rank_quantizers,
-    ranking_stability,
-    r_q,
-    r_q_as_printed,
-    r_q_details,
-    r_q_min_ratio,
-    r_q_reciprocal,
-)
-from llmaudit.io import read_json
-from llmaudit.losstable import read_loss_table, write_loss_table
+from llmaudit.analyze.indicator import STATUS_INFINITE, STATUS_OK, STATUS_UNDEFINED, STATUS_ZERO, aggregate_r_q, indicator_from_table, merge_identical_points, r_q, r_q_as_printed, r_q_details, r_q_min_ratio, r_q_reciprocal, rank_quantizers, ranking_stability
+from llmaudit.report.tables import indicator_command
+from llmaudit.common.io import read_json
+from llmaudit.store.losstable import read_loss_table, write_loss_table
 
 # Three quantized checkpoints on n = 4 validation samples, rows deliberately NOT sorted by mean loss.
 #   A = [1, 2, 3, 2]  m = 2   (lowest: SCIENCE.md's k = 1)

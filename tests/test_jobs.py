@@ -17,11 +17,15 @@ import pytest
 import torch
 
 from llmaudit.config import load_recipe
-from llmaudit.finetune import finetune, shard_items
-from llmaudit.io import atomic_write_json
-from llmaudit.jobs import clear_stale_markers, marker_state, run_marker_path, running_marker, slurm_parameters, stage_status, submit
-from llmaudit.scoring import plan_units, score
-from llmaudit.store import RunStore
+from llmaudit.finetune.runs import finetune
+from llmaudit.store.shards import shard_items
+from llmaudit.common.io import atomic_write_json
+from llmaudit.jobs.status import stage_status
+from llmaudit.jobs.submit import slurm_parameters, submit
+from llmaudit.store.markers import clear_stale_markers, marker_state, run_marker_path, running_marker
+from llmaudit.score.stage import score
+from llmaudit.score.units import plan_units
+from llmaudit.store.run_store import RunStore
 
 from .conftest import TINY_OVERRIDES
 
@@ -269,7 +273,7 @@ def test_submit_to_slurm_builds_array_jobs_with_the_recipe_settings(tmp_path, mo
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SLURM", str(scripts))
     prepared = []  # the data draw (tested with finetune) happens once in the submitting process, before any job
-    monkeypatch.setattr("llmaudit.finetune.prepare_experiment", lambda cfg, store: prepared.append(store.root))
+    monkeypatch.setattr("llmaudit.jobs.submit.prepare_experiment", lambda cfg, store: prepared.append(store.root))
     cfg = small_cfg(
         tmp_path / "run",
         "cluster.cluster=slurm",
@@ -299,7 +303,7 @@ def test_submit_to_slurm_builds_array_jobs_with_the_recipe_settings(tmp_path, mo
 def test_job_threads_share_the_machine(tmp_path, monkeypatch):
     """Local shard jobs divide this machine's cores among the jobs that run at once; SLURM jobs take
     cpus_per_job; LLMAUDIT_THREADS wins everywhere."""
-    from llmaudit import jobs
+    from llmaudit.jobs import submit as jobs
 
     for var in ("LLMAUDIT_THREADS", "SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID"):
         monkeypatch.delenv(var, raising=False)

@@ -11,17 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmaudit.losstable import write_loss_table
-from llmaudit.memorization import (
-    MemorizationError,
-    markdown_section,
-    mem_u_bits,
-    membership_f1_sigmoid_law,
-    memorization_command,
-    memorization_from_table,
-    per_sample_memorization,
-    sequence_bits,
-)
+from llmaudit.store.losstable import write_loss_table
+from llmaudit.analyze.memorization import MemorizationError, mem_u_bits, membership_f1_sigmoid_law, memorization_from_table, per_sample_memorization, sequence_bits
+from llmaudit.report.memorization_md import markdown_section
+from llmaudit.report.tables import memorization_command
 
 LN2 = math.log(2.0)
 

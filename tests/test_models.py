@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from llmaudit.config import ModelConfig
-from llmaudit.models import ModelError, load_base_model, load_tokenizer, pick_device, resolve_model_route
+from llmaudit.common.runtime import DeviceError, pick_device
+from llmaudit.models.loading import ModelError, load_base_model, load_tokenizer, resolve_model_route
 
 
 def test_routes(tmp_path):
@@ -59,16 +60,17 @@ def test_offline_hub_load_names_the_fix(monkeypatch):
 def test_cuda_request_without_gpu_fails_clearly():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(ModelError, match="no CUDA GPU"):
+    with pytest.raises(DeviceError, match="no CUDA GPU"):
         pick_device("cuda")
     assert pick_device("auto").type == "cpu"
 
 
 def test_builtin_model_is_built_once_and_knows_the_format(tiny_cfg):
-    from llmaudit.chem_synthetic import generate_records
-    from llmaudit.data import format_record
-    from llmaudit.models import builtin_key, cache_dir
-    from llmaudit.scoring import score_examples
+    from llmaudit.data.chem import generate_records
+    from llmaudit.data.tokenize import format_record
+    from llmaudit.common.runtime import cache_dir
+    from llmaudit.models.builtin import builtin_key
+    from llmaudit.score.engine import score_examples
 
     cfg = tiny_cfg.model
     model = load_base_model(cfg, torch.device("cpu"))

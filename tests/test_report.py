@@ -15,28 +15,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmaudit.analysis import analyze
+from llmaudit.analyze.experiment import analyze
 from llmaudit.config import ExperimentConfig
-from llmaudit.data import membership_masks, records_to_jsonl
-from llmaudit.io import atomic_write_json, atomic_write_text
-from llmaudit.losstable import validate_loss_table, write_loss_table
-from llmaudit.report import (
-    FAIL,
-    INCONCLUSIVE,
-    NOT_MEASURED,
-    PASS,
-    REPORT_SCHEMA,
-    ReportSchemaError,
-    build_report,
-    judge,
-    recommend,
-    release_checklist,
-    render_markdown,
-    strict_json,
-    validate_report,
-    write_report,
-)
-from llmaudit.store import RunStore
+from llmaudit.data.pool import membership_masks
+from llmaudit.data.records import records_to_jsonl
+from llmaudit.common.io import atomic_write_json, atomic_write_text
+from llmaudit.store.losstable import validate_loss_table, write_loss_table
+from llmaudit.common.io import to_strict_json
+from llmaudit.report.build import build_report
+from llmaudit.report.markdown import render_markdown
+from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, recommend, release_checklist
+from llmaudit.report.schema import REPORT_SCHEMA, ReportSchemaError, validate_report
+from llmaudit.report.write import write_report
+from llmaudit.store.run_store import RunStore
 
 N_POOL, N_VAL, RUNS, STEPS, N_TOK = 24, 12, 6, (10, 20, 30), 6
 # quantizer: (member loss shift at the final checkpoint, extra loss, bits, size in bytes)
@@ -149,7 +140,7 @@ def test_non_finite_numbers_become_null_and_a_broken_report_fails_loudly(experim
     validate_report(report)
     row = {r["quantizer"]: r for r in report["grid"]}
     assert row["uniform-5"]["utility"]["val_loss"] is None and row["sign"]["r_q"]["mean"] is None
-    assert strict_json({"a": [np.float64("nan"), (1.0, float("-inf"))]}) == {"a": [None, [1.0, None]]}
+    assert to_strict_json({"a": [np.float64("nan"), (1.0, float("-inf"))]}) == {"a": [None, [1.0, None]]}
 
     bad = copy.deepcopy(report)
     bad["checklist"]["per_quantizer"]["fp32"]["criteria"][0]["status"] = "PROBABLY FINE"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from llmaudit import scoring
-from llmaudit.scoring import TokenScores, head_scores, length_sorted_batches, score_examples, weights_digest
+from llmaudit.score import engine as scoring
+from llmaudit.score.engine import TokenScores, head_scores, length_sorted_batches, score_examples, weights_digest
 
 VOCAB = 512
 PAD_ID = 0
@@ -169,7 +169,7 @@ def test_vocabulary_tiles_and_quantized_head_fallback(model, monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tile width scales with the thread count
     try:
-        assert scoring._cpu_vocab_tile(7, VOCAB) == 37
+        assert scoring.cpu_vocab_tile(7, VOCAB) == 37
         tiled = score_examples(model, examples, pad_id=PAD_ID, head_chunk=7, vocab_stats=True)
     finally:
         torch.set_num_threads(threads)
@@ -260,7 +260,7 @@ def test_cpu_workers_match_the_naive_loop(model):
 def test_worker_threads_only_for_stock_layers(model, monkeypatch):
     """A model with a non-stock linear layer (as a real quantized kernel would be) is scored one batch at a
     time: its forward may keep state that concurrent calls would race on."""
-    assert scoring._plain_modules(model)
+    assert scoring.plain_modules(model)
 
     class StatefulLinear(torch.nn.Linear):
         def forward(self, x):
@@ -271,7 +271,7 @@ def test_worker_threads_only_for_stock_layers(model, monkeypatch):
     old = odd.model.layers[0].mlp.up_proj
     odd.model.layers[0].mlp.up_proj = StatefulLinear(old.in_features, old.out_features, bias=False)
     odd.model.layers[0].mlp.up_proj.weight = old.weight
-    assert not scoring._plain_modules(odd)
+    assert not scoring.plain_modules(odd)
     seen = []
     real_pool = scoring.ThreadPoolExecutor
     monkeypatch.setattr(scoring, "ThreadPoolExecutor", lambda *a, **k: seen.append(a) or real_pool(*a, **k))

@@ -21,6 +21,29 @@ from typing import List, Optional
 
 import typer
 
+from llmaudit.analyze.experiment import analyze
+from llmaudit.common.io import read_json, to_json
+from llmaudit.common.runtime import configure_threads, env_threads, set_threads
+from llmaudit.config import RecipeError, apply_overrides, config_from_dict, load_recipe
+from llmaudit.data.records import DataError
+from llmaudit.finetune.runs import finetune as do_finetune
+from llmaudit.jobs.status import format_status, stage_status
+from llmaudit.jobs.submit import submit as do_submit
+from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.models.loading import ModelError
+from llmaudit.quantize import list_quantizers
+from llmaudit.quantize.base import QuantizationError
+from llmaudit.report.build import build_report
+from llmaudit.report.markdown import render_markdown
+from llmaudit.report.tables import attack_command, indicator_command, memorization_command
+from llmaudit.report.write import write_report
+from llmaudit.score.stage import score as do_score
+from llmaudit.store.losstable import LossTableError
+from llmaudit.store.run_store import RunStore, StoreError
+from llmaudit.store.shards import parse_shard
+from llmaudit.validate.capacity import capacity_command
+from llmaudit.validate.synthetic.outputs import validate_synthetic_command
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -56,11 +79,7 @@ def _setup() -> None:
         # enums). LLMAUDIT_LOG=WARNING shows them again.
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
-    threads = os.environ.get("LLMAUDIT_THREADS")
-    if threads:
-        import torch
-
-        torch.set_num_threads(int(threads))
+    set_threads(env_threads())
 
 
 def _progress(no_progress: bool) -> bool:
@@ -82,30 +101,23 @@ def _split_recipe_args(args: list[str]) -> tuple[Optional[str], list[str]]:
 
 
 def _load(recipe: Optional[str], overrides: list[str], out: Optional[Path]):
-    from llmaudit.config import load_recipe
-
-    from llmaudit.models import configure_threads
-
+    
     cfg = load_recipe(recipe, overrides)
     if out is not None:
         cfg = cfg.model_copy(update={"output_dir": str(out)})
-    configure_threads(cfg.model)
+    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
     return cfg
 
 
 def _cfg_from_run_dir_or_recipe(target: Optional[str], overrides: list[str], out: Optional[Path]):
     """A run directory (its manifest's config, plus overrides) or a recipe."""
-    from llmaudit.config import apply_overrides, config_from_dict
-    from llmaudit.store import RunStore
 
     if target and Path(target).is_dir() and (Path(target) / "manifest.json").exists():
         store = RunStore(target)
         raw = apply_overrides(store.manifest()["config"], overrides)
         raw["output_dir"] = str(Path(target))
         cfg = config_from_dict(raw, source=f"{target}/manifest.json")
-        from llmaudit.models import configure_threads
-
-        configure_threads(cfg.model)
+        configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
         return cfg, store
     cfg = _load(target, overrides, out)
     return cfg, RunStore(cfg.resolved_output_dir())
@@ -120,8 +132,6 @@ def finetune(
 ) -> None:
     """LoRA fine-tuning runs, each on a random subset of the sample pool (membership recorded), with adapter
     checkpoints along each trajectory. Rerunning skips finished runs and resumes interrupted ones."""
-    from llmaudit.finetune import finetune as do_finetune, parse_shard
-
     recipe, overrides = _split_recipe_args(list(args or []))
     cfg = _load(recipe, overrides, out)
     store = do_finetune(cfg, shard=parse_shard(shard), progress=_progress(no_progress))
@@ -138,9 +148,6 @@ def score(
 ) -> None:
     """Per-sample token losses of every (run, checkpoint, quantizer) unit, one parquet loss table per unit.
     Impossible quantizer requests are rejected before any work; finished units are skipped."""
-    from llmaudit.finetune import parse_shard
-    from llmaudit.scoring import score as do_score
-
     target, overrides = _split_recipe_args(list(args or []))
     cfg, store = _cfg_from_run_dir_or_recipe(target, overrides, out)
     do_score(cfg, store, shard=parse_shard(shard), progress=_progress(no_progress))
@@ -153,15 +160,9 @@ def report(
 ) -> None:
     """Compute r_Q, the attacks and memorization from the loss tables and write report.json, report.md
     and a self-contained report.html (plots embedded)."""
-    from llmaudit.analysis import analyze
-    from llmaudit.report import write_report
-    from llmaudit.store import RunStore
-
     store = RunStore(run_dir)
     cfg = store.config()
-    from llmaudit.models import configure_threads
-
-    configure_threads(cfg.model)
+    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
     result = analyze(cfg, store)
     paths = write_report(store, result, include_samples=include_samples)
     typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
@@ -175,11 +176,6 @@ def audit(
 ) -> None:
     """finetune, score and report in order. `llmaudit audit` alone runs the CPU demo (a few minutes)."""
     import time
-
-    from llmaudit.analysis import analyze
-    from llmaudit.finetune import finetune as do_finetune
-    from llmaudit.report import render_markdown, build_report, write_report
-    from llmaudit.scoring import score as do_score
 
     t0 = time.time()
     recipe, overrides = _split_recipe_args(list(args or []))
@@ -202,8 +198,6 @@ def indicator(
     split: str = typer.Option("val", help="Which split's losses enter r_Q (val = held-out, as in Algorithm 1)."),
 ) -> None:
     """r_Q per (run, quantizer) by Algorithm 2, the mean over runs with bootstrap intervals, ranks and stability."""
-    from llmaudit.indicator import indicator_command
-
     res = indicator_command(loss_table, out, split=split)
     for q, entry in res["per_quantizer"].items():
         agg = entry["r_q"]
@@ -222,9 +216,6 @@ def attack(
     r_q: Optional[Path] = typer.Option(None, "--r-q", help="indicator.json (or {quantizer: r_Q} JSON) to correlate with."),
 ) -> None:
     """Every attack on each quantizer's final checkpoint, each run in turn as the target, with calibrated pooling."""
-    from llmaudit.attacks import attack_command
-    from llmaudit.io import read_json
-
     rq = None
     if r_q is not None:
         data = read_json(r_q)
@@ -244,8 +235,6 @@ def memorization(
     bits_per_param: float = typer.Option(3.6, help="Capacity estimate in bits per parameter."),
 ) -> None:
     """Unintended memorization in bits (Morris et al.) per quantizer, members vs non-members."""
-    from llmaudit.memorization import memorization_command
-
     memorization_command(loss_table, out, reference=reference, adapter_params=adapter_params, model_params=model_params, capacity_bits_per_param=bits_per_param, markdown_out=out.with_suffix(".md"))
     typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
 
@@ -256,8 +245,6 @@ def validate_synthetic(
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default ./synthetic-validation)."),
 ) -> None:
     """The indicator paper's synthetic validation: r_Q ranking vs baseline MIS ranking of 8 simple quantizers."""
-    from llmaudit.synthetic import validate_synthetic_command
-
     recipe, overrides = _split_recipe_args(list(args or []))
     validate_synthetic_command(Path(recipe) if recipe else None, overrides, out)
 
@@ -268,16 +255,12 @@ def validate_capacity(
     seed: int = typer.Option(0),
 ) -> None:
     """Memorization capacity (bits per parameter) of tiny models on uniformly random tokens (known entropy)."""
-    from llmaudit.capacity import capacity_command
-
     capacity_command(out, seed=seed, markdown_out=out.with_suffix(".md"))
 
 
 @app.command()
 def quantizers() -> None:
     """Every registered quantizer, its family and bits, and whether its library and device are available."""
-    from llmaudit.quantize import list_quantizers
-
     for info in list_quantizers():
         status = "ok" if info.available else f"unavailable: {info.reason}"
         typer.echo(f"{info.name:>12}  {info.family:<6} {info.bits:>5} bits  {status}")
@@ -290,10 +273,6 @@ def status(
 ) -> None:
     """What is done, running and missing: runs and their checkpoints, scoring units per quantizer, the report.
     A unit whose job was killed shows as missing (rerunning the stage resumes it)."""
-    from llmaudit.io import to_json
-    from llmaudit.jobs import format_status, stage_status
-    from llmaudit.store import RunStore
-
     result = stage_status(RunStore(run_dir))
     typer.echo(to_json(result).rstrip() if as_json else format_status(result))
 
@@ -308,8 +287,6 @@ def submit(
     a SLURM array job per stage with `cluster.cluster: slurm` (later stages wait for earlier ones), or local
     processes with `cluster.cluster: local` (waits until they finish). Every stage resumes from disk, so
     submitting again after a crash or preemption redoes nothing that is finished."""
-    from llmaudit.jobs import submit as do_submit
-
     if stage not in ("finetune", "score", "report", "all"):
         raise typer.BadParameter(f"{stage!r} is not one of finetune, score, report, all", param_hint="STAGE")
     target, overrides = _split_recipe_args(list(args or []))
@@ -319,13 +296,6 @@ def submit(
 
 
 def main() -> None:
-    from llmaudit.config import RecipeError
-    from llmaudit.data import DataError
-    from llmaudit.losstable import LossTableError
-    from llmaudit.models import ModelError
-    from llmaudit.quantize.base import QuantizationError
-    from llmaudit.store import StoreError
-
     _setup()
     try:
         app()

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_TASKS = ("molecule_captioning", "molecule_generation")
+
 ALL_TASKS = (
     "forward_synthesis",
     "retrosynthesis",
@@ -33,17 +34,16 @@ ALL_TASKS = (
     "property_prediction-hiv",
     "property_prediction-sider",
 )
-RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
-DEMO_RECIPE = "demo-cpu"
 
+RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
+
+DEMO_RECIPE = "demo-cpu"
 
 class RecipeError(ValueError):
     """A recipe (or an override) is invalid. The message names the key, the value and the fix."""
 
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
-
 
 class BuiltinModelConfig(_Section):
     """Architecture of the tiny built-in model (`model.name: builtin:tiny-qwen2`) used by the CPU demo."""
@@ -79,7 +79,6 @@ class BuiltinModelConfig(_Section):
             raise ValueError("num_key_value_heads must divide num_attention_heads")
         return self
 
-
 class ModelConfig(_Section):
     """The base causal LM that every run fine-tunes."""
 
@@ -93,7 +92,6 @@ class ModelConfig(_Section):
     """Weights' dtype: auto = float32 on CPU, bfloat16 on GPU."""
     builtin: BuiltinModelConfig = Field(default_factory=BuiltinModelConfig)
     """Settings of the built-in tiny model (ignored for hub or local models)."""
-
 
 class DataConfig(_Section):
     """Where the SMolInstruct records come from and how the audited pool is drawn."""
@@ -135,7 +133,6 @@ class DataConfig(_Section):
             raise ValueError("data.source=local needs data.path (data.zip, a directory, or a JSONL/parquet file)")
         return self
 
-
 class LoraSettings(_Section):
     """LoRA adapter settings (peft)."""
 
@@ -149,7 +146,6 @@ class LoraSettings(_Section):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names that receive an adapter."""
-
 
 class TrainConfig(_Section):
     """Fine-tuning runs: how many, on what subset, and the optimisation."""
@@ -172,7 +168,6 @@ class TrainConfig(_Section):
     """Base seed; run r uses (seed, r) for its subset, its adapter init and its batch order."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: auto = cuda if available."""
-
 
 class ScoreConfig(_Section):
     """Scoring: which quantizers, on which device, with which batching."""
@@ -201,7 +196,6 @@ class ScoreConfig(_Section):
     trajectory: Literal["all", "final"] = "all"
     """Checkpoints scored on the validation set: all (r_Q needs the trajectory) or the final one only."""
 
-
 class AttackConfig(_Section):
     """Membership inference attacks run on every quantizer's final checkpoint."""
 
@@ -216,7 +210,6 @@ class AttackConfig(_Section):
     seed: int = 0
     """Seed of the bootstraps."""
 
-
 class ReportConfig(_Section):
     """Release checklist thresholds."""
 
@@ -228,7 +221,6 @@ class ReportConfig(_Section):
     """Criterion: relative increase of validation loss vs full precision must stay below this."""
     min_runs: int = Field(5, ge=1)
     """A criterion estimated from fewer fine-tuning runs than this is NOT MEASURED, never PASS."""
-
 
 class ClusterConfig(_Section):
     """Batch settings of `llmaudit submit`: where the shard jobs run and what each one asks for.
@@ -256,7 +248,6 @@ class ClusterConfig(_Section):
     """Extra sbatch options passed through unchanged, e.g. {account: my-project, qos: normal, constraint: a100}."""
     log_dir: Optional[str] = None
     """Where submitit writes job scripts, pickles and logs; default <output_dir>/jobs."""
-
 
 class ExperimentConfig(_Section):
     """A whole audit: model, data, runs, scoring, attacks and report."""
@@ -291,7 +282,6 @@ class ExperimentConfig(_Section):
         blob = json.dumps(self.identity(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-
 def _format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid recipe {source}:"]
     for err in exc.errors():
@@ -304,7 +294,6 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
             msg = f"{msg}"
         lines.append(f"  {key} = {value!r}: {msg}")
     return "\n".join(lines)
-
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
@@ -319,7 +308,6 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise RecipeError(f"override {text!r}: value is not valid YAML ({exc})") from exc
     return key.split("."), value
 
-
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     raw = json.loads(json.dumps(raw))  # deep copy of plain data
     for text in overrides:
@@ -332,7 +320,6 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = child
         node[path[-1]] = value
     return raw
-
 
 def resolve_recipe_path(recipe: str | Path | None) -> Path:
     """A path to a YAML file, or the name of a shipped recipe (`demo-cpu`, `qwen2.5-0.5b-smolinstruct`)."""
@@ -350,7 +337,6 @@ def resolve_recipe_path(recipe: str | Path | None) -> Path:
     available = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
     raise RecipeError(f"recipe {recipe!s} not found: pass a YAML file or one of the shipped recipes {available}.")
 
-
 def read_recipe_yaml(path: Path) -> dict[str, Any]:
     """The mapping in a recipe file (keys = config field names)."""
     try:
@@ -361,19 +347,16 @@ def read_recipe_yaml(path: Path) -> dict[str, Any]:
         raise RecipeError(f"recipe {path} must be a mapping of keys to values (sections: model, data, train, ...)")
     return raw
 
-
 def load_recipe(recipe: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     path = resolve_recipe_path(recipe)
     raw = apply_overrides(read_recipe_yaml(path), overrides or [])
     return config_from_dict(raw, source=str(path))
-
 
 def config_from_dict(raw: dict[str, Any], source: str = "(dict)") -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
         raise RecipeError(_format_validation_error(exc, source)) from None
-
 
 def dump_config(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

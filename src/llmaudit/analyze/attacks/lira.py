@@ -1,0 +1,150 @@
+"""LiRA (Carlini et al. 2022): Gaussian fits of a sample's scores under reference models, offline and online."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from scipy import stats
+
+STATISTICS = ("logit", "neg_loss")
+
+VARIANCES = ("per_sample", "global")
+
+class LiraWarning(UserWarning):
+    """Some samples could not be scored by LiRA (too few reference models): their score is NaN."""
+
+def confidence_logit(loss) -> np.ndarray:
+    """LiRA statistic logit(exp(-L)) = -L - log(1 - exp(-L)), computed stably; L is clipped at 1e-12."""
+    loss = np.maximum(np.asarray(loss, dtype=np.float64), 1e-12)
+    return -loss - np.log(-np.expm1(-loss))
+
+def lira_statistic(loss, statistic: str = "logit") -> np.ndarray:
+    """The per-(model, sample) statistic LiRA models as Gaussian: "logit" (default) or "neg_loss" (-L)."""
+    if statistic == "logit":
+        return confidence_logit(loss)
+    if statistic == "neg_loss":
+        return -np.asarray(loss, dtype=np.float64)
+    raise ValueError(f"statistic must be one of {STATISTICS}; got {statistic!r}.")
+
+def fpc(n_train: float, n_pool: float) -> float:
+    """Finite population correction 1 - n_train / n_pool for reference models trained on overlapping
+    subsets (without replacement) of a pool of n_pool samples, n_train samples each."""
+    if not 0 < n_train < n_pool:
+        raise ValueError(
+            f"the finite population correction needs 0 < n_train < n_pool; got n_train={n_train}, "
+            f"n_pool={n_pool} (with n_train == n_pool every model saw the whole pool and the spread of "
+            "out-scores is undefined)."
+        )
+    return 1.0 - n_train / n_pool
+
+def _check_lira(scores, keep, target) -> tuple[np.ndarray, np.ndarray, int]:
+    scores = np.asarray(scores, dtype=np.float64)
+    keep = np.asarray(keep).astype(bool)
+    if scores.ndim != 2 or scores.shape != keep.shape:
+        raise ValueError(f"scores and keep must both be [M models, N samples]; got {scores.shape} and {keep.shape}.")
+    target = int(target)
+    if not -scores.shape[0] <= target < scores.shape[0]:
+        raise IndexError(f"target {target} is not a model index (M = {scores.shape[0]}).")
+    return scores, keep, target % scores.shape[0]
+
+def _gaussian_fit(scores, mask, variance: str, fpc_value, min_refs: int):
+    """Mean and sd of scores[mask] per column; per-sample or pooled (global) variance; var / fpc."""
+    if variance not in VARIANCES:
+        raise ValueError(f"variance must be one of {VARIANCES}; got {variance!r}.")
+    n = mask.sum(0)
+    safe_n = np.maximum(n, 1)
+    mu = np.where(mask, scores, 0.0).sum(0) / safe_n
+    sq = np.where(mask, (scores - mu) ** 2, 0.0).sum(0)
+    if variance == "per_sample":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            var = np.where(n >= 2, sq / np.maximum(n - 1, 1), np.nan)
+    else:  # one variance for all samples: pooled within-sample deviations
+        dof = np.maximum(n - 1, 0)
+        var = np.full(n.shape, sq[n >= 2].sum() / dof.sum() if dof.sum() > 0 else np.nan)
+    if fpc_value is not None:
+        if not 0 < fpc_value <= 1:
+            raise ValueError(f"fpc must lie in (0, 1]; got {fpc_value}.")
+        var = var / fpc_value
+    sd = np.sqrt(var)
+    ok = (n >= min_refs) & np.isfinite(sd) & (sd > 0)
+    return np.where(ok, mu, np.nan), np.where(ok, sd, np.nan), n
+
+def out_reference_counts(keep) -> np.ndarray:
+    """[M, N]: for target m and sample j, the number of OTHER models where j was out."""
+    keep = np.asarray(keep).astype(bool)
+    return (~keep).sum(0)[None, :] - (~keep).astype(int)
+
+def lira_offline(
+    scores, keep, target, fpc=None, *, variance: str = "per_sample", min_out: int | None = None
+) -> np.ndarray:
+    """Offline LiRA: [N] target scores standardized by each sample's OUT distribution.
+
+    scores: [M, N] LiRA statistic (higher = member, e.g. `confidence_logit(loss)`); keep: [M, N] booleans,
+    True where model m trained on sample j; target: index of the attacked model. For each sample j,
+    mu_out and sigma_out come only from models i != target with keep[i, j] False; sigma^2 is divided by
+    `fpc` when given (finite population correction, `fpc(n_train, n_pool)`). variance="global" uses one
+    pooled within-sample variance for all samples (steadier with few references). Returns
+    (t_target - mu_out) / sigma_out: ~N(0, 1) for non-members, higher = member. Samples with fewer than
+    `min_out` out references (default 2 per-sample, 1 global) or a zero spread get NaN; a LiraWarning
+    reports how many."""
+    scores, keep, target = _check_lira(scores, keep, target)
+    refs = ~keep
+    refs[target] = False
+    refs &= np.isfinite(scores)
+    if min_out is None:
+        min_out = 2 if variance == "per_sample" else 1
+    mu, sd, _ = _gaussian_fit(scores, refs, variance, fpc, min_out)
+    z = (scores[target] - mu) / sd
+    n_nan = int(np.isnan(z).sum())
+    if n_nan:
+        warnings.warn(
+            f"offline LiRA: {n_nan} of {z.size} samples have fewer than {min_out} out-references (or zero "
+            "spread) and score NaN.", LiraWarning, stacklevel=2,
+        )
+    return z
+
+def lira_online(
+    scores, keep, target, fpc=None, *, variance: str = "per_sample", min_in: int = 2, min_out: int = 2
+) -> np.ndarray:
+    """Online LiRA: [N] log-likelihood ratio log N(t; mu_in, sd_in) - log N(t; mu_out, sd_out).
+
+    Same inputs as `lira_offline`; the IN Gaussian comes from the other models that trained on the
+    sample. Samples with fewer than min_in in- or min_out out-references score NaN (LiraWarning)."""
+    scores, keep, target = _check_lira(scores, keep, target)
+    others = np.ones(scores.shape, bool)
+    others[target] = False
+    others &= np.isfinite(scores)
+    mu_in, sd_in, _ = _gaussian_fit(scores, keep & others, variance, fpc, min_in)
+    mu_out, sd_out, _ = _gaussian_fit(scores, ~keep & others, variance, fpc, min_out)
+    t = scores[target]
+    llr = stats.norm.logpdf(t, mu_in, sd_in) - stats.norm.logpdf(t, mu_out, sd_out)
+    n_nan = int(np.isnan(llr).sum())
+    if n_nan:
+        warnings.warn(
+            f"online LiRA: {n_nan} of {llr.size} samples lack {min_in} in- or {min_out} out-references "
+            "and score NaN.", LiraWarning, stacklevel=2,
+        )
+    return llr
+
+def normality_check(out_scores, keep=None, *, level: float = 0.05, min_n: int = 5) -> dict:
+    """Shapiro-Wilk per sample on its out-scores: the share of samples rejected at `level`.
+
+    out_scores: [M, N]; keep: optional [M, N], then only entries with keep False are tested. Samples with
+    fewer than min_n finite entries are skipped. Under exact normality the share is about `level`; a
+    much larger share means the Gaussian calibration of LiRA is off for this statistic."""
+    scores = np.asarray(out_scores, dtype=np.float64)
+    mask = np.isfinite(scores) if keep is None else (~np.asarray(keep, bool) & np.isfinite(scores))
+    p_values = []
+    for j in range(scores.shape[1]):
+        col = scores[mask[:, j], j]
+        if col.size >= max(min_n, 3) and np.ptp(col) > 0:
+            p_values.append(stats.shapiro(col).pvalue)
+    p_values = np.asarray(p_values)
+    return {
+        "test": "shapiro-wilk",
+        "level": float(level),
+        "n_samples_tested": int(p_values.size),
+        "share_rejected": float((p_values < level).mean()) if p_values.size else float("nan"),
+        "expected_share_if_gaussian": float(level),
+    }

@@ -1,0 +1,99 @@
+"""Text attacks: one membership score per sample from its token losses (higher = more likely a member)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+TEXT_ATTACKS = ("loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref", "loss+zlib+ref")
+
+def _token_arrays(token_losses) -> list[np.ndarray]:
+    arrays = [np.asarray(t, dtype=np.float64).ravel() for t in token_losses]
+    if any(a.size == 0 for a in arrays):
+        raise ValueError("every sample needs at least one token loss.")
+    return arrays
+
+def min_k_count(n_tokens: int, k: float) -> int:
+    """Number of tokens min-k% averages over: ceil(k * T) (k * T rounded to 9 decimals first), at least 1."""
+    if not 0 < k <= 1:
+        raise ValueError(f"k is a fraction in (0, 1]; got {k}.")
+    return max(1, math.ceil(round(k * n_tokens, 9)))
+
+def loss_score(token_losses) -> np.ndarray:
+    """LOSS attack: -L(x) = -mean_t l_t. token_losses: n sequences of per-token NLLs -> [n]."""
+    return np.array([-a.mean() for a in _token_arrays(token_losses)])
+
+def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
+    """min-k%: mean log p (= -l_t) over the ceil(k * T) lowest-probability tokens. -> [n]."""
+    out = []
+    for a in _token_arrays(token_losses):
+        m = min_k_count(a.size, k)
+        out.append(-np.sort(a)[-m:].mean())  # largest losses = lowest probabilities
+    return np.array(out)
+
+def min_k_plus_plus_score(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
+    """Min-K%++: per token (log p_t - mu_t) / sigma_t, then the mean of the lowest ceil(k * T). -> [n].
+
+    token_vocab_mean / token_vocab_std: per sample, per position, E[log p] and sd of log p under the
+    model's next-token distribution (loss-table columns of the same names)."""
+    if token_vocab_mean is None or token_vocab_std is None:
+        raise ValueError(
+            "Min-K%++ needs the per-position mean and std of log p over the vocabulary (loss-table columns "
+            "'token_vocab_mean' and 'token_vocab_std'); this table has none. Rescore with vocabulary "
+            "statistics or leave 'min_k_plus_plus' out of the attacks."
+        )
+    losses = _token_arrays(token_losses)
+    means = [np.asarray(m, dtype=np.float64).ravel() for m in token_vocab_mean]
+    stds = [np.asarray(s, dtype=np.float64).ravel() for s in token_vocab_std]
+    if not len(losses) == len(means) == len(stds):
+        raise ValueError("token_losses, token_vocab_mean and token_vocab_std hold different numbers of samples.")
+    out = []
+    for i, (a, mu, sd) in enumerate(zip(losses, means, stds)):
+        if not a.size == mu.size == sd.size:
+            raise ValueError(f"sample {i}: {a.size} token losses but {mu.size} vocab means and {sd.size} stds.")
+        if (sd < 0).any():
+            raise ValueError(f"sample {i}: negative vocabulary standard deviation.")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = np.where(sd > 0, (-a - mu) / np.where(sd > 0, sd, 1.0), 0.0)
+        out.append(np.sort(z)[: min_k_count(a.size, k)].mean())
+    return np.array(out)
+
+def zlib_score(token_losses, zlib_bytes) -> np.ndarray:
+    """zlib: -L(x) / zlib_bytes(x) (mean NLL in nats per token over the compressed length in bytes). -> [n]."""
+    zlib_bytes = np.asarray(zlib_bytes, dtype=np.float64).ravel()
+    if (zlib_bytes <= 0).any() or not np.isfinite(zlib_bytes).all():
+        raise ValueError("zlib_bytes must be positive byte counts.")
+    loss = -loss_score(token_losses)
+    if loss.size != zlib_bytes.size:
+        raise ValueError(f"{loss.size} samples but {zlib_bytes.size} zlib lengths.")
+    return -loss / zlib_bytes
+
+def ref_score(target_loss, reference_losses, reference_mask=None) -> np.ndarray:
+    """ref: -(L_target - mean_i L_ref_i). target_loss: [n]; reference_losses: [R, n] (or [n] for one
+    reference); reference_mask: optional [R, n] booleans, True where reference i may be used for sample j.
+    NaN where a sample has no usable reference."""
+    target = np.asarray(target_loss, dtype=np.float64)
+    refs = np.atleast_2d(np.asarray(reference_losses, dtype=np.float64))
+    if refs.shape[1:] != target.shape:
+        raise ValueError(f"reference_losses {refs.shape} do not match target_loss {target.shape}.")
+    mask = np.ones(refs.shape, bool) if reference_mask is None else np.atleast_2d(np.asarray(reference_mask, bool))
+    n = mask.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_ref = np.where(n > 0, np.where(mask, refs, 0.0).sum(0) / n, np.nan)
+    return -(target - mean_ref)
+
+def combine_scores(*components, axis: int = -1) -> np.ndarray:
+    """Equal-weight combination: z-score each component along `axis` (the samples), then sum.
+
+    components: arrays of the same shape, e.g. [M, N] with axis=-1 (z-scored per target model over its
+    samples). NaN entries are ignored in the mean and sd and stay NaN in the sum."""
+    if not components:
+        raise ValueError("combine_scores needs at least one component.")
+    total = 0.0
+    for comp in components:
+        comp = np.asarray(comp, dtype=np.float64)
+        mu = np.nanmean(comp, axis=axis, keepdims=True)
+        sd = np.nanstd(comp, axis=axis, keepdims=True)
+        total = total + (comp - mu) / np.where(sd > 0, sd, 1.0)
+    return total

@@ -1,0 +1,51 @@
+"""Utility of each quantizer: validation loss of the final checkpoints, and the loss along training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from llmaudit.analyze.indicator import aggregate_r_q
+from llmaudit.store.losstable import REFERENCE_RUN
+
+
+def utility_from_table(df: pd.DataFrame, quantizers: list[str], reference: str, *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Validation loss of each quantizer's final checkpoint: mean over runs with a bootstrap interval
+    over runs, and the change relative to the full-precision reference."""
+
+    val = df[(df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
+    out: dict[str, Any] = {}
+    per_run: dict[str, np.ndarray] = {}
+    for q in quantizers:
+        sub = val[val["quantizer"] == q]
+        if sub.empty:
+            continue
+        final = sub[sub["checkpoint"] == sub.groupby("run")["checkpoint"].transform("max")]
+        per_run[q] = final.groupby("run")["loss"].mean().sort_index().to_numpy()
+    ref = per_run.get(reference)
+    for q, losses in per_run.items():
+        agg = aggregate_r_q(losses, n_boot=n_boot, seed=seed)
+        entry = {
+            "val_loss": agg["mean"],
+            "val_loss_ci": [agg["ci_low"], agg["ci_high"]],
+            "val_loss_per_run": losses.tolist(),
+            "n_runs": int(len(losses)),
+        }
+        if ref is not None and len(ref) == len(losses):
+            rel = losses / ref - 1.0
+            entry["relative_change"] = float(rel.mean())
+            rel_agg = aggregate_r_q(rel, n_boot=n_boot, seed=seed)
+            entry["relative_change_ci"] = [rel_agg["ci_low"], rel_agg["ci_high"]]
+        out[q] = entry
+    base = df[(df["run"] == REFERENCE_RUN) & (df["split"] == "val")]
+    if not base.empty:
+        out["_base_model"] = {"val_loss": float(base["loss"].mean())}
+    return out
+
+def trajectory_from_table(df: pd.DataFrame) -> dict[str, Any]:
+    """Mean validation loss per (quantizer, checkpoint), averaged over runs: the loss along training."""
+    val = df[(df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
+    curve = val.groupby(["quantizer", "checkpoint"])["loss"].mean().reset_index()
+    return {q: {"checkpoint": g["checkpoint"].tolist(), "val_loss": g["loss"].tolist()} for q, g in curve.groupby("quantizer")}

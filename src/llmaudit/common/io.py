@@ -1,0 +1,85 @@
+"""Atomic writes. Every file llmaudit produces goes through here, so an interrupted job never leaves a
+half-written file that looks complete: content is written to a temporary sibling, flushed, then renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars and arrays, paths, sets: everything a result object may hold.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, (Path, os.PathLike)):
+        return str(obj)
+    if isinstance(obj, set):
+        return sorted(obj)
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=_json_default, allow_nan=True) + "\n"
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, to_json(obj))
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory that replaces `path` only if the block finishes without error.
+
+    Used for checkpoints: a directory either holds a complete checkpoint or does not exist."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def to_strict_json(obj: Any) -> Any:
+    """A copy of `obj` that strict JSON parsers read: non-finite floats become None, numpy scalars and
+    arrays become Python numbers and lists, tuples become lists."""
+    if isinstance(obj, dict):
+        return {str(k): to_strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_strict_json(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return to_strict_json(obj.tolist())
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    return obj

@@ -1,0 +1,2 @@
+"""`llmaudit finetune`: LoRA runs on random subsets of a pool, with checkpoints along each trajectory."""
+

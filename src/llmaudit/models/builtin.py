@@ -1,0 +1,134 @@
+"""Base model and tokenizer: hub ids and local paths through `from_pretrained`, or the built-in tiny Qwen2.
+
+The built-in model is what the CPU demo and the tests use: a byte-level BPE tokenizer trained in code on
+the offline SMolInstruct stand-in, with a ChatML chat template like Qwen2.5-Instruct's, and a 2-layer
+Qwen2 model pre-trained on records disjoint from every audited sample, so that fine-tuning starts from a
+base that knows the format (as a real instruct model does). It is built once and cached under
+$LLMAUDIT_CACHE (default ~/.cache/llmaudit), a reusable built asset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmaudit.common.io import atomic_dir, atomic_write_text
+from llmaudit.common.runtime import cache_dir
+from llmaudit.config import BuiltinModelConfig, ModelConfig
+from llmaudit.data.chem import GENERATOR_VERSION, SUPPORTED_TASKS, generate_records
+from llmaudit.data.tokenize import format_record
+from llmaudit.models.training import train_epochs
+
+BUILTIN_PREFIX = "builtin:"
+
+BUILTIN_NAMES = ("tiny-qwen2", "tiny-llama")
+
+BUILTIN_VERSION = "1"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+def builtin_key(cfg: ModelConfig) -> str:
+
+    blob = json.dumps([BUILTIN_VERSION, GENERATOR_VERSION, cfg.name, cfg.builtin.model_dump()], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+def builtin_dir(cfg: ModelConfig, *, pretrain: bool) -> tuple[Path, Any]:
+    """Directory of the cached built-in model (building it if needed) and its tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
+    root = cache_dir() / "builtin" / f"{cfg.name[len(BUILTIN_PREFIX):]}-{builtin_key(cfg)}"
+    done = root / "DONE"
+    if not done.exists():
+        build_builtin_model(cfg, root)
+    tok = PreTrainedTokenizerFast.from_pretrained(str(root))
+    return root, tok
+
+def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+def build_tiny_model(name: str, b: BuiltinModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> Any:
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=b.hidden_size,
+        intermediate_size=b.intermediate_size,
+        num_hidden_layers=b.num_hidden_layers,
+        num_attention_heads=b.num_attention_heads,
+        num_key_value_heads=b.num_key_value_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+    )
+    config = Qwen2Config(**common) if name == "tiny-qwen2" else LlamaConfig(**common)
+    torch.manual_seed(b.seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+def build_builtin_model(cfg: ModelConfig, root: Path) -> Path:
+    """Train the tokenizer, then pre-train the tiny model on records disjoint from every audited sample."""
+
+    b = cfg.builtin
+    short = cfg.name[len(BUILTIN_PREFIX):]
+    records = generate_records(SUPPORTED_TASKS, b.pretrain_samples, seed=b.seed, stream="pretrain")
+    corpus = [r["input"] + "\n" + r["output"] for r in records]
+    import sys
+    import time
+
+    t0 = time.time()
+    print(f"[model] building the built-in base model {cfg.name} once (tokenizer + pre-training); cached in {root}", file=sys.stderr, flush=True)
+    with atomic_dir(root) as tmp:
+        tok = build_tokenizer(corpus, b.vocab_size)
+        model = build_tiny_model(short, b, len(tok), tok.pad_token_id, tok.eos_token_id)
+        if b.pretrain_epochs:
+            # Full sequence loss: the base learns both the instructions and the answers' format.
+            examples = [format_record(tok, r, include_prompt=True)[:2] for r in records]
+            train_epochs(
+                model,
+                examples,
+                epochs=b.pretrain_epochs,
+                batch_size=32,
+                lr=b.pretrain_lr,
+                seed=b.seed,
+                pad_id=tok.pad_token_id,
+                desc=f"pre-training {cfg.name}",
+                schedule="cosine",
+                progress=sys.stderr.isatty(),
+            )
+        model.eval()
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        atomic_write_text(tmp / "DONE", json.dumps({"config": cfg.model_dump(), "version": BUILTIN_VERSION}))
+    print(f"[model] built in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    return root

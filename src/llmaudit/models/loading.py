@@ -1,0 +1,96 @@
+"""Base model and tokenizer: hub ids and local paths through `from_pretrained`, or the built-in tiny model."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from llmaudit.common.errors import UserError
+from llmaudit.common.runtime import resolve_dtype
+from llmaudit.config import ModelConfig
+from llmaudit.models.builtin import BUILTIN_NAMES, BUILTIN_PREFIX, builtin_dir
+
+log = logging.getLogger(__name__)
+
+
+
+ModelRoute = Literal["builtin", "local", "hub"]
+
+class ModelError(UserError):
+    """The model cannot be loaded; the message names the fix."""
+
+def resolve_model_route(name: str) -> ModelRoute:
+    """builtin:NAME, an existing local directory, or a hub id (`org/name`)."""
+    if name.startswith(BUILTIN_PREFIX):
+        short = name[len(BUILTIN_PREFIX):]
+        if short not in BUILTIN_NAMES:
+            raise ModelError(f"unknown built-in model {name!r}; available: {[BUILTIN_PREFIX + n for n in BUILTIN_NAMES]}")
+        return "builtin"
+    if Path(name).expanduser().is_dir():
+        return "local"
+    if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
+        raise ModelError(f"model path {name!r} does not exist (a local model is a directory with config.json).")
+    return "hub"
+
+def import_gptqmodel_quietly() -> None:
+    """Import gptqmodel (when installed) with its start-up banner, environment notices and ASCII art
+    captured instead of printed. peft imports it whenever it wraps a model in LoRA layers, so without this
+    every fine-tuning and scoring job opens with a screen of text about GPU kernels. LLMAUDIT_LOG set: the
+    banner is shown. An import that fails still raises, with its output attached."""
+    import contextlib
+    import importlib.util
+    import io
+    import sys
+
+    if "gptqmodel" in sys.modules or os.environ.get("LLMAUDIT_LOG") or importlib.util.find_spec("gptqmodel") is None:
+        return
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            import gptqmodel  # noqa: F401
+    except Exception as exc:
+        raise ImportError(f"importing gptqmodel failed ({exc}); its output:\n{captured.getvalue()[-2000:]}") from exc
+    log.debug("gptqmodel import output:\n%s", captured.getvalue())
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    route = resolve_model_route(cfg.name)
+    if route == "builtin":
+        return builtin_dir(cfg, pretrain=False)[1]
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(cfg.name, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    except OSError as exc:
+        raise _hub_error(cfg.name, exc) from exc
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype | None = None) -> Any:
+    """The base model before fine-tuning, in eval mode on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or resolve_dtype(cfg.dtype, device)
+    route = resolve_model_route(cfg.name)
+    source = str(builtin_dir(cfg, pretrain=True)[0]) if route == "builtin" else cfg.name
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source,
+            revision=None if route == "builtin" else cfg.revision,
+            trust_remote_code=cfg.trust_remote_code,
+            dtype=dtype,
+        )
+    except OSError as exc:
+        raise _hub_error(cfg.name, exc) from exc
+    return model.to(device).eval()
+
+def _hub_error(name: str, exc: Exception) -> ModelError:
+    return ModelError(
+        f"could not load {name!r} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
+        "If the machine is offline, download the model once elsewhere and set model.name to its local "
+        "directory; or use model.name=builtin:tiny-qwen2 for the CPU demo."
+    )

@@ -1,0 +1,209 @@
+"""The optimisation loop shared by the built-in model's pre-training and LoRA fine-tuning.
+
+Deterministic and resumable: the batch order of epoch e is a permutation seeded by (seed, e), so a run
+resumed from a checkpoint at step s continues exactly as the uninterrupted run would.
+
+Data parallel (accelerate/DDP, several processes): every process walks the same global batches; process k
+of P computes the summed NLL of its contiguous slice of rows, scaled by P / (scored tokens of the global
+batch), so DDP's gradient average equals the single-process gradient of the global-batch mean NLL.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from llmaudit.data.tokenize import TrainExample, collate
+from llmaudit.models.layers import decoder_and_head
+
+
+def scored_hidden(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hidden states that predict the scored tokens: (h [P, H], targets [P], row index [P])."""
+    decoder, _ = decoder_and_head(model)
+    hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state  # [B, T, H]
+    pred = mask[:, 1:]  # position t-1 predicts token t
+    rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(pred)[pred]
+    return hidden[:, :-1][pred], ids[:, 1:][pred], rows
+
+def batch_mean_nll(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood over all scored tokens of the batch (the training objective)."""
+    h, targets, _ = scored_hidden(model, ids, attn, mask)
+    _, head = decoder_and_head(model)
+    logits = head(h).float()
+    return torch.nn.functional.cross_entropy(logits, targets)
+
+class _SliceNLL(torch.nn.Module):
+    """What a data-parallel process differentiates: its rows' summed NLL scaled so that the mean over the
+    P processes (DDP's gradient average) is the mean NLL of the global batch. Going through this module's
+    forward is what lets DDP see the backward pass (the loss itself calls the decoder body and the head
+    directly, which DDP would not notice)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        h, targets, _ = scored_hidden(self.model, ids, attn, mask)
+        _, head = decoder_and_head(self.model)
+        nll = torch.nn.functional.cross_entropy(head(h).float(), targets, reduction="sum")
+        return nll * scale, nll.detach()
+
+def local_rows(batch_rows: int, rank: int, world: int) -> tuple[int, int]:
+    """Contiguous, disjoint slice [lo, hi) of a global batch of `batch_rows` rows for process `rank` of `world`."""
+    lo = (batch_rows * rank) // world
+    hi = (batch_rows * (rank + 1)) // world
+    return lo, hi
+
+@dataclass
+class TrainState:
+    step: int
+    epoch: int
+    last_loss: float
+
+def _after_step(state: TrainState, bar: Any, model: Any, optimizer: Any, save_at: set[int] | None, on_save: Callable | None) -> None:
+    """Progress, and a checkpoint when this step is one of save_at (in eval mode, then back to train)."""
+    bar.update(1)
+    bar.set_postfix(loss=f"{state.last_loss:.3f}", refresh=False)
+    if save_at and state.step in save_at and on_save is not None:
+        model.eval()
+        on_save(state, optimizer)
+        model.train()
+
+def steps_per_epoch(n_examples: int, batch_size: int) -> int:
+    return math.ceil(n_examples / batch_size)
+
+def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    order = np.random.default_rng([seed, epoch, 3]).permutation(n_examples)
+    return [order[i : i + batch_size] for i in range(0, n_examples, batch_size)]
+
+def train_epochs(
+    model: Any,
+    examples: Sequence[TrainExample],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    pad_id: int,
+    weight_decay: float = 0.0,
+    desc: str = "training",
+    schedule: str = "constant",
+    device: torch.device | str = "cpu",
+    save_at: set[int] | None = None,
+    on_save: Callable[[TrainState, Any], None] | None = None,
+    resume: dict | None = None,
+    progress: bool = True,
+    accelerator: Any | None = None,
+) -> TrainState:
+    """AdamW over `examples` for `epochs`; calls on_save(state, optimizer) after each step in save_at.
+
+    resume: {"step": s, "optimizer": state_dict} restores the optimizer and continues at step s.
+    accelerator: an `accelerate.Accelerator` of a multi-process launch: data-parallel (DDP) training of this
+    one model, each process taking a disjoint slice of every global batch; on_save is called on every
+    process (it decides who writes) with the bare `model`. None (the default): the plain one-process loop."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    spe = steps_per_epoch(len(examples), batch_size)
+    total = spe * epochs
+    if schedule == "cosine":
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    else:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    start = 0
+    if resume:
+        optimizer.load_state_dict(resume["optimizer"])
+        start = int(resume["step"])
+        with warnings.catch_warnings():
+            # Fast-forwarding the schedule to the resumed step: no optimizer step is missing, so torch's
+            # "scheduler.step() before optimizer.step()" warning does not apply.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            for _ in range(start):
+                scheduler.step()
+    if accelerator is not None and accelerator.num_processes > 1:
+        try:
+            return _train_epochs_ddp(
+                model, examples, accelerator, optimizer, scheduler, start=start, epochs=epochs, batch_size=batch_size,
+                seed=seed, pad_id=pad_id, desc=desc, save_at=save_at, on_save=on_save, progress=progress,
+            )
+        finally:
+            accelerator.free_memory()  # drop accelerate's references to this run's model and optimizer
+    model.train()
+    state = TrainState(step=start, epoch=start // spe, last_loss=float("nan"))
+    bar = tqdm(total=total, initial=start, desc=desc, disable=not progress, leave=False, mininterval=1.0)
+    for epoch in range(start // spe, epochs):
+        batches = epoch_batches(len(examples), batch_size, seed, epoch)
+        for b_idx, batch in enumerate(batches):
+            if epoch * spe + b_idx < start:
+                continue
+            ids, attn, mask = collate([examples[i] for i in batch], pad_id, device)
+            loss = batch_mean_nll(model, ids, attn, mask)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            state = TrainState(step=epoch * spe + b_idx + 1, epoch=epoch, last_loss=float(loss.detach()))
+            _after_step(state, bar, model, optimizer, save_at, on_save)
+    bar.close()
+    model.eval()
+    return state
+
+def _train_epochs_ddp(
+    model: Any,
+    examples: Sequence[TrainExample],
+    accelerator: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    *,
+    start: int,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    pad_id: int,
+    desc: str,
+    save_at: set[int] | None,
+    on_save: Callable[[TrainState, Any], None] | None,
+    progress: bool,
+) -> TrainState:
+    """The loop of train_epochs, data parallel: same global batches, same steps, same checkpoints.
+
+    The scheduler stays on the bare optimizer (accelerate's scheduler wrapper would step it once per process)."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    device = accelerator.device
+    spe = steps_per_epoch(len(examples), batch_size)
+    total = spe * epochs
+    ddp, optimizer = accelerator.prepare(_SliceNLL(model), optimizer)
+    model.train()
+    state = TrainState(step=start, epoch=start // spe, last_loss=float("nan"))
+    bar = tqdm(total=total, initial=start, desc=desc, disable=not (progress and accelerator.is_main_process), leave=False, mininterval=1.0)
+    for epoch in range(start // spe, epochs):
+        batches = epoch_batches(len(examples), batch_size, seed, epoch)
+        for b_idx, batch in enumerate(batches):
+            if epoch * spe + b_idx < start:
+                continue
+            # Collate the whole global batch (same padding width as one process), then keep this process's rows.
+            ids, attn, mask = collate([examples[i] for i in batch], pad_id, "cpu")
+            n_global = int(mask[:, 1:].sum())
+            lo, hi = local_rows(len(batch), rank, world)
+            scale = world / n_global
+            if hi == lo:  # fewer rows than processes: run one row with weight 0 so DDP's all-reduce still happens
+                lo, hi, scale = 0, 1, 0.0
+            ids, attn, mask = (t[lo:hi].to(device) for t in (ids, attn, mask))
+            loss, nll_sum = ddp(ids, attn, mask, scale)
+            optimizer.zero_grad(set_to_none=True)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            if scale == 0.0:
+                nll_sum = torch.zeros_like(nll_sum)
+            global_nll = accelerator.reduce(nll_sum, reduction="sum")
+            state = TrainState(step=epoch * spe + b_idx + 1, epoch=epoch, last_loss=float(global_nll) / n_global)
+            _after_step(state, bar, model, optimizer, save_at, on_save)
+    bar.close()
+    model.eval()
+    return state

@@ -1,0 +1,139 @@
+"""The report object: everything every rendering shows, built once from the result object."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from typing import Any, Optional
+
+from llmaudit.common.formatting import finite_or_none, interval_or_none
+from llmaudit.common.io import to_strict_json
+from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
+from llmaudit.report.policy import checklist_tpr, recommend, release_checklist, thresholds_of
+
+REPORT_SCHEMA_VERSION = 2
+
+VULNERABLE_TOP_K = 20
+
+def vulnerable_samples_summary(result: dict[str, Any], grid: list[dict[str, Any]], *, include_samples: bool = False,
+                       records: Optional[list[dict]] = None, top_k: int = VULNERABLE_TOP_K) -> dict[str, Any]:
+    """The most vulnerable samples of the reference quantizer, by id and score.
+
+    Read from the result object (analysis must record them): per attack,
+    result["attacks"]["quantizers"][Q]["attacks"][ATTACK]["vulnerable_samples"] = [{"sample_id", "score"}, ...]
+    (highest score first), or per quantizer result["attacks"]["quantizers"][Q]["vulnerable_samples"] as such
+    a list or as {"attack", "score_definition", "samples": [...]}. The attack used is the reference's best
+    attack (highest calibrated TPR at 1% FPR) among those that recorded samples. Text is added only when
+    include_samples is True, from `records` (data/pool.jsonl) matched by sample_id."""
+    ref = result.get("reference_quantizer")
+    block = ((result.get("attacks") or {}).get("quantizers") or {}).get(ref) or {}
+    row = next((r for r in grid if r["quantizer"] == ref), None)
+    order = sorted((row or {}).get("attacks", {}), key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0)) if row else []
+    attack, samples, definition = None, None, None
+    for name in order:
+        vs = ((block.get("attacks") or {}).get(name) or {}).get("vulnerable_samples")
+        if vs:
+            attack, samples = name, vs
+            break
+    if samples is None and block.get("vulnerable_samples"):
+        vs = block["vulnerable_samples"]
+        if isinstance(vs, dict):
+            attack, samples, definition = vs.get("attack"), vs.get("samples") or [], vs.get("score_definition")
+        else:
+            samples = vs
+    out: dict[str, Any] = {"quantizer": ref, "attack": attack, "score_definition": definition,
+                           "include_samples": include_samples, "available": bool(samples), "samples": []}
+    if not samples:
+        out["note"] = ("not recorded: the result object holds no per-sample attack scores "
+                       "(result['attacks']['quantizers'][Q]['attacks'][ATTACK]['vulnerable_samples'])")
+        return out
+    by_id = {str(r.get("sample_id")): r for r in (records or [])} if include_samples else {}
+    ranked = sorted(samples, key=lambda s: -(finite_or_none(s.get("score")) if finite_or_none(s.get("score")) is not None else -math.inf))
+    for rank, s in enumerate(ranked[:top_k], start=1):
+        item = {"rank": rank, "sample_id": str(s["sample_id"]), "score": finite_or_none(s.get("score"))}
+        if include_samples:
+            rec = by_id.get(item["sample_id"])
+            item["text"] = None if rec is None else "\n".join(str(rec.get(k, "")) for k in ("input", "output"))
+        out["samples"].append(item)
+    out["note"] = ("sample text included (--include-samples)" if include_samples
+                   else "ids and scores only; the text is included only with --include-samples")
+    return out
+
+def _provenance(result: dict[str, Any]) -> dict[str, Any]:
+    exp = result["experiment"]
+    attacks = result.get("attacks") or {}
+    indicator = result.get("indicator") or {}
+    return {
+        "experiment_name": exp.get("name"),
+        "run_dir": exp.get("run_dir"),
+        "identity_hash": exp.get("identity_hash"),
+        "model": exp.get("model"),
+        "adapter": exp.get("lora"),
+        "parameters": exp.get("parameters"),
+        "train": exp.get("train"),
+        "data": exp.get("data"),
+        "membership": exp.get("membership"),
+        "seeds": exp.get("seeds"),
+        "library_versions": exp.get("versions"),
+        "llmaudit_version": result.get("llmaudit_version"),
+        "result_schema_version": result.get("schema_version"),
+        "attack_definitions": attacks.get("attack_definitions"),
+        "attack_settings": attacks.get("settings"),
+        "indicator_protocol": indicator.get("protocol"),
+    }
+
+def _memorization_summary(mem: Optional[dict[str, Any]], order: list[str]) -> Optional[dict[str, Any]]:
+    if not mem:
+        return None
+    keys = ("member_mean_bits", "nonmember_mean_bits", "mean_difference_bits", "excess_member_bits",
+            "member_bits_per_adapter_param", "member_bits_per_model_param")
+    per_q = {}
+    for q in order:
+        entry = (mem.get("per_quantizer") or {}).get(q)
+        if entry:
+            per_q[q] = {"n_runs": len(entry.get("runs") or [])} | {
+                k: {"mean": finite_or_none((entry.get(k) or {}).get("mean")),
+                    "ci": interval_or_none((entry.get(k) or {}).get("low"), (entry.get(k) or {}).get("high"))} for k in keys}
+    cap = mem.get("capacity") or {}
+    ratios = [finite_or_none(r.get("adapter_capacity_over_information")) for r in cap.get("per_run") or []]
+    ratios = sorted(r for r in ratios if r is not None)
+    return {
+        "definition": mem.get("definition"),
+        "reference": mem.get("reference"),
+        "interval": mem.get("interval"),
+        "per_quantizer": per_q,
+        "adapter_capacity_bits": finite_or_none(cap.get("adapter_capacity_bits")),
+        "model_capacity_bits": finite_or_none(cap.get("model_capacity_bits")),
+        "median_adapter_capacity_over_information": ratios[len(ratios) // 2] if ratios else None,
+        "capacity_note": cap.get("note"),
+        "notes": list(mem.get("notes") or []),
+        "per_run_detail": "result.memorization.per_run (report.json only)",
+    }
+
+def build_report(result: dict[str, Any], *, include_samples: bool = False, sample_records: Optional[list[dict]] = None) -> dict[str, Any]:
+    """The report object every rendering is made from. Strict JSON (non-finite numbers as null)."""
+    grid = grid_rows(result)
+    thresholds = thresholds_of(result)
+    checklist = release_checklist(grid, thresholds)
+    attacks = result.get("attacks") or {}
+    report = {
+        "report_schema_version": REPORT_SCHEMA_VERSION,
+        "llmaudit_version": result.get("llmaudit_version"),
+        "generated_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "include_samples": bool(include_samples),
+        "non_finite_policy": "NaN and +-inf are written as null (strict JSON); counts and reasons beside them say why",
+        "provenance": _provenance(result),
+        "reference_quantizer": result.get("reference_quantizer"),
+        "quantizers": [r["quantizer"] for r in grid],
+        "grid": grid,
+        "checklist": checklist,
+        "recommendation": recommend(grid, checklist),
+        "r_q_vs_best_attack": r_q_vs_best_attack(grid),
+        "spearman_r_q_vs_attacks": attacks.get("spearman_vs_r_q"),
+        "indicator_stability": (result.get("indicator") or {}).get("stability"),
+        "memorization": _memorization_summary(result.get("memorization"), [r["quantizer"] for r in grid]),
+        "vulnerable_samples": vulnerable_samples_summary(result, grid, include_samples=include_samples, records=sample_records),
+        "plots": {},
+        "result": result,
+    }
+    return to_strict_json(report)

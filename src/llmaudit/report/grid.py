@@ -1,0 +1,138 @@
+"""The grid rows of a report: one per quantizer, full precision first, every number with its interval."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from llmaudit.analyze.metrics import fpr_key
+from llmaudit.common.formatting import finite_or_none, interval_or_none
+from llmaudit.report.policy import checklist_tpr
+
+LOW_FPRS = (0.05, 0.01, 0.001)
+
+EVALUATIONS = ("pooled_naive", "pooled_calibrated", "per_sample")
+
+def _tpr_ci(block: dict, key: str) -> Optional[list]:
+    # pooled_naive stores ci.tpr_at_fpr[key] = {low, high}; the other evaluations {tpr: {low, high}, ...}
+    c = ((block.get("ci") or {}).get("tpr_at_fpr") or {}).get(key) or {}
+    c = c.get("tpr", c)
+    return interval_or_none(c.get("low"), c.get("high"))
+
+def attack_summary(entry: dict[str, Any], n_models: Optional[int]) -> dict[str, Any]:
+    """One attack on one quantizer: AUROC and TPR at low FPR, each with its 95% interval and reliability."""
+    naive = entry.get("pooled_naive") or {}
+    calib = entry.get("pooled_calibrated") or {}
+    roc_ci = (naive.get("ci") or {}).get("auroc") or {}
+    low_fpr: dict[str, dict[str, Any]] = {}
+    for evaluation in EVALUATIONS:
+        block = entry.get(evaluation) or {}
+        low_fpr[evaluation] = {}
+        for alpha in LOW_FPRS:
+            key = fpr_key(alpha)
+            t = (block.get("tpr_at_fpr") or {}).get(key)
+            if t is None:
+                continue
+            low_fpr[evaluation][key] = {
+                "tpr": finite_or_none(t.get("tpr")),
+                "ci": _tpr_ci(block, key),
+                "reliable": bool(t.get("reliable", False)),
+                "min_negatives": t.get("min_negatives"),
+            }
+    return {
+        "definition": entry.get("definition"),
+        "auroc": finite_or_none(naive.get("auroc")),
+        "auroc_ci": interval_or_none(roc_ci.get("low"), roc_ci.get("high")),
+        "auroc_calibrated": finite_or_none((calib.get("roc") or {}).get("auroc")),
+        "average_precision": finite_or_none(naive.get("average_precision")),
+        "n_positives": naive.get("n_positives"),
+        "n_negatives": naive.get("n_negatives"),
+        "n_models": n_models,
+        "n_nan_scores": entry.get("n_nan_scores"),
+        "low_fpr": low_fpr,
+    }
+
+
+def _ordered_quantizers(result: dict[str, Any]) -> list[str]:
+    ref = result.get("reference_quantizer")
+    qs = list(result["quantizers"])
+    return ([ref] if ref in qs else []) + [q for q in qs if q != ref]
+
+def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
+    rq = (result.get("indicator") or {}).get("per_quantizer") or {}
+    per_q_attacks = (result.get("attacks") or {}).get("quantizers") or {}
+    ref = result.get("reference_quantizer")
+    ref_size = finite_or_none((result["quantizer_info"].get(ref) or {}).get("model_size_bytes"))
+    rows = []
+    for q in _ordered_quantizers(result):
+        info = result["quantizer_info"].get(q, {})
+        util = result["utility"].get(q, {})
+        agg = (rq.get(q) or {}).get("r_q") or {}
+        att_block = per_q_attacks.get(q) or {}
+        n_models = att_block.get("n_models")
+        size = finite_or_none(info.get("model_size_bytes"))
+        attacks = {name: attack_summary(a, n_models) for name, a in (att_block.get("attacks") or {}).items()}
+        row = {
+            "quantizer": q,
+            "is_reference": q == ref,
+            "family": info.get("family"),
+            "bits": finite_or_none(info.get("bits")),
+            "effective_bits": finite_or_none(info.get("effective_bits")),
+            "model_size_bytes": size,
+            "size_vs_reference": size / ref_size if size is not None and ref_size else None,
+            "utility": {
+                "val_loss": finite_or_none(util.get("val_loss")),
+                "val_loss_ci": (util.get("val_loss_ci") and interval_or_none(*util["val_loss_ci"])) or None,
+                "relative_change": finite_or_none(util.get("relative_change")),
+                "relative_change_ci": (util.get("relative_change_ci") and interval_or_none(*util["relative_change_ci"])) or None,
+                "n_runs": util.get("n_runs"),
+                "task_metrics": {
+                    name: {"value": finite_or_none(m.get("value")), "ci": interval_or_none(*(m.get("ci") or [None, None])),
+                           "higher_is_better": m.get("higher_is_better")}
+                    for name, m in (util.get("task_metrics") or {}).items()
+                },
+            },
+            "r_q": {
+                "mean": finite_or_none(agg.get("mean")),
+                "ci": interval_or_none(agg.get("ci_low"), agg.get("ci_high")),
+                "std": finite_or_none(agg.get("std")),
+                "median": finite_or_none(agg.get("median")),
+                "rank": finite_or_none((rq.get(q) or {}).get("rank")),
+                "n_runs": agg.get("n_runs"),
+                "n_finite": agg.get("n_finite"),
+                "n_undefined": agg.get("n_undefined"),
+                "n_infinite": agg.get("n_infinite"),
+            },
+            "n_models": n_models,
+            "attacks": attacks,
+            "skipped_attacks": dict(att_block.get("skipped") or {}),
+            "best_attack": None,
+            "best_attack_by_auroc": None,
+        }
+        by_tpr = [(n, checklist_tpr(a)) for n, a in attacks.items() if checklist_tpr(a)["tpr"] is not None]
+        if by_tpr:
+            name, t = max(by_tpr, key=lambda item: item[1]["tpr"])
+            row["best_attack"] = {"name": name, "metric": "tpr_at_1pct_fpr_calibrated",
+                                  "value": t["tpr"], "ci": t["ci"], "reliable": t["reliable"]}
+        by_auroc = [(n, a) for n, a in attacks.items() if a["auroc"] is not None]
+        if by_auroc:
+            name, a = max(by_auroc, key=lambda item: item[1]["auroc"])
+            row["best_attack_by_auroc"] = {"name": name, "metric": "auroc", "value": a["auroc"], "ci": a["auroc_ci"]}
+        rows.append(row)
+    return rows
+
+def r_q_vs_best_attack(grid: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spearman rho across quantizers between mean r_Q and the best attack's metric (expected negative)."""
+    from scipy import stats
+
+    out: dict[str, Any] = {}
+    for metric, key in (("tpr_at_1pct_calibrated", "best_attack"), ("auroc", "best_attack_by_auroc")):
+        pairs = [(r["r_q"]["mean"], (r.get(key) or {}).get("value")) for r in grid]
+        pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
+        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+        if len(pairs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+            out[metric] = {"rho": None, "p_value": None, "n_quantizers": len(pairs), "reason": "needs >= 3 quantizers with distinct values"}
+            continue
+        res = stats.spearmanr(xs, ys)
+        out[metric] = {"rho": finite_or_none(res.statistic), "p_value": finite_or_none(res.pvalue), "n_quantizers": len(pairs)}
+    return out

@@ -1,0 +1,35 @@
+"""report.md from the view model."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from llmaudit.report.plots import FIGURES
+from llmaudit.report.view import Table, sections
+
+
+def _md_table(t: Table) -> list[str]:
+    lines = ["| " + " | ".join(t.header) + " |", "|" + "---|" * len(t.header)]
+    lines += ["| " + " | ".join(c.md() for c in row) + " |" for row in t.rows]
+    return lines
+
+def render_markdown(report: dict[str, Any], *, only: Optional[Iterable[str]] = None) -> str:
+    """The report as Markdown; `only`: section anchors to keep (e.g. ("summary", "checklist") for a console summary)."""
+
+    keep = set(only) if only is not None else None
+    lines = [f"# llmaudit report: {report['provenance']['experiment_name']}", ""]
+    for s in sections(report):
+        if keep is not None and s.anchor not in keep:
+            continue
+        lines += [f"## {s.title}", ""]
+        for p in s.paras:
+            lines += [p, ""]
+        for t in s.tables:
+            lines += _md_table(t) + [""]
+        for b in s.bullets:
+            lines.append(f"- {b}")
+        if s.bullets:
+            lines.append("")
+        for name in s.figures:
+            lines += [f"![{FIGURES[name][1]}]({report['plots'][name]})", ""]
+    return "\n".join(lines).rstrip() + "\n"

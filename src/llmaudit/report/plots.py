@@ -1,0 +1,300 @@
+"""The report's figures, drawn from a built report (`llmaudit.report.build_report`) as PNG bytes.
+
+Every function takes the report dict and returns the PNG as bytes, or None when the report holds no data
+for that figure (e.g. no LiRA ROC curves). Figures are drawn with matplotlib's object API on an Agg canvas:
+no pyplot global state, no display needed, nothing is written to disk here (the report module writes
+the files atomically and embeds the same bytes in report.html).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from llmaudit.common.io import atomic_write_bytes
+
+DPI = 110
+
+REFERENCE_COLOR = "black"
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    # metadata=None entries drop the matplotlib version/date so the same report gives the same bytes
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+def quantizer_colors(report: dict[str, Any]) -> dict[str, Any]:
+    """One color per quantizer, the same in every figure; the full-precision reference is black."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    colors, i = {}, 0
+    for row in report["grid"]:
+        if row["is_reference"]:
+            colors[row["quantizer"]] = REFERENCE_COLOR
+        else:
+            colors[row["quantizer"]] = cmap(i % 10)
+            i += 1
+    return colors
+
+def _label_points(ax, points: list[tuple[float, float, str]]) -> None:
+    """Annotate points with names, pushing a label down when it would overlap one already placed
+    (display coordinates, so it works on log and symlog axes; call after the scales are set)."""
+    placed: list[tuple[float, float]] = []
+    for x, y, name in sorted(points, key=lambda p: (-p[1], p[0])):
+        px, py = ax.transData.transform((x, y))
+        dy = 4.0
+        while any(abs(px - qx) < 45 and abs(py + dy - qy) < 10 for qx, qy in placed):
+            dy -= 10.0
+        placed.append((px, py + dy))
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, dy * 72 / ax.figure.dpi), fontsize=8)
+
+def _yerr(value: float, ci: Optional[list]) -> Optional[list[list[float]]]:
+    if not ci or not _finite(ci[0]) or not _finite(ci[1]):
+        return None
+    return [[max(value - ci[0], 0.0)], [max(ci[1] - value, 0.0)]]
+
+def _positive_log_ok(values: list[float]) -> bool:
+    vals = [v for v in values if _finite(v)]
+    return bool(vals) and min(vals) > 0 and max(vals) / min(vals) > 20
+
+def r_q_vs_attack(report: dict[str, Any]) -> Optional[bytes]:
+    """r_Q (x, log scale when it spans decades) against the best attack's calibrated TPR at 1% FPR and
+    the best AUROC, one point per quantizer with 95% intervals, Spearman rho in each title."""
+    rows = [r for r in report["grid"] if _finite(r["r_q"]["mean"])]
+    if len(rows) < 2:
+        return None
+    colors = quantizer_colors(report)
+    sp = report.get("r_q_vs_best_attack") or {}
+    fig = Figure(figsize=(11, 4.4))
+    panels = (
+        ("best_attack", "tpr_at_1pct_calibrated", "best attack: TPR at 1% FPR (calibrated)"),
+        ("best_attack_by_auroc", "auroc", "best attack: AUROC"),
+    )
+    thr = report["checklist"]["thresholds"].get("max_tpr_at_1pct_fpr")
+    for i, (key, metric, ylabel) in enumerate(panels):
+        ax = fig.add_subplot(1, 2, i + 1)
+        xs, labels = [], []
+        for r in rows:
+            best = r.get(key) or {}
+            y = best.get("value")
+            if not _finite(y):
+                continue
+            x = r["r_q"]["mean"]
+            xs.append(x)
+            ax.errorbar(x, y, xerr=_yerr(x, r["r_q"]["ci"]), yerr=_yerr(y, best.get("ci")), fmt="o",
+                        color=colors[r["quantizer"]], capsize=3, ms=6,
+                        mfc="white" if best.get("reliable") is False else colors[r["quantizer"]])
+            labels.append((x, y, r["quantizer"]))
+        if _positive_log_ok(xs):
+            ax.set_xscale("log")
+        if metric == "auroc":
+            ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        elif _finite(thr):
+            ax.axhline(thr, color="firebrick", lw=0.8, ls="--", label=f"checklist limit {thr:g}")
+            ax.legend(loc="best", fontsize=8)
+        rho = (sp.get(metric) or {}).get("rho")
+        ax.set_title(f"Spearman rho = {rho:.2f}" if _finite(rho) else "Spearman rho: n/a", fontsize=10)
+        ax.set_xlabel("r_Q (higher = more secure), mean over runs, 95% CI")
+        ax.set_ylabel(ylabel)
+        _label_points(ax, labels)
+        ax.grid(alpha=0.3)
+    fig.suptitle("r_Q against attack success across quantizers (open marker: estimate flagged unreliable)", fontsize=10)
+    return _png(fig)
+
+def lira_roc(report: dict[str, Any]) -> Optional[bytes]:
+    """Offline LiRA ROC on log-log axes, one curve per quantizer (per-sample calibrated, pooled)."""
+    result = report["result"]
+    per_q = (result.get("attacks") or {}).get("quantizers") or {}
+    colors = quantizer_colors(report)
+    curves = []
+    for row in report["grid"]:
+        entry = ((per_q.get(row["quantizer"]) or {}).get("attacks") or {}).get("lira_offline")
+        if not entry:
+            continue
+        rc = entry.get("roc_curve") or {}
+        curve = rc.get("pooled_calibrated") or rc.get("pooled_naive")
+        if curve and curve.get("fpr"):
+            curves.append((row, curve))
+    if not curves:
+        return None
+    fig = Figure(figsize=(5.6, 5.2))
+    ax = fig.add_subplot(1, 1, 1)
+    floor = 1e-4
+    for row, curve in curves:
+        fpr = np.asarray([v if _finite(v) else np.nan for v in curve["fpr"]], dtype=float)
+        tpr = np.asarray([v if _finite(v) else np.nan for v in curve["tpr"]], dtype=float)
+        auroc = (row["attacks"].get("lira_offline") or {}).get("auroc")
+        label = f"{row['quantizer']} (AUROC {auroc:.2f})" if _finite(auroc) else row["quantizer"]
+        ax.plot(np.maximum(fpr, floor), np.maximum(tpr, floor), color=colors[row["quantizer"]],
+                lw=2.2 if row["is_reference"] else 1.3, label=label)
+    grid = np.logspace(-4, 0, 50)
+    ax.plot(grid, grid, color="grey", lw=0.8, ls=":", label="chance")
+    ax.axvline(0.01, color="grey", lw=0.6, ls="--")
+    ax.set(xscale="log", yscale="log", xlim=(floor, 1), ylim=(floor, 1.05), xlabel="false positive rate",
+           ylabel="true positive rate")
+    ax.set_title("Offline LiRA ROC per quantizer (log-log, calibrated)", fontsize=10)
+    ax.legend(loc="lower right", fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    return _png(fig)
+
+def r_q_intervals(report: dict[str, Any]) -> Optional[bytes]:
+    """r_Q per quantizer: mean over runs with the 95% bootstrap interval, sorted by r_Q."""
+    rows = [r for r in report["grid"] if _finite(r["r_q"]["mean"])]
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r["r_q"]["mean"])
+    colors = quantizer_colors(report)
+    fig = Figure(figsize=(6.4, 0.45 * len(rows) + 1.4))
+    ax = fig.add_subplot(1, 1, 1)
+    for i, r in enumerate(rows):
+        m = r["r_q"]["mean"]
+        ax.errorbar(m, i, xerr=_yerr(m, r["r_q"]["ci"]), fmt="o", color=colors[r["quantizer"]], capsize=3)
+    ax.set_yticks(range(len(rows)), [r["quantizer"] + (" (ref)" if r["is_reference"] else "") for r in rows])
+    if _positive_log_ok([r["r_q"]["mean"] for r in rows] + [r["r_q"]["ci"][0] for r in rows]):
+        ax.set_xscale("log")
+    thr = report["checklist"]["thresholds"].get("min_r_q")
+    if _finite(thr) and thr > 0:
+        ax.axvline(thr, color="firebrick", lw=0.8, ls="--", label=f"checklist minimum {thr:g}")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("r_Q (higher = more secure): mean over runs, 95% bootstrap CI")
+    ax.set_title("Attack-free indicator r_Q per quantizer", fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+    return _png(fig)
+
+def utility_vs_privacy(report: dict[str, Any]) -> Optional[bytes]:
+    """Relative validation-loss change vs full precision (x) against the best attack's calibrated TPR at
+    1% FPR (y); the utility budget and the TPR limit drawn, the recommended quantizer circled."""
+    rows = [r for r in report["grid"] if _finite(r["utility"].get("relative_change")) and _finite((r.get("best_attack") or {}).get("value"))]
+    if not rows:
+        return None
+    colors = quantizer_colors(report)
+    th = report["checklist"]["thresholds"]
+    rec = (report.get("recommendation") or {}).get("quantizer")
+    fig = Figure(figsize=(6.4, 4.6))
+    ax = fig.add_subplot(1, 1, 1)
+    xs = [100 * r["utility"]["relative_change"] for r in rows]
+    for r, x in zip(rows, xs):
+        best = r["best_attack"]
+        ci = r["utility"].get("relative_change_ci")
+        xci = [100 * ci[0], 100 * ci[1]] if ci and _finite(ci[0]) and _finite(ci[1]) else None
+        ax.errorbar(x, best["value"], xerr=_yerr(x, xci), yerr=_yerr(best["value"], best.get("ci")), fmt="o",
+                    color=colors[r["quantizer"]], capsize=3, mfc="white" if best.get("reliable") is False else colors[r["quantizer"]])
+        if r["quantizer"] == rec:
+            ax.plot(x, best["value"], "o", ms=16, mfc="none", mec="green", mew=1.5, label="recommended")
+    left = min(min(xs), 0.0) - 1.0
+    if _finite(th.get("max_utility_loss")):
+        ax.axvspan(left, 100 * th["max_utility_loss"], color="green", alpha=0.07,
+                   label=f"utility budget (+{100 * th['max_utility_loss']:g}% loss)")
+    if _finite(th.get("max_tpr_at_1pct_fpr")):
+        ax.axhline(th["max_tpr_at_1pct_fpr"], color="firebrick", lw=0.8, ls="--", label=f"TPR limit {th['max_tpr_at_1pct_fpr']:g}")
+    if max(xs) > 50 and min(xs) >= 0:
+        ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(left=left)
+    _label_points(ax, [(x, r["best_attack"]["value"], r["quantizer"]) for r, x in zip(rows, xs)])
+    ax.set_xlabel("validation loss change vs full precision (%)")
+    ax.set_ylabel("best attack: TPR at 1% FPR (calibrated)")
+    ax.set_title("Utility against privacy (lower left is better; open marker: unreliable)", fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8, frameon=False)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+def trajectory(report: dict[str, Any]) -> Optional[bytes]:
+    """Mean validation loss along the training trajectory (checkpoint step), one line per quantizer."""
+    traj = report["result"].get("trajectory") or {}
+    if not traj:
+        return None
+    colors = quantizer_colors(report)
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.add_subplot(1, 1, 1)
+    all_y = []
+    for row in report["grid"]:
+        curve = traj.get(row["quantizer"])
+        if not curve:
+            continue
+        y = [v if _finite(v) else np.nan for v in curve["val_loss"]]
+        all_y += [v for v in y if _finite(v)]
+        ax.plot(curve["checkpoint"], y, marker=".", color=colors[row["quantizer"]],
+                lw=2.2 if row["is_reference"] else 1.3, label=row["quantizer"])
+    if all_y and min(all_y) > 0 and max(all_y) / min(all_y) > 3:
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.set_xlabel("checkpoint (optimizer step)")
+    ax.set_ylabel("validation loss (nats/token), mean over runs")
+    ax.set_title("Validation loss along the training trajectory", fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4, fontsize=8, frameon=False)
+    ax.grid(alpha=0.3, which="both")
+    return _png(fig)
+
+FIGURES: dict[str, tuple[Callable[[dict[str, Any]], Optional[bytes]], str]] = {
+    "r_q_vs_attack": (r_q_vs_attack, "r_Q against the best attack across quantizers"),
+    "lira_roc": (lira_roc, "Offline LiRA ROC per quantizer (log-log)"),
+    "r_q_intervals": (r_q_intervals, "r_Q per quantizer with 95% intervals"),
+    "utility_vs_privacy": (utility_vs_privacy, "Utility against privacy"),
+    "trajectory": (trajectory, "Validation loss along the training trajectory"),
+}
+
+WIDE_FIGURES = ("r_q_vs_attack",)
+"""Figures drawn with two panels: the HTML gives them the full page width."""
+
+def render_all(report: dict[str, Any]) -> dict[str, bytes]:
+    """{figure name: PNG bytes} for every figure the report has data for, in FIGURES order."""
+    out = {}
+    for name, (fn, _caption) in FIGURES.items():
+        png = fn(report)
+        if png is not None:
+            out[name] = png
+    return out
+
+
+def plot_roc_loglog(results: Mapping, path: str | Path) -> list[Path]:
+    """One log-log ROC PNG per quantizer: offline LiRA (calibrated) and the best other attack (naive and
+    calibrated), with the chance line. Files: PATH_STEM_<quantizer>.png next to `path`."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+
+    path = Path(path)
+    written = []
+    grid = np.logspace(-4, 0, 50)
+    for q, block in results["quantizers"].items():
+        fig, ax = plt.subplots(figsize=(5, 5))
+        curves = []
+        if "lira_offline" in block["attacks"]:
+            curves.append(("LiRA offline", block["attacks"]["lira_offline"]["roc_curve"].get("pooled_calibrated"), "-"))
+        best = block.get("best_attack")
+        if best:
+            rc = block["attacks"][best]["roc_curve"]
+            curves.append((f"{best} (pooled naive)", rc.get("pooled_naive"), "--"))
+            curves.append((f"{best} (calibrated)", rc.get("pooled_calibrated"), ":"))
+        for label, curve, style in curves:
+            if curve:
+                ax.plot(curve["fpr"], np.maximum(curve["tpr"], 1e-5), style, label=label)
+        ax.plot(grid, grid, color="grey", lw=0.8, label="chance")
+        ax.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1.05),
+               xlabel="false positive rate", ylabel="true positive rate", title=f"ROC, quantizer {q}")
+        ax.legend(loc="lower right", fontsize=8)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(q))
+        written.append(atomic_write_bytes(path.parent / f"{path.stem}_{safe}.png", buf.getvalue()))
+    return written

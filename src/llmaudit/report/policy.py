@@ -1,0 +1,203 @@
+"""`llmaudit report`: the quantizer grid, privacy and utility side by side, full precision as reference.
+
+One result object (`analysis.analyze`) rendered three ways from one built report (`build_report`):
+report.json (complete, strict JSON, validated against `REPORT_SCHEMA`), report.md and a self-contained
+report.html (inline CSS, figures embedded as base64 PNG, no scripts, no external resources). The figures
+are also written as PNG files under report/plots/.
+
+Privacy of the report itself: no training text appears in any output. Samples are named by id and score
+only; their text is added only with `include_samples=True` (`llmaudit report --include-samples`).
+
+Release checklist (`release_checklist`), per quantizer, thresholds from the recipe's `report` section:
+  attack_tpr  the highest per-sample-calibrated TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr
+  r_q         r_Q (mean over runs) must be >= min_r_q (min_r_q = 0 disables the criterion: DISABLED)
+  utility     the relative increase of validation loss vs full precision must be <= max_utility_loss
+Each criterion is judged conservatively on its estimate and 95% interval:
+  NOT MEASURED  the estimate is unreliable: flagged unreliable by the attack module (fewer than 10/alpha
+                non-members), fewer than `min_runs` runs, no finite value, or no interval; never PASS
+  FAIL          the point estimate is on the unsafe side of the threshold
+  PASS          the whole interval is on the safe side
+  INCONCLUSIVE  the point estimate is safe but the interval crosses the threshold
+For attack_tpr each attack is judged on its own; the criterion FAILs if any attack fails, else it is NOT
+MEASURED if any attack is, else INCONCLUSIVE if any is, else PASS. A quantizer's overall status is the
+worst of its criteria (FAIL > NOT MEASURED > INCONCLUSIVE > PASS); it is cleared for release only if PASS.
+
+Non-finite numbers: report.json is strict JSON (RFC 8259): NaN and +-inf become null. The counts beside
+them (r_Q's n_undefined and n_infinite, `reliable` flags, checklist reasons) say why a value is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+from llmaudit.analyze.metrics import fpr_key
+from llmaudit.common.formatting import fmt_ci, fmt_num
+
+PASS, FAIL, INCONCLUSIVE, NOT_MEASURED, DISABLED = "PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED", "DISABLED"
+
+STATUSES = (PASS, FAIL, INCONCLUSIVE, NOT_MEASURED, DISABLED)
+
+_SEVERITY = {PASS: 0, INCONCLUSIVE: 1, NOT_MEASURED: 2, FAIL: 3}
+
+DEFAULT_MIN_RUNS = 5
+"""Runs (independent fine-tunings) a criterion needs before its interval is trusted; a recipe may set
+`report.min_runs`. A bootstrap interval over fewer runs is too coarse to clear a release."""
+
+CHECKLIST_FPR = 0.01
+
+def checklist_tpr(att: dict[str, Any]) -> dict[str, Any]:
+    return att["low_fpr"].get("pooled_calibrated", {}).get(fpr_key(CHECKLIST_FPR)) or {"tpr": None, "ci": None, "reliable": False}
+
+
+def judge(value: Optional[float], ci: Optional[list], *, limit: float, kind: str, measured: bool, why_not: str = "") -> dict[str, Any]:
+    """PASS / FAIL / INCONCLUSIVE / NOT MEASURED for one estimate against one limit (rules: module doc).
+
+    kind: "max" (value must be <= limit) or "min" (value must be >= limit)."""
+    if not measured:
+        return {"status": NOT_MEASURED, "reason": why_not or "estimate unreliable"}
+    if value is None:
+        return {"status": NOT_MEASURED, "reason": "no finite estimate"}
+    unsafe = value > limit if kind == "max" else value < limit
+    if unsafe:
+        return {"status": FAIL, "reason": f"estimate {value:.4g} {'>' if kind == 'max' else '<'} limit {limit:g}"}
+    if ci is None:
+        return {"status": NOT_MEASURED, "reason": "no confidence interval (n_boot = 0?)"}
+    bound = ci[1] if kind == "max" else ci[0]
+    if (bound <= limit) if kind == "max" else (bound >= limit):
+        return {"status": PASS, "reason": f"95% interval [{ci[0]:.4g}, {ci[1]:.4g}] {'<=' if kind == 'max' else '>='} limit {limit:g}"}
+    return {"status": INCONCLUSIVE, "reason": f"estimate {value:.4g} is within the limit {limit:g} but the 95% interval [{ci[0]:.4g}, {ci[1]:.4g}] crosses it"}
+
+def worst(statuses: Iterable[str]) -> str:
+    counted = [s for s in statuses if s in _SEVERITY]
+    return max(counted, key=_SEVERITY.__getitem__) if counted else NOT_MEASURED
+
+def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
+    th = dict(result.get("thresholds") or {})
+    th.setdefault("min_runs", DEFAULT_MIN_RUNS)
+    return th
+
+def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+    limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
+    per_attack = {}
+    for name, att in row["attacks"].items():
+        t = checklist_tpr(att)
+        n_models = att.get("n_models") or 0
+        if n_models < min_runs:
+            measured, why = False, f"{n_models} target models < min_runs {min_runs}"
+        elif not t["reliable"]:
+            why = f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR (needs >= {t.get('min_negatives') or int(10 / CHECKLIST_FPR)})"
+            measured = False
+        else:
+            measured, why = True, ""
+        verdict = judge(t["tpr"], t["ci"], limit=limit, kind="max", measured=measured, why_not=why)
+        if verdict["status"] == NOT_MEASURED and t["tpr"] is not None and t["tpr"] > limit:
+            verdict["reason"] += f"; indicative estimate {t['tpr']:.4g} exceeds the limit"
+        per_attack[name] = {"value": t["tpr"], "ci": t["ci"], "reliable": t["reliable"]} | verdict
+    best = row.get("best_attack") or {}
+    out = {
+        "id": "attack_tpr",
+        "description": f"highest TPR at {CHECKLIST_FPR:.0%} FPR (per-sample calibrated, pooled) over every attack <= limit",
+        "threshold": limit,
+        "comparison": "<=",
+        "attack": best.get("name"),
+        "value": best.get("value"),
+        "ci": best.get("ci"),
+        "reliable": best.get("reliable"),
+        "per_attack": per_attack,
+        "skipped_attacks": row["skipped_attacks"],
+    }
+    if not per_attack:
+        return out | {"status": NOT_MEASURED, "reason": "no attack was computed"}
+    status = worst(v["status"] for v in per_attack.values())
+    # the attack that decides the status: the worst-judged one, ties broken by the highest estimate
+    deciding = max(per_attack.items(), key=lambda kv: (_SEVERITY[kv[1]["status"]], kv[1]["value"] if kv[1]["value"] is not None else -1.0))
+    out["status"] = status
+    out["reason"] = f"{deciding[0]}: {deciding[1]['reason']}"
+    if status == PASS:
+        out["reason"] = f"every attack's 95% interval <= {limit:g} (highest: {out['attack']})"
+    return out
+
+def _r_q_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+    limit, min_runs = float(th["min_r_q"]), int(th["min_runs"])
+    r = row["r_q"]
+    out = {"id": "r_q", "description": "r_Q (mean over runs) >= limit", "threshold": limit, "comparison": ">=",
+           "value": r["mean"], "ci": r["ci"], "reliable": (r["n_finite"] or 0) >= min_runs}
+    if limit <= 0:
+        return out | {"status": DISABLED, "reason": "min_r_q = 0 disables this criterion"}
+    n_finite = r["n_finite"] or 0
+    why = f"{n_finite} runs with a finite r_Q < min_runs {min_runs}"
+    if r["n_undefined"]:
+        why += f" ({r['n_undefined']} undefined)"
+    return out | judge(r["mean"], r["ci"], limit=limit, kind="min", measured=n_finite >= min_runs, why_not=why)
+
+def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+    limit, min_runs = float(th["max_utility_loss"]), int(th["min_runs"])
+    u = row["utility"]
+    n_runs = u["n_runs"] or 0
+    out = {"id": "utility", "description": "relative increase of validation loss vs full precision <= limit",
+           "threshold": limit, "comparison": "<=", "value": u["relative_change"], "ci": u["relative_change_ci"],
+           "reliable": n_runs >= min_runs}
+    if u["relative_change"] is None:
+        return out | {"status": NOT_MEASURED, "reason": "no validation loss relative to the reference (missing runs?)"}
+    return out | judge(u["relative_change"], u["relative_change_ci"], limit=limit, kind="max",
+                       measured=n_runs >= min_runs, why_not=f"{n_runs} runs < min_runs {min_runs}")
+
+def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) -> dict[str, Any]:
+    """Per quantizer: every criterion with its status, and the overall status (rules: module doc)."""
+    th = dict(thresholds)
+    th.setdefault("min_runs", DEFAULT_MIN_RUNS)
+    per_q = {}
+    for row in grid:
+        criteria = [_attack_tpr_criterion(row, th), _r_q_criterion(row, th), _utility_criterion(row, th)]
+        per_q[row["quantizer"]] = {"overall": worst(c["status"] for c in criteria), "criteria": criteria}
+    return {"thresholds": th, "rules": CHECKLIST_RULES, "per_quantizer": per_q}
+
+CHECKLIST_RULES = [
+    "attack_tpr: the highest per-sample-calibrated pooled TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr; "
+    "each attack is judged on its own, the criterion takes the worst verdict.",
+    "r_q: r_Q (mean over runs) must be >= min_r_q; min_r_q = 0 disables it (DISABLED).",
+    "utility: the relative increase of validation loss over full precision must be <= max_utility_loss.",
+    "NOT MEASURED: the estimate is unreliable (fewer than 10/alpha non-members, fewer than min_runs runs, no finite value, "
+    "or no interval). An unreliable estimate is never PASS.",
+    "FAIL: the point estimate is on the unsafe side of the limit. PASS: the whole 95% interval is on the safe side. "
+    "INCONCLUSIVE: the point estimate is safe but the interval crosses the limit.",
+    "Overall: the worst criterion (FAIL > NOT MEASURED > INCONCLUSIVE > PASS); only PASS clears a quantizer for release.",
+]
+
+def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
+    """The most private quantizer within the utility budget.
+
+    Candidates: quantizers whose utility criterion is PASS. Most private: no failed privacy criterion
+    first, then the lowest upper 95% bound of the best attack's calibrated TPR at 1% FPR (the point
+    estimate where no interval exists), then the highest mean r_Q."""
+    rule = ("candidates: utility criterion PASS; order: no failed privacy criterion, then lowest upper 95% bound of the best "
+            "attack's calibrated TPR at 1% FPR, then highest r_Q")
+    per_q = checklist["per_quantizer"]
+
+    def crit(q: str, cid: str) -> dict[str, Any]:
+        return next(c for c in per_q[q]["criteria"] if c["id"] == cid)
+
+    candidates = [r for r in grid if crit(r["quantizer"], "utility")["status"] == PASS]
+    if not candidates:
+        return {"quantizer": None, "rule": rule, "overall": None, "cleared_for_release": False,
+                "reason": "no quantizer is within the utility budget with a PASS (see the utility criterion)"}
+
+    def key(r: dict[str, Any]) -> tuple:
+        q = r["quantizer"]
+        failed = any(crit(q, c)["status"] == FAIL for c in ("attack_tpr", "r_q"))
+        best = r.get("best_attack") or {}
+        tpr_bound = (best.get("ci") or [None, best.get("value")])[1]
+        r_q = r["r_q"]["mean"]
+        return (failed, tpr_bound if tpr_bound is not None else math.inf, -(r_q if r_q is not None else -math.inf))
+
+    chosen = min(candidates, key=key)
+    q = chosen["quantizer"]
+    overall = per_q[q]["overall"]
+    best = chosen.get("best_attack") or {}
+    why = [f"{c['id']} {c['status']}" for c in per_q[q]["criteria"] if c["status"] not in (PASS, DISABLED)]
+    reason = (f"most private of {len(candidates)} quantizer(s) within the utility budget"
+              + (f"; best attack {best.get('name')} TPR at 1% FPR {fmt_num(best.get('value'))}{fmt_ci(best.get('ci'))}" if best else ""))
+    reason += "; cleared for release (every criterion PASS)" if overall == PASS else f"; NOT cleared for release ({', '.join(why)})"
+    return {"quantizer": q, "rule": rule, "overall": overall, "cleared_for_release": overall == PASS, "reason": reason,
+            "candidates": [r["quantizer"] for r in candidates]}

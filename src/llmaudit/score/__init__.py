@@ -1,0 +1,2 @@
+"""`llmaudit score`: per-sample token losses of every (run, checkpoint, quantizer) unit."""
+

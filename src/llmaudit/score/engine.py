@@ -1,0 +1,250 @@
+"""The scoring engine: per-token losses (and the vocabulary statistics Min-K%++ needs) of many samples
+under one model, fast and in bounded memory. Pure computation: no files, no configs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from llmaudit.common.runtime import cpu_parallelism, torch_threads
+from llmaudit.data.tokenize import collate
+from llmaudit.models.layers import decoder_and_head
+
+
+def length_sorted_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length whose padded size (B x max_len) fits the budget.
+
+    Longest first, so an out-of-memory error shows up on the first batch, not the last."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        width = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * width > token_budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+@dataclass
+class TokenScores:
+    """Scores of one sample: per-token NLL (nats) and optionally the next-token distribution's
+    mean and std of log p (expectations under the model's own distribution, as Min-K%++ defines them)."""
+
+    token_losses: np.ndarray  # [T] float32
+    vocab_mean: np.ndarray | None = None  # [T]
+    vocab_std: np.ndarray | None = None  # [T]
+
+    @property
+    def loss(self) -> float:
+        return float(self.token_losses.astype(np.float64).mean())
+
+# Bytes of float32 logits per intra-op thread in one [positions, vocabulary tile] block on CPU: each
+# thread's rows of the tile stay in its core's L2 cache through the passes that the loss and the
+# statistics make over them.
+CPU_HEAD_TILE_BYTES = 2 << 20
+
+def cpu_vocab_tile(rows: int, vocab: int) -> int:
+    """Vocabulary columns per head tile on CPU (CPU_HEAD_TILE_BYTES per thread).
+
+    Measured on a 2-core box, whole runs of score_examples: the vocab_stats head 1.6-1.75x faster than
+    whole-vocabulary chunks with 1 or 2 threads. Caveat: every op ends in a barrier of the thread pool,
+    so on an oversubscribed CPU (load above the core count) with several threads the hundreds of small
+    ops stall; run such a box with one thread per process (torch.set_num_threads(1) / OMP_NUM_THREADS=1)."""
+    per_tile = CPU_HEAD_TILE_BYTES * max(1, torch.get_num_threads())
+    return min(vocab, max(1, per_tile // (4 * rows)))
+
+@torch.no_grad()
+def head_scores(
+    head: torch.nn.Linear, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, vocab_tile: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """NLL of `targets` [C] under softmax(head(h)) for h [C, H], and optionally the mean and std of
+    log p under that distribution, all [C] float32, without holding more than [C, vocab_tile] logits.
+
+    Each vocabulary tile's logits x are reduced in place, while they are still in cache, to their max m,
+    the sum of exp(x - m) and (vocab_stats) the p-weighted mean and centred variance of x within the
+    tile. The tiles are merged once at the end: logsumexp over the tiles, and the law of total variance
+    (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once), so no variance is ever
+    formed as E[x^2] - E[x]^2. mean log p = E_p[x] - logsumexp(x) and var log p = var_p(x). The target's
+    logit is the dot product of its hidden state with its weight row, computed once.
+
+    The tile buffers and the per-tile statistics are allocated once per call and written in place: a
+    fresh block per tile, interleaved with small long-lived ones, fragments the C heap, and the process
+    then grows with the number of tiles although the live tensors do not."""
+    weight, bias = head.weight, head.bias
+    vocab, rows = weight.shape[0], h.shape[0]
+    tiles = range(0, vocab, vocab_tile)
+    target_logit = torch.linalg.vecdot(h.float(), weight[targets].float())
+    if bias is not None:
+        target_logit += bias[targets].float()
+    # per tile: max, sum of exp(x - max), and with vocab_stats the p-weighted mean and variance of x
+    stats = torch.empty(4 if vocab_stats else 2, len(tiles), rows, dtype=torch.float32, device=h.device)
+    full = rows * vocab_tile
+    buffer = torch.empty(full * (3 if vocab_stats else 1), dtype=torch.float32, device=h.device)
+    direct = h.dtype == weight.dtype == torch.float32
+    for t, v0 in enumerate(tiles):
+        v1 = min(v0 + vocab_tile, vocab)
+        size = rows * (v1 - v0)
+        x = buffer[:size].view(rows, v1 - v0)
+        if direct:
+            torch.mm(h, weight[v0:v1].t(), out=x)
+        else:
+            x.copy_(torch.nn.functional.linear(h, weight[v0:v1]))
+        if bias is not None:
+            x.add_(bias[v0:v1])
+        m = torch.amax(x, 1, out=stats[0, t])
+        x.sub_(m[:, None])  # x - m <= 0
+        if not vocab_stats:
+            torch.sum(x.exp_(), 1, out=stats[1, t])
+            continue
+        w = torch.exp(x, out=buffer[full : full + size].view(rows, v1 - v0))  # unnormalised p in the tile
+        scratch = buffer[2 * full : 2 * full + size].view(rows, v1 - v0)
+        w_sum = torch.sum(w, 1, out=stats[1, t])  # >= 1: the max contributes exp(0)
+        mean = torch.sum(torch.mul(w, x, out=scratch), 1, out=stats[2, t]).div_(w_sum)  # of x - m
+        x.sub_(mean[:, None])
+        torch.sum(torch.mul(w.mul_(x), x, out=scratch), 1, out=stats[3, t]).div_(w_sum)
+        mean.add_(m)
+    top = stats[0].amax(0)
+    weights = stats[1] * torch.exp(stats[0] - top)  # [tiles, C]: each tile's share of the mass
+    total = weights.sum(0)
+    lse = top + total.log()
+    nll = lse - target_logit
+    if not vocab_stats:
+        return nll, None, None
+    tile_mean, tile_var = stats[2], stats[3]
+    mean = (weights * tile_mean).sum(0) / total
+    spread = (weights * (tile_var + (tile_mean - mean).square())).sum(0)  # within + between tiles
+    return nll, mean - lse, (spread / total).clamp_min(0).sqrt()
+
+def _full_head_scores(
+    head: Any, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The same as head_scores from full-vocabulary logits of the C rows, for any head module (e.g. a
+    quantized one) and on GPU: few large ops (fused log_softmax / cross_entropy)."""
+    logits = head(h).float()
+    if not vocab_stats:
+        return torch.nn.functional.cross_entropy(logits, targets, reduction="none"), None, None
+    logp = torch.log_softmax(logits, dim=-1)
+    nll = -logp.gather(1, targets[:, None]).squeeze(1)
+    p = torch.exp(logp)
+    mean = torch.linalg.vecdot(p, logp)
+    centred = logp.sub_(mean[:, None])
+    return nll, mean, torch.linalg.vecdot(p.mul_(centred), centred).clamp_min(0).sqrt()
+
+def plain_modules(model: Any) -> bool:
+    """True when every module that holds parameters is a stock torch.nn layer or a transformers layer
+    (norms, rotary tables), i.e. its forward only reads its weights and is safe to call from several
+    threads at once. Real quantized layers (bitsandbytes, HQQ, GPTQ kernels) keep mutable state."""
+    for module in model.modules():
+        if next(module.parameters(recurse=False), None) is None and next(module.buffers(recurse=False), None) is None:
+            continue
+        home = type(module).__module__
+        if not (home.startswith("torch.nn.") or home.startswith("transformers.")):
+            return False
+        if isinstance(module, torch.nn.Linear) and type(module) is not torch.nn.Linear:
+            return False
+    return True
+
+def _score_batch(
+    decoder: Any, head: Any, examples: Sequence[tuple[Sequence[int], Sequence[bool]]], *, pad_id: int,
+    head_chunk: int, vocab_stats: bool, device: torch.device,
+) -> list[TokenScores]:
+    """Scores of one length-sorted batch (see score_examples)."""
+    tiled = type(head) is torch.nn.Linear  # tiles slice the weight; any other head (quantized) is called whole
+    ids, _, mask = collate(list(examples), pad_id, device)
+    # Right padding + causal attention: a real token only attends to earlier tokens, which are all real,
+    # so no padding mask is needed; without one the decoder takes the fused causal attention kernel.
+    # use_cache=False: no key/value cache is built (it would copy every layer's keys and values).
+    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+    pred = mask[:, 1:]
+    h = hidden[:, :-1][pred]  # [P, H]
+    targets = ids[:, 1:][pred]  # [P]
+    del hidden
+    parts = []
+    for start in range(0, h.shape[0], head_chunk):
+        h_c, t_c = h[start : start + head_chunk], targets[start : start + head_chunk]
+        tile = cpu_vocab_tile(h_c.shape[0], head.weight.shape[0]) if tiled and device.type == "cpu" else None
+        if tile is not None and tile < head.weight.shape[0]:
+            parts.append(head_scores(head, h_c, t_c, vocab_stats=vocab_stats, vocab_tile=tile))
+        else:
+            parts.append(_full_head_scores(head, h_c, t_c, vocab_stats=vocab_stats))
+    none = [torch.zeros(0)]  # a batch of one-token samples has no scored position
+    nll_np = torch.cat([p[0] for p in parts] or none).cpu().numpy()
+    mu_np = torch.cat([p[1] for p in parts] or none).cpu().numpy() if vocab_stats else None
+    sd_np = torch.cat([p[2] for p in parts] or none).cpu().numpy() if vocab_stats else None
+    out, offset = [], 0
+    for count in pred.sum(1).tolist():
+        sl = slice(offset, offset + count)
+        out.append(TokenScores(
+            nll_np[sl].copy(), None if mu_np is None else mu_np[sl].copy(), None if sd_np is None else sd_np[sl].copy()
+        ))
+        offset += count
+    return out
+
+@torch.inference_mode()
+def score_examples(
+    model: Any,
+    examples: Sequence[tuple[Sequence[int], Sequence[bool]]],
+    *,
+    pad_id: int,
+    token_budget: int = 8192,
+    head_chunk: int = 1024,
+    vocab_stats: bool = False,
+    device: torch.device | str = "cpu",
+    cpu_workers: int | None = None,
+) -> list[TokenScores]:
+    """Per-token losses of each (input_ids, loss_mask) example, in input order.
+
+    On CPU, `cpu_workers` threads (None: one per available core, at most one per batch) each score whole
+    batches, longest first, with the torch threads divided among them. A small model's ops are too short
+    for the thread pool inside each op to pay, and concurrent batches keep every core busy between ops
+    (benchmarks/bench_scoring.py). Each batch's numbers depend only on the batch and the threads per
+    worker, so a rerun with the same settings is bitwise identical. Models with non-stock layers (real
+    quantized kernels) are scored one batch at a time.
+
+    Memory: per worker, the body's activations for one batch (<= token_budget tokens) plus logits for at
+    most `head_chunk` positions at a time (on CPU: `head_chunk` x a vocabulary tile of
+    CPU_HEAD_TILE_BYTES per thread), in float32: independent of batch x length x vocab."""
+    decoder, head = decoder_and_head(model)
+    device = torch.device(device)
+    batches = length_sorted_batches([len(ids) for ids, _ in examples], token_budget)
+    workers = 1
+    if device.type == "cpu" and len(batches) > 1:
+        workers = min(cpu_workers or cpu_parallelism(), len(batches))
+        if workers > 1 and not plain_modules(model):
+            workers = 1
+
+    def run(batch: list[int]) -> list[TokenScores]:
+        with torch.inference_mode():  # thread-local: worker threads enter it themselves
+            return _score_batch(decoder, head, [examples[i] for i in batch], pad_id=pad_id, head_chunk=head_chunk,
+                                vocab_stats=vocab_stats, device=device)
+
+    if workers == 1:
+        results = map(run, batches)
+    else:
+        with torch_threads(max(1, torch.get_num_threads() // workers)), \
+                ThreadPoolExecutor(workers, thread_name_prefix="llmaudit-score") as pool:
+            results = list(pool.map(run, batches))
+    out: list[TokenScores | None] = [None] * len(examples)
+    for batch, scores in zip(batches, results):
+        for i, s in zip(batch, scores):
+            out[i] = s
+    return out  # type: ignore[return-value]
+
+def weights_digest(model: Any) -> str:
+    """Digest of all parameters and buffers: equal digests = the same (quantized) point."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(model.state_dict().items()):
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]

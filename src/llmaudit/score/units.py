@@ -1,0 +1,39 @@
+"""The scoring grid: every (run, checkpoint, quantizer) unit of an experiment, in a fixed order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmaudit.config import ExperimentConfig
+from llmaudit.store.losstable import REFERENCE_RUN
+from llmaudit.store.run_store import RunStore
+
+
+@dataclass(frozen=True, order=True)
+class Unit:
+    run: int  # REFERENCE_RUN for the base model
+    step: int
+    quantizer: str
+    final: bool  # the final checkpoint is also scored on the pool (attacks)
+
+def plan_units(cfg: ExperimentConfig, store: RunStore) -> list[Unit]:
+    """Every scoring unit of the experiment, in a fixed order (the basis of --shard I/N)."""
+    units: list[Unit] = []
+    quantizers = list(cfg.score.quantizers)
+    if cfg.score.score_base:
+        units.append(Unit(REFERENCE_RUN, 0, reference_quantizer(quantizers), True))
+    for run in range(cfg.train.runs):
+        if not store.run_done(run):
+            continue
+        steps = store.checkpoints(run)
+        chosen = steps if cfg.score.trajectory == "all" else steps[-1:]
+        for step in chosen:
+            for q in quantizers:
+                units.append(Unit(run, step, q, step == steps[-1]))
+    return units
+
+def reference_quantizer(quantizers: list[str]) -> str:
+    for q in quantizers:
+        if q in ("fp32", "bf16", "fp16"):
+            return q
+    return "fp32"

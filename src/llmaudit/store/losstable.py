@@ -1,0 +1,190 @@
+"""The loss table: llmaudit's public interchange format (parquet).
+
+One row per (run, checkpoint, quantizer, sample). Any tool can write one and feed it to
+`llmaudit indicator`, `llmaudit attack` or `llmaudit memorization` ("bring your own losses").
+
+Required columns
+    run           int    index of the fine-tuning run; -1 = the reference model (the base model before
+                         fine-tuning), scored once per data set
+    checkpoint    int    optimizer step of the checkpoint along the run's trajectory (0 for the base)
+    quantizer     str    quantizer name (see `llmaudit.quantize.list_quantizers()`)
+    sample_id     str    stable id of the sample
+    split         str    "pool" (candidate training samples; membership varies per run) or "val"
+                         (held-out validation samples, never trained on by any run)
+    member        bool   True iff the sample was in this run's training set
+    loss          float  mean negative log-likelihood (nats) over the scored tokens
+    n_tokens      int    number of scored tokens
+    token_losses  list<float>  per-token negative log-likelihoods (nats), in order
+Optional columns
+    token_vocab_mean, token_vocab_std  list<float>  mean and standard deviation of log p over the whole
+                         vocabulary at each scored position (needed by Min-K%++)
+    zlib_bytes    int    zlib-compressed length (bytes) of the scored text (needed by the zlib attack)
+    point_id      str    digest of the quantized weights: equal ids mean the same quantized point
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from llmaudit.common.io import atomic_write_bytes
+
+REQUIRED_COLUMNS: dict[str, str] = {
+    "run": "int",
+    "checkpoint": "int",
+    "quantizer": "str",
+    "sample_id": "str",
+    "split": "str",
+    "member": "bool",
+    "loss": "float",
+    "n_tokens": "int",
+    "token_losses": "list<float>",
+}
+
+OPTIONAL_COLUMNS: dict[str, str] = {
+    "token_vocab_mean": "list<float>",
+    "token_vocab_std": "list<float>",
+    "zlib_bytes": "int",
+    "point_id": "str",
+}
+
+REFERENCE_RUN = -1
+
+SPLITS = ("pool", "val")
+
+SCHEMA = pa.schema(
+    [
+        ("run", pa.int32()),
+        ("checkpoint", pa.int64()),
+        ("quantizer", pa.string()),
+        ("sample_id", pa.string()),
+        ("split", pa.string()),
+        ("member", pa.bool_()),
+        ("loss", pa.float64()),
+        ("n_tokens", pa.int32()),
+        ("token_losses", pa.list_(pa.float32())),
+    ]
+)
+
+OPTIONAL_SCHEMA = {
+    "token_vocab_mean": pa.list_(pa.float32()),
+    "token_vocab_std": pa.list_(pa.float32()),
+    "zlib_bytes": pa.int32(),
+    "point_id": pa.string(),
+}
+
+class LossTableError(ValueError):
+    """A loss table does not follow the documented format."""
+
+def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.DataFrame:
+    """Check columns, types and values; return the frame with canonical dtypes. Raises LossTableError."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise LossTableError(
+            f"{source}: missing column(s) {missing}. A loss table needs {list(REQUIRED_COLUMNS)} "
+            "(see `llmaudit.losstable` or the README section 'Loss tables')."
+        )
+    df = df.copy()
+    try:
+        df["run"] = df["run"].astype("int64")
+        df["checkpoint"] = df["checkpoint"].astype("int64")
+        df["n_tokens"] = df["n_tokens"].astype("int64")
+        df["loss"] = df["loss"].astype("float64")
+    except (TypeError, ValueError) as exc:
+        raise LossTableError(f"{source}: a numeric column holds non-numbers ({exc}).") from exc
+    for col in ("quantizer", "sample_id", "split"):
+        df[col] = df[col].astype(str)
+    if df["member"].dtype != bool:
+        if not df["member"].isin([0, 1, True, False]).all():
+            raise LossTableError(f"{source}: column 'member' must be boolean (True/False or 0/1).")
+        df["member"] = df["member"].astype(bool)
+    bad_split = sorted(set(df["split"]) - set(SPLITS))
+    if bad_split:
+        raise LossTableError(f"{source}: unknown split value(s) {bad_split}; allowed: {list(SPLITS)}.")
+    if ((df["split"] == "val") & df["member"]).any():
+        raise LossTableError(
+            f"{source}: a 'val' row is marked member=True; validation samples must never be trained on."
+        )
+    lengths = df["token_losses"].map(len)
+    if (lengths != df["n_tokens"]).any():
+        first = df.index[(lengths != df["n_tokens"]).to_numpy()][0]
+        raise LossTableError(
+            f"{source}: row {first}: len(token_losses)={lengths[first]} but n_tokens={df.at[first, 'n_tokens']}."
+        )
+    if (df["n_tokens"] <= 0).any():
+        raise LossTableError(f"{source}: every row needs at least one scored token (n_tokens > 0).")
+    nonfinite = ~np.isfinite(df["loss"].to_numpy())
+    if nonfinite.any():
+        rows = df.loc[nonfinite, ["run", "checkpoint", "quantizer"]].drop_duplicates().head(5)
+        raise LossTableError(
+            f"{source}: {int(nonfinite.sum())} non-finite loss value(s), e.g. at "
+            f"{rows.to_dict('records')}. A quantized model that diverges cannot be scored; drop that "
+            "quantizer or check the checkpoint."
+        )
+    key = ["run", "checkpoint", "quantizer", "sample_id"]
+    dup = df.duplicated(key)
+    if dup.any():
+        raise LossTableError(
+            f"{source}: {int(dup.sum())} duplicate (run, checkpoint, quantizer, sample_id) row(s)."
+        )
+    return df
+
+def to_arrow(df: pd.DataFrame) -> pa.Table:
+    fields = list(SCHEMA)
+    for col, typ in OPTIONAL_SCHEMA.items():
+        if col in df.columns:
+            fields.append(pa.field(col, typ))
+    schema = pa.schema(fields)
+    return pa.Table.from_pandas(df[[f.name for f in fields]], schema=schema, preserve_index=False)
+
+def write_loss_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Validate and write atomically as parquet."""
+    df = validate_loss_table(df)
+    buf = io.BytesIO()
+    pq.write_table(to_arrow(df), buf, compression="zstd")
+    return atomic_write_bytes(path, buf.getvalue())
+
+def read_loss_table(path: str | os.PathLike) -> pd.DataFrame:
+    """Read one parquet file, or every `*.parquet` below a directory, and validate."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"loss table {path} does not exist; pass a parquet file or a directory of them "
+            "(an audit writes them under RUN_DIR/scores/)."
+        )
+    files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+    if not files:
+        raise LossTableError(f"{path}: no *.parquet files found.")
+    try:
+        frames = [pq.read_table(f).to_pandas() for f in files]
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise LossTableError(f"{path}: not a readable parquet file ({exc}).") from exc
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    for col in ("token_losses", "token_vocab_mean", "token_vocab_std"):
+        if col in df.columns:
+            df[col] = df[col].map(lambda v: np.asarray(v, dtype=np.float64))
+    return validate_loss_table(df, source=str(path))
+
+def loss_matrix(
+    df: pd.DataFrame, *, run: int, quantizer: str, split: str = "val"
+) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Per-sample losses of one (run, quantizer) along its trajectory.
+
+    Returns (checkpoints [K], sample_ids [n], losses [K, n]) with checkpoints ascending and the same
+    sample order in every row. Raises LossTableError if checkpoints cover different samples."""
+    sub = df[(df["run"] == run) & (df["quantizer"] == quantizer) & (df["split"] == split)]
+    if sub.empty:
+        raise LossTableError(f"no rows for run={run}, quantizer={quantizer!r}, split={split!r}.")
+    wide = sub.pivot(index="checkpoint", columns="sample_id", values="loss").sort_index()
+    if wide.isna().any().any():
+        raise LossTableError(
+            f"run={run}, quantizer={quantizer!r}: checkpoints were scored on different samples; "
+            "every checkpoint needs the same validation samples."
+        )
+    return wide.index.to_numpy(), [str(c) for c in wide.columns], wide.to_numpy(dtype=np.float64)
