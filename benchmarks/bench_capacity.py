@@ -19,10 +19,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("llmaudit-out/capacity.json"))
     parser.add_argument("--sizes", nargs="+", default=list(DEFAULT_SIZES), help="model sizes DxL[xH]")
-    parser.add_argument("--data-over-capacity", nargs="+", type=float, default=list(DEFAULT_DATA_OVER_CAPACITY),
-                        help="data set sizes as multiples of params x 3.6 bits")
-    parser.add_argument("--n-sequences", nargs="+", type=int, default=None,
-                        help="explicit data set sizes (sequences), instead of --data-over-capacity")
+    parser.add_argument(
+        "--data-over-capacity",
+        nargs="+",
+        type=float,
+        default=list(DEFAULT_DATA_OVER_CAPACITY),
+        help="data set sizes as multiples of params x 3.6 bits",
+    )
+    parser.add_argument(
+        "--n-sequences",
+        nargs="+",
+        type=int,
+        default=None,
+        help="explicit data set sizes (sequences), instead of --data-over-capacity",
+    )
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--vocab-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the library's)")
@@ -32,7 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--num-threads", type=int, default=1)
     args = parser.parse_args(argv)
-    optional = {k: v for k, v in {"lr": args.lr, "max_steps": args.max_steps, "cooldown_steps": args.cooldown_steps}.items() if v is not None}
+    optional = {
+        k: v
+        for k, v in {"lr": args.lr, "max_steps": args.max_steps, "cooldown_steps": args.cooldown_steps}.items()
+        if v is not None
+    }
     result = capacity_command(
         args.out,
         sizes=args.sizes,

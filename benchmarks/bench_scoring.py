@@ -50,7 +50,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import psutil
@@ -104,17 +105,38 @@ def naive_scores(model: Any, examples: list[Example], device: torch.device) -> l
     return out
 
 
-def engine_scores(model: Any, examples: list[Example], device: torch.device, args: argparse.Namespace, vocab_stats: bool) -> list[np.ndarray]:
+def engine_scores(
+    model: Any, examples: list[Example], device: torch.device, args: argparse.Namespace, vocab_stats: bool
+) -> list[np.ndarray]:
     scores = score_examples(
-        model, examples, pad_id=0, token_budget=args.token_budget, head_chunk=args.head_chunk, vocab_stats=vocab_stats,
-        device=device, cpu_workers=args.cpu_workers,
+        model,
+        examples,
+        pad_id=0,
+        token_budget=args.token_budget,
+        head_chunk=args.head_chunk,
+        vocab_stats=vocab_stats,
+        device=device,
+        cpu_workers=args.cpu_workers,
     )
     return [s.token_losses for s in scores]
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _heap_in_use_reader() -> Callable[[], int] | None:
@@ -145,7 +167,7 @@ class PeakMemory:
         self.live_bytes: int | None = None
         self.how = ""
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -205,7 +227,9 @@ def _reset_high_water_mark() -> bool:
         return False
 
 
-def timed_rounds(methods: dict[str, Callable[[], list[np.ndarray]]], device: torch.device, repeats: int) -> dict[str, tuple[list[np.ndarray], float, float]]:
+def timed_rounds(
+    methods: dict[str, Callable[[], list[np.ndarray]]], device: torch.device, repeats: int
+) -> dict[str, tuple[list[np.ndarray], float, float]]:
     """Each method's result and median wall and process CPU seconds over `repeats` rounds; within a round
     the methods run one after the other, so drift in the machine's speed affects all of them alike."""
     seconds: dict[str, list[float]] = {name: [] for name in methods}
@@ -221,7 +245,10 @@ def timed_rounds(methods: dict[str, Callable[[], list[np.ndarray]]], device: tor
                 torch.cuda.synchronize()
             seconds[name].append(time.perf_counter() - t0)
             cpu_seconds[name].append(time.process_time() - c0)
-    return {name: (results[name], statistics.median(seconds[name]), statistics.median(cpu_seconds[name])) for name in methods}
+    return {
+        name: (results[name], statistics.median(seconds[name]), statistics.median(cpu_seconds[name]))
+        for name in methods
+    }
 
 
 def probe_memory(method: str, args: argparse.Namespace, **changes: int) -> tuple[int, int | None, str]:
@@ -264,7 +291,9 @@ def _mib(n: int | None) -> str:
 METHODS = ("naive", "engine vocab_stats=off", "engine vocab_stats=on")
 
 
-def method_fn(name: str, model: Any, examples: list[Example], device: torch.device, args: argparse.Namespace) -> Callable[[], list[np.ndarray]]:
+def method_fn(
+    name: str, model: Any, examples: list[Example], device: torch.device, args: argparse.Namespace
+) -> Callable[[], list[np.ndarray]]:
     if name == "naive":
         return lambda: naive_scores(model, examples, device)
     vocab_stats = name.endswith("=on")
@@ -274,7 +303,9 @@ def method_fn(name: str, model: Any, examples: list[Example], device: torch.devi
 def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, Any, list[Example]]:
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    device = torch.device(
+        "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    )
     if args.token_budget is None:
         args.token_budget = 16384 if device.type == "cuda" else 2048
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -287,7 +318,11 @@ def memory_probe(args: argparse.Namespace) -> None:
     fn = method_fn(args.memory_probe, model, examples, device, args)
     with PeakMemory(device) as mem:
         fn()
-    print(json.dumps({"method": args.memory_probe, "peak_bytes": mem.peak_bytes, "live_bytes": mem.live_bytes, "how": mem.how}))
+    print(
+        json.dumps(
+            {"method": args.memory_probe, "peak_bytes": mem.peak_bytes, "live_bytes": mem.live_bytes, "how": mem.how}
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -300,17 +335,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4 x hidden)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--token-budget", type=int, default=None,
-                        help="padded tokens per batch; default: what `llmaudit score` uses (2048 on CPU, 16384 on GPU)")
+    parser.add_argument(
+        "--token-budget",
+        type=int,
+        default=None,
+        help="padded tokens per batch; default: what `llmaudit score` uses (2048 on CPU, 16384 on GPU)",
+    )
     parser.add_argument("--head-chunk", type=int, default=1024)
-    parser.add_argument("--cpu-workers", type=int, default=None,
-                        help="engine threads scoring batches concurrently on CPU (default: what `llmaudit score` uses, one per core)")
+    parser.add_argument(
+        "--cpu-workers",
+        type=int,
+        default=None,
+        help="engine threads scoring batches concurrently on CPU (default: what `llmaudit score` uses, one per core)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
-    parser.add_argument("--peak-n", type=int, default=None, help="matmul size for the peak (default 2048 CPU, 8192 GPU)")
+    parser.add_argument(
+        "--peak-n", type=int, default=None, help="matmul size for the peak (default 2048 CPU, 8192 GPU)"
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loop (engine numbers only)")
-    parser.add_argument("--no-scaling", action="store_true", help="skip the memory probes at 2x vocabulary and 2x length")
+    parser.add_argument(
+        "--no-scaling", action="store_true", help="skip the memory probes at 2x vocabulary and 2x length"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-probe", choices=METHODS, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -328,15 +375,27 @@ def main(argv: list[str] | None = None) -> None:
     peak_flops, peak_flops_cpu = matmul_peak_flops(device, dtype, peak_n)
 
     load = os.getloadavg()[0]
-    print(f"device {device} ({torch.get_num_threads()} threads, load average {load:.1f} on {os.cpu_count()} cores), torch {torch.__version__}, dtype {dtype}")
+    print(
+        f"device {device} ({torch.get_num_threads()} threads, load average {load:.1f} on {os.cpu_count()} cores), torch {torch.__version__}, dtype {dtype}"
+    )
     if device.type == "cuda":
         print(f"gpu: {torch.cuda.get_device_name(device)}")
-    print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; body params {params_body / 1e6:.2f} M")
-    print(f"data: {len(examples)} samples, lengths {args.min_len}-{args.max_len}, {all_tokens} tokens, {scored} scored (half prompt)")
-    print(f"needed work: 2*{params_body}*{all_tokens} + 2*{args.hidden}*{args.vocab}*{scored} = {flops / 1e9:.1f} GFLOP")
-    print(f"matmul peak ({dtype}, {peak_n}^2 torch.mm): {peak_flops / 1e9:.1f} GFLOP/s per wall s, {peak_flops_cpu / 1e9:.1f} per CPU s")
-    print(f"engine: token_budget {args.token_budget}, head_chunk {args.head_chunk}, cpu_workers {args.cpu_workers or 'auto'}"
-          f"; {args.repeats} timed round(s), median")
+    print(
+        f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; body params {params_body / 1e6:.2f} M"
+    )
+    print(
+        f"data: {len(examples)} samples, lengths {args.min_len}-{args.max_len}, {all_tokens} tokens, {scored} scored (half prompt)"
+    )
+    print(
+        f"needed work: 2*{params_body}*{all_tokens} + 2*{args.hidden}*{args.vocab}*{scored} = {flops / 1e9:.1f} GFLOP"
+    )
+    print(
+        f"matmul peak ({dtype}, {peak_n}^2 torch.mm): {peak_flops / 1e9:.1f} GFLOP/s per wall s, {peak_flops_cpu / 1e9:.1f} per CPU s"
+    )
+    print(
+        f"engine: token_budget {args.token_budget}, head_chunk {args.head_chunk}, cpu_workers {args.cpu_workers or 'auto'}"
+        f"; {args.repeats} timed round(s), median"
+    )
 
     names = [m for m in METHODS if not (args.no_naive and m == "naive")]
     methods = {name: method_fn(name, model, examples, device, args) for name in names}
@@ -349,8 +408,10 @@ def main(argv: list[str] | None = None) -> None:
     naive = timings["naive"][0] if "naive" in timings else None
     t_ref, c_ref = (timings["naive"][1], timings["naive"][2]) if naive is not None else (None, None)
     print()
-    print(f"{'method':<24} {'wall s':>7} {'CPU s':>7} {'tokens/s':>9} {'ratio':>6} {'CPU ratio':>9} {'live MiB':>8} {'RSS MiB':>7} "
-          f"{'of peak':>7} {'CPU of peak':>11} {'max |dloss|':>11} {'max |dtoken|':>12}")
+    print(
+        f"{'method':<24} {'wall s':>7} {'CPU s':>7} {'tokens/s':>9} {'ratio':>6} {'CPU ratio':>9} {'live MiB':>8} {'RSS MiB':>7} "
+        f"{'of peak':>7} {'CPU of peak':>11} {'max |dloss|':>11} {'max |dtoken|':>12}"
+    )
     for name in names:
         result, t, c = timings[name]
         sd = td = "-"
@@ -359,28 +420,39 @@ def main(argv: list[str] | None = None) -> None:
             td = f"{max(float(np.abs(a - b).max()) for a, b in zip(result, naive)):.1e}"
         ratio = f"{t_ref / t:.2f}" if t_ref else "-"
         c_ratio = f"{c_ref / c:.2f}" if c_ref else "-"
-        print(f"{name:<24} {t:7.2f} {c:7.2f} {all_tokens / t:9.0f} {ratio:>6} {c_ratio:>9} {_mib(memory[name][1]):>8} {_mib(memory[name][0]):>7} "
-              f"{flops / t / peak_flops:7.0%} {flops / c / peak_flops_cpu:11.0%} {sd:>11} {td:>12}")
+        print(
+            f"{name:<24} {t:7.2f} {c:7.2f} {all_tokens / t:9.0f} {ratio:>6} {c_ratio:>9} {_mib(memory[name][1]):>8} {_mib(memory[name][0]):>7} "
+            f"{flops / t / peak_flops:7.0%} {flops / c / peak_flops_cpu:11.0%} {sd:>11} {td:>12}"
+        )
     print("(ratio, of peak: wall time; CPU ratio, CPU of peak: process CPU time, less sensitive to other load)")
     if device.type == "cuda":
-        print("(live MiB = RSS MiB: torch.cuda.max_memory_allocated above the allocation before, each method in a fresh process)")
+        print(
+            "(live MiB = RSS MiB: torch.cuda.max_memory_allocated above the allocation before, each method in a fresh process)"
+        )
     else:
-        print(f"(each method in a fresh process, above the memory in use before it; live MiB: peak of the C heap in use"
-              f" (glibc mallinfo2, sampled every 0.5 ms, all threads); RSS MiB: {memory[names[0]][2]}, which also counts"
-              " the allocator's caches and fragmentation)")
+        print(
+            f"(each method in a fresh process, above the memory in use before it; live MiB: peak of the C heap in use"
+            f" (glibc mallinfo2, sampled every 0.5 ms, all threads); RSS MiB: {memory[names[0]][2]}, which also counts"
+            " the allocator's caches and fragmentation)"
+        )
 
     if not args.no_scaling:
         print("\npeak live MiB / RSS MiB as the workload grows (fresh process per cell):")
-        cells = {"as above": {}, f"vocab {2 * args.vocab}": {"vocab": 2 * args.vocab},
-                 f"max length {2 * args.max_len}": {"max_len": 2 * args.max_len}}
+        cells = {
+            "as above": {},
+            f"vocab {2 * args.vocab}": {"vocab": 2 * args.vocab},
+            f"max length {2 * args.max_len}": {"max_len": 2 * args.max_len},
+        }
         print(f"{'method':<24} " + " ".join(f"{label:>18}" for label in cells))
         for name in names:
             row = [memory[name] if not change else probe_memory(name, args, **change) for change in cells.values()]
             print(f"{name:<24} " + " ".join(f"{f'{_mib(live)} / {_mib(rss)}':>18}" for rss, live, _ in row))
 
     target_ratio, target_frac = (10, 0.40) if device.type == "cuda" else (3, 0.50)
-    print(f"\ntargets on {device.type}: ratio >= {target_ratio}, >= {target_frac:.0%} of matmul peak, max |dloss| <= 1e-5"
-          f"; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"\ntargets on {device.type}: ratio >= {target_ratio}, >= {target_frac:.0%} of matmul peak, max |dloss| <= 1e-5"
+        f"; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@ from llmaudit.validate.synthetic.outputs import validate_synthetic_command
 
 
 def bench_trainer(n_runs: int, batch_size: int, overrides: list[str]) -> dict:
-    cfg = load_config(None, [f"n_runs={max(n_runs, 5)}", f"batch_size={batch_size}", "stability_k_runs=[5]", *overrides])
+    cfg = load_config(
+        None, [f"n_runs={max(n_runs, 5)}", f"batch_size={batch_size}", "stability_k_runs=[5]", *overrides]
+    )
     data = make_dataset(cfg, 0, cfg.k_modes[0], cfg.sigmas[0], n_runs=n_runs)
     w0, b0 = init_linear([derive_seed(cfg.seed, 0, "init", r) for r in range(n_runs)], cfg.dim)
     args = (data["x_train"], data["y_train"], w0, b0, data["order"])
@@ -40,9 +42,17 @@ def bench_trainer(n_runs: int, batch_size: int, overrides: list[str]) -> dict:
     wr, br = train_per_run(*args, lr=cfg.lr, batch_size=cfg.batch_size)
     t_loop = time.perf_counter() - t
     diff = max((wb - wr).abs().max().item(), (bb - br).abs().max().item())
-    return {"n_runs": n_runs, "batch_size": cfg.batch_size, "epochs": cfg.epochs, "steps_per_run": cfg.epochs * cfg.n_train // cfg.batch_size,
-            "batched_s": t_batched, "per_run_loop_s": t_loop, "ratio": t_loop / t_batched, "max_abs_param_diff": diff,
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "n_runs": n_runs,
+        "batch_size": cfg.batch_size,
+        "epochs": cfg.epochs,
+        "steps_per_run": cfg.epochs * cfg.n_train // cfg.batch_size,
+        "batched_s": t_batched,
+        "per_run_loop_s": t_loop,
+        "ratio": t_loop / t_batched,
+        "max_abs_param_diff": diff,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:
@@ -52,15 +62,20 @@ def main() -> None:
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--full", action="store_true", help="also run the full experiment and time it")
     group.add_argument("--results", type=Path, help="results.json of an earlier full run: print its wall time")
-    ap.add_argument("--default-protocol", action="store_true",
-                    help="with --full: keep the default stability_mis_resamples (MIS stability retrains)")
+    ap.add_argument(
+        "--default-protocol",
+        action="store_true",
+        help="with --full: keep the default stability_mis_resamples (MIS stability retrains)",
+    )
     ap.add_argument("--out", type=Path, default=Path("synthetic-validation-bench"))
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the synthetic config")
     a = ap.parse_args()
 
     r = bench_trainer(a.runs, a.batch_size, a.overrides)
-    print(f"trainer: {r['n_runs']} runs x {r['steps_per_run']} Adam steps (batch {r['batch_size']}, {r['epochs']} epochs), "
-          f"{r['torch_threads']} torch threads")
+    print(
+        f"trainer: {r['n_runs']} runs x {r['steps_per_run']} Adam steps (batch {r['batch_size']}, {r['epochs']} epochs), "
+        f"{r['torch_threads']} torch threads"
+    )
     print(f"  per-run loop : {r['per_run_loop_s']:8.2f} s")
     print(f"  batched      : {r['batched_s']:8.2f} s")
     print(f"  ratio        : {r['ratio']:8.1f} x   (max |param diff| = {r['max_abs_param_diff']:.1e})")
@@ -69,8 +84,10 @@ def main() -> None:
         extra = [] if a.default_protocol else ["stability_mis_resamples=0"]
         res = validate_synthetic_command(None, [*extra, *a.overrides], a.out)
         wall = res["wall_time_s"]
-        print(f"load average (1/5/15 min) before: {load0[0]:.2f}/{load0[1]:.2f}/{load0[2]:.2f}, "
-              f"after: " + "/".join(f"{x:.2f}" for x in os.getloadavg()))
+        print(
+            f"load average (1/5/15 min) before: {load0[0]:.2f}/{load0[1]:.2f}/{load0[2]:.2f}, "
+            f"after: " + "/".join(f"{x:.2f}" for x in os.getloadavg())
+        )
     elif a.results:
         res = json.loads(a.results.read_text())
         wall = res["wall_time_s"]
@@ -78,11 +95,16 @@ def main() -> None:
         return
     cfg = res["config"]
     parts = {k: sum(d["timing_s"][k] for d in res["datasets"]) for k in ("train", "r_q", "mis", "stability")}
-    print(f"full experiment: {len(res['datasets'])} data sets x {cfg['n_runs']} runs, batch {cfg['batch_size']}: "
-          f"wall {wall:.0f} s ({wall / 60:.1f} min; target 300 s); " + ", ".join(f"{k} {v:.0f} s" for k, v in parts.items()))
+    print(
+        f"full experiment: {len(res['datasets'])} data sets x {cfg['n_runs']} runs, batch {cfg['batch_size']}: "
+        f"wall {wall:.0f} s ({wall / 60:.1f} min; target 300 s); "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in parts.items())
+    )
     s = res["summary"]["published"]
-    print(f"mean Spearman(r_Q, MIS) = {s['mean_spearman']:+.2f} (bootstrap std {s['boot_std_of_mean']:.2f}), "
-          f"stability_mis_resamples={cfg['stability_mis_resamples']}")
+    print(
+        f"mean Spearman(r_Q, MIS) = {s['mean_spearman']:+.2f} (bootstrap std {s['boot_std_of_mean']:.2f}), "
+        f"stability_mis_resamples={cfg['stability_mis_resamples']}"
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ from .conftest import TINY_OVERRIDES
 
 def _run_cli(*args, cwd=None):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "llmaudit.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "llmaudit.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
 
 
 def test_audit_end_to_end_then_rerun_does_no_work(tmp_path):
@@ -77,7 +79,17 @@ def test_malformed_record_is_named(tmp_path):
 
 def test_help_is_useful():
     res = CliRunner().invoke(app, ["--help"])
-    for cmd in ("audit", "finetune", "score", "report", "indicator", "attack", "memorization", "validate", "quantizers"):
+    for cmd in (
+        "audit",
+        "finetune",
+        "score",
+        "report",
+        "indicator",
+        "attack",
+        "memorization",
+        "validate",
+        "quantizers",
+    ):
         assert cmd in res.output
     res = CliRunner().invoke(app, ["finetune", "--help"])
     assert "--shard" in res.output and "key=value" in res.output

@@ -1,14 +1,14 @@
 """The `llmaudit` command line.
 
-    llmaudit audit [RECIPE] [key=value ...]     finetune -> score -> report (default: the CPU demo)
-    llmaudit finetune RECIPE [key=value ...]    LoRA runs with membership masks and checkpoints
-    llmaudit score RUN_DIR_OR_RECIPE [...]      per-sample token losses of every quantized checkpoint
-    llmaudit report RUN_DIR                     r_Q, attacks, memorization -> report.json / .md / .html
-    llmaudit indicator | attack | memorization LOSS_TABLE   on any loss table (bring your own losses)
-    llmaudit validate synthetic | capacity      validations where the truth is known
-    llmaudit quantizers                         every quantizer and whether it can run here
-    llmaudit status RUN_DIR                     what is done, running and missing
-    llmaudit submit STAGE RECIPE                shard jobs on SLURM (submitit) or local processes
+llmaudit audit [RECIPE] [key=value ...]     finetune -> score -> report (default: the CPU demo)
+llmaudit finetune RECIPE [key=value ...]    LoRA runs with membership masks and checkpoints
+llmaudit score RUN_DIR_OR_RECIPE [...]      per-sample token losses of every quantized checkpoint
+llmaudit report RUN_DIR                     r_Q, attacks, memorization -> report.json / .md / .html
+llmaudit indicator | attack | memorization LOSS_TABLE   on any loss table (bring your own losses)
+llmaudit validate synthetic | capacity      validations where the truth is known
+llmaudit quantizers                         every quantizer and whether it can run here
+llmaudit status RUN_DIR                     what is done, running and missing
+llmaudit submit STAGE RECIPE                shard jobs on SLURM (submitit) or local processes
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -93,15 +92,15 @@ def _progress(no_progress: bool) -> bool:
     return not no_progress
 
 
-def _split_recipe_args(args: list[str]) -> tuple[Optional[str], list[str]]:
+def _split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
     """The first argument is a recipe unless it looks like key=value."""
     if args and "=" not in args[0]:
         return args[0], args[1:]
     return None, args
 
 
-def _load(recipe: Optional[str], overrides: list[str], out: Optional[Path]):
-    
+def _load(recipe: str | None, overrides: list[str], out: Path | None):
+
     cfg = load_recipe(recipe, overrides)
     if out is not None:
         cfg = cfg.model_copy(update={"output_dir": str(out)})
@@ -109,7 +108,7 @@ def _load(recipe: Optional[str], overrides: list[str], out: Optional[Path]):
     return cfg
 
 
-def _cfg_from_run_dir_or_recipe(target: Optional[str], overrides: list[str], out: Optional[Path]):
+def _cfg_from_run_dir_or_recipe(target: str | None, overrides: list[str], out: Path | None):
     """A run directory (its manifest's config, plus overrides) or a recipe."""
 
     if target and Path(target).is_dir() and (Path(target) / "manifest.json").exists():
@@ -125,9 +124,9 @@ def _cfg_from_run_dir_or_recipe(target: Optional[str], overrides: list[str], out
 
 @app.command(context_settings={"allow_extra_args": True})
 def finetune(
-    args: List[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]. {RECIPE_HELP} {OVERRIDES_HELP}"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
-    shard: Optional[str] = typer.Option(None, help=SHARD_HELP),
+    args: list[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]. {RECIPE_HELP} {OVERRIDES_HELP}"),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
+    shard: str | None = typer.Option(None, help=SHARD_HELP),
     no_progress: bool = typer.Option(False, "--no-progress", help="Print concise lines instead of progress bars."),
 ) -> None:
     """LoRA fine-tuning runs, each on a random subset of the sample pool (membership recorded), with adapter
@@ -141,9 +140,9 @@ def finetune(
 
 @app.command(context_settings={"allow_extra_args": True})
 def score(
-    args: List[str] = typer.Argument(None, help="RUN_DIR or RECIPE, then key=value overrides of the score section."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory when a recipe is given."),
-    shard: Optional[str] = typer.Option(None, help=SHARD_HELP),
+    args: list[str] = typer.Argument(None, help="RUN_DIR or RECIPE, then key=value overrides of the score section."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory when a recipe is given."),
+    shard: str | None = typer.Option(None, help=SHARD_HELP),
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
     """Per-sample token losses of every (run, checkpoint, quantizer) unit, one parquet loss table per unit.
@@ -156,7 +155,11 @@ def score(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="The experiment directory written by finetune/score."),
-    include_samples: bool = typer.Option(False, "--include-samples", help="Also print the text of the most vulnerable samples (off: ids and scores only)."),
+    include_samples: bool = typer.Option(
+        False,
+        "--include-samples",
+        help="Also print the text of the most vulnerable samples (off: ids and scores only).",
+    ),
 ) -> None:
     """Compute r_Q, the attacks and memorization from the loss tables and write report.json, report.md
     and a self-contained report.html (plots embedded)."""
@@ -170,8 +173,8 @@ def report(
 
 @app.command(context_settings={"allow_extra_args": True})
 def audit(
-    args: List[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]; default: the CPU demo. {OVERRIDES_HELP}"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
+    args: list[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]; default: the CPU demo. {OVERRIDES_HELP}"),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
     """finetune, score and report in order. `llmaudit audit` alone runs the CPU demo (a few minutes)."""
@@ -188,7 +191,9 @@ def audit(
     typer.echo("")
     typer.echo(render_markdown(build_report(result), only=("summary", "checklist")).rstrip())
     typer.echo("")
-    typer.echo(f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
+    typer.echo(
+        f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}"
+    )
 
 
 @app.command()
@@ -210,18 +215,19 @@ def attack(
     loss_table: Path = typer.Argument(..., help="A loss-table parquet file or a directory of them."),
     out: Path = typer.Option(Path("attacks.json"), "--out", help="JSON file to write (ROC plots beside it)."),
     n_boot: int = typer.Option(500, help="Bootstrap resamples for the intervals."),
-    fpc: str = typer.Option("auto", help="Finite population correction: auto (from --n-pool/--n-train), off, or a number."),
-    n_pool: Optional[int] = typer.Option(None, help="Pool size N_+ the runs' training sets were drawn from."),
-    n_train: Optional[float] = typer.Option(None, help="Training set size N per run."),
-    r_q: Optional[Path] = typer.Option(None, "--r-q", help="indicator.json (or {quantizer: r_Q} JSON) to correlate with."),
+    fpc: str = typer.Option(
+        "auto", help="Finite population correction: auto (from --n-pool/--n-train), off, or a number."
+    ),
+    n_pool: int | None = typer.Option(None, help="Pool size N_+ the runs' training sets were drawn from."),
+    n_train: float | None = typer.Option(None, help="Training set size N per run."),
+    r_q: Path | None = typer.Option(None, "--r-q", help="indicator.json (or {quantizer: r_Q} JSON) to correlate with."),
 ) -> None:
     """Every attack on each quantizer's final checkpoint, each run in turn as the target, with calibrated pooling."""
     rq = None
     if r_q is not None:
         data = read_json(r_q)
         rq = {q: e["r_q"]["mean"] for q, e in data["per_quantizer"].items()} if "per_quantizer" in data else data
-    fpc_value = None if fpc == "off" else ("auto" if fpc == "auto" else float(fpc))
-    attack_command(loss_table, out, n_boot=n_boot, fpc=fpc_value, n_pool=n_pool, n_train=n_train, r_q=rq)
+    attack_command(loss_table, out, n_boot=n_boot, fpc=fpc, n_pool=n_pool, n_train=n_train, r_q=rq)
     typer.echo(f"wrote {out}")
 
 
@@ -230,19 +236,27 @@ def memorization(
     loss_table: Path = typer.Argument(..., help="A loss-table parquet file or a directory of them."),
     out: Path = typer.Option(Path("memorization.json"), "--out"),
     reference: str = typer.Option("base", help="'base' (run -1 rows) or run=R,quantizer=Q,checkpoint=C."),
-    adapter_params: Optional[int] = typer.Option(None, help="Trainable adapter parameters (bits per parameter)."),
-    model_params: Optional[int] = typer.Option(None, help="Model parameters."),
+    adapter_params: int | None = typer.Option(None, help="Trainable adapter parameters (bits per parameter)."),
+    model_params: int | None = typer.Option(None, help="Model parameters."),
     bits_per_param: float = typer.Option(3.6, help="Capacity estimate in bits per parameter."),
 ) -> None:
     """Unintended memorization in bits (Morris et al.) per quantizer, members vs non-members."""
-    memorization_command(loss_table, out, reference=reference, adapter_params=adapter_params, model_params=model_params, capacity_bits_per_param=bits_per_param, markdown_out=out.with_suffix(".md"))
+    memorization_command(
+        loss_table,
+        out,
+        reference=reference,
+        adapter_params=adapter_params,
+        model_params=model_params,
+        capacity_bits_per_param=bits_per_param,
+        markdown_out=out.with_suffix(".md"),
+    )
     typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 @validate_app.command("synthetic", context_settings={"allow_extra_args": True})
 def validate_synthetic(
-    args: List[str] = typer.Argument(None, help="[RECIPE] [key=value ...] (default recipe: synthetic-validation)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default ./synthetic-validation)."),
+    args: list[str] = typer.Argument(None, help="[RECIPE] [key=value ...] (default recipe: synthetic-validation)."),
+    out: Path | None = typer.Option(None, "--out", help="Output directory (default ./synthetic-validation)."),
 ) -> None:
     """The indicator paper's synthetic validation: r_Q ranking vs baseline MIS ranking of 8 simple quantizers."""
     recipe, overrides = _split_recipe_args(list(args or []))
@@ -280,8 +294,11 @@ def status(
 @app.command(context_settings={"allow_extra_args": True})
 def submit(
     stage: str = typer.Argument(..., help="finetune, score, report, or all (the three in order)."),
-    args: List[str] = typer.Argument(None, help=f"RECIPE (or RUN_DIR for score/report), then key=value overrides, e.g. cluster.shards=8. {RECIPE_HELP}"),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
+    args: list[str] = typer.Argument(
+        None,
+        help=f"RECIPE (or RUN_DIR for score/report), then key=value overrides, e.g. cluster.shards=8. {RECIPE_HELP}",
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
 ) -> None:
     """Send a stage to a cluster as cluster.shards independent shard jobs (`--shard I/N` each) through submitit:
     a SLURM array job per stage with `cluster.cluster: slurm` (later stages wait for earlier ones), or local
@@ -299,7 +316,18 @@ def main() -> None:
     _setup()
     try:
         app()
-    except (CliError, RecipeError, DataError, StoreError, ModelError, LossTableError, QuantizationError, FileNotFoundError, FloatingPointError, ValueError) as exc:
+    except (
+        CliError,
+        RecipeError,
+        DataError,
+        StoreError,
+        ModelError,
+        LossTableError,
+        QuantizationError,
+        FileNotFoundError,
+        FloatingPointError,
+        ValueError,
+    ) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
 

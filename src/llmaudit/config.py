@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -39,11 +39,14 @@ RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 
 DEMO_RECIPE = "demo-cpu"
 
+
 class RecipeError(ValueError):
     """A recipe (or an override) is invalid. The message names the key, the value and the fix."""
 
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
 
 class BuiltinModelConfig(_Section):
     """Architecture of the tiny built-in model (`model.name: builtin:tiny-qwen2`) used by the CPU demo."""
@@ -70,7 +73,7 @@ class BuiltinModelConfig(_Section):
     """Seed of the base model's initialisation and pre-training."""
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "BuiltinModelConfig":
+    def _heads_divide(self) -> BuiltinModelConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} must divide hidden_size={self.hidden_size}"
@@ -79,12 +82,13 @@ class BuiltinModelConfig(_Section):
             raise ValueError("num_key_value_heads must divide num_attention_heads")
         return self
 
+
 class ModelConfig(_Section):
     """The base causal LM that every run fine-tunes."""
 
     name: str = "builtin:tiny-qwen2"
     """A Hugging Face hub id (`Qwen/Qwen2.5-0.5B-Instruct`), a local directory, or `builtin:tiny-qwen2`."""
-    revision: Optional[str] = None
+    revision: str | None = None
     """Hub revision (branch, tag or commit) to pin."""
     trust_remote_code: bool = False
     """Allow code shipped with the model to run. Off unless you trust the repository."""
@@ -93,12 +97,13 @@ class ModelConfig(_Section):
     builtin: BuiltinModelConfig = Field(default_factory=BuiltinModelConfig)
     """Settings of the built-in tiny model (ignored for hub or local models)."""
 
+
 class DataConfig(_Section):
     """Where the SMolInstruct records come from and how the audited pool is drawn."""
 
     source: Literal["synthetic", "hub", "local"] = "synthetic"
     """synthetic = offline deterministic generator; hub = osunlp/SMolInstruct's data.zip; local = `path`."""
-    path: Optional[str] = None
+    path: str | None = None
     """For source=local: data.zip, an extracted data.zip directory, a directory of JSONL/parquet files, or one JSONL/parquet file."""
     hub_id: str = "osunlp/SMolInstruct"
     """Dataset repository on the hub (source=hub)."""
@@ -128,10 +133,11 @@ class DataConfig(_Section):
         return tasks
 
     @model_validator(mode="after")
-    def _path_for_local(self) -> "DataConfig":
+    def _path_for_local(self) -> DataConfig:
         if self.source == "local" and not self.path:
             raise ValueError("data.source=local needs data.path (data.zip, a directory, or a JSONL/parquet file)")
         return self
+
 
 class LoraSettings(_Section):
     """LoRA adapter settings (peft)."""
@@ -146,6 +152,7 @@ class LoraSettings(_Section):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names that receive an adapter."""
+
 
 class TrainConfig(_Section):
     """Fine-tuning runs: how many, on what subset, and the optimisation."""
@@ -169,6 +176,7 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: auto = cuda if available."""
 
+
 class ScoreConfig(_Section):
     """Scoring: which quantizers, on which device, with which batching."""
 
@@ -180,12 +188,12 @@ class ScoreConfig(_Section):
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to score: auto = cuda if available."""
-    token_budget: Optional[int] = Field(None, ge=64)
+    token_budget: int | None = Field(None, ge=64)
     """Maximum padded tokens per batch (batches are length-sorted); null = 2048 on CPU (smaller batches stay
     in cache: measured faster by benchmarks/bench_scoring.py), 16384 on GPU."""
     head_chunk: int = Field(1024, ge=1)
     """Positions per chunk when applying the output head (bounds logits memory)."""
-    cpu_workers: Optional[int] = Field(None, ge=1)
+    cpu_workers: int | None = Field(None, ge=1)
     """CPU scoring: batches scored concurrently by this many threads, the torch threads shared among them;
     null = one per available core ($LLMAUDIT_THREADS caps it), at most one per batch. 1 = one batch at a
     time with all threads inside each op. Memory grows with the workers (one batch each)."""
@@ -196,11 +204,23 @@ class ScoreConfig(_Section):
     trajectory: Literal["all", "final"] = "all"
     """Checkpoints scored on the validation set: all (r_Q needs the trajectory) or the final one only."""
 
+
 class AttackConfig(_Section):
     """Membership inference attacks run on every quantizer's final checkpoint."""
 
     attacks: list[str] = Field(
-        default_factory=lambda: ["loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref", "loss+zlib+ref", "lira_offline", "lira_online"]
+        default_factory=lambda: [
+            "loss",
+            "min_k",
+            "min_k_plus_plus",
+            "zlib",
+            "ref",
+            "loss+zlib",
+            "loss+ref",
+            "loss+zlib+ref",
+            "lira_offline",
+            "lira_online",
+        ]
     )
     """Attacks to run."""
     fpc: Literal["auto", "off"] | float = "auto"
@@ -209,6 +229,7 @@ class AttackConfig(_Section):
     """Bootstrap resamples for confidence intervals."""
     seed: int = 0
     """Seed of the bootstraps."""
+
 
 class ReportConfig(_Section):
     """Release checklist thresholds."""
@@ -222,6 +243,7 @@ class ReportConfig(_Section):
     min_runs: int = Field(5, ge=1)
     """A criterion estimated from fewer fine-tuning runs than this is NOT MEASURED, never PASS."""
 
+
 class ClusterConfig(_Section):
     """Batch settings of `llmaudit submit`: where the shard jobs run and what each one asks for.
 
@@ -230,13 +252,13 @@ class ClusterConfig(_Section):
 
     cluster: Literal["local", "slurm"] = "local"
     """local = shard jobs run as processes on this machine (submitit's LocalExecutor); slurm = a SLURM array job."""
-    partition: Optional[str] = None
+    partition: str | None = None
     """SLURM partition (slurm_partition); None = the cluster's default partition."""
     gpus_per_job: int = Field(0, ge=0)
     """GPUs per shard job (gpus_per_node). With cluster=local, each running shard gets its own GPUs via CUDA_VISIBLE_DEVICES."""
     cpus_per_job: int = Field(4, ge=1)
     """CPU cores per shard job (cpus_per_task); also torch's thread count in the job unless LLMAUDIT_THREADS is set."""
-    mem_gb: Optional[int] = Field(None, ge=1)
+    mem_gb: int | None = Field(None, ge=1)
     """Host memory per shard job in GB; None = the cluster's default."""
     time_minutes: int = Field(240, ge=1)
     """Wall-clock limit of one shard job. A job that hits it (or is preempted) is requeued and resumes from disk."""
@@ -246,15 +268,16 @@ class ClusterConfig(_Section):
     """N: every stage is split round-robin into N shard jobs (`--shard I/N`); finetune uses at most train.runs of them."""
     slurm_additional_parameters: dict[str, Any] = Field(default_factory=dict)
     """Extra sbatch options passed through unchanged, e.g. {account: my-project, qos: normal, constraint: a100}."""
-    log_dir: Optional[str] = None
+    log_dir: str | None = None
     """Where submitit writes job scripts, pickles and logs; default <output_dir>/jobs."""
+
 
 class ExperimentConfig(_Section):
     """A whole audit: model, data, runs, scoring, attacks and report."""
 
     name: str = "audit"
     """Experiment name (also the default output directory under the current directory)."""
-    output_dir: Optional[str] = None
+    output_dir: str | None = None
     """Where the run store goes; default ./llmaudit-out/<name>."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -282,18 +305,35 @@ class ExperimentConfig(_Section):
         blob = json.dumps(self.identity(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-def _format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid recipe {source}:"]
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
+    """The field names of the section that holds the key at `loc` (None when it is not a config section)."""
+    cls = model
+    for part in loc[:-1]:
+        field = cls.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        cls = annotation
+    return sorted(cls.model_fields)
+
+
+def format_validation_error(
+    exc: ValidationError, source: str, *, what: str = "recipe", model: type[BaseModel] | None = None
+) -> str:
+    """One line per invalid key: the dotted key, the value given and what is allowed (for an unknown
+    key, the keys its section allows)."""
+    model = model or ExperimentConfig
+    lines = [f"invalid {what} {source}:"]
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        value = err.get("input")
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; `llmaudit finetune --help` lists the sections)"
-        elif err["type"] == "literal_error":
-            msg = f"{msg}"
-        lines.append(f"  {key} = {value!r}: {msg}")
+            allowed = _allowed_keys(model, tuple(err["loc"]))
+            msg = "unknown key (check the spelling)" + (f"; allowed here: {allowed}" if allowed else "")
+        lines.append(f"  {key} = {err.get('input')!r}: {msg}")
     return "\n".join(lines)
+
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
@@ -308,6 +348,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise RecipeError(f"override {text!r}: value is not valid YAML ({exc})") from exc
     return key.split("."), value
 
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     raw = json.loads(json.dumps(raw))  # deep copy of plain data
     for text in overrides:
@@ -320,6 +361,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = child
         node[path[-1]] = value
     return raw
+
 
 def resolve_recipe_path(recipe: str | Path | None) -> Path:
     """A path to a YAML file, or the name of a shipped recipe (`demo-cpu`, `qwen2.5-0.5b-smolinstruct`)."""
@@ -337,6 +379,7 @@ def resolve_recipe_path(recipe: str | Path | None) -> Path:
     available = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
     raise RecipeError(f"recipe {recipe!s} not found: pass a YAML file or one of the shipped recipes {available}.")
 
+
 def read_recipe_yaml(path: Path) -> dict[str, Any]:
     """The mapping in a recipe file (keys = config field names)."""
     try:
@@ -347,16 +390,19 @@ def read_recipe_yaml(path: Path) -> dict[str, Any]:
         raise RecipeError(f"recipe {path} must be a mapping of keys to values (sections: model, data, train, ...)")
     return raw
 
+
 def load_recipe(recipe: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     path = resolve_recipe_path(recipe)
     raw = apply_overrides(read_recipe_yaml(path), overrides or [])
     return config_from_dict(raw, source=str(path))
 
+
 def config_from_dict(raw: dict[str, Any], source: str = "(dict)") -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
-        raise RecipeError(_format_validation_error(exc, source)) from None
+        raise RecipeError(format_validation_error(exc, source)) from None
+
 
 def dump_config(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

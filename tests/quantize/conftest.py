@@ -15,8 +15,16 @@ TEXT_WORDS = 500  # word ids w0..w499; 500 = [UNK], 501 = [PAD]
 
 
 def tiny_config(arch: str):
-    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128, initializer_range=INIT_RANGE)
+    common = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        initializer_range=INIT_RANGE,
+    )
     if arch == "qwen2":
         return transformers.Qwen2Config(**common)
     if arch == "llama":

@@ -18,7 +18,6 @@ needs_gptq = pytest.mark.skipif("gptq-4" not in AVAILABLE, reason="gptqmodel not
 GPTQ_OPTIONS = dict(group_size=32, calibration_samples=16, calibration_max_length=32)
 
 
-
 def cpu_quantizer(name, **options):
     """CPU tests pin the device, so a GPU machine runs them exactly as a CPU-only one does."""
     return get_quantizer(name, device="cpu", **options)
@@ -94,8 +93,16 @@ def test_effective_bits_and_size(lora_results):
     base = build_lora_merged()
     fp32_bytes = sum(p.numel() * 4 for p in base.parameters())
     in_scope = sum(m.weight.numel() for n, m in base.named_modules() if isinstance(m, nn.Linear) and ".layers." in n)
-    expected_bits = {"fp32": 32, "bf16": 16, "hqq-1": 1.5, "hqq-4": 4.5, "hqq-8": 8.5, "bnb-nf4": 4.5,
-                     "sign": 1.0, "ternary-50": math.log2(3)}
+    expected_bits = {
+        "fp32": 32,
+        "bf16": 16,
+        "hqq-1": 1.5,
+        "hqq-4": 4.5,
+        "hqq-8": 8.5,
+        "bnb-nf4": 4.5,
+        "sign": 1.0,
+        "ternary-50": math.log2(3),
+    }
     for name, bits in expected_bits.items():
         q, model, _ = lora_results[name]
         assert math.isclose(q.effective_bits(model), bits, rel_tol=1e-12), name
@@ -115,8 +122,10 @@ def test_bnb_accounting_matches_real_storage():
     model = cpu_quantizer("bnb-nf4", mode="real").quantize_model(build_tiny("qwen2"))
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert len(layers) == 14
-    stored_bits = sum(m.weight.data.numel() * m.weight.data.element_size() * 8
-                      + m.weight.quant_state.absmax.numel() * 32 for m in layers)
+    stored_bits = sum(
+        m.weight.data.numel() * m.weight.data.element_size() * 8 + m.weight.quant_state.absmax.numel() * 32
+        for m in layers
+    )
     n = sum(m.in_features * m.out_features for m in layers)
     assert math.isclose(stored_bits / n, cpu_quantizer("bnb-nf4").effective_bits(model))
 
@@ -135,8 +144,9 @@ def test_hqq_fake_equals_real_hqqlinear(name, batch):
     real_model, fake_model = _real_vs_fake(name)
     assert sum(isinstance(m, HQQLinear) for m in real_model.modules()) == 14
     assert not any(isinstance(m, HQQLinear) for m in fake_model.modules())
-    torch.testing.assert_close(per_sample_loss(fake_model, *batch), per_sample_loss(real_model, *batch),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        per_sample_loss(fake_model, *batch), per_sample_loss(real_model, *batch), rtol=0, atol=1e-5
+    )
 
 
 def test_hqq_per_layer_path_equals_hqq_model_api(batch):
@@ -147,8 +157,9 @@ def test_hqq_per_layer_path_equals_hqq_model_api(batch):
     base = build_lora_merged()
     ours = cpu_quantizer("hqq-3", mode="real").quantize_model(copy.deepcopy(base))
     theirs = copy.deepcopy(base)
-    AutoHQQHFModel.quantize_model(theirs, quant_config=BaseQuantizeConfig(nbits=3, group_size=64),
-                                  compute_dtype=torch.float32, device="cpu")
+    AutoHQQHFModel.quantize_model(
+        theirs, quant_config=BaseQuantizeConfig(nbits=3, group_size=64), compute_dtype=torch.float32, device="cpu"
+    )
     torch.testing.assert_close(per_sample_loss(ours, *batch), per_sample_loss(theirs, *batch), rtol=0, atol=1e-6)
 
 
@@ -163,8 +174,9 @@ def test_bnb_fake_equals_real_linear4bit(name, double_quant, batch):
         # On AVX512-BF16 CPUs bitsandbytes switches eval-time inference to a fused kernel that casts the
         # activations to bf16; the generic path (dequantize, then an fp32 matmul) is what fake mode equals.
         m.support_avx512bf16_for_cpu = False
-    torch.testing.assert_close(per_sample_loss(fake_model, *batch), per_sample_loss(real_model, *batch),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        per_sample_loss(fake_model, *batch), per_sample_loss(real_model, *batch), rtol=0, atol=1e-5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +232,8 @@ def test_gptq_loss_change_ladder(gptq_results, tokenizer, texts, batch):
     changes = {n: float((gptq_results[n][2] - ref).abs().mean()) for n in ("gptq-2", "gptq-8")}
     for name in ("gptq-3", "gptq-4"):
         model = cpu_quantizer(name, **GPTQ_OPTIONS).quantize_model(
-            copy.deepcopy(base), tokenizer=tokenizer, calibration_texts=texts)
+            copy.deepcopy(base), tokenizer=tokenizer, calibration_texts=texts
+        )
         changes[name] = float((per_sample_loss(model, *batch) - ref).abs().mean())
     ladder = [changes[n] for n in ("gptq-2", "gptq-3", "gptq-4", "gptq-8")]
     assert ladder == sorted(ladder, reverse=True), changes
@@ -250,6 +263,7 @@ def test_gpu_gptq(tokenizer, texts, batch):
     base = build_lora_merged()
     ref = per_sample_loss(base, *batch)
     model = get_quantizer("gptq-4", device="cuda", **GPTQ_OPTIONS).quantize_model(
-        copy.deepcopy(base), tokenizer=tokenizer, calibration_texts=texts)
+        copy.deepcopy(base), tokenizer=tokenizer, calibration_texts=texts
+    )
     losses = per_sample_loss(model, *batch)
     assert torch.isfinite(losses).all() and float((losses - ref).abs().mean()) < 0.1

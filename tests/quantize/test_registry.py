@@ -14,13 +14,29 @@ from llmaudit.quantize import QUANTIZER_NAMES, QuantizationError, get_quantizer,
 from .conftest import build_tiny
 
 EXPECTED = {
-    "fp32": ("full", 32), "bf16": ("full", 16), "fp16": ("full", 16),
-    "bnb-nf4": ("bnb", 4), "bnb-fp4": ("bnb", 4), "bnb-int8": ("bnb", 8),
-    "gptq-2": ("gptq", 2), "gptq-3": ("gptq", 3), "gptq-4": ("gptq", 4), "gptq-8": ("gptq", 8),
-    "hqq-1": ("hqq", 1), "hqq-2": ("hqq", 2), "hqq-3": ("hqq", 3), "hqq-4": ("hqq", 4), "hqq-8": ("hqq", 8),
-    "sign": ("simple", 1), "ternary-33": ("simple", 1.58), "ternary-50": ("simple", 1.58),
-    "ternary-90": ("simple", 1.58), "uniform-2": ("simple", 2), "uniform-3": ("simple", 3),
-    "uniform-4": ("simple", 4), "uniform-5": ("simple", 5),
+    "fp32": ("full", 32),
+    "bf16": ("full", 16),
+    "fp16": ("full", 16),
+    "bnb-nf4": ("bnb", 4),
+    "bnb-fp4": ("bnb", 4),
+    "bnb-int8": ("bnb", 8),
+    "gptq-2": ("gptq", 2),
+    "gptq-3": ("gptq", 3),
+    "gptq-4": ("gptq", 4),
+    "gptq-8": ("gptq", 8),
+    "hqq-1": ("hqq", 1),
+    "hqq-2": ("hqq", 2),
+    "hqq-3": ("hqq", 3),
+    "hqq-4": ("hqq", 4),
+    "hqq-8": ("hqq", 8),
+    "sign": ("simple", 1),
+    "ternary-33": ("simple", 1.58),
+    "ternary-50": ("simple", 1.58),
+    "ternary-90": ("simple", 1.58),
+    "uniform-2": ("simple", 2),
+    "uniform-3": ("simple", 3),
+    "uniform-4": ("simple", 4),
+    "uniform-5": ("simple", 5),
 }
 
 
@@ -71,11 +87,14 @@ def test_import_does_not_load_backends():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("name, library, hint", [
-    ("hqq-4", "hqq", "pip install 'llmaudit[hqq]'"),
-    ("bnb-nf4", "bitsandbytes", "pip install 'llmaudit[bnb]'"),
-    ("gptq-4", "gptqmodel", "pip install 'llmaudit[gptq]'"),
-])
+@pytest.mark.parametrize(
+    "name, library, hint",
+    [
+        ("hqq-4", "hqq", "pip install 'llmaudit[hqq]'"),
+        ("bnb-nf4", "bitsandbytes", "pip install 'llmaudit[bnb]'"),
+        ("gptq-4", "gptqmodel", "pip install 'llmaudit[gptq]'"),
+    ],
+)
 def test_missing_library_is_reported_with_install_hint(monkeypatch, name, library, hint):
     monkeypatch.setattr(base, "library_available", lambda module: module != library)
     with pytest.raises(QuantizationError) as err:

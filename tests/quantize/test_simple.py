@@ -1,4 +1,4 @@
-"""The simple quantizers of SCIENCE.md section 3, against hand-computed outputs."""
+"""The simple quantizers of docs/science.md section 3, against hand-computed outputs."""
 
 import math
 

@@ -19,12 +19,14 @@ from llmaudit.analyze.memorization import memorization_from_table
 from llmaudit.analyze.utility import trajectory_from_table, utility_from_table
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.config import ExperimentConfig
+from llmaudit.quantize import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN, read_loss_table
 from llmaudit.store.run_store import RunStore
 
 log = logging.getLogger(__name__)
 
 RESULT_SCHEMA_VERSION = 1
+
 
 def analyze(cfg: ExperimentConfig, store: RunStore, *, echo=print) -> dict[str, Any]:
     """Compute every result from the stored loss tables and write results/*.json."""
@@ -35,23 +37,24 @@ def analyze(cfg: ExperimentConfig, store: RunStore, *, echo=print) -> dict[str, 
     missing = [q for q in cfg.score.quantizers if q not in quantizers]
     if missing:
         echo(f"[analyze] not scored yet (run `llmaudit score`): {missing}")
-    reference = next((q for q in quantizers if q in ("fp32", "bf16", "fp16")), quantizers[0])
+    reference = full_precision_reference(quantizers) or quantizers[0]
     n_boot = cfg.attack.n_boot
 
     echo("[analyze] r_Q indicator ...")
-    indicator = indicator_from_table(table[table["quantizer"].isin(quantizers)], split="val", n_boot=max(n_boot, 200), seed=cfg.attack.seed)
+    indicator = indicator_from_table(
+        table[table["quantizer"].isin(quantizers)], split="val", n_boot=max(n_boot, 200), seed=cfg.attack.seed
+    )
     r_q_means = {q: indicator["per_quantizer"][q]["r_q"]["mean"] for q in quantizers if q in indicator["per_quantizer"]}
 
     echo("[analyze] attacks ...")
     membership = manifest["membership"]
-    fpc: Any = {"auto": "auto", "off": None}.get(cfg.attack.fpc, cfg.attack.fpc) if isinstance(cfg.attack.fpc, str) else cfg.attack.fpc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         attacks = run_attacks(
             table,
             quantizers=quantizers,
             attacks=cfg.attack.attacks,
-            fpc=fpc,
+            fpc=cfg.attack.fpc,
             n_boot=n_boot,
             seed=cfg.attack.seed,
             n_pool=membership["pool_size"],

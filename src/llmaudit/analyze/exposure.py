@@ -31,5 +31,7 @@ def vulnerable_samples(df: pd.DataFrame, quantizer: str, fpc_value: float | None
     return {
         "attack": "lira_offline",
         "score_definition": "mean over the runs that trained on the sample of its calibrated offline-LiRA z-score (leave-one-out)",
-        "samples": [{"sample_id": samples[i], "score": float(score[i]), "n_member_runs": int(counts[i])} for i in order],
+        "samples": [
+            {"sample_id": samples[i], "score": float(score[i]), "n_member_runs": int(counts[i])} for i in order
+        ],
     }

@@ -1,9 +1,9 @@
-"""The attack-free indicator r_Q (SCIENCE.md section 2) and its aggregation over training runs.
+"""The attack-free indicator r_Q (docs/science.md section 2) and its aggregation over training runs.
 
 Pure functions: per-sample losses in, numbers out. The published estimator is `r_q` (Algorithm 2 of
-the indicator paper, SCIENCE.md section 2 step 4). Variants that SCIENCE.md section 5 asks us to
+the indicator paper, docs/science.md section 2 step 4). Variants that docs/science.md section 5 asks us to
 investigate live in separate, clearly named functions (`r_q_reciprocal`, ...) and are never swapped in
-silently. Notation follows SCIENCE.md:
+silently. Notation follows docs/science.md:
 
     L[k, j]   loss of quantized checkpoint k on validation sample j          losses: [K, n]
     m[k]      mean_j L[k, j]; points sorted so that m[1] <= m[2] <= ...
@@ -13,7 +13,7 @@ silently. Notation follows SCIENCE.md:
 
 Conventions (all explicit, see `r_q_details`):
 - Rows whose per-sample losses are identical (within `atol`, default exact equality) are the same
-  quantized point and are merged BEFORE sorting (SCIENCE.md section 2, "Edge cases").
+  quantized point and are merged BEFORE sorting (docs/science.md section 2, "Edge cases").
 - Two distinct points with equal mean loss: delta = 0, the ratio sigma2/delta^2 is +inf, r_Q = 0.0.
 - Every distinct point a pure constant shift of the lowest one (sigma2 = 0, delta > 0): r_Q = +inf.
 - Fewer than 2 distinct points: r_Q undefined, returned as nan with a status saying so.
@@ -23,26 +23,27 @@ Conventions (all explicit, see `r_q_details`):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from llmaudit.common.stats import bootstrap_mean_interval, finite_mean, spearman_rho
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, loss_matrix
 
 STATUS_OK = "ok"
 
 STATUS_ZERO = "zero: two distinct quantized points have equal mean loss (delta = 0)"
 
-STATUS_INFINITE = (
-    "infinite: every distinct point differs from the lowest-loss point by a constant shift (sigma2 = 0)"
-)
+STATUS_INFINITE = "infinite: every distinct point differs from the lowest-loss point by a constant shift (sigma2 = 0)"
 
 STATUS_UNDEFINED = "undefined: fewer than 2 distinct quantized points"
 
-ESTIMATOR = "Algorithm 2 (SCIENCE.md section 2, step 4)"
+ESTIMATOR = "Algorithm 2 (docs/science.md section 2, step 4)"
+
 
 @dataclass(frozen=True)
 class RQResult:
@@ -50,7 +51,7 @@ class RQResult:
 
     Indices: `groups`, `order` and `argmax_k` refer to rows of the ORIGINAL `losses` array; the
     per-point arrays (`means`, `delta`, `sigma2`, `profile`) are in sorted order (position 0 = the
-    lowest-loss point, SCIENCE.md's k = 1)."""
+    lowest-loss point, docs/science.md's k = 1)."""
 
     r_q: float
     """The indicator (Algorithm 2); nan when undefined, 0.0 or +inf in the edge cases of `status`."""
@@ -86,12 +87,11 @@ class RQResult:
             out[key] = list(out[key])
         return out
 
+
 def _check_losses(losses: Any) -> np.ndarray:
     arr = np.asarray(losses, dtype=np.float64)
     if arr.ndim != 2:
-        raise ValueError(
-            f"losses must be a 2-D array [K checkpoints, n samples]; got shape {arr.shape}."
-        )
+        raise ValueError(f"losses must be a 2-D array [K checkpoints, n samples]; got shape {arr.shape}.")
     if arr.shape[0] < 1:
         raise ValueError("losses has no checkpoint rows (K = 0).")
     if arr.shape[1] < 2:
@@ -106,6 +106,7 @@ def _check_losses(losses: Any) -> np.ndarray:
             "scored. Drop that quantizer/checkpoint or check the checkpoint."
         )
     return arr
+
 
 def merge_identical_points(losses: Any, *, atol: float = 0.0) -> list[list[int]]:
     """Group rows of `losses` [K, n] that are the same quantized point.
@@ -126,8 +127,9 @@ def merge_identical_points(losses: Any, *, atol: float = 0.0) -> list[list[int]]
             groups.append([i])
     return groups
 
+
 def r_q_details(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> RQResult:
-    """Algorithm 2 of the indicator paper (SCIENCE.md section 2, steps 2-4) with full diagnostics.
+    """Algorithm 2 of the indicator paper (docs/science.md section 2, steps 2-4) with full diagnostics.
 
     losses: [K, n] per-sample validation losses of the K quantized checkpoints of ONE training run
     (rows in any order). ddof: variance convention for sigma2 (1 = unbiased). atol: merge tolerance
@@ -147,10 +149,19 @@ def r_q_details(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> RQResult:
         status = STATUS_UNDEFINED if n_points < 2 else f"undefined: n - ddof <= 0 (n = {arr.shape[1]})"
         zeros = (0.0,) * n_points
         return RQResult(
-            r_q=math.nan, status=status, n_checkpoints=arr.shape[0], n_points=n_points,
-            groups=tuple(tuple(g) for g in groups), order=tuple(int(i) for i in order),
-            means=tuple(float(m) for m in means), delta=zeros, sigma2=zeros,
-            profile=(math.nan,) * n_points, argmax_k=None, ddof=ddof, atol=float(atol),
+            r_q=math.nan,
+            status=status,
+            n_checkpoints=arr.shape[0],
+            n_points=n_points,
+            groups=tuple(tuple(g) for g in groups),
+            order=tuple(int(i) for i in order),
+            means=tuple(float(m) for m in means),
+            delta=zeros,
+            sigma2=zeros,
+            profile=(math.nan,) * n_points,
+            argmax_k=None,
+            ddof=ddof,
+            atol=float(atol),
         )
 
     delta = means - means[0]
@@ -171,16 +182,24 @@ def r_q_details(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> RQResult:
         r, status = 0.5 / worst, STATUS_OK
     argmax_k = None if status == STATUS_INFINITE else int(order[1 + int(np.argmax(ratio))])
     return RQResult(
-        r_q=float(r), status=status, n_checkpoints=arr.shape[0], n_points=n_points,
-        groups=tuple(tuple(g) for g in groups), order=tuple(int(i) for i in order),
-        means=tuple(float(m) for m in means), delta=tuple(float(d) for d in delta),
+        r_q=float(r),
+        status=status,
+        n_checkpoints=arr.shape[0],
+        n_points=n_points,
+        groups=tuple(tuple(g) for g in groups),
+        order=tuple(int(i) for i in order),
+        means=tuple(float(m) for m in means),
+        delta=tuple(float(d) for d in delta),
         sigma2=tuple(float(s) for s in sigma2),
-        profile=(math.nan, *(float(p) for p in profile)), argmax_k=argmax_k,
-        ddof=ddof, atol=float(atol),
+        profile=(math.nan, *(float(p) for p in profile)),
+        argmax_k=argmax_k,
+        ddof=ddof,
+        atol=float(atol),
     )
 
+
 def r_q(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
-    """The indicator r_Q of one training run: Algorithm 2, SCIENCE.md section 2 step 4.
+    """The indicator r_Q of one training run: Algorithm 2, docs/science.md section 2 step 4.
 
     losses: [K checkpoints, n samples] per-sample validation losses of the quantized checkpoints
     (rows unsorted). Returns r_Q = 1/2 * [max_{k>=2} sigma2_k / (m[k] - m[1])^2]^{-1}, with
@@ -189,8 +208,9 @@ def r_q(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
     non-finite losses or a wrong shape."""
     return r_q_details(losses, ddof=ddof, atol=atol).r_q
 
+
 def r_q_min_ratio(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
-    """The theorem's form, SCIENCE.md section 2: r_Q = 1/2 * min_{k>1} delta_k^2 / sigma_k^2.
+    """The theorem's form, docs/science.md section 2: r_Q = 1/2 * min_{k>1} delta_k^2 / sigma_k^2.
 
     Mathematically the same number as `r_q` (1/max(x) = min(1/x) for x >= 0, with 1/0 = inf and
     1/inf = 0); computed independently here, from the per-point profile, so tests can check that the
@@ -199,6 +219,7 @@ def r_q_min_ratio(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
     if res.n_points < 2 or math.isnan(res.r_q):
         return math.nan
     return 0.5 * float(np.min(np.asarray(res.profile[1:])))
+
 
 def r_q_as_printed(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
     """Algorithm 2 exactly as printed: r = 1/2 [max_k sigma2_k ((m[2]-m[1]) / (m[k]-m[1]))^2]^{-1},
@@ -221,10 +242,11 @@ def r_q_as_printed(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
     r = math.inf if worst == 0.0 else 0.5 / worst
     return r * gap2
 
+
 def r_q_reciprocal(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
     """VARIANT (not the published estimator): max_{k>=2} sigma_k^2 / delta_k^2 = 1 / (2 r_Q).
 
-    SCIENCE.md section 5 reports that this reciprocal tracks the baseline MIS at about +0.80 Spearman
+    docs/science.md section 5 reports that this reciprocal tracks the baseline MIS at about +0.80 Spearman
     where the published r_Q gave about -0.80, "which is what a missing inversion would produce". It is
     a strictly decreasing function of r_Q, so its rankings are exactly r_Q's reversed: it tests the
     sign convention, nothing more. losses: [K, n]; nan when undefined, +inf when r_Q = 0, 0 when r_Q = inf."""
@@ -235,15 +257,13 @@ def r_q_reciprocal(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
         return math.inf
     return 0.5 / value
 
+
 VARIANTS: dict[str, Callable[..., float]] = {
     "reciprocal": r_q_reciprocal,
 }
 """Named variants `indicator_from_table` can add beside the published estimator. `r_q_min_ratio` and
 `r_q_as_printed` are not listed: they are the same number as `r_q` (checked by the tests)."""
 
-def _finite_mean(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.mean()) if finite.size else math.nan
 
 def aggregate_r_q(
     values: Sequence[float] | np.ndarray,
@@ -252,7 +272,7 @@ def aggregate_r_q(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Summarise r_Q over independent training runs (SCIENCE.md section 2 step 5).
+    """Summarise r_Q over independent training runs (docs/science.md section 2 step 5).
 
     values: [R] one r_Q per run; nan = undefined run, +inf = infinite r_Q.
     Conventions: undefined runs are counted (n_undefined) and excluded from every statistic. `mean`,
@@ -284,15 +304,9 @@ def aggregate_r_q(
             "mean/std/CI and counted; median is over all defined runs including +inf"
         ),
     }
-    if finite.size >= 2 and n_boot > 0:
-        rng = np.random.default_rng(seed)
-        idx = rng.integers(0, finite.size, size=(n_boot, finite.size))
-        boot_means = finite[idx].mean(axis=1)
-        alpha = (1 - confidence) / 2
-        out["ci_low"], out["ci_high"] = (float(q) for q in np.quantile(boot_means, [alpha, 1 - alpha]))
-    elif finite.size == 1:
-        out["ci_low"] = out["ci_high"] = float(finite[0])
+    out["ci_low"], out["ci_high"] = bootstrap_mean_interval(finite, n_boot=n_boot, confidence=confidence, seed=seed)
     return out
+
 
 def rank_quantizers(mean_by_quantizer: Mapping[str, float]) -> dict[str, float]:
     """Rank quantizers by r_Q: rank 1 = most secure = highest r_Q; ties share the average rank.
@@ -301,13 +315,14 @@ def rank_quantizers(mean_by_quantizer: Mapping[str, float]) -> dict[str, float]:
     gets rank nan and is left out of the others' ranking. Ranks are floats because ties average."""
     names = list(mean_by_quantizer)
     vals = np.array([mean_by_quantizer[q] for q in names], dtype=np.float64)
-    ranks = {q: math.nan for q in names}
+    ranks = dict.fromkeys(names, math.nan)
     ok = ~np.isnan(vals)
     if ok.any():
         r = stats.rankdata(-vals[ok], method="average")
         for q, rank in zip((n for n, keep in zip(names, ok) if keep), r):
             ranks[q] = float(rank)
     return ranks
+
 
 def ranking_stability(
     per_run: Mapping[str, Sequence[float] | np.ndarray],
@@ -316,7 +331,7 @@ def ranking_stability(
     n_resamples: int = 50,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """How fast the quantizer ranking stabilises with the number of runs (SCIENCE.md sections 2, 5).
+    """How fast the quantizer ranking stabilises with the number of runs (docs/science.md sections 2, 5).
 
     per_run: {quantizer: [R] r_Q per run}; run i of every quantizer is the same training run, so runs
     are subsampled jointly (without replacement). For each size k_runs, `n_resamples` random subsets
@@ -330,7 +345,7 @@ def ranking_stability(
         raise ValueError(f"per_run: every quantizer needs the same number of runs R; got {lengths}.")
     mat = np.vstack(rows)
     n_runs = mat.shape[1]
-    full = np.array([_finite_mean(row) for row in mat])
+    full = np.array([finite_mean(row) for row in mat])
     rng = np.random.default_rng(seed)
     by_size = []
     for k in subset_sizes:
@@ -340,12 +355,8 @@ def ranking_stability(
         rhos = []
         for _ in range(n_resamples):
             cols = rng.choice(n_runs, size=k, replace=False)
-            sub = np.array([_finite_mean(row) for row in mat[:, cols]])
-            ok = ~np.isnan(sub) & ~np.isnan(full)
-            if ok.sum() < 2 or np.ptp(sub[ok]) == 0 or np.ptp(full[ok]) == 0:
-                rhos.append(math.nan)
-                continue
-            rhos.append(float(stats.spearmanr(sub[ok], full[ok]).statistic))
+            sub = np.array([finite_mean(row) for row in mat[:, cols]])
+            rhos.append(spearman_rho(sub, full, min_n=2))
         rho = np.asarray(rhos)
         good = rho[~np.isnan(rho)]
         by_size.append(
@@ -367,7 +378,9 @@ def ranking_stability(
         "seed": seed,
     }
 
+
 DEFAULT_SUBSET_SIZES = (1, 2, 5, 10, 15, 25, 50, 100, 150, 300)
+
 
 def indicator_from_table(
     df: pd.DataFrame,
@@ -410,8 +423,12 @@ def indicator_from_table(
         for q in quantizers:
             if (run, q) not in blocks:
                 per_run.append(
-                    {"run": run, "quantizer": q, "r_q": math.nan,
-                     "status": f"missing: no rows for this run and quantizer on split {split!r}"}
+                    {
+                        "run": run,
+                        "quantizer": q,
+                        "r_q": math.nan,
+                        "status": f"missing: no rows for this run and quantizer on split {split!r}",
+                    }
                 )
                 continue
             checkpoints, sample_ids, losses = loss_matrix(blocks[run, q], run=run, quantizer=q, split=split)
@@ -450,9 +467,7 @@ def indicator_from_table(
             "formula": "r_Q = 1/2 * [max_{k>=2} Var_j(L[k]-L[1]) / (m[k]-m[1])^2]^{-1}",
             "split": split,
             "ddof": ddof,
-            "merge_rule": (
-                "rows with max_j |L[a,j]-L[b,j]| <= atol are one quantized point (greedy, row order)"
-            ),
+            "merge_rule": ("rows with max_j |L[a,j]-L[b,j]| <= atol are one quantized point (greedy, row order)"),
             "merge_atol": atol,
             "sort": "ascending mean loss; stable for ties",
             "edge_cases": {

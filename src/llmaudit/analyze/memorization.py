@@ -1,6 +1,6 @@
 """Memorization in bits: an attack-free view next to r_Q, computed from the same loss tables.
 
-SCIENCE.md section 6, after Morris et al. (2025), "How much do language models memorize?":
+docs/science.md section 6, after Morris et al. (2025), "How much do language models memorize?":
 
     H(x | model)            = -log2 p(x | model)              (sum of the token NLLs, in bits)
     H(x | ref, target)      = -log2 max(p(x | target), p(x | ref)) = min(H(x | target), H(x | ref))
@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from llmaudit.common.stats import bootstrap_mean_interval
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table, validate_loss_table
 
 LN2 = math.log(2.0)
@@ -32,15 +33,17 @@ LN2 = math.log(2.0)
 DEFAULT_BITS_PER_PARAM = 3.6
 """Capacity of GPT-style transformers measured by Morris et al. (3.51 in bf16, 3.83 in fp32)."""
 
-Reference = Union[str, Mapping[str, Any], pd.DataFrame]
+Reference = str | Mapping[str, Any] | pd.DataFrame
 
 DEFINITION = (
     "mem_U(x) = H(x | ref) - H(x | ref, target), H(x | ref, target) = -log2 max(p(x | target), "
     "p(x | ref)); H of the whole scored sequence in bits (Morris et al. 2025)."
 )
 
+
 class MemorizationError(LossTableError):
     """The loss table cannot give the memorization view (for example: no reference rows)."""
+
 
 def sequence_bits(token_losses: Iterable[float] | np.ndarray) -> float:
     """H(x | model) = -log2 p(x | model) of one scored sequence.
@@ -51,9 +54,11 @@ def sequence_bits(token_losses: Iterable[float] | np.ndarray) -> float:
         raise ValueError(f"token_losses must be one sequence, shape [n_tokens]; got shape {losses.shape}.")
     return float(losses.sum() / LN2)
 
+
 def sequences_bits(token_losses: Iterable[Iterable[float] | np.ndarray]) -> np.ndarray:
     """`sequence_bits` of each sequence. token_losses: n sequences of per-token nats -> bits [n]."""
     return np.array([sequence_bits(t) for t in token_losses], dtype=np.float64)
+
 
 def mem_u_bits(h_ref: np.ndarray | float, h_target: np.ndarray | float) -> np.ndarray:
     """Unintended memorization mem_U(x) = h_ref - min(h_ref, h_target), in bits.
@@ -65,6 +70,7 @@ def mem_u_bits(h_ref: np.ndarray | float, h_target: np.ndarray | float) -> np.nd
     h_ref = np.asarray(h_ref, dtype=np.float64)
     h_target = np.asarray(h_target, dtype=np.float64)
     return h_ref - np.minimum(h_ref, h_target)
+
 
 def membership_f1_sigmoid_law(
     capacity_bits: np.ndarray | float,
@@ -78,15 +84,14 @@ def membership_f1_sigmoid_law(
 
     The functional form of the membership-F1 scaling law of Morris et al.; capacity_bits and
     dataset_size broadcast to [m]. The constants have no defaults on purpose: the printed fit in the
-    copy we hold is not self-consistent (SCIENCE.md section 6), so the caller supplies constants it has
+    copy we hold is not self-consistent (docs/science.md section 6), so the caller supplies constants it has
     checked against its own data and must present the output as an extrapolation."""
     ratio = np.asarray(capacity_bits, dtype=np.float64) / np.asarray(dataset_size, dtype=np.float64)
     z = c2 * (ratio + c3)
     return 0.5 * (1.0 + c1 / (1.0 + np.exp(-z)))
 
-def interval_over_runs(
-    values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95
-) -> dict[str, Any]:
+
+def interval_over_runs(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
     """Mean of per-run values [R] with a percentile bootstrap interval over runs (runs resampled).
 
     NaN entries (runs where the quantity is undefined) are dropped. With fewer than two runs the
@@ -98,11 +103,9 @@ def interval_over_runs(
         return {"mean": None, "low": None, "high": None, "n_runs": 0}
     out: dict[str, Any] = {"mean": float(values.mean()), "low": None, "high": None, "n_runs": n}
     if n >= 2 and n_boot > 0:
-        rng = np.random.default_rng(seed)
-        means = values[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
-        alpha = (1.0 - level) / 2.0
-        out["low"], out["high"] = (float(q) for q in np.quantile(means, [alpha, 1.0 - alpha]))
+        out["low"], out["high"] = bootstrap_mean_interval(values, n_boot=n_boot, confidence=level, seed=seed)
     return out
+
 
 _HOW_TO_SCORE = (
     "Score the reference model once on every sample the runs were scored on (pool and val) and add "
@@ -111,6 +114,7 @@ _HOW_TO_SCORE = (
     "(command line: --reference run=R,quantizer=Q), or pass a separate loss table scored by the "
     "reference model (--reference PATH.parquet)."
 )
+
 
 def parse_reference(text: str) -> Reference:
     """Command-line form of a reference: "base", "run=R,quantizer=Q[,checkpoint=C]" or a parquet path."""
@@ -137,6 +141,7 @@ def parse_reference(text: str) -> Reference:
         )
     return read_loss_table(path)
 
+
 def _single_model(rows: pd.DataFrame, what: str) -> pd.DataFrame:
     """Rows of exactly one (run, quantizer, checkpoint); the final checkpoint if several."""
     quantizers = sorted(rows["quantizer"].unique())
@@ -149,10 +154,9 @@ def _single_model(rows: pd.DataFrame, what: str) -> pd.DataFrame:
         rows = rows[rows["quantizer"] == "fp32"]
     runs = sorted(rows["run"].unique())
     if len(runs) > 1:
-        raise MemorizationError(
-            f"{what} holds rows of several runs {runs}; a reference is one model: keep one run."
-        )
+        raise MemorizationError(f"{what} holds rows of several runs {runs}; a reference is one model: keep one run.")
     return rows[rows["checkpoint"] == rows["checkpoint"].max()]
+
 
 def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Pick the reference model's rows.
@@ -211,6 +215,7 @@ def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFr
     )
     return out, description
 
+
 def final_checkpoint_rows(
     df: pd.DataFrame, *, exclude: tuple[int, str, int] | None = None
 ) -> tuple[pd.DataFrame, list[str]]:
@@ -222,11 +227,7 @@ def final_checkpoint_rows(
     if exclude is not None:
         run, quantizer, checkpoint = exclude
         targets = targets[
-            ~(
-                (targets["run"] == run)
-                & (targets["quantizer"] == quantizer)
-                & (targets["checkpoint"] == checkpoint)
-            )
+            ~((targets["run"] == run) & (targets["quantizer"] == quantizer) & (targets["checkpoint"] == checkpoint))
         ]
     if targets.empty:
         raise MemorizationError(
@@ -238,10 +239,9 @@ def final_checkpoint_rows(
         last = sub["checkpoint"].max()
         missing = sorted(set(sub["quantizer"]) - set(sub.loc[sub["checkpoint"] == last, "quantizer"]))
         if missing:
-            notes.append(
-                f"run {run}: quantizer(s) {missing} not scored at the final checkpoint {last}; left out."
-            )
+            notes.append(f"run {run}: quantizer(s) {missing} not scored at the final checkpoint {last}; left out.")
     return targets[targets["checkpoint"] == final], notes
+
 
 def per_sample_memorization(
     df: pd.DataFrame, *, reference: Reference = "base"
@@ -281,6 +281,7 @@ def per_sample_memorization(
         )
     return out, description, notes
 
+
 def _per_run_row(sub: pd.DataFrame, adapter_params: int | None, model_params: int | None) -> dict[str, Any]:
     members = sub[sub["member"]]
     nonmembers = sub[~sub["member"]]
@@ -306,6 +307,7 @@ def _per_run_row(sub: pd.DataFrame, adapter_params: int | None, model_params: in
     }
     return row
 
+
 AGGREGATED_METRICS = (
     "member_total_bits",
     "member_mean_bits",
@@ -319,6 +321,7 @@ AGGREGATED_METRICS = (
     "excess_bits_per_model_param",
 )
 
+
 def _clean(obj: Any) -> Any:
     """NaN -> None and numpy scalars -> Python, so the result is strict JSON."""
     if isinstance(obj, dict):
@@ -331,12 +334,14 @@ def _clean(obj: Any) -> Any:
         return None
     return obj
 
+
 def _check_count(name: str, value: int | None) -> int | None:
     if value is None:
         return None
     if int(value) <= 0:
         raise ValueError(f"{name}={value!r}: a parameter count must be a positive integer (or None).")
     return int(value)
+
 
 def memorization_from_table(
     df: pd.DataFrame,
@@ -405,6 +410,7 @@ def memorization_from_table(
     }
     return _clean(result)
 
+
 def capacity_view(
     samples: pd.DataFrame,
     *,
@@ -455,6 +461,7 @@ def capacity_view(
         view["extrapolation"] = _scaling_law_view(runs, model_capacity, adapter_capacity, scaling_law)
     return view
 
+
 def _scaling_law_view(
     runs: list[dict[str, Any]],
     model_capacity: float | None,
@@ -493,6 +500,7 @@ def _scaling_law_view(
             for r, s, p in zip(runs, sizes, predicted)
         ],
     }
+
 
 def parse_scaling_law(text: str) -> dict[str, Any]:
     """Command-line form "c1=..,c2=..,c3=..[,dataset_size=samples|tokens]"."""

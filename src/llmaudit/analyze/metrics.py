@@ -1,12 +1,12 @@
 """Scoring membership inference attacks: ROC metrics, bootstrap CIs, and pooled vs calibrated evaluation.
 
-Pure functions (arrays in, numbers out; no I/O). Conventions, all from SCIENCE.md section 4:
+Pure functions (arrays in, numbers out; no I/O). Conventions, all from docs/science.md section 4:
 - A score is "higher = more likely a member"; a label is True/1 for members.
 - TPR at FPR alpha is the LARGEST TPR on the empirical ROC curve whose FPR is <= alpha.
 - It is only *reliable* when there are at least 10 / alpha negatives (about 10 false positives are
   needed at the threshold). Unreliable values are kept but flagged (`reliable: False`); a report must
   not present them as solid numbers.
-- Over M target models x N samples three evaluations are reported side by side (SCIENCE.md
+- Over M target models x N samples three evaluations are reported side by side (docs/science.md
   "Calibrating attacks evaluated over many samples and models"):
     pooled_naive      concatenate all M*N scores and use one global threshold (what most papers do;
                       every sample then gets a different FPR and the TPR at low FPR is overstated);
@@ -15,14 +15,14 @@ Pure functions (arrays in, numbers out; no I/O). Conventions, all from SCIENCE.m
                       (n_ref < `T_CUTOFF`) estimated each sample's out-distribution;
     per_sample_tpr    each sample's own ROC over the M models (its in-models vs its out-models), TPR at
                       FPR alpha, averaged over samples; reliable only when every sample has >= 10 / alpha
-                      out-models (SCIENCE.md: "M >= 10 / alpha target models if scores are not pooled").
+                      out-models (docs/science.md: "M >= 10 / alpha target models if scores are not pooled").
 Confidence intervals are percentile bootstraps over SAMPLES: in pooled evaluations a resampled sample
 brings all of its M scores (its rows are correlated across models), so rows are never resampled alone.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -41,13 +41,16 @@ _FPR_TOL = 1e-12  # k / n_neg compared with alpha in floating point
 
 _CURVE_GRID = np.logspace(-4, 0, 61)
 
+
 def fpr_key(alpha: float) -> str:
     """JSON key for an FPR level: 0.01 -> "0.01", 0.001 -> "0.001"."""
     return f"{alpha:g}"
 
+
 def is_reliable(n_negatives: int | float, alpha: float) -> bool:
     """TPR at FPR alpha is estimable only with at least 10 / alpha negatives."""
     return bool(n_negatives * alpha >= 10 - 1e-9)
+
 
 def _prepare(scores, labels) -> tuple[np.ndarray, np.ndarray]:
     scores = np.asarray(scores, dtype=np.float64).ravel()
@@ -63,6 +66,7 @@ def _prepare(scores, labels) -> tuple[np.ndarray, np.ndarray]:
         )
     return scores, labels
 
+
 def tpr_at_fpr(scores, labels, alpha: float) -> tuple[float, float]:
     """(TPR, threshold): the largest TPR on the empirical ROC with FPR <= alpha; members are scores >= threshold.
 
@@ -71,6 +75,7 @@ def tpr_at_fpr(scores, labels, alpha: float) -> tuple[float, float]:
     fpr, tpr, thr = roc_curve(labels, scores, drop_intermediate=False)
     idx = int(np.searchsorted(fpr, alpha + _FPR_TOL, side="right")) - 1  # fpr is non-decreasing
     return float(tpr[idx]), float(thr[idx])
+
 
 def roc_metrics(scores, labels, fprs: Sequence[float] = DEFAULT_FPRS) -> dict:
     """AUROC, average precision and TPR at each FPR level, with reliability flags.
@@ -98,6 +103,7 @@ def roc_metrics(scores, labels, fprs: Sequence[float] = DEFAULT_FPRS) -> dict:
         "tpr_at_fpr": at,
     }
 
+
 def roc_curve_loglog(scores, labels, grid: np.ndarray = _CURVE_GRID) -> dict:
     """A compact ROC for log-log plots: TPR (largest with FPR <= f) at each f of a log-spaced grid.
 
@@ -108,6 +114,7 @@ def roc_curve_loglog(scores, labels, grid: np.ndarray = _CURVE_GRID) -> dict:
     grid = grid[grid * (~labels).sum() >= 1 - 1e-9]
     idx = np.searchsorted(fpr, grid + _FPR_TOL, side="right") - 1
     return {"fpr": [float(g) for g in grid], "tpr": [float(t) for t in tpr[idx]]}
+
 
 def _weighted_roc_stats(pos_w: np.ndarray, neg_w: np.ndarray, fprs: Sequence[float], pos_cols=None) -> dict:
     """pos_w, neg_w: [B, G] weights of members / non-members in each distinct-score group, groups sorted
@@ -136,6 +143,7 @@ def _weighted_roc_stats(pos_w: np.ndarray, neg_w: np.ndarray, fprs: Sequence[flo
     at = {fpr_key(a): tpr[:, i] for i, a in enumerate(fprs)}
     return {"auroc": auroc, "average_precision": ap, "tpr_at_fpr": at}
 
+
 def _resample_counts(rng: np.random.Generator, n_units: int, n_boot: int, strata=None) -> np.ndarray:
     """[n_boot, n_units] multiplicities of a bootstrap resample (within each stratum when given)."""
     groups = [np.arange(n_units)] if strata is None else [np.flatnonzero(strata == s) for s in np.unique(strata)]
@@ -146,6 +154,7 @@ def _resample_counts(rng: np.random.Generator, n_units: int, n_boot: int, strata
         counts += np.bincount((draw + offsets).ravel(), minlength=n_boot * n_units)
     return counts.reshape(n_boot, n_units)
 
+
 def _percentile(values: np.ndarray, confidence: float) -> dict:
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
@@ -154,8 +163,10 @@ def _percentile(values: np.ndarray, confidence: float) -> dict:
     lo, hi = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
     return {"low": float(lo), "high": float(hi)}
 
+
 def _chunk(n_boot: int, width: int, budget: int = 2_000_000) -> int:
     return max(1, min(n_boot, budget // max(width, 1)))
+
 
 def bootstrap_ci(
     scores,
@@ -219,18 +230,19 @@ def bootstrap_ci(
     }
     out = {name: _percentile(vals, confidence) for name, vals in joined.items()}
     out["tpr_at_fpr"] = {
-        fpr_key(a): _percentile(np.concatenate([p["tpr_at_fpr"][fpr_key(a)] for p in parts]), confidence)
-        for a in fprs
+        fpr_key(a): _percentile(np.concatenate([p["tpr_at_fpr"][fpr_key(a)] for p in parts]), confidence) for a in fprs
     }
     out.update(
         n_boot=int(n_boot),
         confidence=float(confidence),
         seed=int(seed),
         method="percentile bootstrap",
-        resampling="groups (samples)" if groups is not None
+        resampling="groups (samples)"
+        if groups is not None
         else ("rows, stratified by label" if stratified else "rows"),
     )
     return out
+
 
 def _pool_inputs(scores, members) -> tuple[np.ndarray, np.ndarray]:
     scores = np.asarray(scores, dtype=np.float64)
@@ -238,6 +250,7 @@ def _pool_inputs(scores, members) -> tuple[np.ndarray, np.ndarray]:
     if scores.ndim != 2 or scores.shape != members.shape:
         raise ValueError(f"expected scores and members of the same shape [M, N]; got {scores.shape}, {members.shape}.")
     return scores, members
+
 
 def per_sample_fpr(scores, members, threshold) -> np.ndarray:
     """[N] share of each sample's non-member entries (over the M models) with score >= threshold.
@@ -251,12 +264,14 @@ def per_sample_fpr(scores, members, threshold) -> np.ndarray:
     n_out = out.sum(0)
     return np.where(n_out > 0, hits / np.maximum(n_out, 1), np.nan)
 
+
 def _spread(values: np.ndarray) -> dict:
     values = values[np.isfinite(values)]
     if values.size == 0:
         return {"p10": float("nan"), "median": float("nan"), "p90": float("nan")}
     p10, med, p90 = np.quantile(values, [0.1, 0.5, 0.9])
     return {"p10": float(p10), "median": float(med), "p90": float(p90)}
+
 
 def pooled_naive(
     scores,
@@ -276,7 +291,7 @@ def pooled_naive(
     finite = np.isfinite(scores)
     sample_index = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
     result = roc_metrics(scores[finite], members[finite], fprs)
-    for key, entry in result["tpr_at_fpr"].items():
+    for entry in result["tpr_at_fpr"].values():
         entry["per_sample_fpr"] = _spread(per_sample_fpr(scores, members, entry["threshold"]))
     result.update(
         evaluation="pooled_naive",
@@ -286,10 +301,16 @@ def pooled_naive(
     )
     if n_boot > 0:
         result["ci"] = bootstrap_ci(
-            scores[finite], members[finite], fprs=fprs, n_boot=n_boot, confidence=confidence,
-            seed=seed, groups=sample_index[finite],
+            scores[finite],
+            members[finite],
+            fprs=fprs,
+            n_boot=n_boot,
+            confidence=confidence,
+            seed=seed,
+            groups=sample_index[finite],
         )
     return result
+
 
 def calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = T_CUTOFF):
     """Threshold on per-sample standardized scores giving FPR alpha per sample.
@@ -307,6 +328,7 @@ def calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = T_CUTOFF):
         student = stats.t.ppf(1 - alpha, df=np.where(n >= 2, n - 1, np.nan)) * np.sqrt(1 + 1 / n)
     thr = np.where(n >= t_cutoff, normal, student)
     return float(thr) if thr.ndim == 0 else thr
+
 
 def pooled_calibrated(
     z,
@@ -336,10 +358,14 @@ def pooled_calibrated(
         thr = calibrated_threshold(alpha, n_ref, t_cutoff)
         with np.errstate(invalid="ignore"):
             above = finite & (z >= thr)
-        sums = np.stack([
-            (members & above).sum(0), (members & finite).sum(0),
-            (~members & above).sum(0), (~members & finite).sum(0),
-        ]).astype(np.float64)  # [4, N] per-sample counts: in above, in, out above, out
+        sums = np.stack(
+            [
+                (members & above).sum(0),
+                (members & finite).sum(0),
+                (~members & above).sum(0),
+                (~members & finite).sum(0),
+            ]
+        ).astype(np.float64)  # [4, N] per-sample counts: in above, in, out above, out
         per_alpha_sums[fpr_key(alpha)] = sums
         n_in, n_out = sums[1].sum(), sums[3].sum()
         thr_arr = np.asarray(thr)
@@ -347,7 +373,8 @@ def pooled_calibrated(
             "tpr": float(sums[0].sum() / n_in) if n_in else float("nan"),
             "realised_fpr": float(sums[2].sum() / n_out) if n_out else float("nan"),
             "threshold": float(thr_arr) if thr_arr.ndim == 0 else _spread(thr_arr[finite]),
-            "threshold_kind": "normal" if n_ref is None or np.all(n_ref[finite] >= t_cutoff)
+            "threshold_kind": "normal"
+            if n_ref is None or np.all(n_ref[finite] >= t_cutoff)
             else f"student-t where n_ref < {t_cutoff:g}",
             "reliable": is_reliable(n_out, alpha),
             "min_negatives": int(np.ceil(10 / alpha - 1e-9)),
@@ -377,14 +404,28 @@ def pooled_calibrated(
                     "tpr": _percentile(boot[:, 0] / boot[:, 1], confidence),
                     "realised_fpr": _percentile(boot[:, 2] / boot[:, 3], confidence),
                 }
-        result["ci"] = {"tpr_at_fpr": ci, "n_boot": int(n_boot), "confidence": float(confidence),
-                        "seed": int(seed), "method": "percentile bootstrap", "resampling": "samples"}
+        result["ci"] = {
+            "tpr_at_fpr": ci,
+            "n_boot": int(n_boot),
+            "confidence": float(confidence),
+            "seed": int(seed),
+            "method": "percentile bootstrap",
+            "resampling": "samples",
+        }
         if "roc" in result:
             sample_index = np.broadcast_to(np.arange(z.shape[1]), z.shape)
-            roc_ci = bootstrap_ci(z[finite], members[finite], fprs=(), n_boot=n_boot,
-                                  confidence=confidence, seed=seed, groups=sample_index[finite])
+            roc_ci = bootstrap_ci(
+                z[finite],
+                members[finite],
+                fprs=(),
+                n_boot=n_boot,
+                confidence=confidence,
+                seed=seed,
+                groups=sample_index[finite],
+            )
             result["ci"]["roc"] = {"auroc": roc_ci["auroc"], "average_precision": roc_ci["average_precision"]}
     return result
+
 
 def per_sample_tpr(
     scores,
@@ -442,9 +483,16 @@ def per_sample_tpr(
         for key, tpr_j in per_alpha.items():
             with np.errstate(invalid="ignore", divide="ignore"):
                 ci[key] = {"tpr": _percentile(counts @ tpr_j[used] / counts.sum(1), confidence)}
-        result["ci"] = {"tpr_at_fpr": ci, "n_boot": int(n_boot), "confidence": float(confidence),
-                        "seed": int(seed), "method": "percentile bootstrap", "resampling": "samples"}
+        result["ci"] = {
+            "tpr_at_fpr": ci,
+            "n_boot": int(n_boot),
+            "confidence": float(confidence),
+            "seed": int(seed),
+            "method": "percentile bootstrap",
+            "resampling": "samples",
+        }
     return result
+
 
 def evaluate_pooled(
     scores,

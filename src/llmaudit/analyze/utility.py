@@ -11,7 +11,9 @@ from llmaudit.analyze.indicator import aggregate_r_q
 from llmaudit.store.losstable import REFERENCE_RUN
 
 
-def utility_from_table(df: pd.DataFrame, quantizers: list[str], reference: str, *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+def utility_from_table(
+    df: pd.DataFrame, quantizers: list[str], reference: str, *, n_boot: int = 1000, seed: int = 0
+) -> dict[str, Any]:
     """Validation loss of each quantizer's final checkpoint: mean over runs with a bootstrap interval
     over runs, and the change relative to the full-precision reference."""
 
@@ -44,8 +46,12 @@ def utility_from_table(df: pd.DataFrame, quantizers: list[str], reference: str, 
         out["_base_model"] = {"val_loss": float(base["loss"].mean())}
     return out
 
+
 def trajectory_from_table(df: pd.DataFrame) -> dict[str, Any]:
     """Mean validation loss per (quantizer, checkpoint), averaged over runs: the loss along training."""
     val = df[(df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
     curve = val.groupby(["quantizer", "checkpoint"])["loss"].mean().reset_index()
-    return {q: {"checkpoint": g["checkpoint"].tolist(), "val_loss": g["loss"].tolist()} for q, g in curve.groupby("quantizer")}
+    return {
+        q: {"checkpoint": g["checkpoint"].tolist(), "val_loss": g["loss"].tolist()}
+        for q, g in curve.groupby("quantizer")
+    }

@@ -10,8 +10,9 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -30,8 +31,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         raise
     return path
 
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
 
 def _json_default(obj: Any) -> Any:
     # numpy scalars and arrays, paths, sets: everything a result object may hold.
@@ -43,15 +46,19 @@ def _json_default(obj: Any) -> Any:
         return sorted(obj)
     raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
 
+
 def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=_json_default, allow_nan=True) + "\n"
+
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, to_json(obj))
 
+
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)
+
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:

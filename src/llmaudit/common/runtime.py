@@ -33,7 +33,9 @@ def env_threads() -> int | None:
     try:
         value = int(env)
     except ValueError:
-        raise UserError(f"{THREADS_ENV}={env!r} is not a whole number; set it to the CPU threads to use (e.g. 2) or unset it.") from None
+        raise UserError(
+            f"{THREADS_ENV}={env!r} is not a whole number; set it to the CPU threads to use (e.g. 2) or unset it."
+        ) from None
     if value < 1:
         raise UserError(f"{THREADS_ENV}={env!r} must be at least 1.")
     return value

@@ -1,4 +1,3 @@
 """SMolInstruct records: sources (hub, local files, the offline generator), validation, tokenisation
 through the chat template, and the pool / validation / membership draw.
 """
-

@@ -50,28 +50,89 @@ _SUBSTITUENTS = [
 ]
 
 _ROLES = [
-    "plant metabolite", "antifungal agent", "human xenobiotic metabolite", "flavouring agent", "solvent",
-    "antibacterial agent", "herbicide", "fragrance", "anti-inflammatory agent", "insecticide",
-    "bacterial metabolite", "marine metabolite", "enzyme inhibitor", "antioxidant", "food additive",
-    "pesticide intermediate", "dye precursor", "radical scavenger", "local anaesthetic", "allergen",
+    "plant metabolite",
+    "antifungal agent",
+    "human xenobiotic metabolite",
+    "flavouring agent",
+    "solvent",
+    "antibacterial agent",
+    "herbicide",
+    "fragrance",
+    "anti-inflammatory agent",
+    "insecticide",
+    "bacterial metabolite",
+    "marine metabolite",
+    "enzyme inhibitor",
+    "antioxidant",
+    "food additive",
+    "pesticide intermediate",
+    "dye precursor",
+    "radical scavenger",
+    "local anaesthetic",
+    "allergen",
 ]
 
 _SOURCES = [
-    "Streptomyces griseus", "Penicillium chrysogenum", "Artemisia annua", "Zea mays", "Aspergillus niger",
-    "Camellia sinensis", "Escherichia coli", "Pinus sylvestris", "Saccharomyces cerevisiae", "Homo sapiens",
-    "Arabidopsis thaliana", "Ginkgo biloba", "Bacillus subtilis", "Coffea arabica", "Citrus limon",
+    "Streptomyces griseus",
+    "Penicillium chrysogenum",
+    "Artemisia annua",
+    "Zea mays",
+    "Aspergillus niger",
+    "Camellia sinensis",
+    "Escherichia coli",
+    "Pinus sylvestris",
+    "Saccharomyces cerevisiae",
+    "Homo sapiens",
+    "Arabidopsis thaliana",
+    "Ginkgo biloba",
+    "Bacillus subtilis",
+    "Coffea arabica",
+    "Citrus limon",
 ]
 
 _RELATED = [
-    "benzoic acid", "phenol", "toluene", "pyridine", "aniline", "acetic acid", "cyclohexanol",
-    "furfural", "thiophene", "piperidine", "naphthalene", "salicylic acid", "anisole", "acetophenone",
+    "benzoic acid",
+    "phenol",
+    "toluene",
+    "pyridine",
+    "aniline",
+    "acetic acid",
+    "cyclohexanol",
+    "furfural",
+    "thiophene",
+    "piperidine",
+    "naphthalene",
+    "salicylic acid",
+    "anisole",
+    "acetophenone",
 ]
 
-_NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight",
-                 9: "nine", 10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen", 14: "fourteen"}
+_NUMBER_WORDS = {
+    1: "one",
+    2: "two",
+    3: "three",
+    4: "four",
+    5: "five",
+    6: "six",
+    7: "seven",
+    8: "eight",
+    9: "nine",
+    10: "ten",
+    11: "eleven",
+    12: "twelve",
+    13: "thirteen",
+    14: "fourteen",
+}
 
-_ELEMENT_NAMES = {"C": "carbon", "N": "nitrogen", "O": "oxygen", "S": "sulfur", "F": "fluorine",
-                  "Cl": "chlorine", "Br": "bromine"}
+_ELEMENT_NAMES = {
+    "C": "carbon",
+    "N": "nitrogen",
+    "O": "oxygen",
+    "S": "sulfur",
+    "F": "fluorine",
+    "Cl": "chlorine",
+    "Br": "bromine",
+}
 
 _CAPTION_TEMPLATES = [
     "Describe this molecule: <INPUT>",
@@ -94,15 +155,19 @@ CORE_TAGS = {
 
 SUPPORTED_TASKS = tuple(CORE_TAGS)
 
+
 def _rng(seed: int, stream: str, index: int) -> np.random.Generator:
     digest = hashlib.sha256(f"{GENERATOR_VERSION}|{seed}|{stream}|{index}".encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
+
 def _a(noun: str) -> str:
     return ("an " if noun[0] in "aeiou" else "a ") + noun
 
+
 def _join(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
 
 def make_molecule(rng: np.random.Generator) -> tuple[str, str, Counter]:
     """Return (SMILES, structural description, heavy-atom counts) of a random fragment-built molecule."""
@@ -122,18 +187,36 @@ def make_molecule(rng: np.random.Generator) -> tuple[str, str, Counter]:
     smiles = prefix + "".join(tokens)
     sub_names = [name for name, _, _ in subs]
     tally = Counter(sub_names)
-    parts = [f"{_NUMBER_WORDS.get(c, str(c))} {n} groups" if c > 1 else f"{_a(n)} group" for n, c in sorted(tally.items())]
+    parts = [
+        f"{_NUMBER_WORDS.get(c, str(c))} {n} groups" if c > 1 else f"{_a(n)} group" for n, c in sorted(tally.items())
+    ]
     description = f"{_a(core_name)} carrying {_join(parts)}"
     return smiles, description, counts
+
 
 def _as_prefix(branch: str) -> str:
     # A substituent written before the ring must end on the atom bonded to the ring.
     prefixes = {
-        "C": "C", "CC": "CC", "CCC": "CCC", "C(C)C": "CC(C)", "O": "O", "N": "N", "C(=O)O": "OC(=O)",
-        "C(=O)OC": "COC(=O)", "C(N)=O": "NC(=O)", "Cl": "Cl", "F": "F", "Br": "Br", "C#N": "N#C",
-        "OC": "CO", "C(C)=O": "CC(=O)", "C(F)(F)F": "FC(F)(F)", "[N+](=O)[O-]": "[O-][N+](=O)",
+        "C": "C",
+        "CC": "CC",
+        "CCC": "CCC",
+        "C(C)C": "CC(C)",
+        "O": "O",
+        "N": "N",
+        "C(=O)O": "OC(=O)",
+        "C(=O)OC": "COC(=O)",
+        "C(N)=O": "NC(=O)",
+        "Cl": "Cl",
+        "F": "F",
+        "Br": "Br",
+        "C#N": "N#C",
+        "OC": "CO",
+        "C(C)=O": "CC(=O)",
+        "C(F)(F)F": "FC(F)(F)",
+        "[N+](=O)[O-]": "[O-][N+](=O)",
     }
     return prefixes[branch]
+
 
 def _composition_text(counts: Counter) -> str:
     parts = []
@@ -143,6 +226,7 @@ def _composition_text(counts: Counter) -> str:
             word = _NUMBER_WORDS.get(n, str(n))
             parts.append(f"{word} {_ELEMENT_NAMES[element]} atom{'s' if n > 1 else ''}")
     return _join(parts)
+
 
 def make_caption(rng: np.random.Generator, description: str, counts: Counter) -> str:
     sentences = [f"The molecule is {description}.", f"It contains {_composition_text(counts)}."]
@@ -155,9 +239,11 @@ def make_caption(rng: np.random.Generator, description: str, counts: Counter) ->
     sentences += [facts[i] for i in sorted(keep)]
     return " ".join(sentences)
 
+
 def _wrap(text: str, tags: list[str]) -> str:
     left, right = tags
     return f"{left} {text} {right}" if left or right else text
+
 
 def make_record(task: str, seed: int, stream: str, index: int) -> dict:
     """One SMolInstruct-format record (all the loading script's fields plus `sample_id`)."""
@@ -186,6 +272,7 @@ def make_record(task: str, seed: int, stream: str, index: int) -> dict:
         "target": raw_output,
         "sample_id": f"synthetic/{stream}/{task}/{index:06d}",
     }
+
 
 def generate_records(tasks: list[str] | tuple[str, ...], n: int, *, seed: int = 0, stream: str = "audit") -> list[dict]:
     """n records, tasks interleaved round-robin. Different `stream`s never share a record."""

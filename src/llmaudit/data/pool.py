@@ -25,6 +25,7 @@ def draw_pool_and_val(records: list[dict], pool_size: int, val_size: int, seed: 
     val = [records[i] for i in sorted(order[pool_size:need])]
     return pool, val
 
+
 def membership_masks(pool_size: int, runs: int, fraction: float, seed: int) -> np.ndarray:
     """[runs, pool_size] boolean: run r trains on exactly round(fraction * pool_size) samples."""
     n_in = int(round(fraction * pool_size))

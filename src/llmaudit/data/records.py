@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 RECORD_FIELDS = (
     "input",
@@ -26,8 +27,10 @@ RECORD_FIELDS = (
 
 REQUIRED_FIELDS = ("input", "output", "task")
 
+
 class DataError(ValueError):
     """Data could not be found or does not have SMolInstruct's format. The message names the fix."""
+
 
 def validate_record(rec: Any, where: str) -> dict:
     """Check one record; fill optional SMolInstruct fields; give it a stable sample id."""
@@ -49,10 +52,12 @@ def validate_record(rec: Any, where: str) -> dict:
     out["sample_id"] = str(rec.get("sample_id") or f"{out['task']}/{out['split']}/{record_fingerprint(out)[:16]}")
     return out
 
+
 def record_fingerprint(rec: dict) -> str:
     """Content hash of the fields that define what a model sees (sha256 hex)."""
     blob = json.dumps([rec.get("task"), rec.get("input"), rec.get("output")], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
 
 def dataset_fingerprint(records: Iterable[dict]) -> str:
     h = hashlib.sha256()
@@ -60,6 +65,7 @@ def dataset_fingerprint(records: Iterable[dict]) -> str:
         h.update(rec["sample_id"].encode())
         h.update(record_fingerprint(rec).encode())
     return h.hexdigest()[:32]
+
 
 def read_record_file(path: Path) -> list[dict]:
     if not path.exists():
@@ -80,6 +86,7 @@ def read_record_file(path: Path) -> list[dict]:
                 raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg}); each line must be one record.") from None
             out.append(validate_record(rec, f"{path}:{lineno}"))
     return out
+
 
 def records_to_jsonl(records: list[dict]) -> str:
     buf = io.StringIO()

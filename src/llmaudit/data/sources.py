@@ -2,7 +2,7 @@
 and formatting into token ids with response-only loss masks.
 
 `datasets` 4+ refuses the hub's loading script, so the hub route downloads `data.zip` and joins its files
-the way the script does (see ../shared/docs/DATA.md): raw rows + instruction templates + sample selection
+the way the script does (see docs/architecture.md, "Data sources"): raw rows + instruction templates + sample selection
 + core tags.
 """
 
@@ -19,6 +19,7 @@ from llmaudit.data.chem import SUPPORTED_TASKS, generate_records
 from llmaudit.data.records import DataError, read_record_file, validate_record
 
 DataRoute = Literal["synthetic", "hub", "local-zip", "local-smolinstruct-dir", "local-files"]
+
 
 def resolve_route(cfg: DataConfig) -> DataRoute:
     """Which loading branch a data config takes (no I/O beyond inspecting a local path)."""
@@ -40,11 +41,11 @@ def resolve_route(cfg: DataConfig) -> DataRoute:
         return "local-smolinstruct-dir"
     return "local-files"
 
+
 def load_records(cfg: DataConfig, *, n_needed: int | None = None) -> tuple[list[dict], DataRoute]:
     """All records of cfg.tasks in cfg.hub_split from the configured source, validated."""
     route = resolve_route(cfg)
     if route == "synthetic":
-
         unsupported = [t for t in cfg.tasks if t not in SUPPORTED_TASKS]
         if unsupported:
             raise DataError(
@@ -74,6 +75,7 @@ def load_records(cfg: DataConfig, *, n_needed: int | None = None) -> tuple[list[
         raise DataError(f"{path}: no records with task in {cfg.tasks} and split {cfg.hub_split!r}; found {found[:10]}.")
     return keep, route
 
+
 def download_smolinstruct_zip(hub_id: str) -> Path:
     """Download (or reuse from the hub cache) SMolInstruct's data.zip."""
     try:
@@ -87,6 +89,7 @@ def download_smolinstruct_zip(hub_id: str) -> Path:
             "or use data.source=synthetic for the offline stand-in."
         ) from exc
 
+
 class _DirTree:
     def __init__(self, root: Path):
         self.root = root
@@ -96,6 +99,7 @@ class _DirTree:
 
     def read(self, rel: str) -> str:
         return (self.root / rel).read_text(encoding="utf-8")
+
 
 class _ZipTree:
     def __init__(self, zf: zipfile.ZipFile):
@@ -117,12 +121,14 @@ class _ZipTree:
     def read(self, rel: str) -> str:
         return self.zf.read(self.prefix + rel).decode("utf-8")
 
+
 def read_smolinstruct_zip(path: Path, tasks: list[str], split: str) -> list[dict]:
     try:
         with zipfile.ZipFile(path) as zf:
             return read_smolinstruct_tree(_ZipTree(zf), tasks, split)
     except zipfile.BadZipFile as exc:
         raise DataError(f"{path} is not a valid zip file ({exc}); download data.zip again.") from exc
+
 
 def read_smolinstruct_tree(tree: Any, tasks: list[str], split: str) -> list[dict]:
     """Join raw rows, templates, sample selections and core tags as SMolInstruct's loading script does."""
@@ -172,6 +178,7 @@ def read_smolinstruct_tree(tree: Any, tasks: list[str], split: str) -> list[dict
             }
             records.append(validate_record(rec, f"{raw_rel}: idx {idx}"))
     return records
+
 
 def offline_mode() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")

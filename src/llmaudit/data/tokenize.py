@@ -5,8 +5,9 @@ default), and the right-padded batches both training and scoring feed to a model
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ class Example:
     def zlib_bytes(self) -> int:
         return len(zlib.compress(self.scored_text.encode("utf-8")))
 
+
 def format_record(tokenizer: Any, rec: dict, *, include_prompt: bool = False) -> tuple[list[int], list[bool], str]:
     """Token ids of prompt + response through the model's chat template, and the loss mask.
 
@@ -55,7 +57,10 @@ def format_record(tokenizer: Any, rec: dict, *, include_prompt: bool = False) ->
     scored = (prompt + response) if include_prompt else response
     return ids, mask, scored
 
-def tokenize_records(tokenizer: Any, records: list[dict], split: str, *, include_prompt: bool, max_length: int) -> list[Example]:
+
+def tokenize_records(
+    tokenizer: Any, records: list[dict], split: str, *, include_prompt: bool, max_length: int
+) -> list[Example]:
     out = []
     for rec in records:
         ids, mask, scored = format_record(tokenizer, rec, include_prompt=include_prompt)
@@ -65,7 +70,9 @@ def tokenize_records(tokenizer: Any, records: list[dict], split: str, *, include
     return out
 
 
-def collate(examples: Sequence[TrainExample], pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+def collate(
+    examples: Sequence[TrainExample], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, ...]:
     """Right-padded input_ids [B, T], attention_mask [B, T], loss_mask [B, T] (True = scored token).
 
     Right padding with a causal mask leaves every real token's logits unchanged."""

@@ -16,6 +16,7 @@ def launched_processes() -> int:
     except ValueError:
         return 1
 
+
 def make_accelerator(device: torch.device) -> Any | None:
     """An accelerate.Accelerator when launched with more than one process, else None (the plain path).
 
@@ -26,7 +27,9 @@ def make_accelerator(device: torch.device) -> Any | None:
     from accelerate import Accelerator, DistributedDataParallelKwargs
 
     accelerator = Accelerator(
-        cpu=device.type == "cpu", mixed_precision="no", kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)]
+        cpu=device.type == "cpu",
+        mixed_precision="no",
+        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
     )
     if accelerator.num_processes <= 1:
         raise RuntimeError(

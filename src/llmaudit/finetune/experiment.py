@@ -24,7 +24,10 @@ def prepare_experiment(cfg: ExperimentConfig, store: RunStore) -> dict[str, Any]
     tok = load_tokenizer(cfg.model)
     # Drop over-long records before drawing, so the pool is exactly pool_size.
     lengths_ok = {
-        ex.sample_id for ex in tokenize_records(tok, records, "any", include_prompt=cfg.data.include_prompt_in_loss, max_length=cfg.data.max_length)
+        ex.sample_id
+        for ex in tokenize_records(
+            tok, records, "any", include_prompt=cfg.data.include_prompt_in_loss, max_length=cfg.data.max_length
+        )
     }
     usable = [r for r in records if r["sample_id"] in lengths_ok]
     pool, val = draw_pool_and_val(usable, cfg.data.pool_size, cfg.data.val_size, cfg.data.seed)

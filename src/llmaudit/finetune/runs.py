@@ -37,12 +37,14 @@ from llmaudit.store.shards import shard_items
 
 log = logging.getLogger(__name__)
 
+
 def checkpoint_steps(n_train: int, batch_size: int, epochs: int, per_epoch: int) -> list[int]:
     """Evenly spaced optimizer steps at which an adapter checkpoint is saved (the last step included)."""
     spe = steps_per_epoch(n_train, batch_size)
     total = spe * epochs
     k = epochs * per_epoch
     return sorted({max(1, round(total * i / k)) for i in range(1, k + 1)})
+
 
 @dataclass
 class RunResult:
@@ -51,6 +53,7 @@ class RunResult:
     steps: list[int]
     final_loss: float | None
     seconds: float
+
 
 def _lora_model(base: Any, cfg: ExperimentConfig, run: int) -> Any:
     from peft import LoraConfig, get_peft_model
@@ -67,8 +70,17 @@ def _lora_model(base: Any, cfg: ExperimentConfig, run: int) -> Any:
     torch.manual_seed(int(np.random.default_rng([cfg.train.seed, run, 5]).integers(2**31)))
     return get_peft_model(base, lora)
 
+
 def train_run(
-    cfg: ExperimentConfig, store: RunStore, run: int, base: Any, tok: Any, device: torch.device, *, progress: bool = True, accelerator: Any | None = None
+    cfg: ExperimentConfig,
+    store: RunStore,
+    run: int,
+    base: Any,
+    tok: Any,
+    device: torch.device,
+    *,
+    progress: bool = True,
+    accelerator: Any | None = None,
 ) -> RunResult:
     """Train one run (resuming from its latest checkpoint). With `accelerator` (multi-process), every process
     calls this for the same run; they train it data parallel and only the main process writes."""
@@ -83,7 +95,9 @@ def train_run(
     members = [pool[i] for i in np.flatnonzero(masks[run])]
     examples = [
         (list(ex.input_ids), list(ex.loss_mask))
-        for ex in tokenize_records(tok, members, "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+        for ex in tokenize_records(
+            tok, members, "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9
+        )
     ]
     save_at = checkpoint_steps(len(examples), cfg.train.batch_size, cfg.train.epochs, cfg.train.checkpoints_per_epoch)
     model = _lora_model(copy.deepcopy(base), cfg, run)
@@ -113,7 +127,10 @@ def train_run(
                 {"step": state.step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
                 tmp / "trainer_state.pt",
             )
-            atomic_write_json(tmp / "checkpoint.json", {"run": run, "step": state.step, "epoch": state.epoch, "train_loss": state.last_loss})
+            atomic_write_json(
+                tmp / "checkpoint.json",
+                {"run": run, "step": state.step, "epoch": state.epoch, "train_loss": state.last_loss},
+            )
         # Only the newest checkpoint keeps the optimizer state needed to resume (it is large on real models).
         for step in store.checkpoints(run):
             if step < state.step:
@@ -142,13 +159,27 @@ def train_run(
     if writer:
         atomic_write_json(
             store.run_done_path(run),
-            {"run": run, "steps": steps, "n_train": len(examples), "final_train_loss": final.last_loss, "seconds": round(time.time() - t0, 2)},
+            {
+                "run": run,
+                "steps": steps,
+                "n_train": len(examples),
+                "final_train_loss": final.last_loss,
+                "seconds": round(time.time() - t0, 2),
+            },
         )
     if accelerator is not None:
         accelerator.wait_for_everyone()
     return RunResult(run, False, steps, final.last_loss, time.time() - t0)
 
-def finetune(cfg: ExperimentConfig, *, out: Path | None = None, shard: tuple[int, int] | None = None, progress: bool = True, echo=print) -> RunStore:
+
+def finetune(
+    cfg: ExperimentConfig,
+    *,
+    out: Path | None = None,
+    shard: tuple[int, int] | None = None,
+    progress: bool = True,
+    echo=print,
+) -> RunStore:
     accelerator = make_accelerator(pick_device(cfg.train.device)) if launched_processes() > 1 else None
     if accelerator is not None:
         return _finetune_data_parallel(cfg, accelerator, out=out, shard=shard, progress=progress, echo=echo)
@@ -159,7 +190,9 @@ def finetune(cfg: ExperimentConfig, *, out: Path | None = None, shard: tuple[int
     tok = load_tokenizer(cfg.model)
     todo = [r for r in runs if not store.run_done(r)]
     clear_stale_markers(run_marker_path(store, r) for r in runs if r not in todo)
-    echo(f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} on {device}")
+    echo(
+        f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} on {device}"
+    )
     if todo:
         base = load_base_model(cfg.model, device)
         trainable, total = count_parameters(_lora_model(copy.deepcopy(base), cfg, 0))
@@ -168,8 +201,11 @@ def finetune(cfg: ExperimentConfig, *, out: Path | None = None, shard: tuple[int
             store.write_manifest(manifest)
         for run in each_marked(todo, lambda r: run_marker_path(store, r)):
             res = train_run(cfg, store, run, base, tok, device, progress=progress)
-            echo(f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)")
+            echo(
+                f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)"
+            )
     return store
+
 
 def _finetune_data_parallel(
     cfg: ExperimentConfig, accelerator: Any, *, out: Path | None, shard: tuple[int, int] | None, progress: bool, echo
@@ -204,6 +240,8 @@ def _finetune_data_parallel(
         accelerator.wait_for_everyone()
         for run in each_marked(todo, lambda r: run_marker_path(store, r)) if main else todo:
             res = train_run(cfg, store, run, base, tok, device, progress=progress, accelerator=accelerator)
-            say(f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)")
+            say(
+                f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)"
+            )
     accelerator.wait_for_everyone()
     return store

@@ -13,7 +13,14 @@ def stage_status(store: RunStore) -> dict[str, Any]:
     """What is done, running and missing in a run directory, per stage (the data of `llmaudit status`)."""
 
     cfg = store.config()
-    runs: dict[str, Any] = {"total": cfg.train.runs, "done": [], "running": [], "missing": [], "stale": [], "checkpoints": {}}
+    runs: dict[str, Any] = {
+        "total": cfg.train.runs,
+        "done": [],
+        "running": [],
+        "missing": [],
+        "stale": [],
+        "checkpoints": {},
+    }
     for run in range(cfg.train.runs):
         steps = store.checkpoints(run)
         runs["checkpoints"][run] = steps
@@ -27,7 +34,14 @@ def stage_status(store: RunStore) -> dict[str, Any]:
 
     units = plan_units(cfg, store)
     by_quantizer: dict[str, dict[str, int]] = {q: {"done": 0, "running": 0, "missing": 0} for q in cfg.score.quantizers}
-    scores: dict[str, Any] = {"total": len(units), "done": 0, "running": [], "missing": [], "stale": [], "by_quantizer": by_quantizer}
+    scores: dict[str, Any] = {
+        "total": len(units),
+        "done": 0,
+        "running": [],
+        "missing": [],
+        "stale": [],
+        "by_quantizer": by_quantizer,
+    }
     for unit in units:
         key = {"run": unit.run, "step": unit.step, "quantizer": unit.quantizer}
         if store.unit_path(unit.run, unit.step, unit.quantizer).exists():
@@ -44,11 +58,27 @@ def stage_status(store: RunStore) -> dict[str, Any]:
     scores["waiting_for_runs"] = [r for r in range(cfg.train.runs) if not store.run_done(r)]
 
     report = {
-        "results": sorted(p.name for p in store.results_dir.glob("*") if p.is_file()) if store.results_dir.is_dir() else [],
+        "results": sorted(p.name for p in store.results_dir.glob("*") if p.is_file())
+        if store.results_dir.is_dir()
+        else [],
         "report": (store.report_dir / "report.json").exists(),
     }
-    complete = not runs["missing"] and not runs["running"] and not scores["missing"] and not scores["running"] and report["report"]
-    return {"run_dir": str(store.root), "name": cfg.name, "finetune": runs, "score": scores, "report": report, "complete": complete}
+    complete = (
+        not runs["missing"]
+        and not runs["running"]
+        and not scores["missing"]
+        and not scores["running"]
+        and report["report"]
+    )
+    return {
+        "run_dir": str(store.root),
+        "name": cfg.name,
+        "finetune": runs,
+        "score": scores,
+        "report": report,
+        "complete": complete,
+    }
+
 
 def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
     def listed(items: list) -> str:
@@ -60,7 +90,9 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
 
     ft, sc, rp = status["finetune"], status["score"], status["report"]
     lines = [f"{status['name']}: {status['run_dir']}"]
-    lines.append(f"finetune  {len(ft['done'])}/{ft['total']} runs done, {len(ft['running'])} running, {len(ft['missing'])} missing")
+    lines.append(
+        f"finetune  {len(ft['done'])}/{ft['total']} runs done, {len(ft['running'])} running, {len(ft['missing'])} missing"
+    )
     for run in ft["running"]:
         lines.append(f"  running: run {run}, {len(ft['checkpoints'][run])} checkpoint(s) so far")
     for run in ft["missing"]:
@@ -79,5 +111,9 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
     if sc["missing"]:
         lines.append(f"  missing: {listed([unit_name(u) for u in sc['missing']])}")
     lines.append(f"report    results: {listed(rp['results']) or 'none'}; report: {'yes' if rp['report'] else 'no'}")
-    lines.append("complete" if status["complete"] else "incomplete: `llmaudit submit all RUN_DIR` (or the stage commands) resumes it")
+    lines.append(
+        "complete"
+        if status["complete"]
+        else "incomplete: `llmaudit submit all RUN_DIR` (or the stage commands) resumes it"
+    )
     return "\n".join(lines)

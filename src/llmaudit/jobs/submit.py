@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from llmaudit.analyze.experiment import analyze
 from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads, set_threads
@@ -41,6 +42,7 @@ Stage = Literal["finetune", "score", "report"]
 
 STAGES: tuple[Stage, ...] = ("finetune", "score", "report")
 
+
 def job_threads(cfg: ExperimentConfig) -> int | None:
     """CPU threads of one shard job: $LLMAUDIT_THREADS if set; on SLURM cluster.cpus_per_job; as a local
     process, this machine's cores divided among the jobs that run at once (they share the machine);
@@ -53,13 +55,17 @@ def job_threads(cfg: ExperimentConfig) -> int | None:
         return max(1, available_cores() // min(cfg.cluster.array_parallelism, cfg.cluster.shards))
     return None
 
+
 def _set_threads(cfg: ExperimentConfig) -> None:
     threads = job_threads(cfg)
     if threads:
         os.environ[THREADS_ENV] = str(threads)  # also caps the scoring engine's CPU workers
         set_threads(threads)
 
-def run_shard(stage: Stage, config: dict[str, Any], out: str, shard: tuple[int, int] | None, *, progress: bool = False) -> dict[str, Any]:
+
+def run_shard(
+    stage: Stage, config: dict[str, Any], out: str, shard: tuple[int, int] | None, *, progress: bool = False
+) -> dict[str, Any]:
     """Do shard `shard` of `stage` in this process: what `llmaudit STAGE ... --shard I/N` does.
 
     Takes the config as plain data so that it pickles for submitit; safe to run again after any crash."""
@@ -67,17 +73,15 @@ def run_shard(stage: Stage, config: dict[str, Any], out: str, shard: tuple[int, 
     _set_threads(cfg)
     store = RunStore(out)
     if stage == "finetune":
-
         finetune(cfg, out=Path(out), shard=shard, progress=progress)
         return {"stage": stage, "shard": shard, "runs_done": sum(store.run_done(r) for r in range(cfg.train.runs))}
     if stage == "score":
-
         return {"stage": stage, "shard": shard, **score(cfg, store, shard=shard, progress=progress)}
     if stage == "report":
-
         paths = write_report(store, analyze(store.config(), store))
         return {"stage": stage, "shard": None, "paths": paths}
     raise ValueError(f"unknown stage {stage!r}; allowed: {list(STAGES)}")
+
 
 class ShardJob:
     """The callable each submitit job runs. On timeout or preemption submitit calls `checkpoint`, which
@@ -92,6 +96,7 @@ class ShardJob:
 
         return DelayedSubmission(self, *args, **kwargs)
 
+
 def stage_shards(stage: Stage, cfg: ExperimentConfig) -> list[tuple[int, int] | None]:
     """The shard arguments of one stage's jobs: finetune never gets more shards than runs; report is one job."""
     if stage == "report":
@@ -99,15 +104,18 @@ def stage_shards(stage: Stage, cfg: ExperimentConfig) -> list[tuple[int, int] | 
     n = min(cfg.cluster.shards, cfg.train.runs) if stage == "finetune" else cfg.cluster.shards
     return [(i, n) for i in range(n)]
 
+
 def shard_has_work(stage: Stage, cfg: ExperimentConfig, store: RunStore, shard: tuple[int, int] | None) -> bool:
     """Whether a shard has anything left to do (the report is always redone: it is cheap and reads every score)."""
 
     if stage == "finetune":
         return any(not store.run_done(r) for r in shard_items(list(range(cfg.train.runs)), shard))
     if stage == "score":
-
-        return any(not store.unit_path(u.run, u.step, u.quantizer).exists() for u in shard_items(plan_units(cfg, store), shard))
+        return any(
+            not store.unit_path(u.run, u.step, u.quantizer).exists() for u in shard_items(plan_units(cfg, store), shard)
+        )
     return True
+
 
 def slurm_parameters(cfg: ExperimentConfig, stage: Stage, dependency: str | None = None) -> dict[str, Any]:
     """submitit AutoExecutor parameters of one stage's array job, from the recipe's cluster section."""
@@ -132,13 +140,23 @@ def slurm_parameters(cfg: ExperimentConfig, stage: Stage, dependency: str | None
         params["slurm_additional_parameters"] = extra
     return params
 
+
 def _log_dir(cfg: ExperimentConfig, out: Path) -> Path:
     return Path(cfg.cluster.log_dir) if cfg.cluster.log_dir else out / "jobs"
+
 
 def _array_id(job: Any) -> str:
     return str(job.job_id).split("_")[0]
 
-def submit_slurm(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, executor_factory: Callable[..., Any] | None = None, echo=print) -> list[Any]:
+
+def submit_slurm(
+    cfg: ExperimentConfig,
+    stages: list[Stage],
+    out: Path,
+    *,
+    executor_factory: Callable[..., Any] | None = None,
+    echo=print,
+) -> list[Any]:
     """One SLURM array job per stage, each waiting (afterok) for the previous one. Returns without waiting."""
     if executor_factory is None:
         import submitit
@@ -151,18 +169,27 @@ def submit_slurm(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, execu
         shards = stage_shards(stage, cfg)
         executor = executor_factory(folder=str(_log_dir(cfg, out) / stage), cluster="slurm")
         executor.update_parameters(**slurm_parameters(cfg, stage, dependency))
-        jobs = executor.map_array(ShardJob(), [stage] * len(shards), [config] * len(shards), [str(out)] * len(shards), shards)
-        echo(f"[submit] {stage}: SLURM array job {_array_id(jobs[0])} with {len(jobs)} task(s)" + (f", after {dependency}" if dependency else ""))
+        jobs = executor.map_array(
+            ShardJob(), [stage] * len(shards), [config] * len(shards), [str(out)] * len(shards), shards
+        )
+        echo(
+            f"[submit] {stage}: SLURM array job {_array_id(jobs[0])} with {len(jobs)} task(s)"
+            + (f", after {dependency}" if dependency else "")
+        )
         dependency = f"afterok:{_array_id(jobs[0])}"
         all_jobs.extend(jobs)
     return all_jobs
+
 
 def _local_gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count()
 
-def submit_local(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=print, poll_s: float = 0.5) -> list[dict[str, Any]]:
+
+def submit_local(
+    cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=print, poll_s: float = 0.5
+) -> list[dict[str, Any]]:
     """Run every stage's shard jobs as local processes through submitit's LocalExecutor, stage after stage.
 
     At most cluster.array_parallelism jobs run at once; with gpus_per_job > 0 each concurrent job gets its
@@ -176,10 +203,14 @@ def submit_local(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=
     if gpus:
         available = _local_gpu_count()
         if available < gpus:
-            raise RuntimeError(f"cluster.gpus_per_job={gpus} but this machine has {available} GPU(s); set cluster.gpus_per_job=0 for CPU")
+            raise RuntimeError(
+                f"cluster.gpus_per_job={gpus} but this machine has {available} GPU(s); set cluster.gpus_per_job=0 for CPU"
+            )
         slots = min(slots, available // gpus)
     elif _local_gpu_count():
-        echo("[submit] note: cluster.gpus_per_job=0, so the jobs see no GPU (CUDA_VISIBLE_DEVICES is empty); set it to 1 to use this machine's GPUs")
+        echo(
+            "[submit] note: cluster.gpus_per_job=0, so the jobs see no GPU (CUDA_VISIBLE_DEVICES is empty); set it to 1 to use this machine's GPUs"
+        )
     results: list[dict[str, Any]] = []
     for stage in stages:
         executor = submitit.LocalExecutor(folder=str(_log_dir(cfg, out) / stage))
@@ -207,21 +238,32 @@ def submit_local(cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=
             except Exception as exc:  # submitit wraps the job's traceback; the log path is what helps
                 raise RuntimeError(f"{stage} job {job.job_id} failed; its log: {job.paths.stderr}\n{exc}") from None
         skipped = len(stage_shards(stage, cfg)) - len(finished)
-        echo(f"[submit] {stage}: {len(finished)} local job(s) finished" + (f"; {skipped} shard(s) had nothing left to do" if skipped else ""))
+        echo(
+            f"[submit] {stage}: {len(finished)} local job(s) finished"
+            + (f"; {skipped} shard(s) had nothing left to do" if skipped else "")
+        )
     return results
 
-def submit(cfg: ExperimentConfig, stage: Literal["finetune", "score", "report", "all"], *, echo=print, executor_factory: Callable[..., Any] | None = None) -> list[Any]:
+
+def submit(
+    cfg: ExperimentConfig,
+    stage: Literal["finetune", "score", "report", "all"],
+    *,
+    echo=print,
+    executor_factory: Callable[..., Any] | None = None,
+) -> list[Any]:
     """Send a stage (or all three, in order) to the cluster the recipe names. Prepares the run directory
     first (data draw, manifest) so that the shard jobs never race to create it."""
     out = cfg.resolved_output_dir().resolve()
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     stages: list[Stage] = list(STAGES) if stage == "all" else [stage]
     if stages[0] == "finetune":
-
         prepare_experiment(cfg, RunStore(out))
     else:
         RunStore(out).check_identity(cfg)
-    echo(f"[submit] {', '.join(stages)} of {cfg.name} on {cfg.cluster.cluster}; run directory {out}; logs in {_log_dir(cfg, out)}")
+    echo(
+        f"[submit] {', '.join(stages)} of {cfg.name} on {cfg.cluster.cluster}; run directory {out}; logs in {_log_dir(cfg, out)}"
+    )
     if cfg.cluster.cluster == "slurm":
         return submit_slurm(cfg, stages, out, executor_factory=executor_factory, echo=echo)
     return submit_local(cfg, stages, out, echo=echo)

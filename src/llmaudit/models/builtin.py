@@ -36,21 +36,24 @@ CHATML_TEMPLATE = (
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
+
 def builtin_key(cfg: ModelConfig) -> str:
 
     blob = json.dumps([BUILTIN_VERSION, GENERATOR_VERSION, cfg.name, cfg.builtin.model_dump()], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+
 def builtin_dir(cfg: ModelConfig, *, pretrain: bool) -> tuple[Path, Any]:
     """Directory of the cached built-in model (building it if needed) and its tokenizer."""
     from transformers import PreTrainedTokenizerFast
 
-    root = cache_dir() / "builtin" / f"{cfg.name[len(BUILTIN_PREFIX):]}-{builtin_key(cfg)}"
+    root = cache_dir() / "builtin" / f"{cfg.name[len(BUILTIN_PREFIX) :]}-{builtin_key(cfg)}"
     done = root / "DONE"
     if not done.exists():
         build_builtin_model(cfg, root)
     tok = PreTrainedTokenizerFast.from_pretrained(str(root))
     return root, tok
+
 
 def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -76,6 +79,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     fast.chat_template = CHATML_TEMPLATE
     return fast
 
+
 def build_tiny_model(name: str, b: BuiltinModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> Any:
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -96,18 +100,23 @@ def build_tiny_model(name: str, b: BuiltinModelConfig, vocab_size: int, pad_id: 
     torch.manual_seed(b.seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
+
 def build_builtin_model(cfg: ModelConfig, root: Path) -> Path:
     """Train the tokenizer, then pre-train the tiny model on records disjoint from every audited sample."""
 
     b = cfg.builtin
-    short = cfg.name[len(BUILTIN_PREFIX):]
+    short = cfg.name[len(BUILTIN_PREFIX) :]
     records = generate_records(SUPPORTED_TASKS, b.pretrain_samples, seed=b.seed, stream="pretrain")
     corpus = [r["input"] + "\n" + r["output"] for r in records]
     import sys
     import time
 
     t0 = time.time()
-    print(f"[model] building the built-in base model {cfg.name} once (tokenizer + pre-training); cached in {root}", file=sys.stderr, flush=True)
+    print(
+        f"[model] building the built-in base model {cfg.name} once (tokenizer + pre-training); cached in {root}",
+        file=sys.stderr,
+        flush=True,
+    )
     with atomic_dir(root) as tmp:
         tok = build_tokenizer(corpus, b.vocab_size)
         model = build_tiny_model(short, b, len(tok), tok.pad_token_id, tok.eos_token_id)

@@ -17,24 +17,28 @@ from llmaudit.models.builtin import BUILTIN_NAMES, BUILTIN_PREFIX, builtin_dir
 log = logging.getLogger(__name__)
 
 
-
 ModelRoute = Literal["builtin", "local", "hub"]
+
 
 class ModelError(UserError):
     """The model cannot be loaded; the message names the fix."""
 
+
 def resolve_model_route(name: str) -> ModelRoute:
     """builtin:NAME, an existing local directory, or a hub id (`org/name`)."""
     if name.startswith(BUILTIN_PREFIX):
-        short = name[len(BUILTIN_PREFIX):]
+        short = name[len(BUILTIN_PREFIX) :]
         if short not in BUILTIN_NAMES:
-            raise ModelError(f"unknown built-in model {name!r}; available: {[BUILTIN_PREFIX + n for n in BUILTIN_NAMES]}")
+            raise ModelError(
+                f"unknown built-in model {name!r}; available: {[BUILTIN_PREFIX + n for n in BUILTIN_NAMES]}"
+            )
         return "builtin"
     if Path(name).expanduser().is_dir():
         return "local"
     if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
         raise ModelError(f"model path {name!r} does not exist (a local model is a directory with config.json).")
     return "hub"
+
 
 def import_gptqmodel_quietly() -> None:
     """Import gptqmodel (when installed) with its start-up banner, environment notices and ASCII art
@@ -56,6 +60,7 @@ def import_gptqmodel_quietly() -> None:
         raise ImportError(f"importing gptqmodel failed ({exc}); its output:\n{captured.getvalue()[-2000:]}") from exc
     log.debug("gptqmodel import output:\n%s", captured.getvalue())
 
+
 def load_tokenizer(cfg: ModelConfig) -> Any:
     route = resolve_model_route(cfg.name)
     if route == "builtin":
@@ -69,6 +74,7 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
 
 def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype | None = None) -> Any:
     """The base model before fine-tuning, in eval mode on `device`."""
@@ -87,6 +93,7 @@ def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype |
     except OSError as exc:
         raise _hub_error(cfg.name, exc) from exc
     return model.to(device).eval()
+
 
 def _hub_error(name: str, exc: Exception) -> ModelError:
     return ModelError(

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +24,9 @@ from llmaudit.data.tokenize import TrainExample, collate
 from llmaudit.models.layers import decoder_and_head
 
 
-def scored_hidden(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def scored_hidden(
+    model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hidden states that predict the scored tokens: (h [P, H], targets [P], row index [P])."""
     decoder, _ = decoder_and_head(model)
     hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state  # [B, T, H]
@@ -31,12 +34,14 @@ def scored_hidden(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch
     rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(pred)[pred]
     return hidden[:, :-1][pred], ids[:, 1:][pred], rows
 
+
 def batch_mean_nll(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood over all scored tokens of the batch (the training objective)."""
     h, targets, _ = scored_hidden(model, ids, attn, mask)
     _, head = decoder_and_head(model)
     logits = head(h).float()
     return torch.nn.functional.cross_entropy(logits, targets)
+
 
 class _SliceNLL(torch.nn.Module):
     """What a data-parallel process differentiates: its rows' summed NLL scaled so that the mean over the
@@ -48,11 +53,14 @@ class _SliceNLL(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         h, targets, _ = scored_hidden(self.model, ids, attn, mask)
         _, head = decoder_and_head(self.model)
         nll = torch.nn.functional.cross_entropy(head(h).float(), targets, reduction="sum")
         return nll * scale, nll.detach()
+
 
 def local_rows(batch_rows: int, rank: int, world: int) -> tuple[int, int]:
     """Contiguous, disjoint slice [lo, hi) of a global batch of `batch_rows` rows for process `rank` of `world`."""
@@ -60,13 +68,17 @@ def local_rows(batch_rows: int, rank: int, world: int) -> tuple[int, int]:
     hi = (batch_rows * (rank + 1)) // world
     return lo, hi
 
+
 @dataclass
 class TrainState:
     step: int
     epoch: int
     last_loss: float
 
-def _after_step(state: TrainState, bar: Any, model: Any, optimizer: Any, save_at: set[int] | None, on_save: Callable | None) -> None:
+
+def _after_step(
+    state: TrainState, bar: Any, model: Any, optimizer: Any, save_at: set[int] | None, on_save: Callable | None
+) -> None:
     """Progress, and a checkpoint when this step is one of save_at (in eval mode, then back to train)."""
     bar.update(1)
     bar.set_postfix(loss=f"{state.last_loss:.3f}", refresh=False)
@@ -75,12 +87,15 @@ def _after_step(state: TrainState, bar: Any, model: Any, optimizer: Any, save_at
         on_save(state, optimizer)
         model.train()
 
+
 def steps_per_epoch(n_examples: int, batch_size: int) -> int:
     return math.ceil(n_examples / batch_size)
+
 
 def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
     order = np.random.default_rng([seed, epoch, 3]).permutation(n_examples)
     return [order[i : i + batch_size] for i in range(0, n_examples, batch_size)]
+
 
 def train_epochs(
     model: Any,
@@ -112,7 +127,9 @@ def train_epochs(
     spe = steps_per_epoch(len(examples), batch_size)
     total = spe * epochs
     if schedule == "cosine":
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+        )
     else:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     start = 0
@@ -128,8 +145,20 @@ def train_epochs(
     if accelerator is not None and accelerator.num_processes > 1:
         try:
             return _train_epochs_ddp(
-                model, examples, accelerator, optimizer, scheduler, start=start, epochs=epochs, batch_size=batch_size,
-                seed=seed, pad_id=pad_id, desc=desc, save_at=save_at, on_save=on_save, progress=progress,
+                model,
+                examples,
+                accelerator,
+                optimizer,
+                scheduler,
+                start=start,
+                epochs=epochs,
+                batch_size=batch_size,
+                seed=seed,
+                pad_id=pad_id,
+                desc=desc,
+                save_at=save_at,
+                on_save=on_save,
+                progress=progress,
             )
         finally:
             accelerator.free_memory()  # drop accelerate's references to this run's model and optimizer
@@ -152,6 +181,7 @@ def train_epochs(
     bar.close()
     model.eval()
     return state
+
 
 def _train_epochs_ddp(
     model: Any,
@@ -180,7 +210,14 @@ def _train_epochs_ddp(
     ddp, optimizer = accelerator.prepare(_SliceNLL(model), optimizer)
     model.train()
     state = TrainState(step=start, epoch=start // spe, last_loss=float("nan"))
-    bar = tqdm(total=total, initial=start, desc=desc, disable=not (progress and accelerator.is_main_process), leave=False, mininterval=1.0)
+    bar = tqdm(
+        total=total,
+        initial=start,
+        desc=desc,
+        disable=not (progress and accelerator.is_main_process),
+        leave=False,
+        mininterval=1.0,
+    )
     for epoch in range(start // spe, epochs):
         batches = epoch_batches(len(examples), batch_size, seed, epoch)
         for b_idx, batch in enumerate(batches):

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from .base import DEFAULT_MODULES, QuantizationError, Quantizer, QuantizerInfo
 from .bnb_backend import BNB_KINDS, BnbQuantizer
-from .full import FULL_DTYPES, FullPrecision
+from .full import FULL_DTYPES, FULL_PRECISION_NAMES, FullPrecision, full_precision_reference
 from .gptq_backend import GPTQ_BITS, GPTQQuantizer
 from .hqq_backend import HQQ_BITS, HQQQuantizer
 from .simple import SIMPLE_SPECS, SimpleQuantizer, sign_quantize, ternary_quantize, uniform_quantize
 
 _REGISTRY: dict[str, type[Quantizer]] = {
-    **{name: FullPrecision for name in FULL_DTYPES},
-    **{name: BnbQuantizer for name in BNB_KINDS},
-    **{name: GPTQQuantizer for name in GPTQ_BITS},
-    **{name: HQQQuantizer for name in HQQ_BITS},
-    **{name: SimpleQuantizer for name in SIMPLE_SPECS},
+    **dict.fromkeys(FULL_DTYPES, FullPrecision),
+    **dict.fromkeys(BNB_KINDS, BnbQuantizer),
+    **dict.fromkeys(GPTQ_BITS, GPTQQuantizer),
+    **dict.fromkeys(HQQ_BITS, HQQQuantizer),
+    **dict.fromkeys(SIMPLE_SPECS, SimpleQuantizer),
 }
 
 QUANTIZER_NAMES: tuple[str, ...] = tuple(_REGISTRY)
@@ -47,12 +47,14 @@ def list_quantizers() -> list[QuantizerInfo]:
 
 __all__ = [
     "DEFAULT_MODULES",
+    "FULL_PRECISION_NAMES",
     "QUANTIZER_NAMES",
     "QuantizationError",
     "Quantizer",
     "QuantizerInfo",
     "get_quantizer",
     "list_quantizers",
+    "full_precision_reference",
     "sign_quantize",
     "ternary_quantize",
     "uniform_quantize",

@@ -24,9 +24,10 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Callable, Iterable
+from functools import cache
+from typing import Any
 
 import torch
 from torch import nn
@@ -65,7 +66,7 @@ class QuantizerInfo:
         }
 
 
-@lru_cache(maxsize=None)
+@cache
 def library_available(module_name: str) -> bool:
     """Cached check that never imports the library itself."""
     return importlib.util.find_spec(module_name) is not None
@@ -151,9 +152,7 @@ def resolve_options(quantizer_name: str, spec: dict[str, Option], given: dict[st
     for key, option in spec.items():
         value = given.get(key, option.default)
         if not option.is_valid(value):
-            raise QuantizationError(
-                f"{quantizer_name}: bad value {key}={value!r}; allowed: {option.allowed}"
-            )
+            raise QuantizationError(f"{quantizer_name}: bad value {key}={value!r}; allowed: {option.allowed}")
         resolved[key] = option.normalise(value)
     return resolved
 
@@ -287,8 +286,8 @@ class Quantizer:
         target_names = [name for name, _ in targets]
         bits = 0.0
         for _, module in targets:
-            bits += module.in_features * module.out_features * self.bits_per_weight(
-                module.in_features, module.out_features
+            bits += (
+                module.in_features * module.out_features * self.bits_per_weight(module.in_features, module.out_features)
             )
             bias = getattr(module, "bias", None)
             if isinstance(bias, torch.Tensor):

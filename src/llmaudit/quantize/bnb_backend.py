@@ -47,8 +47,9 @@ class BnbQuantizer(Quantizer):
         self.kind, bits = BNB_KINDS[name]
         spec = common_options()
         if self.kind == "int8":
-            spec["threshold"] = real(6.0, "a number >= 0 (LLM.int8() outlier threshold; 0 disables it)",
-                                     lambda t: t >= 0)
+            spec["threshold"] = real(
+                6.0, "a number >= 0 (LLM.int8() outlier threshold; 0 disables it)", lambda t: t >= 0
+            )
             spec["mode"] = choice("auto", ("auto", "real"))
         else:
             spec["double_quant"] = boolean(False)
@@ -85,21 +86,39 @@ class BnbQuantizer(Quantizer):
             weight = linear.weight.data.to(device=device, dtype=dtype).contiguous()
             bias = linear.bias.data.to(device=device, dtype=dtype) if linear.bias is not None else None
             if self.kind == "int8":
-                new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias is not None,
-                                          has_fp16_weights=False, threshold=self.options["threshold"])
+                new = bnb.nn.Linear8bitLt(
+                    linear.in_features,
+                    linear.out_features,
+                    bias=bias is not None,
+                    has_fp16_weights=False,
+                    threshold=self.options["threshold"],
+                )
                 new.weight = bnb.nn.Int8Params(weight.cpu(), requires_grad=False, has_fp16_weights=False)
             elif fake:
-                packed, state = bnb_f.quantize_4bit(weight, blocksize=self.options["blocksize"],
-                                                    compress_statistics=self.options["double_quant"],
-                                                    quant_type=self.kind)
+                packed, state = bnb_f.quantize_4bit(
+                    weight,
+                    blocksize=self.options["blocksize"],
+                    compress_statistics=self.options["double_quant"],
+                    quant_type=self.kind,
+                )
                 new = linear_from_weight(bnb_f.dequantize_4bit(packed, state).to(dtype), bias, dtype)
             else:
-                new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias is not None,
-                                        compute_dtype=dtype, compress_statistics=self.options["double_quant"],
-                                        quant_type=self.kind)
-                new.weight = bnb.nn.Params4bit(weight.cpu(), requires_grad=False, blocksize=self.options["blocksize"],
-                                               compress_statistics=self.options["double_quant"],
-                                               quant_type=self.kind, module=new)
+                new = bnb.nn.Linear4bit(
+                    linear.in_features,
+                    linear.out_features,
+                    bias=bias is not None,
+                    compute_dtype=dtype,
+                    compress_statistics=self.options["double_quant"],
+                    quant_type=self.kind,
+                )
+                new.weight = bnb.nn.Params4bit(
+                    weight.cpu(),
+                    requires_grad=False,
+                    blocksize=self.options["blocksize"],
+                    compress_statistics=self.options["double_quant"],
+                    quant_type=self.kind,
+                    module=new,
+                )
             if not fake and bias is not None:
                 new.bias = nn.Parameter(bias.cpu(), requires_grad=False)
             if not fake:

@@ -19,6 +19,15 @@ from torch import nn
 from .base import Quantizer, choice, common_options, target_modules
 
 FULL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FULL_PRECISION_NAMES = (*FULL_DTYPES, "fp", "full", "full_precision", "none", "unquantized")
+"""Names read as the full-precision reference column (the registry's plus spellings other tools use in
+their loss tables)."""
+
+
+def full_precision_reference(names) -> str | None:
+    """The full-precision reference among quantizer `names`: the first whose lower-cased name is in
+    FULL_PRECISION_NAMES, or None when every one of them quantizes."""
+    return next((q for q in names if str(q).lower() in FULL_PRECISION_NAMES), None)
 
 
 class FullPrecision(Quantizer):

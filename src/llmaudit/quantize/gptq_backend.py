@@ -62,8 +62,11 @@ class GPTQQuantizer(Quantizer):
     def __init__(self, name: str, **options):
         self.nbits = GPTQ_BITS[name]
         spec = common_options()
-        spec["group_size"] = integer(128, "-1 (one group per row) or a positive int dividing each "
-                                          "layer's input width", lambda g: g == -1 or g > 0)
+        spec["group_size"] = integer(
+            128,
+            "-1 (one group per row) or a positive int dividing each layer's input width",
+            lambda g: g == -1 or g > 0,
+        )
         spec["desc_act"] = boolean(False)
         spec["sym"] = boolean(True)
         spec["damp_percent"] = real(0.05, "a number in (0, 1)", lambda d: 0 < d < 1)
@@ -111,8 +114,9 @@ class GPTQQuantizer(Quantizer):
         """gptqmodel `dynamic` rules that skip in-block linear layers outside the scope."""
         in_scope = {name for name, _ in target_modules(model, self.options["modules"])}
         block = re.compile(r"(^|\.)layers\.\d+\.")
-        skipped = [n for n, m in model.named_modules()
-                   if isinstance(m, nn.Linear) and block.search(n) and n not in in_scope]
+        skipped = [
+            n for n, m in model.named_modules() if isinstance(m, nn.Linear) and block.search(n) and n not in in_scope
+        ]
         if not skipped:
             return None
         return {f"-:^{re.escape(n)}$": {} for n in skipped}

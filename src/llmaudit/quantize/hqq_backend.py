@@ -40,8 +40,9 @@ class HQQQuantizer(Quantizer):
     def __init__(self, name: str, **options):
         self.nbits = HQQ_BITS[name]
         spec = common_options()
-        spec["group_size"] = integer(64, "a positive multiple of 8 dividing each layer's input width",
-                                     lambda g: g > 0 and g % 8 == 0)
+        spec["group_size"] = integer(
+            64, "a positive multiple of 8 dividing each layer's input width", lambda g: g > 0 and g % 8 == 0
+        )
         spec["mode"] = choice("auto", ("auto", "fake", "real"))
         super().__init__(name, self.nbits, spec, options)
 

@@ -1,11 +1,11 @@
-"""The simple per-tensor quantizers of SCIENCE.md section 3, as pure tensor functions.
+"""The simple per-tensor quantizers of docs/science.md section 3, as pure tensor functions.
 
 Each function maps a weight tensor ``w: [*batch, *tensor]`` to a tensor of the same shape and dtype.
 The first ``batch_dims`` dimensions index independent tensors: each one gets its own threshold
 (ternary) or scale alpha (uniform). ``batch_dims=0`` treats the whole input as one tensor;
 ``batch_dims=1`` on ``[R, out, in]`` quantizes R weight matrices at once.
 
-Rules (SCIENCE.md section 3, with its corrections):
+Rules (docs/science.md section 3, with its corrections):
 
 - sign:        Q(w) = sign(w)  (values -1, +1; an exact 0 stays 0, as ``torch.sign`` does).
 - ternary-X:   Q(w) = 0 for the X% of weights with the SMALLEST magnitude, sign(w) for the rest.
@@ -80,7 +80,7 @@ def ternary_quantize(w: torch.Tensor, sparsity: float, batch_dims: int = 0) -> t
 
 
 def uniform_quantize(w: torch.Tensor, bits: int, batch_dims: int = 0) -> torch.Tensor:
-    """Sign plus (bits - 1) bits of magnitude on a power-of-two scale (SCIENCE.md section 3).
+    """Sign plus (bits - 1) bits of magnitude on a power-of-two scale (docs/science.md section 3).
 
     w: ``[*batch, *tensor]``; bits >= 2. alpha is computed per tensor (over all but the first
     ``batch_dims`` dimensions). Returns the same shape and dtype.
@@ -119,7 +119,7 @@ SIMPLE_SPECS: dict[str, tuple[str, float]] = {
 
 
 class SimpleQuantizer(Quantizer):
-    """sign / ternary-X / uniform-b applied to each in-scope weight matrix (SCIENCE.md section 3).
+    """sign / ternary-X / uniform-b applied to each in-scope weight matrix (docs/science.md section 3).
 
     Option ``scale`` (sign and ternary only): ``"none"`` (default) is the published rule, values in
     {-1, 0, +1}; ``"absmean"`` multiplies each quantized matrix by the mean magnitude of the weights it

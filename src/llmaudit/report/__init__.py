@@ -1,4 +1,3 @@
 """`llmaudit report`: the quantizer grid, privacy and utility side by side, rendered as report.json,
 report.md and report.html from one report object; the release checklist; figures.
 """
-

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any, Optional
+from typing import Any
 
 from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.io import to_strict_json
@@ -15,8 +15,15 @@ REPORT_SCHEMA_VERSION = 2
 
 VULNERABLE_TOP_K = 20
 
-def vulnerable_samples_summary(result: dict[str, Any], grid: list[dict[str, Any]], *, include_samples: bool = False,
-                       records: Optional[list[dict]] = None, top_k: int = VULNERABLE_TOP_K) -> dict[str, Any]:
+
+def vulnerable_samples_summary(
+    result: dict[str, Any],
+    grid: list[dict[str, Any]],
+    *,
+    include_samples: bool = False,
+    records: list[dict] | None = None,
+    top_k: int = VULNERABLE_TOP_K,
+) -> dict[str, Any]:
     """The most vulnerable samples of the reference quantizer, by id and score.
 
     Read from the result object (analysis must record them): per attack,
@@ -28,7 +35,11 @@ def vulnerable_samples_summary(result: dict[str, Any], grid: list[dict[str, Any]
     ref = result.get("reference_quantizer")
     block = ((result.get("attacks") or {}).get("quantizers") or {}).get(ref) or {}
     row = next((r for r in grid if r["quantizer"] == ref), None)
-    order = sorted((row or {}).get("attacks", {}), key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0)) if row else []
+    order = (
+        sorted((row or {}).get("attacks", {}), key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0))
+        if row
+        else []
+    )
     attack, samples, definition = None, None, None
     for name in order:
         vs = ((block.get("attacks") or {}).get(name) or {}).get("vulnerable_samples")
@@ -41,23 +52,38 @@ def vulnerable_samples_summary(result: dict[str, Any], grid: list[dict[str, Any]
             attack, samples, definition = vs.get("attack"), vs.get("samples") or [], vs.get("score_definition")
         else:
             samples = vs
-    out: dict[str, Any] = {"quantizer": ref, "attack": attack, "score_definition": definition,
-                           "include_samples": include_samples, "available": bool(samples), "samples": []}
+    out: dict[str, Any] = {
+        "quantizer": ref,
+        "attack": attack,
+        "score_definition": definition,
+        "include_samples": include_samples,
+        "available": bool(samples),
+        "samples": [],
+    }
     if not samples:
-        out["note"] = ("not recorded: the result object holds no per-sample attack scores "
-                       "(result['attacks']['quantizers'][Q]['attacks'][ATTACK]['vulnerable_samples'])")
+        out["note"] = (
+            "not recorded: the result object holds no per-sample attack scores "
+            "(result['attacks']['quantizers'][Q]['attacks'][ATTACK]['vulnerable_samples'])"
+        )
         return out
     by_id = {str(r.get("sample_id")): r for r in (records or [])} if include_samples else {}
-    ranked = sorted(samples, key=lambda s: -(finite_or_none(s.get("score")) if finite_or_none(s.get("score")) is not None else -math.inf))
+    ranked = sorted(
+        samples,
+        key=lambda s: -(finite_or_none(s.get("score")) if finite_or_none(s.get("score")) is not None else -math.inf),
+    )
     for rank, s in enumerate(ranked[:top_k], start=1):
         item = {"rank": rank, "sample_id": str(s["sample_id"]), "score": finite_or_none(s.get("score"))}
         if include_samples:
             rec = by_id.get(item["sample_id"])
             item["text"] = None if rec is None else "\n".join(str(rec.get(k, "")) for k in ("input", "output"))
         out["samples"].append(item)
-    out["note"] = ("sample text included (--include-samples)" if include_samples
-                   else "ids and scores only; the text is included only with --include-samples")
+    out["note"] = (
+        "sample text included (--include-samples)"
+        if include_samples
+        else "ids and scores only; the text is included only with --include-samples"
+    )
     return out
+
 
 def _provenance(result: dict[str, Any]) -> dict[str, Any]:
     exp = result["experiment"]
@@ -82,18 +108,29 @@ def _provenance(result: dict[str, Any]) -> dict[str, Any]:
         "indicator_protocol": indicator.get("protocol"),
     }
 
-def _memorization_summary(mem: Optional[dict[str, Any]], order: list[str]) -> Optional[dict[str, Any]]:
+
+def _memorization_summary(mem: dict[str, Any] | None, order: list[str]) -> dict[str, Any] | None:
     if not mem:
         return None
-    keys = ("member_mean_bits", "nonmember_mean_bits", "mean_difference_bits", "excess_member_bits",
-            "member_bits_per_adapter_param", "member_bits_per_model_param")
+    keys = (
+        "member_mean_bits",
+        "nonmember_mean_bits",
+        "mean_difference_bits",
+        "excess_member_bits",
+        "member_bits_per_adapter_param",
+        "member_bits_per_model_param",
+    )
     per_q = {}
     for q in order:
         entry = (mem.get("per_quantizer") or {}).get(q)
         if entry:
             per_q[q] = {"n_runs": len(entry.get("runs") or [])} | {
-                k: {"mean": finite_or_none((entry.get(k) or {}).get("mean")),
-                    "ci": interval_or_none((entry.get(k) or {}).get("low"), (entry.get(k) or {}).get("high"))} for k in keys}
+                k: {
+                    "mean": finite_or_none((entry.get(k) or {}).get("mean")),
+                    "ci": interval_or_none((entry.get(k) or {}).get("low"), (entry.get(k) or {}).get("high")),
+                }
+                for k in keys
+            }
     cap = mem.get("capacity") or {}
     ratios = [finite_or_none(r.get("adapter_capacity_over_information")) for r in cap.get("per_run") or []]
     ratios = sorted(r for r in ratios if r is not None)
@@ -110,7 +147,10 @@ def _memorization_summary(mem: Optional[dict[str, Any]], order: list[str]) -> Op
         "per_run_detail": "result.memorization.per_run (report.json only)",
     }
 
-def build_report(result: dict[str, Any], *, include_samples: bool = False, sample_records: Optional[list[dict]] = None) -> dict[str, Any]:
+
+def build_report(
+    result: dict[str, Any], *, include_samples: bool = False, sample_records: list[dict] | None = None
+) -> dict[str, Any]:
     """The report object every rendering is made from. Strict JSON (non-finite numbers as null)."""
     grid = grid_rows(result)
     thresholds = thresholds_of(result)
@@ -132,7 +172,9 @@ def build_report(result: dict[str, Any], *, include_samples: bool = False, sampl
         "spearman_r_q_vs_attacks": attacks.get("spearman_vs_r_q"),
         "indicator_stability": (result.get("indicator") or {}).get("stability"),
         "memorization": _memorization_summary(result.get("memorization"), [r["quantizer"] for r in grid]),
-        "vulnerable_samples": vulnerable_samples_summary(result, grid, include_samples=include_samples, records=sample_records),
+        "vulnerable_samples": vulnerable_samples_summary(
+            result, grid, include_samples=include_samples, records=sample_records
+        ),
         "plots": {},
         "result": result,
     }

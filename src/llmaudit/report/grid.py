@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.common.formatting import finite_or_none, interval_or_none
+from llmaudit.common.stats import spearman
 from llmaudit.report.policy import checklist_tpr
 
 LOW_FPRS = (0.05, 0.01, 0.001)
 
 EVALUATIONS = ("pooled_naive", "pooled_calibrated", "per_sample")
 
-def _tpr_ci(block: dict, key: str) -> Optional[list]:
+
+def _tpr_ci(block: dict, key: str) -> list | None:
     # pooled_naive stores ci.tpr_at_fpr[key] = {low, high}; the other evaluations {tpr: {low, high}, ...}
     c = ((block.get("ci") or {}).get("tpr_at_fpr") or {}).get(key) or {}
     c = c.get("tpr", c)
     return interval_or_none(c.get("low"), c.get("high"))
 
-def attack_summary(entry: dict[str, Any], n_models: Optional[int]) -> dict[str, Any]:
+
+def attack_summary(entry: dict[str, Any], n_models: int | None) -> dict[str, Any]:
     """One attack on one quantizer: AUROC and TPR at low FPR, each with its 95% interval and reliability."""
     naive = entry.get("pooled_naive") or {}
     calib = entry.get("pooled_calibrated") or {}
@@ -57,6 +60,7 @@ def _ordered_quantizers(result: dict[str, Any]) -> list[str]:
     qs = list(result["quantizers"])
     return ([ref] if ref in qs else []) + [q for q in qs if q != ref]
 
+
 def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
     rq = (result.get("indicator") or {}).get("per_quantizer") or {}
@@ -84,11 +88,15 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "val_loss": finite_or_none(util.get("val_loss")),
                 "val_loss_ci": (util.get("val_loss_ci") and interval_or_none(*util["val_loss_ci"])) or None,
                 "relative_change": finite_or_none(util.get("relative_change")),
-                "relative_change_ci": (util.get("relative_change_ci") and interval_or_none(*util["relative_change_ci"])) or None,
+                "relative_change_ci": (util.get("relative_change_ci") and interval_or_none(*util["relative_change_ci"]))
+                or None,
                 "n_runs": util.get("n_runs"),
                 "task_metrics": {
-                    name: {"value": finite_or_none(m.get("value")), "ci": interval_or_none(*(m.get("ci") or [None, None])),
-                           "higher_is_better": m.get("higher_is_better")}
+                    name: {
+                        "value": finite_or_none(m.get("value")),
+                        "ci": interval_or_none(*(m.get("ci") or [None, None])),
+                        "higher_is_better": m.get("higher_is_better"),
+                    }
                     for name, m in (util.get("task_metrics") or {}).items()
                 },
             },
@@ -112,8 +120,13 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         by_tpr = [(n, checklist_tpr(a)) for n, a in attacks.items() if checklist_tpr(a)["tpr"] is not None]
         if by_tpr:
             name, t = max(by_tpr, key=lambda item: item[1]["tpr"])
-            row["best_attack"] = {"name": name, "metric": "tpr_at_1pct_fpr_calibrated",
-                                  "value": t["tpr"], "ci": t["ci"], "reliable": t["reliable"]}
+            row["best_attack"] = {
+                "name": name,
+                "metric": "tpr_at_1pct_fpr_calibrated",
+                "value": t["tpr"],
+                "ci": t["ci"],
+                "reliable": t["reliable"],
+            }
         by_auroc = [(n, a) for n, a in attacks.items() if a["auroc"] is not None]
         if by_auroc:
             name, a = max(by_auroc, key=lambda item: item[1]["auroc"])
@@ -121,18 +134,12 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(row)
     return rows
 
+
 def r_q_vs_best_attack(grid: list[dict[str, Any]]) -> dict[str, Any]:
     """Spearman rho across quantizers between mean r_Q and the best attack's metric (expected negative)."""
-    from scipy import stats
-
     out: dict[str, Any] = {}
     for metric, key in (("tpr_at_1pct_calibrated", "best_attack"), ("auroc", "best_attack_by_auroc")):
         pairs = [(r["r_q"]["mean"], (r.get(key) or {}).get("value")) for r in grid]
         pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
-        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
-        if len(pairs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
-            out[metric] = {"rho": None, "p_value": None, "n_quantizers": len(pairs), "reason": "needs >= 3 quantizers with distinct values"}
-            continue
-        res = stats.spearmanr(xs, ys)
-        out[metric] = {"rho": finite_or_none(res.statistic), "p_value": finite_or_none(res.pvalue), "n_quantizers": len(pairs)}
+        out[metric] = spearman([x for x, _ in pairs], [y for _, y in pairs]).to_dict("n_quantizers")
     return out

@@ -38,27 +38,49 @@ ul{margin:4px 0 10px;padding-left:22px} li{margin:2px 0}
 footer{color:#777;font-size:11.5px;margin-top:30px}
 """
 
+
 def _inline(text: str) -> str:
     """Markdown-lite to HTML: escape first, then `code` and **bold**."""
     out = html.escape(text)
     out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
     return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
 
+
 def _html_table(t: Table) -> str:
     if t.transpose_html:
         # quantizers as columns, the reference (first row) as the first, highlighted column
         cols = t.rows
-        head = "<tr><th>" + html.escape(t.header[0]) + "</th>" + "".join(
-            f'<th class="{"ref" if (i == 0 and t.highlight_first) else ""}">{c[0].html()}</th>' for i, c in enumerate(cols)) + "</tr>"
+        head = (
+            "<tr><th>"
+            + html.escape(t.header[0])
+            + "</th>"
+            + "".join(
+                f'<th class="{"ref" if (i == 0 and t.highlight_first) else ""}">{c[0].html()}</th>'
+                for i, c in enumerate(cols)
+            )
+            + "</tr>"
+        )
         body = "".join(
-            "<tr><th>" + html.escape(t.header[j]) + "</th>" + "".join(
-                f'<td class="{"ref" if (i == 0 and t.highlight_first) else ""}">{c[j].html()}</td>' for i, c in enumerate(cols)) + "</tr>"
-            for j in range(1, len(t.header)))
+            "<tr><th>"
+            + html.escape(t.header[j])
+            + "</th>"
+            + "".join(
+                f'<td class="{"ref" if (i == 0 and t.highlight_first) else ""}">{c[j].html()}</td>'
+                for i, c in enumerate(cols)
+            )
+            + "</tr>"
+            for j in range(1, len(t.header))
+        )
     else:
         head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in t.header) + "</tr>"
-        body = "".join(('<tr class="ref">' if (i == 0 and t.highlight_first) else "<tr>") + "".join(f"<td>{c.html()}</td>" for c in row) + "</tr>"
-                       for i, row in enumerate(t.rows))
+        body = "".join(
+            ('<tr class="ref">' if (i == 0 and t.highlight_first) else "<tr>")
+            + "".join(f"<td>{c.html()}</td>" for c in row)
+            + "</tr>"
+            for i, row in enumerate(t.rows)
+        )
     return f'<div class="scroll"><table><thead>{head}</thead><tbody>{body}</tbody></table></div>'
+
 
 def render_html(report: dict[str, Any], figures: dict[str, bytes]) -> str:
     """One self-contained HTML file: inline CSS, figures as data: URIs, no scripts, no external resources."""
@@ -75,7 +97,9 @@ def render_html(report: dict[str, Any], figures: dict[str, bytes]) -> str:
     ]
     for s in secs:
         cls = ' class="summary"' if s.anchor == "summary" else ""
-        parts.append(f'<section id="{s.anchor}"{cls}>' + ("" if s.anchor == "summary" else f"<h2>{html.escape(s.title)}</h2>"))
+        parts.append(
+            f'<section id="{s.anchor}"{cls}>' + ("" if s.anchor == "summary" else f"<h2>{html.escape(s.title)}</h2>")
+        )
         parts += [f"<p>{_inline(p)}</p>" for p in s.paras]
         parts += [_html_table(t) for t in s.tables]
         if s.bullets:
@@ -85,11 +109,15 @@ def render_html(report: dict[str, Any], figures: dict[str, bytes]) -> str:
             for name in s.figures:
                 b64 = base64.b64encode(figures[name]).decode("ascii")
                 wide = ' class="wide"' if name in WIDE_FIGURES else ""
-                parts.append(f'<figure{wide}><img alt="{html.escape(FIGURES[name][1])}" src="data:image/png;base64,{b64}">'
-                             f"<figcaption>{html.escape(FIGURES[name][1])}</figcaption></figure>")
+                parts.append(
+                    f'<figure{wide}><img alt="{html.escape(FIGURES[name][1])}" src="data:image/png;base64,{b64}">'
+                    f"<figcaption>{html.escape(FIGURES[name][1])}</figcaption></figure>"
+                )
             parts.append("</div>")
         parts.append("</section>")
-    parts.append(f"<footer>Generated {html.escape(str(report.get('generated_utc')))} by llmaudit {html.escape(str(report['llmaudit_version']))}; "
-                 f"report schema v{report['report_schema_version']}. Self-contained: no scripts, no external resources.</footer>")
+    parts.append(
+        f"<footer>Generated {html.escape(str(report.get('generated_utc')))} by llmaudit {html.escape(str(report['llmaudit_version']))}; "
+        f"report schema v{report['report_schema_version']}. Self-contained: no scripts, no external resources.</footer>"
+    )
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"

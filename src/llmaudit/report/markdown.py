@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.view import Table, sections
@@ -13,7 +14,8 @@ def _md_table(t: Table) -> list[str]:
     lines += ["| " + " | ".join(c.md() for c in row) + " |" for row in t.rows]
     return lines
 
-def render_markdown(report: dict[str, Any], *, only: Optional[Iterable[str]] = None) -> str:
+
+def render_markdown(report: dict[str, Any], *, only: Iterable[str] | None = None) -> str:
     """The report as Markdown; `only`: section anchors to keep (e.g. ("summary", "checklist") for a console summary)."""
 
     keep = set(only) if only is not None else None

@@ -5,24 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from llmaudit.common.formatting import fmt_sig
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "–"
-    value = float(value)
-    if value == 0:
-        return "0"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.{digits}g}"
+
+def _bits(value: Any) -> str:
+    return fmt_sig(value, missing="–")
+
 
 def _fmt_interval(stat: Mapping[str, Any]) -> str:
     if stat.get("mean") is None:
         return "–"
-    text = _fmt(stat["mean"])
+    text = _bits(stat["mean"])
     if stat.get("low") is not None:
-        text += f" [{_fmt(stat['low'])}, {_fmt(stat['high'])}]"
+        text += f" [{fmt_sig(stat['low'], missing='–')}, {fmt_sig(stat['high'], missing='–')}]"
     return text
+
 
 def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> str:
     """The report section: a summary table with one row per quantizer (mean over runs [95% interval]),
@@ -65,8 +62,8 @@ def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> st
         for r in (r for r in result["per_run"] if r["quantizer"] == quantizer):
             lines.append(
                 f"| {r['run']} | {r['checkpoint']} | {r['n_members']} | {r['n_nonmembers']} | "
-                f"{_fmt(r['member_total_bits'])} | {_fmt(r['member_mean_bits'])} | "
-                f"{_fmt(r['nonmember_mean_bits'])} | {_fmt(r['excess_member_bits'])} |"
+                f"{fmt_sig(r['member_total_bits'], missing='–')} | {fmt_sig(r['member_mean_bits'], missing='–')} | "
+                f"{fmt_sig(r['nonmember_mean_bits'], missing='–')} | {fmt_sig(r['excess_member_bits'], missing='–')} |"
             )
     cap = result["capacity"]
     lines += [
@@ -80,13 +77,13 @@ def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> st
     for r in cap["per_run"]:
         lines.append(
             f"| {r['run']} | {r['n_member_samples']} | {r['n_member_tokens']} | "
-            f"{_fmt(r['member_information_bits'])} | {_fmt(r['model_capacity_over_information'])} | "
-            f"{_fmt(r['adapter_capacity_over_information'])} |"
+            f"{fmt_sig(r['member_information_bits'], missing='–')} | {fmt_sig(r['model_capacity_over_information'], missing='–')} | "
+            f"{fmt_sig(r['adapter_capacity_over_information'], missing='–')} |"
         )
     lines += [
         "",
-        f"Model capacity: {_fmt(cap['model_capacity_bits'])} bits; adapter capacity: "
-        f"{_fmt(cap['adapter_capacity_bits'])} bits. {cap['note']}",
+        f"Model capacity: {fmt_sig(cap['model_capacity_bits'], missing='–')} bits; adapter capacity: "
+        f"{fmt_sig(cap['adapter_capacity_bits'], missing='–')} bits. {cap['note']}",
     ]
     if "extrapolation" in cap:
         ex = cap["extrapolation"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -23,8 +24,10 @@ DPI = 110
 
 REFERENCE_COLOR = "black"
 
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
 
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
@@ -32,6 +35,7 @@ def _png(fig: Figure) -> bytes:
     # metadata=None entries drop the matplotlib version/date so the same report gives the same bytes
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
     return buf.getvalue()
+
 
 def quantizer_colors(report: dict[str, Any]) -> dict[str, Any]:
     """One color per quantizer, the same in every figure; the full-precision reference is black."""
@@ -47,6 +51,7 @@ def quantizer_colors(report: dict[str, Any]) -> dict[str, Any]:
             i += 1
     return colors
 
+
 def _label_points(ax, points: list[tuple[float, float, str]]) -> None:
     """Annotate points with names, pushing a label down when it would overlap one already placed
     (display coordinates, so it works on log and symlog axes; call after the scales are set)."""
@@ -59,16 +64,19 @@ def _label_points(ax, points: list[tuple[float, float, str]]) -> None:
         placed.append((px, py + dy))
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, dy * 72 / ax.figure.dpi), fontsize=8)
 
-def _yerr(value: float, ci: Optional[list]) -> Optional[list[list[float]]]:
+
+def _yerr(value: float, ci: list | None) -> list[list[float]] | None:
     if not ci or not _finite(ci[0]) or not _finite(ci[1]):
         return None
     return [[max(value - ci[0], 0.0)], [max(ci[1] - value, 0.0)]]
+
 
 def _positive_log_ok(values: list[float]) -> bool:
     vals = [v for v in values if _finite(v)]
     return bool(vals) and min(vals) > 0 and max(vals) / min(vals) > 20
 
-def r_q_vs_attack(report: dict[str, Any]) -> Optional[bytes]:
+
+def r_q_vs_attack(report: dict[str, Any]) -> bytes | None:
     """r_Q (x, log scale when it spans decades) against the best attack's calibrated TPR at 1% FPR and
     the best AUROC, one point per quantizer with 95% intervals, Spearman rho in each title."""
     rows = [r for r in report["grid"] if _finite(r["r_q"]["mean"])]
@@ -92,9 +100,17 @@ def r_q_vs_attack(report: dict[str, Any]) -> Optional[bytes]:
                 continue
             x = r["r_q"]["mean"]
             xs.append(x)
-            ax.errorbar(x, y, xerr=_yerr(x, r["r_q"]["ci"]), yerr=_yerr(y, best.get("ci")), fmt="o",
-                        color=colors[r["quantizer"]], capsize=3, ms=6,
-                        mfc="white" if best.get("reliable") is False else colors[r["quantizer"]])
+            ax.errorbar(
+                x,
+                y,
+                xerr=_yerr(x, r["r_q"]["ci"]),
+                yerr=_yerr(y, best.get("ci")),
+                fmt="o",
+                color=colors[r["quantizer"]],
+                capsize=3,
+                ms=6,
+                mfc="white" if best.get("reliable") is False else colors[r["quantizer"]],
+            )
             labels.append((x, y, r["quantizer"]))
         if _positive_log_ok(xs):
             ax.set_xscale("log")
@@ -112,7 +128,8 @@ def r_q_vs_attack(report: dict[str, Any]) -> Optional[bytes]:
     fig.suptitle("r_Q against attack success across quantizers (open marker: estimate flagged unreliable)", fontsize=10)
     return _png(fig)
 
-def lira_roc(report: dict[str, Any]) -> Optional[bytes]:
+
+def lira_roc(report: dict[str, Any]) -> bytes | None:
     """Offline LiRA ROC on log-log axes, one curve per quantizer (per-sample calibrated, pooled)."""
     result = report["result"]
     per_q = (result.get("attacks") or {}).get("quantizers") or {}
@@ -136,19 +153,31 @@ def lira_roc(report: dict[str, Any]) -> Optional[bytes]:
         tpr = np.asarray([v if _finite(v) else np.nan for v in curve["tpr"]], dtype=float)
         auroc = (row["attacks"].get("lira_offline") or {}).get("auroc")
         label = f"{row['quantizer']} (AUROC {auroc:.2f})" if _finite(auroc) else row["quantizer"]
-        ax.plot(np.maximum(fpr, floor), np.maximum(tpr, floor), color=colors[row["quantizer"]],
-                lw=2.2 if row["is_reference"] else 1.3, label=label)
+        ax.plot(
+            np.maximum(fpr, floor),
+            np.maximum(tpr, floor),
+            color=colors[row["quantizer"]],
+            lw=2.2 if row["is_reference"] else 1.3,
+            label=label,
+        )
     grid = np.logspace(-4, 0, 50)
     ax.plot(grid, grid, color="grey", lw=0.8, ls=":", label="chance")
     ax.axvline(0.01, color="grey", lw=0.6, ls="--")
-    ax.set(xscale="log", yscale="log", xlim=(floor, 1), ylim=(floor, 1.05), xlabel="false positive rate",
-           ylabel="true positive rate")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(floor, 1),
+        ylim=(floor, 1.05),
+        xlabel="false positive rate",
+        ylabel="true positive rate",
+    )
     ax.set_title("Offline LiRA ROC per quantizer (log-log, calibrated)", fontsize=10)
     ax.legend(loc="lower right", fontsize=7)
     ax.grid(alpha=0.3, which="both")
     return _png(fig)
 
-def r_q_intervals(report: dict[str, Any]) -> Optional[bytes]:
+
+def r_q_intervals(report: dict[str, Any]) -> bytes | None:
     """r_Q per quantizer: mean over runs with the 95% bootstrap interval, sorted by r_Q."""
     rows = [r for r in report["grid"] if _finite(r["r_q"]["mean"])]
     if not rows:
@@ -172,10 +201,15 @@ def r_q_intervals(report: dict[str, Any]) -> Optional[bytes]:
     ax.grid(alpha=0.3, axis="x")
     return _png(fig)
 
-def utility_vs_privacy(report: dict[str, Any]) -> Optional[bytes]:
+
+def utility_vs_privacy(report: dict[str, Any]) -> bytes | None:
     """Relative validation-loss change vs full precision (x) against the best attack's calibrated TPR at
     1% FPR (y); the utility budget and the TPR limit drawn, the recommended quantizer circled."""
-    rows = [r for r in report["grid"] if _finite(r["utility"].get("relative_change")) and _finite((r.get("best_attack") or {}).get("value"))]
+    rows = [
+        r
+        for r in report["grid"]
+        if _finite(r["utility"].get("relative_change")) and _finite((r.get("best_attack") or {}).get("value"))
+    ]
     if not rows:
         return None
     colors = quantizer_colors(report)
@@ -188,16 +222,35 @@ def utility_vs_privacy(report: dict[str, Any]) -> Optional[bytes]:
         best = r["best_attack"]
         ci = r["utility"].get("relative_change_ci")
         xci = [100 * ci[0], 100 * ci[1]] if ci and _finite(ci[0]) and _finite(ci[1]) else None
-        ax.errorbar(x, best["value"], xerr=_yerr(x, xci), yerr=_yerr(best["value"], best.get("ci")), fmt="o",
-                    color=colors[r["quantizer"]], capsize=3, mfc="white" if best.get("reliable") is False else colors[r["quantizer"]])
+        ax.errorbar(
+            x,
+            best["value"],
+            xerr=_yerr(x, xci),
+            yerr=_yerr(best["value"], best.get("ci")),
+            fmt="o",
+            color=colors[r["quantizer"]],
+            capsize=3,
+            mfc="white" if best.get("reliable") is False else colors[r["quantizer"]],
+        )
         if r["quantizer"] == rec:
             ax.plot(x, best["value"], "o", ms=16, mfc="none", mec="green", mew=1.5, label="recommended")
     left = min(min(xs), 0.0) - 1.0
     if _finite(th.get("max_utility_loss")):
-        ax.axvspan(left, 100 * th["max_utility_loss"], color="green", alpha=0.07,
-                   label=f"utility budget (+{100 * th['max_utility_loss']:g}% loss)")
+        ax.axvspan(
+            left,
+            100 * th["max_utility_loss"],
+            color="green",
+            alpha=0.07,
+            label=f"utility budget (+{100 * th['max_utility_loss']:g}% loss)",
+        )
     if _finite(th.get("max_tpr_at_1pct_fpr")):
-        ax.axhline(th["max_tpr_at_1pct_fpr"], color="firebrick", lw=0.8, ls="--", label=f"TPR limit {th['max_tpr_at_1pct_fpr']:g}")
+        ax.axhline(
+            th["max_tpr_at_1pct_fpr"],
+            color="firebrick",
+            lw=0.8,
+            ls="--",
+            label=f"TPR limit {th['max_tpr_at_1pct_fpr']:g}",
+        )
     if max(xs) > 50 and min(xs) >= 0:
         ax.set_xscale("symlog", linthresh=10)
     ax.set_xlim(left=left)
@@ -209,7 +262,8 @@ def utility_vs_privacy(report: dict[str, Any]) -> Optional[bytes]:
     ax.grid(alpha=0.3)
     return _png(fig)
 
-def trajectory(report: dict[str, Any]) -> Optional[bytes]:
+
+def trajectory(report: dict[str, Any]) -> bytes | None:
     """Mean validation loss along the training trajectory (checkpoint step), one line per quantizer."""
     traj = report["result"].get("trajectory") or {}
     if not traj:
@@ -224,8 +278,14 @@ def trajectory(report: dict[str, Any]) -> Optional[bytes]:
             continue
         y = [v if _finite(v) else np.nan for v in curve["val_loss"]]
         all_y += [v for v in y if _finite(v)]
-        ax.plot(curve["checkpoint"], y, marker=".", color=colors[row["quantizer"]],
-                lw=2.2 if row["is_reference"] else 1.3, label=row["quantizer"])
+        ax.plot(
+            curve["checkpoint"],
+            y,
+            marker=".",
+            color=colors[row["quantizer"]],
+            lw=2.2 if row["is_reference"] else 1.3,
+            label=row["quantizer"],
+        )
     if all_y and min(all_y) > 0 and max(all_y) / min(all_y) > 3:
         from matplotlib.ticker import ScalarFormatter
 
@@ -240,7 +300,8 @@ def trajectory(report: dict[str, Any]) -> Optional[bytes]:
     ax.grid(alpha=0.3, which="both")
     return _png(fig)
 
-FIGURES: dict[str, tuple[Callable[[dict[str, Any]], Optional[bytes]], str]] = {
+
+FIGURES: dict[str, tuple[Callable[[dict[str, Any]], bytes | None], str]] = {
     "r_q_vs_attack": (r_q_vs_attack, "r_Q against the best attack across quantizers"),
     "lira_roc": (lira_roc, "Offline LiRA ROC per quantizer (log-log)"),
     "r_q_intervals": (r_q_intervals, "r_Q per quantizer with 95% intervals"),
@@ -250,6 +311,7 @@ FIGURES: dict[str, tuple[Callable[[dict[str, Any]], Optional[bytes]], str]] = {
 
 WIDE_FIGURES = ("r_q_vs_attack",)
 """Figures drawn with two panels: the HTML gives them the full page width."""
+
 
 def render_all(report: dict[str, Any]) -> dict[str, bytes]:
     """{figure name: PNG bytes} for every figure the report has data for, in FIGURES order."""
@@ -271,7 +333,6 @@ def plot_roc_loglog(results: Mapping, path: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
     path = Path(path)
     written = []
     grid = np.logspace(-4, 0, 50)
@@ -289,8 +350,15 @@ def plot_roc_loglog(results: Mapping, path: str | Path) -> list[Path]:
             if curve:
                 ax.plot(curve["fpr"], np.maximum(curve["tpr"], 1e-5), style, label=label)
         ax.plot(grid, grid, color="grey", lw=0.8, label="chance")
-        ax.set(xscale="log", yscale="log", xlim=(1e-4, 1), ylim=(1e-4, 1.05),
-               xlabel="false positive rate", ylabel="true positive rate", title=f"ROC, quantizer {q}")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlim=(1e-4, 1),
+            ylim=(1e-4, 1.05),
+            xlabel="false positive rate",
+            ylabel="true positive rate",
+            title=f"ROC, quantizer {q}",
+        )
         ax.legend(loc="lower right", fontsize=8)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")

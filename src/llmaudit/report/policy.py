@@ -29,7 +29,8 @@ them (r_Q's n_undefined and n_infinite, `reliable` flags, checklist reasons) say
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.common.formatting import fmt_ci, fmt_num
@@ -46,11 +47,18 @@ DEFAULT_MIN_RUNS = 5
 
 CHECKLIST_FPR = 0.01
 
+
 def checklist_tpr(att: dict[str, Any]) -> dict[str, Any]:
-    return att["low_fpr"].get("pooled_calibrated", {}).get(fpr_key(CHECKLIST_FPR)) or {"tpr": None, "ci": None, "reliable": False}
+    return att["low_fpr"].get("pooled_calibrated", {}).get(fpr_key(CHECKLIST_FPR)) or {
+        "tpr": None,
+        "ci": None,
+        "reliable": False,
+    }
 
 
-def judge(value: Optional[float], ci: Optional[list], *, limit: float, kind: str, measured: bool, why_not: str = "") -> dict[str, Any]:
+def judge(
+    value: float | None, ci: list | None, *, limit: float, kind: str, measured: bool, why_not: str = ""
+) -> dict[str, Any]:
     """PASS / FAIL / INCONCLUSIVE / NOT MEASURED for one estimate against one limit (rules: module doc).
 
     kind: "max" (value must be <= limit) or "min" (value must be >= limit)."""
@@ -65,17 +73,26 @@ def judge(value: Optional[float], ci: Optional[list], *, limit: float, kind: str
         return {"status": NOT_MEASURED, "reason": "no confidence interval (n_boot = 0?)"}
     bound = ci[1] if kind == "max" else ci[0]
     if (bound <= limit) if kind == "max" else (bound >= limit):
-        return {"status": PASS, "reason": f"95% interval [{ci[0]:.4g}, {ci[1]:.4g}] {'<=' if kind == 'max' else '>='} limit {limit:g}"}
-    return {"status": INCONCLUSIVE, "reason": f"estimate {value:.4g} is within the limit {limit:g} but the 95% interval [{ci[0]:.4g}, {ci[1]:.4g}] crosses it"}
+        return {
+            "status": PASS,
+            "reason": f"95% interval [{ci[0]:.4g}, {ci[1]:.4g}] {'<=' if kind == 'max' else '>='} limit {limit:g}",
+        }
+    return {
+        "status": INCONCLUSIVE,
+        "reason": f"estimate {value:.4g} is within the limit {limit:g} but the 95% interval [{ci[0]:.4g}, {ci[1]:.4g}] crosses it",
+    }
+
 
 def worst(statuses: Iterable[str]) -> str:
     counted = [s for s in statuses if s in _SEVERITY]
     return max(counted, key=_SEVERITY.__getitem__) if counted else NOT_MEASURED
 
+
 def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
     th = dict(result.get("thresholds") or {})
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
     return th
+
 
 def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
@@ -111,18 +128,29 @@ def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, 
         return out | {"status": NOT_MEASURED, "reason": "no attack was computed"}
     status = worst(v["status"] for v in per_attack.values())
     # the attack that decides the status: the worst-judged one, ties broken by the highest estimate
-    deciding = max(per_attack.items(), key=lambda kv: (_SEVERITY[kv[1]["status"]], kv[1]["value"] if kv[1]["value"] is not None else -1.0))
+    deciding = max(
+        per_attack.items(),
+        key=lambda kv: (_SEVERITY[kv[1]["status"]], kv[1]["value"] if kv[1]["value"] is not None else -1.0),
+    )
     out["status"] = status
     out["reason"] = f"{deciding[0]}: {deciding[1]['reason']}"
     if status == PASS:
         out["reason"] = f"every attack's 95% interval <= {limit:g} (highest: {out['attack']})"
     return out
 
+
 def _r_q_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     limit, min_runs = float(th["min_r_q"]), int(th["min_runs"])
     r = row["r_q"]
-    out = {"id": "r_q", "description": "r_Q (mean over runs) >= limit", "threshold": limit, "comparison": ">=",
-           "value": r["mean"], "ci": r["ci"], "reliable": (r["n_finite"] or 0) >= min_runs}
+    out = {
+        "id": "r_q",
+        "description": "r_Q (mean over runs) >= limit",
+        "threshold": limit,
+        "comparison": ">=",
+        "value": r["mean"],
+        "ci": r["ci"],
+        "reliable": (r["n_finite"] or 0) >= min_runs,
+    }
     if limit <= 0:
         return out | {"status": DISABLED, "reason": "min_r_q = 0 disables this criterion"}
     n_finite = r["n_finite"] or 0
@@ -131,17 +159,31 @@ def _r_q_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
         why += f" ({r['n_undefined']} undefined)"
     return out | judge(r["mean"], r["ci"], limit=limit, kind="min", measured=n_finite >= min_runs, why_not=why)
 
+
 def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     limit, min_runs = float(th["max_utility_loss"]), int(th["min_runs"])
     u = row["utility"]
     n_runs = u["n_runs"] or 0
-    out = {"id": "utility", "description": "relative increase of validation loss vs full precision <= limit",
-           "threshold": limit, "comparison": "<=", "value": u["relative_change"], "ci": u["relative_change_ci"],
-           "reliable": n_runs >= min_runs}
+    out = {
+        "id": "utility",
+        "description": "relative increase of validation loss vs full precision <= limit",
+        "threshold": limit,
+        "comparison": "<=",
+        "value": u["relative_change"],
+        "ci": u["relative_change_ci"],
+        "reliable": n_runs >= min_runs,
+    }
     if u["relative_change"] is None:
         return out | {"status": NOT_MEASURED, "reason": "no validation loss relative to the reference (missing runs?)"}
-    return out | judge(u["relative_change"], u["relative_change_ci"], limit=limit, kind="max",
-                       measured=n_runs >= min_runs, why_not=f"{n_runs} runs < min_runs {min_runs}")
+    return out | judge(
+        u["relative_change"],
+        u["relative_change_ci"],
+        limit=limit,
+        kind="max",
+        measured=n_runs >= min_runs,
+        why_not=f"{n_runs} runs < min_runs {min_runs}",
+    )
+
 
 def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) -> dict[str, Any]:
     """Per quantizer: every criterion with its status, and the overall status (rules: module doc)."""
@@ -152,6 +194,7 @@ def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) ->
         criteria = [_attack_tpr_criterion(row, th), _r_q_criterion(row, th), _utility_criterion(row, th)]
         per_q[row["quantizer"]] = {"overall": worst(c["status"] for c in criteria), "criteria": criteria}
     return {"thresholds": th, "rules": CHECKLIST_RULES, "per_quantizer": per_q}
+
 
 CHECKLIST_RULES = [
     "attack_tpr: the highest per-sample-calibrated pooled TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr; "
@@ -165,14 +208,17 @@ CHECKLIST_RULES = [
     "Overall: the worst criterion (FAIL > NOT MEASURED > INCONCLUSIVE > PASS); only PASS clears a quantizer for release.",
 ]
 
+
 def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
     """The most private quantizer within the utility budget.
 
     Candidates: quantizers whose utility criterion is PASS. Most private: no failed privacy criterion
     first, then the lowest upper 95% bound of the best attack's calibrated TPR at 1% FPR (the point
     estimate where no interval exists), then the highest mean r_Q."""
-    rule = ("candidates: utility criterion PASS; order: no failed privacy criterion, then lowest upper 95% bound of the best "
-            "attack's calibrated TPR at 1% FPR, then highest r_Q")
+    rule = (
+        "candidates: utility criterion PASS; order: no failed privacy criterion, then lowest upper 95% bound of the best "
+        "attack's calibrated TPR at 1% FPR, then highest r_Q"
+    )
     per_q = checklist["per_quantizer"]
 
     def crit(q: str, cid: str) -> dict[str, Any]:
@@ -180,8 +226,13 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
 
     candidates = [r for r in grid if crit(r["quantizer"], "utility")["status"] == PASS]
     if not candidates:
-        return {"quantizer": None, "rule": rule, "overall": None, "cleared_for_release": False,
-                "reason": "no quantizer is within the utility budget with a PASS (see the utility criterion)"}
+        return {
+            "quantizer": None,
+            "rule": rule,
+            "overall": None,
+            "cleared_for_release": False,
+            "reason": "no quantizer is within the utility budget with a PASS (see the utility criterion)",
+        }
 
     def key(r: dict[str, Any]) -> tuple:
         q = r["quantizer"]
@@ -196,8 +247,21 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
     overall = per_q[q]["overall"]
     best = chosen.get("best_attack") or {}
     why = [f"{c['id']} {c['status']}" for c in per_q[q]["criteria"] if c["status"] not in (PASS, DISABLED)]
-    reason = (f"most private of {len(candidates)} quantizer(s) within the utility budget"
-              + (f"; best attack {best.get('name')} TPR at 1% FPR {fmt_num(best.get('value'))}{fmt_ci(best.get('ci'))}" if best else ""))
-    reason += "; cleared for release (every criterion PASS)" if overall == PASS else f"; NOT cleared for release ({', '.join(why)})"
-    return {"quantizer": q, "rule": rule, "overall": overall, "cleared_for_release": overall == PASS, "reason": reason,
-            "candidates": [r["quantizer"] for r in candidates]}
+    reason = f"most private of {len(candidates)} quantizer(s) within the utility budget" + (
+        f"; best attack {best.get('name')} TPR at 1% FPR {fmt_num(best.get('value'))}{fmt_ci(best.get('ci'))}"
+        if best
+        else ""
+    )
+    reason += (
+        "; cleared for release (every criterion PASS)"
+        if overall == PASS
+        else f"; NOT cleared for release ({', '.join(why)})"
+    )
+    return {
+        "quantizer": q,
+        "rule": rule,
+        "overall": overall,
+        "cleared_for_release": overall == PASS,
+        "reason": reason,
+        "candidates": [r["quantizer"] for r in candidates],
+    }

@@ -12,6 +12,7 @@ from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, STATU
 class ReportSchemaError(ValueError):
     """The built report does not match REPORT_SCHEMA: a bug in the report (or the result object)."""
 
+
 _NUM = {"type": ["number", "null"]}
 
 _INT = {"type": ["integer", "null"]}
@@ -29,8 +30,20 @@ REPORT_SCHEMA: dict[str, Any] = {
     "$id": "llmaudit/report_schema/v2",
     "title": "llmaudit report",
     "type": "object",
-    "required": ["report_schema_version", "llmaudit_version", "include_samples", "provenance", "reference_quantizer",
-                 "quantizers", "grid", "checklist", "recommendation", "vulnerable_samples", "plots", "result"],
+    "required": [
+        "report_schema_version",
+        "llmaudit_version",
+        "include_samples",
+        "provenance",
+        "reference_quantizer",
+        "quantizers",
+        "grid",
+        "checklist",
+        "recommendation",
+        "vulnerable_samples",
+        "plots",
+        "result",
+    ],
     "properties": {
         "report_schema_version": {"const": REPORT_SCHEMA_VERSION},
         "llmaudit_version": {"type": "string"},
@@ -39,12 +52,25 @@ REPORT_SCHEMA: dict[str, Any] = {
         "non_finite_policy": {"type": "string"},
         "provenance": {
             "type": "object",
-            "required": ["model", "adapter", "data", "membership", "seeds", "library_versions", "llmaudit_version",
-                         "attack_definitions", "identity_hash"],
+            "required": [
+                "model",
+                "adapter",
+                "data",
+                "membership",
+                "seeds",
+                "library_versions",
+                "llmaudit_version",
+                "attack_definitions",
+                "identity_hash",
+            ],
             "properties": {
                 "model": {"type": "string"},
                 "adapter": _OBJ,
-                "data": {"type": "object", "required": ["fingerprint"], "properties": {"fingerprint": {"type": "string"}}},
+                "data": {
+                    "type": "object",
+                    "required": ["fingerprint"],
+                    "properties": {"fingerprint": {"type": "string"}},
+                },
                 "membership": {"type": "object", "required": ["runs", "pool_size", "n_train"]},
                 "seeds": _OBJ,
                 "library_versions": {"type": "object", "additionalProperties": _STR},
@@ -63,24 +89,37 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "thresholds": {
                     "type": "object",
                     "required": ["max_tpr_at_1pct_fpr", "min_r_q", "max_utility_loss", "min_runs"],
-                    "properties": {"max_tpr_at_1pct_fpr": {"type": "number"}, "min_r_q": {"type": "number"},
-                                   "max_utility_loss": {"type": "number"}, "min_runs": {"type": "integer"}},
+                    "properties": {
+                        "max_tpr_at_1pct_fpr": {"type": "number"},
+                        "min_r_q": {"type": "number"},
+                        "max_utility_loss": {"type": "number"},
+                        "min_runs": {"type": "integer"},
+                    },
                 },
                 "rules": {"type": "array", "items": {"type": "string"}},
-                "per_quantizer": {"type": "object", "additionalProperties": {
-                    "type": "object", "required": ["overall", "criteria"],
-                    "properties": {
-                        "overall": {"enum": [PASS, FAIL, INCONCLUSIVE, NOT_MEASURED]},
-                        "criteria": {"type": "array", "minItems": 3, "items": {"$ref": "#/$defs/criterion"}},
+                "per_quantizer": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["overall", "criteria"],
+                        "properties": {
+                            "overall": {"enum": [PASS, FAIL, INCONCLUSIVE, NOT_MEASURED]},
+                            "criteria": {"type": "array", "minItems": 3, "items": {"$ref": "#/$defs/criterion"}},
+                        },
                     },
-                }},
+                },
             },
         },
         "recommendation": {
             "type": "object",
             "required": ["quantizer", "rule", "overall", "cleared_for_release", "reason"],
-            "properties": {"quantizer": _STR, "rule": {"type": "string"}, "overall": {"enum": [PASS, FAIL, INCONCLUSIVE, NOT_MEASURED, None]},
-                           "cleared_for_release": {"type": "boolean"}, "reason": {"type": "string"}},
+            "properties": {
+                "quantizer": _STR,
+                "rule": {"type": "string"},
+                "overall": {"enum": [PASS, FAIL, INCONCLUSIVE, NOT_MEASURED, None]},
+                "cleared_for_release": {"type": "boolean"},
+                "reason": {"type": "string"},
+            },
         },
         "r_q_vs_best_attack": _OBJ,
         "spearman_r_q_vs_attacks": {"type": ["object", "null"]},
@@ -92,11 +131,20 @@ REPORT_SCHEMA: dict[str, Any] = {
             "properties": {
                 "available": {"type": "boolean"},
                 "include_samples": {"type": "boolean"},
-                "samples": {"type": "array", "items": {
-                    "type": "object", "required": ["rank", "sample_id", "score"],
-                    "properties": {"rank": {"type": "integer"}, "sample_id": {"type": "string"}, "score": _NUM, "text": _STR},
-                    "additionalProperties": False,
-                }},
+                "samples": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["rank", "sample_id", "score"],
+                        "properties": {
+                            "rank": {"type": "integer"},
+                            "sample_id": {"type": "string"},
+                            "score": _NUM,
+                            "text": _STR,
+                        },
+                        "additionalProperties": False,
+                    },
+                },
             },
         },
         "plots": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -104,36 +152,109 @@ REPORT_SCHEMA: dict[str, Any] = {
     },
     # privacy of the report itself: without include_samples, no sample may carry text
     "if": {"properties": {"include_samples": {"const": False}}},
-    "then": {"properties": {"vulnerable_samples": {"properties": {"samples": {"items": {"not": {"required": ["text"]}}}}}}},
+    "then": {
+        "properties": {"vulnerable_samples": {"properties": {"samples": {"items": {"not": {"required": ["text"]}}}}}}
+    },
     "$defs": {
         "interval_value": {"type": "object", "required": ["mean", "ci"], "properties": {"mean": _NUM, "ci": _CI}},
-        "tpr": {"type": "object", "required": ["tpr", "ci", "reliable"],
-                "properties": {"tpr": _NUM, "ci": _CI, "reliable": {"type": "boolean"}, "min_negatives": _INT}},
+        "tpr": {
+            "type": "object",
+            "required": ["tpr", "ci", "reliable"],
+            "properties": {"tpr": _NUM, "ci": _CI, "reliable": {"type": "boolean"}, "min_negatives": _INT},
+        },
         "attack": {
             "type": "object",
             "required": ["auroc", "auroc_ci", "low_fpr", "n_models"],
             "properties": {
-                "definition": _STR, "auroc": _NUM, "auroc_ci": _CI, "auroc_calibrated": _NUM, "average_precision": _NUM,
-                "n_positives": _INT, "n_negatives": _INT, "n_models": _INT, "n_nan_scores": _INT,
-                "low_fpr": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"$ref": "#/$defs/tpr"}}},
+                "definition": _STR,
+                "auroc": _NUM,
+                "auroc_ci": _CI,
+                "auroc_calibrated": _NUM,
+                "average_precision": _NUM,
+                "n_positives": _INT,
+                "n_negatives": _INT,
+                "n_models": _INT,
+                "n_nan_scores": _INT,
+                "low_fpr": {
+                    "type": "object",
+                    "additionalProperties": {"type": "object", "additionalProperties": {"$ref": "#/$defs/tpr"}},
+                },
             },
         },
-        "best": {"oneOf": [{"type": "null"}, {"type": "object", "required": ["name", "metric", "value", "ci"],
-                                              "properties": {"name": {"type": "string"}, "value": {"type": "number"}, "ci": _CI}}]},
+        "best": {
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "required": ["name", "metric", "value", "ci"],
+                    "properties": {"name": {"type": "string"}, "value": {"type": "number"}, "ci": _CI},
+                },
+            ]
+        },
         "grid_row": {
             "type": "object",
-            "required": ["quantizer", "is_reference", "bits", "effective_bits", "model_size_bytes", "utility", "r_q",
-                         "attacks", "best_attack", "best_attack_by_auroc", "skipped_attacks"],
+            "required": [
+                "quantizer",
+                "is_reference",
+                "bits",
+                "effective_bits",
+                "model_size_bytes",
+                "utility",
+                "r_q",
+                "attacks",
+                "best_attack",
+                "best_attack_by_auroc",
+                "skipped_attacks",
+            ],
             "properties": {
-                "quantizer": {"type": "string"}, "is_reference": {"type": "boolean"}, "family": _STR,
-                "bits": _NUM, "effective_bits": _NUM, "model_size_bytes": _NUM, "size_vs_reference": _NUM,
-                "utility": {"type": "object", "required": ["val_loss", "val_loss_ci", "relative_change", "relative_change_ci", "n_runs", "task_metrics"],
-                            "properties": {"val_loss": _NUM, "val_loss_ci": _CI, "relative_change": _NUM, "relative_change_ci": _CI,
-                                           "n_runs": _INT, "task_metrics": {"type": "object", "additionalProperties": {
-                                               "type": "object", "required": ["value", "ci"], "properties": {"value": _NUM, "ci": _CI}}}}},
-                "r_q": {"type": "object", "required": ["mean", "ci", "rank", "n_runs", "n_finite", "n_undefined"],
-                        "properties": {"mean": _NUM, "ci": _CI, "std": _NUM, "median": _NUM, "rank": _NUM, "n_runs": _INT,
-                                       "n_finite": _INT, "n_undefined": _INT, "n_infinite": _INT}},
+                "quantizer": {"type": "string"},
+                "is_reference": {"type": "boolean"},
+                "family": _STR,
+                "bits": _NUM,
+                "effective_bits": _NUM,
+                "model_size_bytes": _NUM,
+                "size_vs_reference": _NUM,
+                "utility": {
+                    "type": "object",
+                    "required": [
+                        "val_loss",
+                        "val_loss_ci",
+                        "relative_change",
+                        "relative_change_ci",
+                        "n_runs",
+                        "task_metrics",
+                    ],
+                    "properties": {
+                        "val_loss": _NUM,
+                        "val_loss_ci": _CI,
+                        "relative_change": _NUM,
+                        "relative_change_ci": _CI,
+                        "n_runs": _INT,
+                        "task_metrics": {
+                            "type": "object",
+                            "additionalProperties": {
+                                "type": "object",
+                                "required": ["value", "ci"],
+                                "properties": {"value": _NUM, "ci": _CI},
+                            },
+                        },
+                    },
+                },
+                "r_q": {
+                    "type": "object",
+                    "required": ["mean", "ci", "rank", "n_runs", "n_finite", "n_undefined"],
+                    "properties": {
+                        "mean": _NUM,
+                        "ci": _CI,
+                        "std": _NUM,
+                        "median": _NUM,
+                        "rank": _NUM,
+                        "n_runs": _INT,
+                        "n_finite": _INT,
+                        "n_undefined": _INT,
+                        "n_infinite": _INT,
+                    },
+                },
                 "n_models": _INT,
                 "attacks": {"type": "object", "additionalProperties": {"$ref": "#/$defs/attack"}},
                 "skipped_attacks": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -144,15 +265,28 @@ REPORT_SCHEMA: dict[str, Any] = {
         "criterion": {
             "type": "object",
             "required": ["id", "description", "threshold", "comparison", "status", "reason", "value", "ci"],
-            "properties": {"id": {"enum": ["attack_tpr", "r_q", "utility"]}, "description": {"type": "string"},
-                           "threshold": {"type": "number"}, "comparison": {"enum": ["<=", ">="]}, "status": _STATUS,
-                           "reason": {"type": "string"}, "value": _NUM, "ci": _CI,
-                           "per_attack": {"type": "object", "additionalProperties": {
-                               "type": "object", "required": ["status", "value", "ci", "reliable"],
-                               "properties": {"status": _STATUS, "value": _NUM, "ci": _CI, "reliable": {"type": "boolean"}}}}},
+            "properties": {
+                "id": {"enum": ["attack_tpr", "r_q", "utility"]},
+                "description": {"type": "string"},
+                "threshold": {"type": "number"},
+                "comparison": {"enum": ["<=", ">="]},
+                "status": _STATUS,
+                "reason": {"type": "string"},
+                "value": _NUM,
+                "ci": _CI,
+                "per_attack": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["status", "value", "ci", "reliable"],
+                        "properties": {"status": _STATUS, "value": _NUM, "ci": _CI, "reliable": {"type": "boolean"}},
+                    },
+                },
+            },
         },
     },
 }
+
 
 def validate_report(report: dict[str, Any]) -> None:
     """Raise ReportSchemaError listing every place where `report` does not match REPORT_SCHEMA, or where it
@@ -167,4 +301,7 @@ def validate_report(report: dict[str, Any]) -> None:
     errors = sorted(validator.iter_errors(report), key=lambda e: list(e.absolute_path))
     if errors:
         lines = [f"  at {'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message[:300]}" for e in errors[:10]]
-        raise ReportSchemaError(f"report does not match report schema v{REPORT_SCHEMA_VERSION} ({len(errors)} error(s)):\n" + "\n".join(lines))
+        raise ReportSchemaError(
+            f"report does not match report schema v{REPORT_SCHEMA_VERSION} ({len(errors)} error(s)):\n"
+            + "\n".join(lines)
+        )

@@ -1,13 +1,13 @@
-""""Bring your own losses": the indicator, the attacks and memorization on any loss table, written as
+""" "Bring your own losses": the indicator, the attacks and memorization on any loss table, written as
 JSON (and Markdown / ROC plots) beside it. The commands `llmaudit indicator|attack|memorization`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS
 from llmaudit.analyze.attacks.evaluate import run_attacks
@@ -28,6 +28,7 @@ def write_indicator_json(result: Mapping[str, Any], path: str | os.PathLike) -> 
     """Write an `indicator_from_table` result atomically. nan/inf are written as NaN/Infinity
     (Python's json reads them back; the status fields say what they mean)."""
     return atomic_write_json(path, result)
+
 
 def indicator_command(loss_table: Path, out: Path, split: str = "val") -> dict[str, Any]:
     """`llmaudit indicator LOSS_TABLE --out FILE`: read, score, write; returns the result."""
@@ -58,8 +59,18 @@ def attack_command(
     df = read_loss_table(loss_table)
     if r_q is not None and not isinstance(r_q, Mapping):
         r_q = {str(q): float(v) for q, v in read_json(r_q).items()}
-    results = run_attacks(df, quantizers=quantizers, attacks=attacks, fpc=fpc, n_boot=n_boot, seed=seed,
-                          n_pool=n_pool, n_train=n_train, r_q=r_q, reference_quantizer=reference_quantizer)
+    results = run_attacks(
+        df,
+        quantizers=quantizers,
+        attacks=attacks,
+        fpc=fpc,
+        n_boot=n_boot,
+        seed=seed,
+        n_pool=n_pool,
+        n_train=n_train,
+        r_q=r_q,
+        reference_quantizer=reference_quantizer,
+    )
     results["loss_table"] = str(loss_table)
     out = Path(out)
     if plots:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any, Optional
+from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci, fmt_size
@@ -18,7 +18,9 @@ class Cell:
     """A table cell shared by the Markdown and HTML renderers: main text, an optional interval shown in
     brackets (Markdown) or on a second line (HTML), a status badge, code style, an unreliable mark."""
 
-    def __init__(self, text: str = "", sub: str = "", *, status: Optional[str] = None, code: bool = False, unreliable: bool = False):
+    def __init__(
+        self, text: str = "", sub: str = "", *, status: str | None = None, code: bool = False, unreliable: bool = False
+    ):
         self.text, self.sub, self.status, self.code, self.unreliable = text, sub, status, code, unreliable
 
     def md(self) -> str:
@@ -39,23 +41,54 @@ class Cell:
             text += f'<br><span class="ci">{html.escape(self.sub)}</span>'
         return text
 
+
 def _status_class(status: str) -> str:
-    return {PASS: "pass", FAIL: "fail", INCONCLUSIVE: "inconclusive", NOT_MEASURED: "notmeasured", DISABLED: "disabled"}.get(status, "")
+    return {
+        PASS: "pass",
+        FAIL: "fail",
+        INCONCLUSIVE: "inconclusive",
+        NOT_MEASURED: "notmeasured",
+        DISABLED: "disabled",
+    }.get(status, "")
+
 
 def _v(value: Any, ci: Any = None, digits: int = 3, *, unreliable: bool = False) -> Cell:
     return Cell(fmt_num(value, digits), fmt_ci(ci, digits).strip(), unreliable=unreliable)
 
+
 class Table:
-    def __init__(self, header: list[str], rows: list[list[Cell]], *, transpose_html: bool = False, highlight_first: bool = False):
-        self.header, self.rows, self.transpose_html, self.highlight_first = header, rows, transpose_html, highlight_first
+    def __init__(
+        self, header: list[str], rows: list[list[Cell]], *, transpose_html: bool = False, highlight_first: bool = False
+    ):
+        self.header, self.rows, self.transpose_html, self.highlight_first = (
+            header,
+            rows,
+            transpose_html,
+            highlight_first,
+        )
+
 
 class Section:
     """A titled block: paragraphs (Markdown-lite: `code` and **bold**), tables, figures, a bullet list."""
 
-    def __init__(self, title: str, paras: Optional[list[str]] = None, tables: Optional[list[Table]] = None,
-                 bullets: Optional[list[str]] = None, figures: Optional[list[str]] = None, anchor: str = ""):
-        self.title, self.paras, self.tables, self.bullets, self.figures = title, paras or [], tables or [], bullets or [], figures or []
+    def __init__(
+        self,
+        title: str,
+        paras: list[str] | None = None,
+        tables: list[Table] | None = None,
+        bullets: list[str] | None = None,
+        figures: list[str] | None = None,
+        anchor: str = "",
+    ):
+        self.title, self.paras, self.tables, self.bullets, self.figures = (
+            title,
+            paras or [],
+            tables or [],
+            bullets or [],
+            figures or [],
+        )
         self.anchor = anchor or re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
 
 def _criterion_cell(c: dict[str, Any]) -> Cell:
     if c["id"] == "utility":
@@ -65,6 +98,7 @@ def _criterion_cell(c: dict[str, Any]) -> Cell:
         if c["id"] == "attack_tpr" and c.get("attack"):
             val = f"{c['attack']}: {val}"
     return Cell(c["status"], val, status=c["status"])
+
 
 def _summary_section(report: dict[str, Any]) -> Section:
     prov = report["provenance"]
@@ -77,29 +111,51 @@ def _summary_section(report: dict[str, Any]) -> Section:
         f"Model `{prov['model']}` with a LoRA adapter (r={(prov.get('adapter') or {}).get('r')}), {mem.get('runs')} fine-tuning runs on "
         f"random halves of {mem.get('pool_size')} pool samples; data fingerprint `{(prov.get('data') or {}).get('fingerprint')}`; "
         f"{len(report['grid'])} quantizers against the full-precision reference `{report['reference_quantizer']}`.",
-        (f"**Recommendation: `{rec['quantizer']}`**: {rec['reason']}." if rec["quantizer"] else f"**Recommendation: none**: {rec['reason']}."),
-        "Release checklist: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
-        f" (limits: best attack TPR at 1% FPR <= {th['max_tpr_at_1pct_fpr']:g}, r_Q >= {th['min_r_q']:g}"
+        (
+            f"**Recommendation: `{rec['quantizer']}`**: {rec['reason']}."
+            if rec["quantizer"]
+            else f"**Recommendation: none**: {rec['reason']}."
+        ),
+        "Release checklist: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        + f" (limits: best attack TPR at 1% FPR <= {th['max_tpr_at_1pct_fpr']:g}, r_Q >= {th['min_r_q']:g}"
         f"{' (disabled)' if th['min_r_q'] <= 0 else ''}, validation loss increase <= {100 * th['max_utility_loss']:g}%, "
         f"at least {th['min_runs']} runs).",
     ]
     return Section("Summary", paras, anchor="summary")
 
+
 def _checklist_section(report: dict[str, Any]) -> Section:
     rows = []
     for q, v in report["checklist"]["per_quantizer"].items():
         crit = {c["id"]: c for c in v["criteria"]}
-        rows.append([Cell(q, code=True), Cell(v["overall"], status=v["overall"]), _criterion_cell(crit["attack_tpr"]),
-                     _criterion_cell(crit["r_q"]), _criterion_cell(crit["utility"])])
+        rows.append(
+            [
+                Cell(q, code=True),
+                Cell(v["overall"], status=v["overall"]),
+                _criterion_cell(crit["attack_tpr"]),
+                _criterion_cell(crit["r_q"]),
+                _criterion_cell(crit["utility"]),
+            ]
+        )
     reasons = []
     for q, v in report["checklist"]["per_quantizer"].items():
         bad = [f"{c['id']}: {c['reason']}" for c in v["criteria"] if c["status"] not in (PASS, DISABLED)]
         if bad:
             reasons.append(f"`{q}`: " + "; ".join(bad))
-    table = Table(["quantizer", "overall", "attack TPR at 1% FPR", "r_Q", "utility (val loss vs ref)"], rows,
-                  highlight_first=report["grid"][0]["is_reference"])
-    return Section("Release checklist", ["Per quantizer, each criterion's status with its estimate and 95% interval; the rules:"], [table],
-                   bullets=list(report["checklist"]["rules"]) + ["Why not PASS: " + r for r in reasons], anchor="checklist")
+    table = Table(
+        ["quantizer", "overall", "attack TPR at 1% FPR", "r_Q", "utility (val loss vs ref)"],
+        rows,
+        highlight_first=report["grid"][0]["is_reference"],
+    )
+    return Section(
+        "Release checklist",
+        ["Per quantizer, each criterion's status with its estimate and 95% interval; the rules:"],
+        [table],
+        bullets=list(report["checklist"]["rules"]) + ["Why not PASS: " + r for r in reasons],
+        anchor="checklist",
+    )
+
 
 def _grid_section(report: dict[str, Any]) -> Section:
     task_names = sorted({n for r in report["grid"] for n in r["utility"]["task_metrics"]})
@@ -110,16 +166,31 @@ def _grid_section(report: dict[str, Any]) -> Section:
     for r in report["grid"]:
         u = r["utility"]
         best, best_auc = r.get("best_attack") or {}, r.get("best_attack_by_auroc") or {}
-        size = fmt_size(r["model_size_bytes"]) + (f" ({100 * r['size_vs_reference']:.0f}%)" if r["size_vs_reference"] is not None else "")
-        cells = [Cell(r["quantizer"] + (" (ref)" if r["is_reference"] else ""), code=True), Cell(r["family"] or ""),
-                 Cell(fmt_num(r["bits"], 2)), Cell(fmt_num(r["effective_bits"], 2)), Cell(size), _v(u["val_loss"], u["val_loss_ci"]),
-                 Cell(fmt_pct(u["relative_change"]), fmt_pct_ci(u["relative_change_ci"]).strip())]
+        size = fmt_size(r["model_size_bytes"]) + (
+            f" ({100 * r['size_vs_reference']:.0f}%)" if r["size_vs_reference"] is not None else ""
+        )
+        cells = [
+            Cell(r["quantizer"] + (" (ref)" if r["is_reference"] else ""), code=True),
+            Cell(r["family"] or ""),
+            Cell(fmt_num(r["bits"], 2)),
+            Cell(fmt_num(r["effective_bits"], 2)),
+            Cell(size),
+            _v(u["val_loss"], u["val_loss_ci"]),
+            Cell(fmt_pct(u["relative_change"]), fmt_pct_ci(u["relative_change_ci"]).strip()),
+        ]
         for n in task_names:
             m = u["task_metrics"].get(n) or {}
             cells.append(_v(m.get("value"), m.get("ci")))
-        cells += [_v(r["r_q"]["mean"], r["r_q"]["ci"], 4), Cell(f"{r['r_q']['rank']:g}" if r["r_q"]["rank"] is not None else "n/a"), Cell(best.get("name") or "n/a"),
-                  _v(best.get("value"), best.get("ci"), unreliable=best.get("reliable") is False),
-                  Cell(f"{best_auc.get('name')}: {fmt_num(best_auc.get('value'))}" if best_auc else "n/a", fmt_ci(best_auc.get("ci")).strip())]
+        cells += [
+            _v(r["r_q"]["mean"], r["r_q"]["ci"], 4),
+            Cell(f"{r['r_q']['rank']:g}" if r["r_q"]["rank"] is not None else "n/a"),
+            Cell(best.get("name") or "n/a"),
+            _v(best.get("value"), best.get("ci"), unreliable=best.get("reliable") is False),
+            Cell(
+                f"{best_auc.get('name')}: {fmt_num(best_auc.get('value'))}" if best_auc else "n/a",
+                fmt_ci(best_auc.get("ci")).strip(),
+            ),
+        ]
         rows.append(cells)
     paras = [
         "Full precision is the reference (first row; first column in the HTML). Utility: validation loss of the final checkpoint, "
@@ -129,78 +200,161 @@ def _grid_section(report: dict[str, Any]) -> Section:
         "Best attack: the attack with the highest per-sample-calibrated pooled TPR at 1% FPR; best AUROC: over all attacks. "
         "† marks an estimate flagged unreliable (fewer than 10/alpha non-members).",
     ]
-    return Section("Quantizer grid", paras, [Table(header, rows, transpose_html=True, highlight_first=True)], anchor="grid")
+    return Section(
+        "Quantizer grid", paras, [Table(header, rows, transpose_html=True, highlight_first=True)], anchor="grid"
+    )
+
 
 def _attacks_section(report: dict[str, Any]) -> Section:
     grid = report["grid"]
-    names = [n for n in dict.fromkeys(n for r in grid for n in r["attacks"])]
+    names = list(dict.fromkeys(n for r in grid for n in r["attacks"]))
     key = fpr_key(CHECKLIST_FPR)
 
-    def tpr_cell(att: Optional[dict], evaluation: str, alpha_key: str) -> Cell:
+    def tpr_cell(att: dict | None, evaluation: str, alpha_key: str) -> Cell:
         t = ((att or {}).get("low_fpr") or {}).get(evaluation, {}).get(alpha_key)
         if not t:
             return Cell("n/a")
         return _v(t["tpr"], t["ci"], unreliable=not t["reliable"])
 
-    auroc_rows = [[Cell(r["quantizer"], code=True)] + [_v((r["attacks"].get(n) or {}).get("auroc"), (r["attacks"].get(n) or {}).get("auroc_ci")) if n in r["attacks"] else Cell("skipped") for n in names] for r in grid]
-    tpr_rows = [[Cell(r["quantizer"], code=True)] + [tpr_cell(r["attacks"].get(n), "pooled_calibrated", key) if n in r["attacks"] else Cell("skipped") for n in names] for r in grid]
+    auroc_rows = [
+        [Cell(r["quantizer"], code=True)]
+        + [
+            _v((r["attacks"].get(n) or {}).get("auroc"), (r["attacks"].get(n) or {}).get("auroc_ci"))
+            if n in r["attacks"]
+            else Cell("skipped")
+            for n in names
+        ]
+        for r in grid
+    ]
+    tpr_rows = [
+        [Cell(r["quantizer"], code=True)]
+        + [
+            tpr_cell(r["attacks"].get(n), "pooled_calibrated", key) if n in r["attacks"] else Cell("skipped")
+            for n in names
+        ]
+        for r in grid
+    ]
     first_is_ref = bool(grid) and grid[0]["is_reference"]
-    tables = [Table(["AUROC (pooled)"] + names, auroc_rows, highlight_first=first_is_ref),
-              Table(["TPR at 1% FPR (calibrated)"] + names, tpr_rows, highlight_first=first_is_ref)]
+    tables = [
+        Table(["AUROC (pooled)"] + names, auroc_rows, highlight_first=first_is_ref),
+        Table(["TPR at 1% FPR (calibrated)"] + names, tpr_rows, highlight_first=first_is_ref),
+    ]
     lira = [n for n in ("lira_offline", "lira_online") if n in names]
     lira_rows = []
     for r in grid:
         for n in lira:
             att = r["attacks"].get(n)
-            lira_rows.append([Cell(r["quantizer"], code=True), Cell(n), _v(att["auroc"], att["auroc_ci"]),
-                              tpr_cell(att, "pooled_naive", key), tpr_cell(att, "pooled_calibrated", key),
-                              tpr_cell(att, "per_sample", key), tpr_cell(att, "pooled_calibrated", fpr_key(0.001))])
+            lira_rows.append(
+                [
+                    Cell(r["quantizer"], code=True),
+                    Cell(n),
+                    _v(att["auroc"], att["auroc_ci"]),
+                    tpr_cell(att, "pooled_naive", key),
+                    tpr_cell(att, "pooled_calibrated", key),
+                    tpr_cell(att, "per_sample", key),
+                    tpr_cell(att, "pooled_calibrated", fpr_key(0.001)),
+                ]
+            )
     if lira_rows:
-        tables.append(Table(["quantizer", "LiRA", "AUROC", "TPR@1% naive", "TPR@1% calibrated", "TPR@1% per-sample avg", "TPR@0.1% calibrated"], lira_rows))
+        tables.append(
+            Table(
+                [
+                    "quantizer",
+                    "LiRA",
+                    "AUROC",
+                    "TPR@1% naive",
+                    "TPR@1% calibrated",
+                    "TPR@1% per-sample avg",
+                    "TPR@0.1% calibrated",
+                ],
+                lira_rows,
+            )
+        )
     skipped = sorted({f"`{n}` on `{r['quantizer']}`: {why}" for r in grid for n, why in r["skipped_attacks"].items()})
     bullets = [f"skipped {s}" for s in skipped]
     paras = [
         "Every attack on every quantizer's final checkpoints, each run in turn as the target (leave-one-out references). "
-        "AUROC pooled over targets; TPR at 1% FPR with per-sample calibration (the pooled-naive TPR overstates risk, SCIENCE.md section 4), "
+        "AUROC pooled over targets; TPR at 1% FPR with per-sample calibration (the pooled-naive TPR overstates risk, docs/science.md section 4), "
         "95% bootstrap intervals in brackets; † = unreliable (fewer than 10/alpha non-members). Loss-based attacks on models that did not "
         "overfit are often near chance: an interval containing 0.5 AUROC means no measurable leakage by that attack, not proof of privacy.",
     ]
     return Section("Membership inference attacks", paras, tables, bullets=bullets, anchor="attacks")
 
+
 def _definitions_section(report: dict[str, Any]) -> Section:
     defs = report["provenance"].get("attack_definitions") or {}
-    return Section("Attack definitions", ["Recorded with every result so that scores under different definitions are never compared silently:"],
-                   bullets=[f"`{n}`: `{d}`" for n, d in defs.items()], anchor="definitions")
+    return Section(
+        "Attack definitions",
+        ["Recorded with every result so that scores under different definitions are never compared silently:"],
+        bullets=[f"`{n}`: `{d}`" for n, d in defs.items()],
+        anchor="definitions",
+    )
+
 
 def _correlation_section(report: dict[str, Any]) -> Section:
     sp = report.get("spearman_r_q_vs_attacks") or {}
     best = report.get("r_q_vs_best_attack") or {}
-    paras = ["Spearman rho between the quantizers' mean r_Q and attack success; negative = higher r_Q went with weaker attacks, as the indicator claims."]
-    best_bits = [f"{m}: rho {fmt_num(v.get('rho'))} (p {fmt_num(v.get('p_value'))}, {v.get('n_quantizers')} quantizers)" for m, v in best.items()]
+    paras = [
+        "Spearman rho between the quantizers' mean r_Q and attack success; negative = higher r_Q went with weaker attacks, as the indicator claims."
+    ]
+    best_bits = [
+        f"{m}: rho {fmt_num(v.get('rho'))} (p {fmt_num(v.get('p_value'))}, {v.get('n_quantizers')} quantizers)"
+        for m, v in best.items()
+    ]
     if best_bits:
         paras.append("Against the best attack per quantizer: " + "; ".join(best_bits) + ".")
     rows = []
     for attack, metrics in (sp.get("attacks") or {}).items():
         if isinstance(metrics, dict):
-            rows.append([Cell(attack, code=True)] + [Cell(fmt_num((metrics.get(m) or {}).get("rho")), f"p {fmt_num((metrics.get(m) or {}).get('p_value'))}")
-                                                     for m in ("auroc", "tpr_at_1pct_naive", "tpr_at_1pct_calibrated")])
-    tables = [Table(["attack", "rho vs AUROC", "rho vs TPR@1% naive", "rho vs TPR@1% calibrated"], rows)] if rows else []
+            rows.append(
+                [Cell(attack, code=True)]
+                + [
+                    Cell(
+                        fmt_num((metrics.get(m) or {}).get("rho")),
+                        f"p {fmt_num((metrics.get(m) or {}).get('p_value'))}",
+                    )
+                    for m in ("auroc", "tpr_at_1pct_naive", "tpr_at_1pct_calibrated")
+                ]
+            )
+    tables = (
+        [Table(["attack", "rho vs AUROC", "rho vs TPR@1% naive", "rho vs TPR@1% calibrated"], rows)] if rows else []
+    )
     stab = report.get("indicator_stability") or {}
     if stab.get("by_size"):
-        tables.append(Table(["runs used", "mean rho with the all-runs ranking", "std"],
-                            [[Cell(str(v["k_runs"])), Cell(fmt_num(v.get("mean_rho"))), Cell(fmt_num(v.get("std_rho")))] for v in stab["by_size"]]))
-        paras.append("Stability of the r_Q ranking: Spearman rho between the ranking from a random subset of runs and from all runs (second table).")
+        tables.append(
+            Table(
+                ["runs used", "mean rho with the all-runs ranking", "std"],
+                [
+                    [Cell(str(v["k_runs"])), Cell(fmt_num(v.get("mean_rho"))), Cell(fmt_num(v.get("std_rho")))]
+                    for v in stab["by_size"]
+                ],
+            )
+        )
+        paras.append(
+            "Stability of the r_Q ranking: Spearman rho between the ranking from a random subset of runs and from all runs (second table)."
+        )
     return Section("r_Q against attack success", paras, tables, anchor="correlation")
 
-def _memorization_section(report: dict[str, Any]) -> Optional[Section]:
+
+def _memorization_section(report: dict[str, Any]) -> Section | None:
     mem = report.get("memorization")
     if not mem:
         return None
     rows = []
     for q, v in mem["per_quantizer"].items():
-        rows.append([Cell(q, code=True), Cell(str(v["n_runs"]))] + [
-            _v(v[k]["mean"], v[k]["ci"], 3) for k in ("member_mean_bits", "nonmember_mean_bits", "mean_difference_bits",
-                                                      "excess_member_bits", "member_bits_per_adapter_param")])
+        rows.append(
+            [Cell(q, code=True), Cell(str(v["n_runs"]))]
+            + [
+                _v(v[k]["mean"], v[k]["ci"], 3)
+                for k in (
+                    "member_mean_bits",
+                    "nonmember_mean_bits",
+                    "mean_difference_bits",
+                    "excess_member_bits",
+                    "member_bits_per_adapter_param",
+                )
+            ]
+        )
     ref = mem.get("reference") or {}
     paras = [
         f"Unintended memorization in bits: {mem.get('definition')} Reference: "
@@ -208,23 +362,52 @@ def _memorization_section(report: dict[str, Any]) -> Optional[Section]:
         f"means over runs, brackets: {mem.get('interval')}. Per-run detail is in report.json only (`result.memorization.per_run`).",
     ]
     if mem.get("adapter_capacity_bits") is not None:
-        paras.append(f"Capacity view: adapter capacity about {mem['adapter_capacity_bits']:,.0f} bits; median over runs of adapter "
-                     f"capacity / training-set information = {fmt_num(mem.get('median_adapter_capacity_over_information'), 2)}. "
-                     f"{mem.get('capacity_note') or ''}")
-    header = ["quantizer", "runs", "members: mean bits", "non-members: mean bits", "difference (bits/sample)", "excess member bits (total)", "member bits / adapter param"]
-    return Section("Memorization in bits", paras, [Table(header, rows, highlight_first=report["grid"][0]["is_reference"])], bullets=[str(n) for n in mem.get("notes") or []], anchor="memorization")
+        paras.append(
+            f"Capacity view: adapter capacity about {mem['adapter_capacity_bits']:,.0f} bits; median over runs of adapter "
+            f"capacity / training-set information = {fmt_num(mem.get('median_adapter_capacity_over_information'), 2)}. "
+            f"{mem.get('capacity_note') or ''}"
+        )
+    header = [
+        "quantizer",
+        "runs",
+        "members: mean bits",
+        "non-members: mean bits",
+        "difference (bits/sample)",
+        "excess member bits (total)",
+        "member bits / adapter param",
+    ]
+    return Section(
+        "Memorization in bits",
+        paras,
+        [Table(header, rows, highlight_first=report["grid"][0]["is_reference"])],
+        bullets=[str(n) for n in mem.get("notes") or []],
+        anchor="memorization",
+    )
+
 
 def _samples_section(report: dict[str, Any]) -> Section:
     vs = report["vulnerable_samples"]
     if not vs["available"]:
-        return Section("Most vulnerable samples", [f"Quantizer `{vs['quantizer']}`: {vs.get('note')}."], anchor="samples")
+        return Section(
+            "Most vulnerable samples", [f"Quantizer `{vs['quantizer']}`: {vs.get('note')}."], anchor="samples"
+        )
     header = ["rank", "sample id", "score"] + (["text"] if vs["include_samples"] else [])
-    rows = [[Cell(str(s["rank"])), Cell(s["sample_id"], code=True), Cell(fmt_num(s["score"]))]
-            + ([Cell(s.get("text") if s.get("text") is not None else "(not found in data/pool.jsonl)")] if vs["include_samples"] else [])
-            for s in vs["samples"]]
-    paras = [f"Top {len(rows)} samples of the reference quantizer `{vs['quantizer']}` by the per-sample score of attack `{vs['attack']}`"
-             + (f" ({vs['score_definition']})" if vs.get("score_definition") else "") + f"; {vs['note']}."]
+    rows = [
+        [Cell(str(s["rank"])), Cell(s["sample_id"], code=True), Cell(fmt_num(s["score"]))]
+        + (
+            [Cell(s.get("text") if s.get("text") is not None else "(not found in data/pool.jsonl)")]
+            if vs["include_samples"]
+            else []
+        )
+        for s in vs["samples"]
+    ]
+    paras = [
+        f"Top {len(rows)} samples of the reference quantizer `{vs['quantizer']}` by the per-sample score of attack `{vs['attack']}`"
+        + (f" ({vs['score_definition']})" if vs.get("score_definition") else "")
+        + f"; {vs['note']}."
+    ]
     return Section("Most vulnerable samples", paras, [Table(header, rows)], anchor="samples")
+
 
 def _provenance_section(report: dict[str, Any]) -> Section:
     p = report["provenance"]
@@ -251,19 +434,35 @@ def _provenance_section(report: dict[str, Any]) -> Section:
     ]
     return Section("Provenance", [], bullets=bullets, anchor="provenance")
 
+
 def _reading_section() -> Section:
-    return Section("Reading this report", bullets=[
-        "report.json holds everything, including per-run detail; NaN and infinite values are null there (strict JSON).",
-        "Intervals are 95% percentile bootstraps; an interval that crosses a checklist limit is INCONCLUSIVE, never PASS.",
-        "A TPR at an FPR below 10 / (number of non-members) is unreliable and marked †; a criterion resting on it is NOT MEASURED.",
-        "r_Q is the estimator of Algorithm 2 (SCIENCE.md section 2); `llmaudit validate synthetic` measures how well its ranking tracks the baseline MIS.",
-        "No training text appears in this report unless it was written with --include-samples.",
-    ], anchor="reading")
+    return Section(
+        "Reading this report",
+        bullets=[
+            "report.json holds everything, including per-run detail; NaN and infinite values are null there (strict JSON).",
+            "Intervals are 95% percentile bootstraps; an interval that crosses a checklist limit is INCONCLUSIVE, never PASS.",
+            "A TPR at an FPR below 10 / (number of non-members) is unreliable and marked †; a criterion resting on it is NOT MEASURED.",
+            "r_Q is the estimator of Algorithm 2 (docs/science.md section 2); `llmaudit validate synthetic` measures how well its ranking tracks the baseline MIS.",
+            "No training text appears in this report unless it was written with --include-samples.",
+        ],
+        anchor="reading",
+    )
+
 
 def sections(report: dict[str, Any]) -> list[Section]:
 
     figs = Section("Figures", figures=[n for n in FIGURES if n in report.get("plots", {})], anchor="figures")
-    out = [_summary_section(report), _checklist_section(report), _grid_section(report), figs, _attacks_section(report),
-           _definitions_section(report), _correlation_section(report), _memorization_section(report), _samples_section(report), _provenance_section(report),
-           _reading_section()]
+    out = [
+        _summary_section(report),
+        _checklist_section(report),
+        _grid_section(report),
+        figs,
+        _attacks_section(report),
+        _definitions_section(report),
+        _correlation_section(report),
+        _memorization_section(report),
+        _samples_section(report),
+        _provenance_section(report),
+        _reading_section(),
+    ]
     return [s for s in out if s is not None]

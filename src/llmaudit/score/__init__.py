@@ -1,2 +1,1 @@
 """`llmaudit score`: per-sample token losses of every (run, checkpoint, quantizer) unit."""
-

@@ -5,9 +5,10 @@ under one model, fast and in bounded memory. Pure computation: no files, no conf
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ def length_sorted_batches(lengths: Sequence[int], token_budget: int) -> list[lis
         batches.append(current)
     return batches
 
+
 @dataclass
 class TokenScores:
     """Scores of one sample: per-token NLL (nats) and optionally the next-token distribution's
@@ -47,10 +49,12 @@ class TokenScores:
     def loss(self) -> float:
         return float(self.token_losses.astype(np.float64).mean())
 
+
 # Bytes of float32 logits per intra-op thread in one [positions, vocabulary tile] block on CPU: each
 # thread's rows of the tile stay in its core's L2 cache through the passes that the loss and the
 # statistics make over them.
 CPU_HEAD_TILE_BYTES = 2 << 20
+
 
 def cpu_vocab_tile(rows: int, vocab: int) -> int:
     """Vocabulary columns per head tile on CPU (CPU_HEAD_TILE_BYTES per thread).
@@ -61,6 +65,7 @@ def cpu_vocab_tile(rows: int, vocab: int) -> int:
     ops stall; run such a box with one thread per process (torch.set_num_threads(1) / OMP_NUM_THREADS=1)."""
     per_tile = CPU_HEAD_TILE_BYTES * max(1, torch.get_num_threads())
     return min(vocab, max(1, per_tile // (4 * rows)))
+
 
 @torch.no_grad()
 def head_scores(
@@ -124,6 +129,7 @@ def head_scores(
     spread = (weights * (tile_var + (tile_mean - mean).square())).sum(0)  # within + between tiles
     return nll, mean - lse, (spread / total).clamp_min(0).sqrt()
 
+
 def _full_head_scores(
     head: Any, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -139,6 +145,7 @@ def _full_head_scores(
     centred = logp.sub_(mean[:, None])
     return nll, mean, torch.linalg.vecdot(p.mul_(centred), centred).clamp_min(0).sqrt()
 
+
 def plain_modules(model: Any) -> bool:
     """True when every module that holds parameters is a stock torch.nn layer or a transformers layer
     (norms, rotary tables), i.e. its forward only reads its weights and is safe to call from several
@@ -153,9 +160,16 @@ def plain_modules(model: Any) -> bool:
             return False
     return True
 
+
 def _score_batch(
-    decoder: Any, head: Any, examples: Sequence[tuple[Sequence[int], Sequence[bool]]], *, pad_id: int,
-    head_chunk: int, vocab_stats: bool, device: torch.device,
+    decoder: Any,
+    head: Any,
+    examples: Sequence[tuple[Sequence[int], Sequence[bool]]],
+    *,
+    pad_id: int,
+    head_chunk: int,
+    vocab_stats: bool,
+    device: torch.device,
 ) -> list[TokenScores]:
     """Scores of one length-sorted batch (see score_examples)."""
     tiled = type(head) is torch.nn.Linear  # tiles slice the weight; any other head (quantized) is called whole
@@ -183,11 +197,16 @@ def _score_batch(
     out, offset = [], 0
     for count in pred.sum(1).tolist():
         sl = slice(offset, offset + count)
-        out.append(TokenScores(
-            nll_np[sl].copy(), None if mu_np is None else mu_np[sl].copy(), None if sd_np is None else sd_np[sl].copy()
-        ))
+        out.append(
+            TokenScores(
+                nll_np[sl].copy(),
+                None if mu_np is None else mu_np[sl].copy(),
+                None if sd_np is None else sd_np[sl].copy(),
+            )
+        )
         offset += count
     return out
+
 
 @torch.inference_mode()
 def score_examples(
@@ -224,20 +243,30 @@ def score_examples(
 
     def run(batch: list[int]) -> list[TokenScores]:
         with torch.inference_mode():  # thread-local: worker threads enter it themselves
-            return _score_batch(decoder, head, [examples[i] for i in batch], pad_id=pad_id, head_chunk=head_chunk,
-                                vocab_stats=vocab_stats, device=device)
+            return _score_batch(
+                decoder,
+                head,
+                [examples[i] for i in batch],
+                pad_id=pad_id,
+                head_chunk=head_chunk,
+                vocab_stats=vocab_stats,
+                device=device,
+            )
 
     if workers == 1:
         results = map(run, batches)
     else:
-        with torch_threads(max(1, torch.get_num_threads() // workers)), \
-                ThreadPoolExecutor(workers, thread_name_prefix="llmaudit-score") as pool:
+        with (
+            torch_threads(max(1, torch.get_num_threads() // workers)),
+            ThreadPoolExecutor(workers, thread_name_prefix="llmaudit-score") as pool,
+        ):
             results = list(pool.map(run, batches))
     out: list[TokenScores | None] = [None] * len(examples)
     for batch, scores in zip(batches, results):
         for i, s in zip(batch, scores):
             out[i] = s
     return out  # type: ignore[return-value]
+
 
 def weights_digest(model: Any) -> str:
     """Digest of all parameters and buffers: equal digests = the same (quantized) point."""

@@ -17,6 +17,7 @@ from llmaudit.common.runtime import pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_tokenizer
+from llmaudit.quantize import get_quantizer
 from llmaudit.score.engine import TokenScores, score_examples, weights_digest
 from llmaudit.score.units import Unit, plan_units
 from llmaudit.store.losstable import REFERENCE_RUN, write_loss_table
@@ -26,7 +27,10 @@ from llmaudit.store.shards import shard_items
 
 log = logging.getLogger(__name__)
 
-def _rows(unit: Unit, examples: list[Example], scores: list[TokenScores], members: set[str], point_id: str) -> pd.DataFrame:
+
+def _rows(
+    unit: Unit, examples: list[Example], scores: list[TokenScores], members: set[str], point_id: str
+) -> pd.DataFrame:
     rows = {
         "run": unit.run,
         "checkpoint": unit.step,
@@ -44,6 +48,7 @@ def _rows(unit: Unit, examples: list[Example], scores: list[TokenScores], member
         rows["token_vocab_mean"] = [s.vocab_mean for s in scores]
         rows["token_vocab_std"] = [s.vocab_std for s in scores]
     return pd.DataFrame(rows)
+
 
 def _record_quantizer(store: RunStore, quantizer: Any, qmodel: Any) -> None:
     """Once per quantizer: its options, effective bits per weight and model size (for the report)."""
@@ -63,9 +68,9 @@ def _record_quantizer(store: RunStore, quantizer: Any, qmodel: Any) -> None:
         },
     )
 
+
 def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Any]:
     """Build every quantizer and reject impossible requests before any work starts."""
-    from llmaudit.quantize import get_quantizer
 
     quantizers = {}
     for name in cfg.score.quantizers:
@@ -76,7 +81,10 @@ def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, A
         quantizers[name] = q
     return quantizers
 
-def score(cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | None = None, progress: bool = True, echo=print) -> dict[str, Any]:
+
+def score(
+    cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | None = None, progress: bool = True, echo=print
+) -> dict[str, Any]:
     """Score every unit of this shard that is not on disk yet. Returns counts and timings."""
     from peft import PeftModel
 
@@ -95,13 +103,17 @@ def score(cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | No
     todo = [u for u in mine if not store.unit_path(u.run, u.step, u.quantizer).exists()]
     pending = set(todo)
     clear_stale_markers(unit_marker_path(store, u.run, u.step, u.quantizer) for u in mine if u not in pending)
-    echo(f"[score] {store.root}: {len(all_units)} unit(s) in the grid, {len(mine)} in this shard, {len(mine) - len(todo)} already scored, {len(todo)} to do on {device}")
+    echo(
+        f"[score] {store.root}: {len(all_units)} unit(s) in the grid, {len(mine)} in this shard, {len(mine) - len(todo)} already scored, {len(todo)} to do on {device}"
+    )
     if not todo:
         return {"units": len(mine), "scored": 0, "seconds": 0.0}
     tok = load_tokenizer(cfg.model)
     pool_records = store.read_records("pool")
     pool = tokenize_records(tok, pool_records, "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
-    val = tokenize_records(tok, store.read_records("val"), "val", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    val = tokenize_records(
+        tok, store.read_records("val"), "val", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9
+    )
     masks = store.membership()
     base = load_base_model(cfg.model, device)
     import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
@@ -121,9 +133,18 @@ def score(cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | No
         quantizer = quantizers[unit.quantizer]
         kwargs = {}
         if quantizer.family == "gptq":
-            member_texts = [pool_records[i]["input"] + "\n" + pool_records[i]["output"] for i in np.flatnonzero(masks[max(unit.run, 0)])]
+            member_texts = [
+                pool_records[i]["input"] + "\n" + pool_records[i]["output"]
+                for i in np.flatnonzero(masks[max(unit.run, 0)])
+            ]
             kwargs = {"tokenizer": tok, "calibration_texts": member_texts}
-        qmodel = model if quantizer.family == "full" and quantizer.name == "fp32" and next(model.parameters()).dtype == torch.float32 else quantizer.quantize_model(copy.deepcopy(model), **kwargs)
+        qmodel = (
+            model
+            if quantizer.family == "full"
+            and quantizer.name == "fp32"
+            and next(model.parameters()).dtype == torch.float32
+            else quantizer.quantize_model(copy.deepcopy(model), **kwargs)
+        )
         _record_quantizer(store, quantizer, qmodel)
         examples = val + (pool if unit.final else [])
         scores = score_examples(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmaudit.config import ExperimentConfig
+from llmaudit.quantize import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN
 from llmaudit.store.run_store import RunStore
 
@@ -16,12 +17,13 @@ class Unit:
     quantizer: str
     final: bool  # the final checkpoint is also scored on the pool (attacks)
 
+
 def plan_units(cfg: ExperimentConfig, store: RunStore) -> list[Unit]:
     """Every scoring unit of the experiment, in a fixed order (the basis of --shard I/N)."""
     units: list[Unit] = []
     quantizers = list(cfg.score.quantizers)
     if cfg.score.score_base:
-        units.append(Unit(REFERENCE_RUN, 0, reference_quantizer(quantizers), True))
+        units.append(Unit(REFERENCE_RUN, 0, full_precision_reference(quantizers) or "fp32", True))
     for run in range(cfg.train.runs):
         if not store.run_done(run):
             continue
@@ -31,9 +33,3 @@ def plan_units(cfg: ExperimentConfig, store: RunStore) -> list[Unit]:
             for q in quantizers:
                 units.append(Unit(run, step, q, step == steps[-1]))
     return units
-
-def reference_quantizer(quantizers: list[str]) -> str:
-    for q in quantizers:
-        if q in ("fp32", "bf16", "fp16"):
-            return q
-    return "fp32"

@@ -79,8 +79,10 @@ OPTIONAL_SCHEMA = {
     "point_id": pa.string(),
 }
 
+
 class LossTableError(ValueError):
     """A loss table does not follow the documented format."""
+
 
 def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.DataFrame:
     """Check columns, types and values; return the frame with canonical dtypes. Raises LossTableError."""
@@ -130,10 +132,9 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
     key = ["run", "checkpoint", "quantizer", "sample_id"]
     dup = df.duplicated(key)
     if dup.any():
-        raise LossTableError(
-            f"{source}: {int(dup.sum())} duplicate (run, checkpoint, quantizer, sample_id) row(s)."
-        )
+        raise LossTableError(f"{source}: {int(dup.sum())} duplicate (run, checkpoint, quantizer, sample_id) row(s).")
     return df
+
 
 def to_arrow(df: pd.DataFrame) -> pa.Table:
     fields = list(SCHEMA)
@@ -143,12 +144,14 @@ def to_arrow(df: pd.DataFrame) -> pa.Table:
     schema = pa.schema(fields)
     return pa.Table.from_pandas(df[[f.name for f in fields]], schema=schema, preserve_index=False)
 
+
 def write_loss_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Validate and write atomically as parquet."""
     df = validate_loss_table(df)
     buf = io.BytesIO()
     pq.write_table(to_arrow(df), buf, compression="zstd")
     return atomic_write_bytes(path, buf.getvalue())
+
 
 def read_loss_table(path: str | os.PathLike) -> pd.DataFrame:
     """Read one parquet file, or every `*.parquet` below a directory, and validate."""
@@ -170,6 +173,7 @@ def read_loss_table(path: str | os.PathLike) -> pd.DataFrame:
         if col in df.columns:
             df[col] = df[col].map(lambda v: np.asarray(v, dtype=np.float64))
     return validate_loss_table(df, source=str(path))
+
 
 def loss_matrix(
     df: pd.DataFrame, *, run: int, quantizer: str, split: str = "val"

@@ -12,8 +12,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.store.run_store import RunStore
@@ -27,12 +28,15 @@ HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0
 """A marker from another host whose heartbeat is older than this belongs to a dead job."""
 
+
 def run_marker_path(store: RunStore, run: int) -> Path:
     return store.run_dir(run) / "RUNNING.json"
+
 
 def unit_marker_path(store: RunStore, run: int, step: int, quantizer: str) -> Path:
     path = store.unit_path(run, step, quantizer)
     return path.with_name(f"{path.stem}.RUNNING.json")
+
 
 @contextlib.contextmanager
 def running_marker(path: Path, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[Path]:
@@ -63,6 +67,7 @@ def running_marker(path: Path, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[
         thread.join()
         path.unlink(missing_ok=True)
 
+
 def each_marked(items: Iterable[T], marker_path: Callable[[T], Path]) -> Iterator[T]:
     """Yield each item while its RUNNING marker exists: `for run in each_marked(todo, path_of): ...`.
 
@@ -71,6 +76,7 @@ def each_marked(items: Iterable[T], marker_path: Callable[[T], Path]) -> Iterato
     for item in items:
         with running_marker(marker_path(item)):
             yield item
+
 
 def clear_stale_markers(paths: Iterable[Path]) -> int:
     """Remove the stale markers among `paths`, the markers of items that are already done: a job killed
@@ -83,6 +89,7 @@ def clear_stale_markers(paths: Iterable[Path]) -> int:
             removed += 1
     return removed
 
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -91,6 +98,7 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # someone else's live process
         return True
     return True
+
 
 def marker_state(path: Path, *, now: float | None = None) -> Literal["running", "stale"] | None:
     """running = a live job holds the marker; stale = its job died (the unit is missing); None = no marker."""

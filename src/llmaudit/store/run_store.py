@@ -1,16 +1,16 @@
 """The run store: one directory per experiment, self-describing, written atomically.
 
-    OUT/
-      manifest.json            identity, resolved config, versions, seeds, data fingerprint, membership
-      config.yaml              the resolved recipe
-      data/pool.jsonl          the audited records (candidate members) ...
-      data/val.jsonl           ... and the validation records (never trained on)
-      runs/run-000/checkpoints/step-000012/   adapter_model.safetensors, adapter_config.json, checkpoint.json
-      runs/run-000/DONE.json   written last: the run is complete
-      scores/base/fp32.parquet                 the base model (run -1) on pool + val
-      scores/run-000/step-000012/hqq-4.parquet one scoring unit (loss-table format)
-      results/                 indicator.json, attacks.json, memorization.json, plots
-      report/                  report.json, report.md, report.html
+OUT/
+  manifest.json            identity, resolved config, versions, seeds, data fingerprint, membership
+  config.yaml              the resolved recipe
+  data/pool.jsonl          the audited records (candidate members) ...
+  data/val.jsonl           ... and the validation records (never trained on)
+  runs/run-000/checkpoints/step-000012/   adapter_model.safetensors, adapter_config.json, checkpoint.json
+  runs/run-000/DONE.json   written last: the run is complete
+  scores/base/fp32.parquet                 the base model (run -1) on pool + val
+  scores/run-000/step-000012/hqq-4.parquet one scoring unit (loss-table format)
+  results/                 indicator.json, attacks.json, memorization.json, plots
+  report/                  report.json, report.md, report.html
 """
 
 from __future__ import annotations
@@ -31,12 +31,28 @@ from llmaudit.config import ExperimentConfig, config_from_dict, dump_config
 MANIFEST_VERSION = 1
 
 TRACKED_LIBRARIES = (
-    "torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers", "datasets", "numpy",
-    "scipy", "scikit-learn", "pandas", "pyarrow", "hqq", "bitsandbytes", "gptqmodel", "optimum",
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "safetensors",
+    "tokenizers",
+    "datasets",
+    "numpy",
+    "scipy",
+    "scikit-learn",
+    "pandas",
+    "pyarrow",
+    "hqq",
+    "bitsandbytes",
+    "gptqmodel",
+    "optimum",
 )
+
 
 class StoreError(ValueError):
     """The run store is missing, damaged, or belongs to another experiment."""
+
 
 def library_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version(), "llmaudit": __version__}
@@ -46,6 +62,7 @@ def library_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
     return out
+
 
 class RunStore:
     def __init__(self, root: str | Path):

@@ -12,6 +12,7 @@ def shard_items(items: list, shard: tuple[int, int] | None) -> list:
         raise ValueError(f"shard {index}/{count} is invalid: need 0 <= I < N")
     return [item for i, item in enumerate(items) if i % count == index]
 
+
 def parse_shard(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None

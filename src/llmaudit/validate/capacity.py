@@ -1,4 +1,4 @@
-"""Capacity of tiny GPT-style models measured where the truth is known (SCIENCE.md section 6).
+"""Capacity of tiny GPT-style models measured where the truth is known (docs/science.md section 6).
 
 N sequences of S tokens drawn uniformly from a vocabulary of V hold exactly N * S * log2(V) bits and
 nothing about them can be generalised, so everything a model learns about them is memorisation. The
@@ -65,13 +65,16 @@ class TinyGPTSize:
             raise ValueError(f"model size {text!r}: write DxL or DxLxH, e.g. 16x1 (width 16, one layer).")
         return cls(*parts)
 
+
 DEFAULT_SIZES = ("8x1", "16x1")
 
 DEFAULT_DATA_OVER_CAPACITY = (1.0, 2.0)
 
+
 def true_entropy_bits(n_sequences: int, seq_len: int, vocab_size: int) -> float:
     """Information in N uniform random sequences: N * S * log2(V) bits."""
     return float(n_sequences * seq_len * math.log2(vocab_size))
+
 
 def uniform_memorized_bits(h_model_bits: np.ndarray, seq_len: int, vocab_size: int) -> np.ndarray:
     """mem_U of each sequence with the uniform reference: max(0, S log2 V - H(x | model)).
@@ -81,10 +84,12 @@ def uniform_memorized_bits(h_model_bits: np.ndarray, seq_len: int, vocab_size: i
     h_uniform = np.full_like(np.asarray(h_model_bits, dtype=np.float64), seq_len * math.log2(vocab_size))
     return mem_u_bits(h_uniform, h_model_bits)
 
+
 def uniform_random_tokens(n_sequences: int, seq_len: int, vocab_size: int, *, seed: int) -> torch.Tensor:
     """[n_sequences, seq_len] token ids drawn independently and uniformly from range(vocab_size)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (n_sequences, seq_len), generator=generator)
+
 
 def build_tiny_gpt(size: TinyGPTSize, *, vocab_size: int, seq_len: int, seed: int) -> torch.nn.Module:
     """A GPT-2 model built in code (no download): V data tokens plus a BOS token (id V), no dropout."""
@@ -116,6 +121,7 @@ def _data_logits(model: torch.nn.Module, tokens: torch.Tensor, vocab_size: int) 
     logits = out.logits if hasattr(out, "logits") else out
     return logits[..., :vocab_size]
 
+
 @torch.no_grad()
 def model_sequence_bits(
     model: torch.nn.Module, tokens: torch.Tensor, vocab_size: int, *, batch_size: int = 1024
@@ -133,6 +139,7 @@ def model_sequence_bits(
         bits.append((nats / LN2).double().cpu().numpy())
     model.train(was_training)
     return np.concatenate(bits)
+
 
 def train_to_saturation(
     model: torch.nn.Module,
@@ -216,15 +223,17 @@ def measure_capacity(
     model = build_tiny_gpt(size, vocab_size=vocab_size, seq_len=seq_len, seed=seed).to(device)
     params = count_parameters(model).total
     training = train_to_saturation(
-        model, train, vocab_size, lr=lr, max_steps=max_steps, window=window, min_rel_gain=min_rel_gain,
+        model,
+        train,
+        vocab_size,
+        lr=lr,
+        max_steps=max_steps,
+        window=window,
+        min_rel_gain=min_rel_gain,
         cooldown_steps=cooldown_steps,
     )
-    memorized = float(
-        uniform_memorized_bits(model_sequence_bits(model, train, vocab_size), seq_len, vocab_size).sum()
-    )
-    floor = float(
-        uniform_memorized_bits(model_sequence_bits(model, heldout, vocab_size), seq_len, vocab_size).sum()
-    )
+    memorized = float(uniform_memorized_bits(model_sequence_bits(model, train, vocab_size), seq_len, vocab_size).sum())
+    floor = float(uniform_memorized_bits(model_sequence_bits(model, heldout, vocab_size), seq_len, vocab_size).sum())
     entropy = true_entropy_bits(n_sequences, seq_len, vocab_size)
     return {
         "model": size.label,
@@ -242,6 +251,7 @@ def measure_capacity(
         **training,
         "wall_s": time.perf_counter() - start,
     }
+
 
 def capacity_command(
     out: str | os.PathLike = Path("llmaudit-out/capacity.json"),
@@ -292,8 +302,16 @@ def capacity_command(
             rows = []
             for n in counts:
                 row = measure_capacity(
-                    size, n, seq_len=seq_len, vocab_size=vocab_size, lr=lr, max_steps=max_steps,
-                    window=window, min_rel_gain=min_rel_gain, cooldown_steps=cooldown_steps, seed=seed,
+                    size,
+                    n,
+                    seq_len=seq_len,
+                    vocab_size=vocab_size,
+                    lr=lr,
+                    max_steps=max_steps,
+                    window=window,
+                    min_rel_gain=min_rel_gain,
+                    cooldown_steps=cooldown_steps,
+                    seed=seed,
                     device=device,
                 )
                 rows.append(row)
@@ -349,6 +367,7 @@ def capacity_command(
         atomic_write_text(markdown_out, capacity_markdown(result))
     return result
 
+
 def capacity_markdown(result: dict[str, Any]) -> str:
     """A table per measurement and the per-size capacity estimate."""
     s = result["settings"]
@@ -384,7 +403,6 @@ def capacity_markdown(result: dict[str, Any]) -> str:
         if not row["all_saturated"]:
             note = "; ".join(filter(None, [note, "not saturated at the step cap: a lower bound"]))
         lines.append(
-            f"| {row['model']} | {row['params']} | {row['capacity_bits']:.0f} | "
-            f"{row['bits_per_param']:.2f} | {note} |"
+            f"| {row['model']} | {row['params']} | {row['capacity_bits']:.0f} | {row['bits_per_param']:.2f} | {note} |"
         )
     return "\n".join(lines) + "\n"

@@ -2,4 +2,3 @@
 (`text`), LiRA (`lira`), their versioned definitions (`definitions`) and the calibrated evaluation of
 every attack on every quantizer (`evaluate`).
 """
-

@@ -1,6 +1,6 @@
 """Membership inference attacks computed from a loss table, and their calibrated evaluation.
 
-SCIENCE.md section 4. Every score is "HIGHER = more likely a member". Token losses are per-token
+docs/science.md section 4. Every score is "HIGHER = more likely a member". Token losses are per-token
 negative log-likelihoods l_t = -log p(x_t | x_<t) in nats; L(x) = mean_t l_t.
 
 Conventions (recorded in `attack_definitions`, stored with every result so that scores computed under
@@ -14,7 +14,7 @@ different definitions are never compared silently):
                   token_vocab_mean / token_vocab_std); then the mean of the lowest ceil(k * T) of those.
                   A position with sigma_t = 0 (a one-token distribution) contributes 0  (Zhang 2024)
 - zlib            -L(x) / zlib_bytes(x): mean NLL in nats per token over the zlib-compressed length of
-                  the text in bytes (the "-L / zlib length" normalisation of SCIENCE.md; the
+                  the text in bytes (the "-L / zlib length" normalisation of docs/science.md; the
                   "log-perplexity over zlib entropy" variant differs by a constant factor)  (Carlini 2021)
 - ref             -(L_target(x) - mean_i L_ref_i(x)), references: "runs" = the OTHER runs' models that
                   did NOT train on x (an attacker who trains references knows their training sets),
@@ -43,12 +43,15 @@ DEFAULT_ATTACKS = TEXT_ATTACKS + ("lira_offline", "lira_online")
 
 REF_MODELS = ("runs", "base", "both")
 
-# Quantizer names taken for the full-precision reference column when none is named explicitly.
-FULL_PRECISION_NAMES = ("fp", "full", "full_precision", "fp32", "fp16", "bf16", "none", "unquantized")
 
 def attack_definitions(
-    *, k: float = 0.2, ref_models: str = "runs", statistic: str = "logit", lira_variance: str = "per_sample",
-    fpc_value: float | None = None, t_cutoff: float = T_CUTOFF,
+    *,
+    k: float = 0.2,
+    ref_models: str = "runs",
+    statistic: str = "logit",
+    lira_variance: str = "per_sample",
+    fpc_value: float | None = None,
+    t_cutoff: float = T_CUTOFF,
 ) -> dict[str, str]:
     """Versioned definition string of every attack; stored in each result."""
     fpc_txt = "none" if fpc_value is None else f"{fpc_value:.6g}"

@@ -5,22 +5,22 @@ calibrated and per-sample evaluations (docs/science.md section 4).
 from __future__ import annotations
 
 import warnings
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from llmaudit import __version__
-from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS, FULL_PRECISION_NAMES, REF_MODELS, attack_definitions
+from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS, REF_MODELS, attack_definitions
 from llmaudit.analyze.attacks.lira import (
     LiraWarning,
-    fpc,
     lira_offline,
     lira_online,
     lira_statistic,
     normality_check,
     out_reference_counts,
+    parse_fpc,
 )
 from llmaudit.analyze.attacks.text import combine_scores, min_k_plus_plus_score, min_k_score, ref_score
 from llmaudit.analyze.metrics import (
@@ -32,12 +32,15 @@ from llmaudit.analyze.metrics import (
     pooled_naive,
     roc_curve_loglog,
 )
+from llmaudit.common.stats import spearman
+from llmaudit.quantize import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError
 
 
 def _pivot(frame: pd.DataFrame, values: str, runs: np.ndarray, samples: list[str]) -> np.ndarray:
     wide = frame.pivot(index="run", columns="sample_id", values=values)
     return wide.reindex(index=runs, columns=samples).to_numpy()
+
 
 def final_pool(df: pd.DataFrame, quantizer: str) -> tuple[pd.DataFrame, dict]:
     sub = df[(df["quantizer"] == quantizer) & (df["split"] == "pool") & (df["run"] != REFERENCE_RUN)]
@@ -47,6 +50,7 @@ def final_pool(df: pd.DataFrame, quantizer: str) -> tuple[pd.DataFrame, dict]:
     rows = sub.merge(final.rename("final").reset_index(), on="run")
     rows = rows[rows["checkpoint"] == rows["final"]].drop(columns="final")
     return rows, {int(r): int(c) for r, c in final.items()}
+
 
 def _row_text_scores(rows: pd.DataFrame, k: float) -> dict[str, np.ndarray | None]:
     scores: dict[str, np.ndarray | None] = {
@@ -63,6 +67,7 @@ def _row_text_scores(rows: pd.DataFrame, k: float) -> dict[str, np.ndarray | Non
         scores["zlib"] = -rows["loss"].to_numpy(dtype=np.float64) / rows["zlib_bytes"].to_numpy(dtype=np.float64)
     return scores
 
+
 def _base_losses(df: pd.DataFrame, quantizer: str, samples: list[str]) -> tuple[np.ndarray | None, str | None]:
     base = df[(df["run"] == REFERENCE_RUN) & (df["split"] == "pool")]
     if base.empty:
@@ -76,6 +81,7 @@ def _base_losses(df: pd.DataFrame, quantizer: str, samples: list[str]) -> tuple[
     b = base[base["quantizer"] == source]
     b = b[b["checkpoint"] == b["checkpoint"].max()].set_index("sample_id")["loss"]
     return b.reindex(samples).to_numpy(dtype=np.float64), source
+
 
 def _ref_matrix(loss: np.ndarray, keep: np.ndarray, base: np.ndarray | None, ref_models: str) -> np.ndarray:
     """[M, N] ref scores with each run as target: references are other runs' out-models and/or the base."""
@@ -93,20 +99,23 @@ def _ref_matrix(loss: np.ndarray, keep: np.ndarray, base: np.ndarray | None, ref
         out[m] = ref_score(loss[m], np.concatenate(refs), np.concatenate(mask))
     return out
 
+
 def leave_one_out(fn, scores, keep, fpc_value, **kw) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LiraWarning)
         return np.stack([fn(scores, keep, m, fpc_value, **kw) for m in range(scores.shape[0])])
+
 
 def _reference_name(quantizers: Sequence[str], reference_quantizer: str | None) -> str | None:
     if reference_quantizer is not None:
         if reference_quantizer not in quantizers:
             raise ValueError(f"reference quantizer {reference_quantizer!r} is not in the table ({list(quantizers)}).")
         return reference_quantizer
-    for q in quantizers:
-        if q.lower() in FULL_PRECISION_NAMES:
-            return q
-    return None
+    return full_precision_reference(quantizers)
+
+
+HEADLINE_METRICS = ("auroc", "tpr_at_1pct_naive", "tpr_at_1pct_calibrated")
+
 
 def _headline(entry: dict) -> dict:
     """The numbers compared across quantizers and with r_Q."""
@@ -118,6 +127,7 @@ def _headline(entry: dict) -> dict:
         "tpr_at_1pct_naive": naive["tpr_at_fpr"].get(key, {}).get("tpr", float("nan")),
         "tpr_at_1pct_calibrated": calib.get("tpr_at_fpr", {}).get(key, {}).get("tpr", float("nan")),
     }
+
 
 def spearman_vs_indicator(results: Mapping, r_q: Mapping[str, float]) -> dict:
     """Spearman rho (and p-value) across quantizers between r_Q and each attack's headline metrics.
@@ -131,174 +141,240 @@ def spearman_vs_indicator(results: Mapping, r_q: Mapping[str, float]) -> dict:
     for attack in attacks:
         out["attacks"][attack] = {}
         qs = [q for q in common if attack in per_q[q]["attacks"]]
-        for metric in ("auroc", "tpr_at_1pct_naive", "tpr_at_1pct_calibrated"):
-            x = np.array([r_q[q] for q in qs], dtype=float)
-            y = np.array([per_q[q]["attacks"][attack]["headline"][metric] for q in qs], dtype=float)
-            ok = np.isfinite(y)
-            if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
-                out["attacks"][attack][metric] = {"rho": None, "p_value": None, "n_quantizers": int(ok.sum()),
-                                                  "reason": "needs >= 3 quantizers with distinct values"}
-                continue
-            res = stats.spearmanr(x[ok], y[ok])
-            out["attacks"][attack][metric] = {"rho": float(res.statistic), "p_value": float(res.pvalue),
-                                              "n_quantizers": int(ok.sum())}
+        for metric in HEADLINE_METRICS:
+            x = [r_q[q] for q in qs]
+            y = [per_q[q]["attacks"][attack]["headline"][metric] for q in qs]
+            out["attacks"][attack][metric] = spearman(x, y).to_dict("n_quantizers")
     return out
+
+
+@dataclass(frozen=True)
+class AttackSettings:
+    """How `run_attacks` attacks and evaluates (recorded in every result as "settings")."""
+
+    attacks: tuple[str, ...] = DEFAULT_ATTACKS
+    fpc: str | float | None = "auto"
+    """Finite population correction: "auto" (1 - n_train / n_pool), a number in (0, 1], or None (off)."""
+    n_boot: int = 1000
+    seed: int = 0
+    n_pool: int | None = None
+    """Pool size N_+ the runs' training sets were drawn from (default: the pool samples in the table)."""
+    n_train: float | None = None
+    """Training set size per run (default: the mean number of members per run in the table)."""
+    fprs: tuple[float, ...] = DEFAULT_FPRS
+    k: float = 0.2
+    ref_models: str = "runs"
+    statistic: str = "logit"
+    lira_variance: str = "per_sample"
+    t_cutoff: float = T_CUTOFF
+    confidence: float = 0.95
+
+    def check(self) -> None:
+        unknown = sorted(set(self.attacks) - set(DEFAULT_ATTACKS))
+        if unknown:
+            raise ValueError(f"unknown attack(s) {unknown}; known: {list(DEFAULT_ATTACKS)}.")
+        if self.ref_models not in REF_MODELS:
+            raise ValueError(f"ref_models must be one of {REF_MODELS}; got {self.ref_models!r}.")
+        lira_statistic(np.ones(1), self.statistic)  # validates the name
+        parse_fpc(self.fpc)
+
+    def definitions(self, fpc_value: float | None = None) -> dict:
+        return attack_definitions(
+            k=self.k,
+            ref_models=self.ref_models,
+            statistic=self.statistic,
+            lira_variance=self.lira_variance,
+            fpc_value=fpc_value,
+            t_cutoff=self.t_cutoff,
+        )
+
+    def as_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "attacks"}
+        out["fprs"] = list(self.fprs)
+        return out | {"checkpoint": "final (max per run)", "split": "pool"}
+
+
+@dataclass
+class _Target:
+    """The pool rows of one quantizer's final checkpoints as [M runs, N samples] matrices."""
+
+    rows: pd.DataFrame
+    runs: np.ndarray
+    samples: list[str]
+    keep: np.ndarray
+    loss: np.ndarray
+    final: dict
+    n_dropped: int
+
+
+def _target(df: pd.DataFrame, quantizer: str) -> _Target:
+    """Each run's final checkpoint on the pool; samples scored by every run (the others are dropped)."""
+    rows, final = final_pool(df, quantizer)
+    runs = np.array(sorted(final))
+    if runs.size < 2:
+        raise LossTableError(f"quantizer {quantizer!r}: attacks need at least 2 fine-tuned runs; got {runs.size}.")
+    per_run = rows.groupby("sample_id")["run"].nunique()
+    samples = sorted(per_run.index[per_run == runs.size])
+    rows = rows[rows["sample_id"].isin(samples)]
+    keep = _pivot(rows, "member", runs, samples).astype(bool)
+    loss = _pivot(rows, "loss", runs, samples).astype(np.float64)
+    return _Target(rows, runs, samples, keep, loss, final, int((per_run < runs.size).sum()))
+
+
+def _score_matrices(
+    df: pd.DataFrame, quantizer: str, t: _Target, s: AttackSettings, fpc_value: float | None
+) -> tuple[dict[str, np.ndarray], dict[str, str], str | None]:
+    """[M, N] membership scores of every attack that can run on this table, the reasons of those that
+    cannot, and the base model's quantizer used by the reference attack."""
+    text = _row_text_scores(t.rows, s.k)
+    rows = t.rows.assign(**{f"_s_{name}": v for name, v in text.items() if v is not None})
+    matrices = {
+        name: _pivot(rows, f"_s_{name}", t.runs, t.samples).astype(np.float64)
+        for name, v in text.items()
+        if v is not None
+    }
+    skipped: dict[str, str] = {}
+    if text["min_k_plus_plus"] is None:
+        skipped["min_k_plus_plus"] = "loss table has no token_vocab_mean / token_vocab_std columns"
+    if text["zlib"] is None:
+        skipped["zlib"] = "loss table has no zlib_bytes column"
+    base, base_source = _base_losses(df, quantizer, t.samples)
+    if s.ref_models in ("base", "both") and base is None:
+        skipped["ref"] = "no base-model rows (run == -1) on split 'pool' for this quantizer"
+    else:
+        matrices["ref"] = _ref_matrix(t.loss, t.keep, base, s.ref_models)
+    for combo in ("loss+zlib", "loss+ref", "loss+zlib+ref"):
+        lacking = [p for p in combo.split("+") if p not in matrices]
+        if lacking:
+            skipped[combo] = f"component(s) {lacking} unavailable"
+        else:
+            matrices[combo] = combine_scores(*(matrices[p] for p in combo.split("+")), axis=1)
+    stat = lira_statistic(t.loss, s.statistic)
+    if "lira_offline" in s.attacks:
+        matrices["lira_offline"] = leave_one_out(lira_offline, stat, t.keep, fpc_value, variance=s.lira_variance)
+    if "lira_online" in s.attacks:
+        n_in = t.keep.sum(0)[None, :] - t.keep.astype(int)
+        n_out = out_reference_counts(t.keep)
+        if np.median(n_in) < 2 or np.median(n_out) < 2:
+            skipped["lira_online"] = (
+                f"too few reference models: median {np.median(n_in):g} in- and "
+                f"{np.median(n_out):g} out-references per sample (needs >= 2 each)"
+            )
+        else:
+            matrices["lira_online"] = leave_one_out(lira_online, stat, t.keep, fpc_value, variance=s.lira_variance)
+    return matrices, skipped, base_source
+
+
+def _unusable(attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray) -> str | None:
+    """Why an attack's scores cannot be evaluated (e.g. LiRA with one out-reference per sample), or None."""
+    fin = np.isfinite(scores)
+    if fin.any() and 0 < keep[fin].sum() < fin.sum():
+        return None
+    why = f"no finite scores with both members and non-members ({int(fin.sum())} finite of {scores.size})"
+    if attack.startswith("lira"):
+        why += f": median {np.median(n_ref):g} out-reference runs per sample, LiRA needs >= 2; train more runs"
+    return why
+
+
+def _evaluate(
+    attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray, fpc_value: float | None, s: AttackSettings
+) -> dict:
+    """Pooled naive, pooled calibrated and per-sample evaluations of one attack's [M, N] scores."""
+    kw = dict(n_boot=s.n_boot, seed=s.seed, confidence=s.confidence)
+    # Calibration standardizes each score by that sample's out-scores under the other models
+    # (offline LiRA is its own calibration).
+    z = scores if attack == "lira_offline" else leave_one_out(lira_offline, scores, keep, fpc_value)
+    n_ref_eff = None if s.lira_variance == "global" and attack == "lira_offline" else n_ref
+    fin, zfin = np.isfinite(scores), np.isfinite(z)
+    entry = {
+        "n_nan_scores": int(np.isnan(scores).sum()),
+        "pooled_naive": pooled_naive(scores, keep, s.fprs, **kw),
+        "pooled_calibrated": pooled_calibrated(z, keep, s.fprs, n_ref_eff, t_cutoff=s.t_cutoff, **kw),
+        "per_sample": per_sample_tpr(scores, keep, s.fprs, **kw),
+        "roc_curve": {"pooled_naive": roc_curve_loglog(scores[fin], keep[fin])},
+    }
+    if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
+        entry["roc_curve"]["pooled_calibrated"] = roc_curve_loglog(z[zfin], keep[zfin])
+    entry["headline"] = _headline(entry)
+    return entry
+
+
+def attack_quantizer(df: pd.DataFrame, quantizer: str, s: AttackSettings) -> tuple[dict, dict]:
+    """Every attack on one quantizer's final checkpoints, each run in turn as the target.
+
+    Returns (the quantizer's result block, the attack definitions with its FPC)."""
+    t = _target(df, quantizer)
+    pool_size = int(s.n_pool) if s.n_pool is not None else len(t.samples) + t.n_dropped
+    train_size = float(s.n_train) if s.n_train is not None else float(t.keep.sum(1).mean())
+    fpc_value = parse_fpc(s.fpc, n_train=train_size, n_pool=pool_size)
+    definitions = s.definitions(fpc_value)
+    matrices, skipped, base_source = _score_matrices(df, quantizer, t, s, fpc_value)
+    n_ref = out_reference_counts(t.keep)
+    results: dict = {}
+    for attack in s.attacks:
+        if attack not in matrices:
+            skipped.setdefault(attack, "not computed")
+            continue
+        why = _unusable(attack, matrices[attack], t.keep, n_ref)
+        if why:
+            skipped[attack] = why
+            continue
+        results[attack] = {"definition": definitions[attack]} | _evaluate(
+            attack, matrices[attack], t.keep, n_ref, fpc_value, s
+        )
+    non_lira = [a for a in results if not a.startswith("lira")]
+    block = {
+        "runs": [int(r) for r in t.runs],
+        "final_checkpoints": t.final,
+        "n_models": int(t.runs.size),
+        "n_samples": len(t.samples),
+        "n_samples_dropped": t.n_dropped,
+        "n_train": train_size,
+        "n_pool": pool_size,
+        "fpc": fpc_value,
+        "base_model_quantizer": base_source,
+        "lira_statistic": s.statistic,
+        "normality": normality_check(lira_statistic(t.loss, s.statistic), t.keep),
+        "attacks": results,
+        "skipped": skipped,
+        "best_attack": max(non_lira, key=lambda a: results[a]["headline"]["auroc"]) if non_lira else None,
+    }
+    return block, definitions
+
 
 def run_attacks(
     df: pd.DataFrame,
     *,
     quantizers: Sequence[str] | None = None,
-    attacks: Sequence[str] = DEFAULT_ATTACKS,
-    fpc: str | float | None = "auto",
-    n_boot: int = 1000,
-    seed: int = 0,
-    n_pool: int | None = None,
-    n_train: float | None = None,
-    fprs: Sequence[float] = DEFAULT_FPRS,
-    k: float = 0.2,
-    ref_models: str = "runs",
-    statistic: str = "logit",
-    lira_variance: str = "per_sample",
-    t_cutoff: float = T_CUTOFF,
-    confidence: float = 0.95,
     r_q: Mapping[str, float] | None = None,
     reference_quantizer: str | None = None,
+    **settings,
 ) -> dict:
     """Run every attack on a validated loss table, each run in turn as the target (leave-one-out).
 
     For each quantizer: each run's FINAL checkpoint (max checkpoint per run) on split "pool"; samples
     scored by every run (others dropped, counted). Per attack: pooled naive, pooled calibrated (the
     attack score standardized per sample by the other models' out-scores, `lira_offline`; LiRA offline
-    is its own calibration) and per-sample evaluations with bootstrap CIs over samples. fpc: "auto"
-    (1 - n_train / n_pool, n_train = mean members per run and n_pool = pool samples unless given), a
-    number, or None (no correction). The correction targets the threat of a model trained on an
-    independent draw; within one pool (targets and references from the same pool, as here) it is
-    conservative: the realised FPR of the calibrated evaluation falls below alpha, and is reported.
-    Cost: the bootstraps dominate, about 15 s per 1000 resamples per evaluation at 20 models x 10k
-    samples on 2 CPU cores. Returns a JSON-ready dict."""
-    unknown = sorted(set(attacks) - set(DEFAULT_ATTACKS))
-    if unknown:
-        raise ValueError(f"unknown attack(s) {unknown}; known: {list(DEFAULT_ATTACKS)}.")
-    if ref_models not in REF_MODELS:
-        raise ValueError(f"ref_models must be one of {REF_MODELS}; got {ref_models!r}.")
-    lira_statistic(np.ones(1), statistic)  # validates the name
-    if isinstance(fpc, str) and fpc != "auto":
-        raise ValueError(f"fpc must be 'auto', a number in (0, 1] or None; got {fpc!r}.")
+    is its own calibration) and per-sample evaluations with bootstrap CIs over samples. `settings` are
+    the fields of `AttackSettings` (attacks, fpc, n_boot, seed, n_pool, n_train, fprs, k, ref_models,
+    statistic, lira_variance, t_cutoff, confidence). The finite population correction targets the threat
+    of a model trained on an independent draw; within one pool (targets and references from the same
+    pool, as here) it is conservative: the realised FPR of the calibrated evaluation falls below alpha,
+    and is reported. The bootstraps dominate the cost. Returns a JSON-ready dict."""
+    s = AttackSettings(**{k: tuple(v) if k in ("attacks", "fprs") else v for k, v in settings.items()})
+    s.check()
     available = sorted(df.loc[(df["split"] == "pool") & (df["run"] != REFERENCE_RUN), "quantizer"].unique())
     quantizers = list(available if quantizers is None else quantizers)
     missing = sorted(set(quantizers) - set(available))
     if missing:
         raise ValueError(f"quantizer(s) {missing} have no pool rows of fine-tuned runs; available: {available}.")
     reference = _reference_name(quantizers, reference_quantizer)
-    kw_eval = dict(n_boot=n_boot, seed=seed, confidence=confidence)
-
     per_q: dict = {}
-    definitions: dict | None = None
+    definitions = s.definitions()
     for q in quantizers:
-        rows, final = final_pool(df, q)
-        runs = np.array(sorted(final))
-        if runs.size < 2:
-            raise LossTableError(f"quantizer {q!r}: attacks need at least 2 fine-tuned runs; got {runs.size}.")
-        per_run = rows.groupby("sample_id")["run"].nunique()
-        samples = sorted(per_run.index[per_run == runs.size])
-        n_dropped = int((per_run < runs.size).sum())
-        rows = rows[rows["sample_id"].isin(samples)]
-        keep = _pivot(rows, "member", runs, samples).astype(bool)
-        loss = _pivot(rows, "loss", runs, samples).astype(np.float64)
-        pool_size = int(n_pool) if n_pool is not None else len(samples) + n_dropped
-        train_size = float(n_train) if n_train is not None else float(keep.sum(1).mean())
-        fpc_value = _fpc_factor(train_size, pool_size) if fpc == "auto" else (None if fpc is None else float(fpc))
-        definitions = attack_definitions(k=k, ref_models=ref_models, statistic=statistic,
-                                         lira_variance=lira_variance, fpc_value=fpc_value, t_cutoff=t_cutoff)
-
-        text = _row_text_scores(rows, k)
-        rows = rows.assign(**{f"_s_{name}": v for name, v in text.items() if v is not None})
-        matrices: dict[str, np.ndarray] = {
-            name: _pivot(rows, f"_s_{name}", runs, samples).astype(np.float64)
-            for name, v in text.items() if v is not None
-        }
-        skipped: dict[str, str] = {}
-        if text["min_k_plus_plus"] is None:
-            skipped["min_k_plus_plus"] = "loss table has no token_vocab_mean / token_vocab_std columns"
-        if text["zlib"] is None:
-            skipped["zlib"] = "loss table has no zlib_bytes column"
-        base, base_source = _base_losses(df, q, samples)
-        if ref_models in ("base", "both") and base is None:
-            skipped["ref"] = "no base-model rows (run == -1) on split 'pool' for this quantizer"
-        else:
-            matrices["ref"] = _ref_matrix(loss, keep, base, ref_models)
-        for combo in ("loss+zlib", "loss+ref", "loss+zlib+ref"):
-            parts = combo.split("+")
-            lacking = [p for p in parts if p not in matrices]
-            if lacking:
-                skipped[combo] = f"component(s) {lacking} unavailable"
-            else:
-                matrices[combo] = combine_scores(*(matrices[p] for p in parts), axis=1)
-        stat = lira_statistic(loss, statistic)
-        n_ref = out_reference_counts(keep)
-        lira_kw = dict(variance=lira_variance)
-        if "lira_offline" in attacks:
-            matrices["lira_offline"] = leave_one_out(lira_offline, stat, keep, fpc_value, **lira_kw)
-        if "lira_online" in attacks:
-            n_in = keep.sum(0)[None, :] - keep.astype(int)
-            if np.median(n_in) < 2 or np.median(n_ref) < 2:
-                skipped["lira_online"] = (f"too few reference models: median {np.median(n_in):g} in- and "
-                                          f"{np.median(n_ref):g} out-references per sample (needs >= 2 each)")
-            else:
-                matrices["lira_online"] = leave_one_out(lira_online, stat, keep, fpc_value, **lira_kw)
-
-        results: dict = {}
-        for attack in attacks:
-            if attack not in matrices:
-                skipped.setdefault(attack, "not computed")
-                continue
-            scores = matrices[attack]
-            fin = np.isfinite(scores)
-            if not (fin.any() and 0 < keep[fin].sum() < fin.sum()):
-                # e.g. LiRA with a single out-reference per sample: no spread to standardise with
-                why = f"no finite scores with both members and non-members ({int(fin.sum())} finite of {scores.size})"
-                if attack.startswith("lira"):
-                    why += f": median {np.median(n_ref):g} out-reference runs per sample, LiRA needs >= 2; train more runs"
-                skipped[attack] = why
-                continue
-            if attack == "lira_offline":
-                z = scores
-            else:
-                z = leave_one_out(lira_offline, scores, keep, fpc_value, variance="per_sample")
-            n_ref_eff = None if lira_variance == "global" and attack == "lira_offline" else n_ref
-            entry = {
-                "definition": definitions[attack],
-                "n_nan_scores": int(np.isnan(scores).sum()),
-                "pooled_naive": pooled_naive(scores, keep, fprs, **kw_eval),
-                "pooled_calibrated": pooled_calibrated(z, keep, fprs, n_ref_eff, t_cutoff=t_cutoff, **kw_eval),
-                "per_sample": per_sample_tpr(scores, keep, fprs, **kw_eval),
-            }
-            zfin = np.isfinite(z)
-            entry["roc_curve"] = {"pooled_naive": roc_curve_loglog(scores[fin], keep[fin])}
-            if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
-                entry["roc_curve"]["pooled_calibrated"] = roc_curve_loglog(z[zfin], keep[zfin])
-            entry["headline"] = _headline(entry)
-            results[attack] = entry
-        non_lira = [a for a in results if not a.startswith("lira")]
-        per_q[q] = {
-            "runs": [int(r) for r in runs],
-            "final_checkpoints": final,
-            "n_models": int(runs.size),
-            "n_samples": len(samples),
-            "n_samples_dropped": n_dropped,
-            "n_train": train_size,
-            "n_pool": pool_size,
-            "fpc": fpc_value,
-            "base_model_quantizer": base_source,
-            "lira_statistic": statistic,
-            "normality": normality_check(stat, keep),
-            "attacks": results,
-            "skipped": skipped,
-            "best_attack": max(non_lira, key=lambda a: results[a]["headline"]["auroc"]) if non_lira else None,
-        }
-
+        per_q[q], definitions = attack_quantizer(df, q, s)
     if reference is not None:
-        for q, block in per_q.items():
+        for block in per_q.values():
             for attack, entry in block["attacks"].items():
                 ref_entry = per_q[reference]["attacks"].get(attack)
                 if ref_entry is not None:
@@ -307,18 +383,10 @@ def run_attacks(
                     }
     out = {
         "llmaudit_version": __version__,
-        "attack_definitions": definitions or attack_definitions(k=k, ref_models=ref_models, statistic=statistic,
-                                                                lira_variance=lira_variance, t_cutoff=t_cutoff),
-        "settings": {
-            "fpc": fpc, "n_boot": n_boot, "seed": seed, "confidence": confidence, "fprs": list(fprs), "k": k,
-            "ref_models": ref_models, "statistic": statistic, "lira_variance": lira_variance,
-            "t_cutoff": t_cutoff, "n_pool": n_pool, "n_train": n_train, "checkpoint": "final (max per run)",
-            "split": "pool",
-        },
+        "attack_definitions": definitions,
+        "settings": s.as_dict(),
         "reference_quantizer": reference,
         "quantizers": per_q,
     }
     out["spearman_vs_r_q"] = spearman_vs_indicator(out, r_q) if r_q else None
     return out
-
-_fpc_factor = fpc  # run_attacks' `fpc` argument shadows the function

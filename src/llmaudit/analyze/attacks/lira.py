@@ -11,13 +11,16 @@ STATISTICS = ("logit", "neg_loss")
 
 VARIANCES = ("per_sample", "global")
 
+
 class LiraWarning(UserWarning):
     """Some samples could not be scored by LiRA (too few reference models): their score is NaN."""
+
 
 def confidence_logit(loss) -> np.ndarray:
     """LiRA statistic logit(exp(-L)) = -L - log(1 - exp(-L)), computed stably; L is clipped at 1e-12."""
     loss = np.maximum(np.asarray(loss, dtype=np.float64), 1e-12)
     return -loss - np.log(-np.expm1(-loss))
+
 
 def lira_statistic(loss, statistic: str = "logit") -> np.ndarray:
     """The per-(model, sample) statistic LiRA models as Gaussian: "logit" (default) or "neg_loss" (-L)."""
@@ -26,6 +29,7 @@ def lira_statistic(loss, statistic: str = "logit") -> np.ndarray:
     if statistic == "neg_loss":
         return -np.asarray(loss, dtype=np.float64)
     raise ValueError(f"statistic must be one of {STATISTICS}; got {statistic!r}.")
+
 
 def fpc(n_train: float, n_pool: float) -> float:
     """Finite population correction 1 - n_train / n_pool for reference models trained on overlapping
@@ -38,6 +42,24 @@ def fpc(n_train: float, n_pool: float) -> float:
         )
     return 1.0 - n_train / n_pool
 
+
+def parse_fpc(value: str | float | None, *, n_train: float | None = None, n_pool: float | None = None) -> float | None:
+    """The finite population correction a setting asks for: "auto" = `fpc(n_train, n_pool)` (None when
+    the sizes are not given yet: the setting is only validated), "off" or None = no correction, else a
+    number in (0, 1]. Recipes, the command line and `run_attacks` all read it here."""
+    if value is None or value == "off":
+        return None
+    if value == "auto":
+        return None if n_train is None or n_pool is None else fpc(n_train, n_pool)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"fpc must be 'auto', 'off', or a number in (0, 1]; got {value!r}.") from None
+    if not 0 < number <= 1:
+        raise ValueError(f"fpc must lie in (0, 1]; got {number}.")
+    return number
+
+
 def _check_lira(scores, keep, target) -> tuple[np.ndarray, np.ndarray, int]:
     scores = np.asarray(scores, dtype=np.float64)
     keep = np.asarray(keep).astype(bool)
@@ -47,6 +69,7 @@ def _check_lira(scores, keep, target) -> tuple[np.ndarray, np.ndarray, int]:
     if not -scores.shape[0] <= target < scores.shape[0]:
         raise IndexError(f"target {target} is not a model index (M = {scores.shape[0]}).")
     return scores, keep, target % scores.shape[0]
+
 
 def _gaussian_fit(scores, mask, variance: str, fpc_value, min_refs: int):
     """Mean and sd of scores[mask] per column; per-sample or pooled (global) variance; var / fpc."""
@@ -70,10 +93,12 @@ def _gaussian_fit(scores, mask, variance: str, fpc_value, min_refs: int):
     ok = (n >= min_refs) & np.isfinite(sd) & (sd > 0)
     return np.where(ok, mu, np.nan), np.where(ok, sd, np.nan), n
 
+
 def out_reference_counts(keep) -> np.ndarray:
     """[M, N]: for target m and sample j, the number of OTHER models where j was out."""
     keep = np.asarray(keep).astype(bool)
     return (~keep).sum(0)[None, :] - (~keep).astype(int)
+
 
 def lira_offline(
     scores, keep, target, fpc=None, *, variance: str = "per_sample", min_out: int | None = None
@@ -100,9 +125,12 @@ def lira_offline(
     if n_nan:
         warnings.warn(
             f"offline LiRA: {n_nan} of {z.size} samples have fewer than {min_out} out-references (or zero "
-            "spread) and score NaN.", LiraWarning, stacklevel=2,
+            "spread) and score NaN.",
+            LiraWarning,
+            stacklevel=2,
         )
     return z
+
 
 def lira_online(
     scores, keep, target, fpc=None, *, variance: str = "per_sample", min_in: int = 2, min_out: int = 2
@@ -122,10 +150,12 @@ def lira_online(
     n_nan = int(np.isnan(llr).sum())
     if n_nan:
         warnings.warn(
-            f"online LiRA: {n_nan} of {llr.size} samples lack {min_in} in- or {min_out} out-references "
-            "and score NaN.", LiraWarning, stacklevel=2,
+            f"online LiRA: {n_nan} of {llr.size} samples lack {min_in} in- or {min_out} out-references and score NaN.",
+            LiraWarning,
+            stacklevel=2,
         )
     return llr
+
 
 def normality_check(out_scores, keep=None, *, level: float = 0.05, min_n: int = 5) -> dict:
     """Shapiro-Wilk per sample on its out-scores: the share of samples rejected at `level`.

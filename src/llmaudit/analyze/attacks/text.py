@@ -8,11 +8,13 @@ import numpy as np
 
 TEXT_ATTACKS = ("loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref", "loss+zlib+ref")
 
+
 def _token_arrays(token_losses) -> list[np.ndarray]:
     arrays = [np.asarray(t, dtype=np.float64).ravel() for t in token_losses]
     if any(a.size == 0 for a in arrays):
         raise ValueError("every sample needs at least one token loss.")
     return arrays
+
 
 def min_k_count(n_tokens: int, k: float) -> int:
     """Number of tokens min-k% averages over: ceil(k * T) (k * T rounded to 9 decimals first), at least 1."""
@@ -20,9 +22,11 @@ def min_k_count(n_tokens: int, k: float) -> int:
         raise ValueError(f"k is a fraction in (0, 1]; got {k}.")
     return max(1, math.ceil(round(k * n_tokens, 9)))
 
+
 def loss_score(token_losses) -> np.ndarray:
     """LOSS attack: -L(x) = -mean_t l_t. token_losses: n sequences of per-token NLLs -> [n]."""
     return np.array([-a.mean() for a in _token_arrays(token_losses)])
+
 
 def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
     """min-k%: mean log p (= -l_t) over the ceil(k * T) lowest-probability tokens. -> [n]."""
@@ -31,6 +35,7 @@ def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
         m = min_k_count(a.size, k)
         out.append(-np.sort(a)[-m:].mean())  # largest losses = lowest probabilities
     return np.array(out)
+
 
 def min_k_plus_plus_score(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
     """Min-K%++: per token (log p_t - mu_t) / sigma_t, then the mean of the lowest ceil(k * T). -> [n].
@@ -59,6 +64,7 @@ def min_k_plus_plus_score(token_losses, token_vocab_mean, token_vocab_std, k: fl
         out.append(np.sort(z)[: min_k_count(a.size, k)].mean())
     return np.array(out)
 
+
 def zlib_score(token_losses, zlib_bytes) -> np.ndarray:
     """zlib: -L(x) / zlib_bytes(x) (mean NLL in nats per token over the compressed length in bytes). -> [n]."""
     zlib_bytes = np.asarray(zlib_bytes, dtype=np.float64).ravel()
@@ -68,6 +74,7 @@ def zlib_score(token_losses, zlib_bytes) -> np.ndarray:
     if loss.size != zlib_bytes.size:
         raise ValueError(f"{loss.size} samples but {zlib_bytes.size} zlib lengths.")
     return -loss / zlib_bytes
+
 
 def ref_score(target_loss, reference_losses, reference_mask=None) -> np.ndarray:
     """ref: -(L_target - mean_i L_ref_i). target_loss: [n]; reference_losses: [R, n] (or [n] for one
@@ -82,6 +89,7 @@ def ref_score(target_loss, reference_losses, reference_mask=None) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_ref = np.where(n > 0, np.where(mask, refs, 0.0).sum(0) / n, np.nan)
     return -(target - mean_ref)
+
 
 def combine_scores(*components, axis: int = -1) -> np.ndarray:
     """Equal-weight combination: z-score each component along `axis` (the samples), then sum.

@@ -5,17 +5,18 @@ per-run reference loop), quantization of their parameters and per-sample losses.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
 from llmaudit.common.runtime import torch_threads
+from llmaudit.quantize import simple
 from llmaudit.validate.synthetic.config import QUANTIZER_NAMES
 
 
 def quantize_batched(name: str, w: torch.Tensor) -> torch.Tensor:
     """Quantize R independent tensors at once. w: [R, *tensor] -> same shape (scale/threshold per r)."""
-    from llmaudit.quantize import simple
 
     if name == "sign":
         return simple.sign_quantize(w, batch_dims=1)
@@ -25,6 +26,7 @@ def quantize_batched(name: str, w: torch.Tensor) -> torch.Tensor:
     if kind == "uniform" and arg in ("2", "3", "4", "5"):
         return simple.uniform_quantize(w, int(arg), batch_dims=1)
     raise ValueError(f"unknown quantizer {name!r}; allowed: {list(QUANTIZER_NAMES)}")
+
 
 def init_linear(seeds: Sequence[int], dim: int, n_classes: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """PyTorch's default nn.Linear initialisation, one per seed. Returns W [R, C, dim], b [R, C]."""
@@ -36,6 +38,7 @@ def init_linear(seeds: Sequence[int], dim: int, n_classes: int = 2) -> tuple[tor
             ws.append(lin.weight.detach().clone())
             bs.append(lin.bias.detach().clone())
     return torch.stack(ws), torch.stack(bs)
+
 
 class _threads:
     """Temporarily set torch's intra-op threads (tiny batched ops run fastest on one thread)."""
@@ -51,9 +54,18 @@ class _threads:
     def __exit__(self, *exc: object) -> None:
         torch.set_num_threads(self.old)
 
+
 def train_batched(
-    x: torch.Tensor, y: torch.Tensor, w0: torch.Tensor, b0: torch.Tensor, order: torch.Tensor,
-    *, lr: float, batch_size: int, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w0: torch.Tensor,
+    b0: torch.Tensor,
+    order: torch.Tensor,
+    *,
+    lr: float,
+    batch_size: int,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
     threads: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Train R linear classifiers at once with Adam on mean cross-entropy, one checkpoint per epoch.
@@ -69,8 +81,8 @@ def train_batched(
     E = order.shape[1]
     b1, b2 = betas
     with torch_threads(threads), torch.no_grad():
-        xa = torch.cat([x, torch.ones(R, n, 1, dtype=x.dtype)], -1)               # [R, n, d + 1]
-        theta = torch.cat([w0, b0[..., None]], -1).clone()                        # [R, C, d + 1]
+        xa = torch.cat([x, torch.ones(R, n, 1, dtype=x.dtype)], -1)  # [R, n, d + 1]
+        theta = torch.cat([w0, b0[..., None]], -1).clone()  # [R, C, d + 1]
         m = torch.zeros_like(theta)
         v = torch.zeros_like(theta)
         traj = [theta.clone()]
@@ -79,26 +91,33 @@ def train_batched(
         for e in range(E):
             perm = order[:, e]
             for s in range(0, n, batch_size):
-                idx = perm[:, s:s + batch_size]                                   # [R, B]
-                xb, yb = xa[run_idx, idx], y[run_idx, idx]                       # [R, B, d+1], [R, B]
-                logits = torch.bmm(xb, theta.transpose(1, 2))                    # [R, B, C]
+                idx = perm[:, s : s + batch_size]  # [R, B]
+                xb, yb = xa[run_idx, idx], y[run_idx, idx]  # [R, B, d+1], [R, B]
+                logits = torch.bmm(xb, theta.transpose(1, 2))  # [R, B, C]
                 g = torch.softmax(logits, -1)
                 g.scatter_add_(-1, yb[..., None], torch.full_like(g[..., :1], -1.0))
-                grad = torch.bmm(g.transpose(1, 2), xb).div_(idx.shape[1])       # [R, C, d+1]
+                grad = torch.bmm(g.transpose(1, 2), xb).div_(idx.shape[1])  # [R, C, d+1]
                 step += 1
                 m.mul_(b1).add_(grad, alpha=1 - b1)
                 v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-                bc1 = 1 - b1 ** step
-                bc2 = 1 - b2 ** step
+                bc1 = 1 - b1**step
+                bc2 = 1 - b2**step
                 denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
                 theta.addcdiv_(m, denom, value=-lr / bc1)
             traj.append(theta.clone())
         t = torch.stack(traj)
     return t[..., :d].contiguous(), t[..., d].contiguous()
 
+
 def train_per_run(
-    x: torch.Tensor, y: torch.Tensor, w0: torch.Tensor, b0: torch.Tensor, order: torch.Tensor,
-    *, lr: float, batch_size: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w0: torch.Tensor,
+    b0: torch.Tensor,
+    order: torch.Tensor,
+    *,
+    lr: float,
+    batch_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference loop: one nn.Linear and one torch.optim.Adam per run. Same inputs/outputs as
     `train_batched`."""
@@ -114,7 +133,7 @@ def train_per_run(
         tw, tb = [w0[r].clone()], [b0[r].clone()]
         for e in range(E):
             for s in range(0, n, batch_size):
-                idx = order[r, e, s:s + batch_size]
+                idx = order[r, e, s : s + batch_size]
                 loss = F.cross_entropy(model(x[r, idx]), y[r, idx])
                 opt.zero_grad()
                 loss.backward()
@@ -124,6 +143,7 @@ def train_per_run(
         out_w.append(torch.stack(tw))
         out_b.append(torch.stack(tb))
     return torch.stack(out_w, 1), torch.stack(out_b, 1)
+
 
 def per_sample_losses(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of M linear models on samples. w [M, C, d], b [M, C]; x [n, d] shared or
@@ -137,9 +157,13 @@ def per_sample_losses(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torc
         yy = y
     return -torch.log_softmax(logits, dim=-1).gather(-1, yy.unsqueeze(-1)).squeeze(-1)
 
-def quantized_params(name: str, w: torch.Tensor, b: torch.Tensor, quantize_bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+
+def quantized_params(
+    name: str, w: torch.Tensor, b: torch.Tensor, quantize_bias: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """w [M, C, d], b [M, C] -> quantized (per tensor: each weight matrix, each bias vector)."""
     return quantize_batched(name, w), (quantize_batched(name, b) if quantize_bias else b)
+
 
 def point_losses(wq: torch.Tensor, bq: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per-sample cross-entropy of K parameter points per run: wq [K, R, C, d], bq [K, R, C];
@@ -150,10 +174,10 @@ def point_losses(wq: torch.Tensor, bq: torch.Tensor, x: torch.Tensor, y: torch.T
     inputs, one [n, d] x [d, K*C] product per run otherwise."""
     K, R, C, d = wq.shape
     if x.dim() == 2:
-        z = (wq.reshape(K * R * C, d) @ x.T).view(K, R, C, -1).add_(bq[..., None])         # [K, R, C, n]
+        z = (wq.reshape(K * R * C, d) @ x.T).view(K, R, C, -1).add_(bq[..., None])  # [K, R, C, n]
         return -torch.log_softmax(z, 2).gather(2, y.view(1, 1, 1, -1).expand(K, R, 1, -1)).squeeze(2).transpose(0, 1)
     n = x.shape[1]
-    z = torch.bmm(x, wq.permute(1, 3, 0, 2).reshape(R, d, K * C)).view(R, n, K, C)         # [R, n, K, C]
+    z = torch.bmm(x, wq.permute(1, 3, 0, 2).reshape(R, d, K * C)).view(R, n, K, C)  # [R, n, K, C]
     z = z + bq.transpose(0, 1)[:, None]
     loss = -torch.log_softmax(z, -1).gather(-1, y.view(R, n, 1, 1).expand(R, n, K, 1)).squeeze(-1)
-    return loss.permute(0, 2, 1)                                                            # [R, K, n]
+    return loss.permute(0, 2, 1)  # [R, K, n]

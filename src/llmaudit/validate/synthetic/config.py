@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal
 
-from llmaudit.config import RecipeError, apply_overrides, read_recipe_yaml, resolve_recipe_path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llmaudit.config import RecipeError, apply_overrides, format_validation_error, read_recipe_yaml, resolve_recipe_path
+
 QUANTIZER_NAMES = (
-    "sign", "ternary-33", "ternary-50", "ternary-90", "uniform-2", "uniform-3", "uniform-4", "uniform-5",
+    "sign",
+    "ternary-33",
+    "ternary-50",
+    "ternary-90",
+    "uniform-2",
+    "uniform-3",
+    "uniform-4",
+    "uniform-5",
 )
 """The 8 simple quantizers of the synthetic validation, in the order of the tables."""
 
 VARIANT_NAMES = ("converged", "train-loss", "perturbed", "reciprocal", "unquantized-bias")
 """r_Q variants investigated beside the published estimator (see `SyntheticConfig.variants`)."""
 
+
 class SyntheticConfigError(ValueError):
     """A recipe or override is invalid; the message names the key, the value and what is allowed."""
+
 
 class SyntheticConfig(BaseModel):
     """Everything that defines the synthetic validation. YAML keys equal these field names."""
@@ -73,7 +84,7 @@ class SyntheticConfig(BaseModel):
     disc_dtype: Literal["float32", "bfloat16"] = "float32"
     """Matmul precision of the discriminator (bfloat16 autocast measured 4x SLOWER on our 2-core CPU)."""
     # comparison, stability and variants
-    stability_k_runs: Optional[list[int]] = None
+    stability_k_runs: list[int] | None = None
     """Subsample sizes of the stability study (each in 2..n_runs); null = 5, 10, 15, 30, 50, 100, 150
     and n_runs, those <= n_runs."""
     stability_resamples: int = Field(20, ge=1)
@@ -130,13 +141,17 @@ class SyntheticConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SyntheticConfig":
+    def _consistent(self) -> SyntheticConfig:
         if self.n_train % self.batch_size:
             raise ValueError(f"batch_size={self.batch_size} must divide n_train={self.n_train}")
         if self.rq_first_epoch > self.epochs - 1:
-            raise ValueError(f"rq_first_epoch={self.rq_first_epoch} leaves fewer than 2 checkpoints (epochs={self.epochs})")
+            raise ValueError(
+                f"rq_first_epoch={self.rq_first_epoch} leaves fewer than 2 checkpoints (epochs={self.epochs})"
+            )
         if self.converged_from_epoch > self.epochs - 1:
-            raise ValueError(f"converged_from_epoch={self.converged_from_epoch} must be <= epochs - 1 = {self.epochs - 1}")
+            raise ValueError(
+                f"converged_from_epoch={self.converged_from_epoch} must be <= epochs - 1 = {self.epochs - 1}"
+            )
         if self.stability_k_runs is None:
             grid = [k for k in (5, 10, 15, 30, 50, 100, 150) if k < self.n_runs] + [self.n_runs]
             object.__setattr__(self, "stability_k_runs", grid)
@@ -145,15 +160,6 @@ class SyntheticConfig(BaseModel):
             raise ValueError(f"stability_k_runs {bad} outside 2..n_runs={self.n_runs}")
         return self
 
-def _format_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid synthetic-validation config {source}:"]
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown key; allowed keys: {sorted(SyntheticConfig.model_fields)}"
-        lines.append(f"  {key} = {err.get('input')!r}: {msg}")
-    return "\n".join(lines)
 
 def load_config(recipe: Path | str | None = None, overrides: Sequence[str] = ()) -> SyntheticConfig:
     """Defaults <- recipe YAML (keys = field names) <- `key=value` overrides (values parsed as YAML).
@@ -173,4 +179,6 @@ def load_config(recipe: Path | str | None = None, overrides: Sequence[str] = ())
     try:
         return SyntheticConfig.model_validate(raw)
     except ValidationError as exc:
-        raise SyntheticConfigError(_format_error(exc, source)) from None
+        raise SyntheticConfigError(
+            format_validation_error(exc, source, what="synthetic-validation config", model=SyntheticConfig)
+        ) from None

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+
 from llmaudit.validate.synthetic.classifier import point_losses, quantize_batched, quantized_params
 from llmaudit.validate.synthetic.config import SyntheticConfig
 
 
 def r_q_batched(losses: torch.Tensor | np.ndarray, *, ddof: int = 1) -> np.ndarray:
-    """Algorithm 2 (SCIENCE.md section 2) for R runs at once; equals `llmaudit.indicator.r_q` per run.
+    """Algorithm 2 (docs/science.md section 2) for R runs at once; equals `llmaudit.indicator.r_q` per run.
 
     losses: [R, K, n] per-sample losses of K quantized checkpoints of each run. Returns r_Q [R]
     (nan: fewer than 2 distinct points; 0.0: a distinct point with the same mean as the lowest; +inf: every
     sigma2 = 0). See `r_q_batched_details` for the number of distinct points per run."""
     return r_q_batched_details(losses, ddof=ddof)[0]
+
 
 def r_q_batched_details(losses: torch.Tensor | np.ndarray, *, ddof: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """`r_q_batched` plus the number of distinct quantized points per run: (r_Q [R], n_points [R]).
@@ -27,7 +29,7 @@ def r_q_batched_details(losses: torch.Tensor | np.ndarray, *, ddof: int = 1) -> 
     equal means."""
     L = torch.as_tensor(losses, dtype=torch.float64)
     R, K, n = L.shape
-    m = L.mean(-1)                                                       # [R, K]
+    m = L.mean(-1)  # [R, K]
     # a non-finite loss makes its row mean non-finite: the full check runs only then
     if not torch.isfinite(m).all() and not torch.isfinite(L).all():
         raise ValueError("non-finite losses: a diverged quantized model cannot be scored")
@@ -42,11 +44,11 @@ def r_q_batched_details(losses: torch.Tensor | np.ndarray, *, ddof: int = 1) -> 
     keep = ~dup
     n_points = keep.sum(-1)
     m_masked = torch.where(keep, m, torch.full_like(m, math.inf))
-    k1 = m_masked.argmin(-1)                                             # lowest-loss point
-    L1 = L[torch.arange(R), k1]                                          # [R, n]
-    sigma2 = (L - L1[:, None, :]).var(-1, correction=ddof)               # [R, K]
+    k1 = m_masked.argmin(-1)  # lowest-loss point
+    L1 = L[torch.arange(R), k1]  # [R, n]
+    sigma2 = (L - L1[:, None, :]).var(-1, correction=ddof)  # [R, K]
     delta = m - m.gather(1, k1[:, None])
-    d2 = delta ** 2
+    d2 = delta**2
     ratio = torch.where(d2 > 0, sigma2 / torch.where(d2 > 0, d2, torch.ones_like(d2)), torch.full_like(d2, math.inf))
     valid = keep.clone()
     valid[torch.arange(R), k1] = False
@@ -56,9 +58,17 @@ def r_q_batched_details(losses: torch.Tensor | np.ndarray, *, ddof: int = 1) -> 
     r = torch.where(n_points < 2, torch.full_like(r, math.nan), r)
     return r.numpy(), n_points.numpy()
 
+
 def r_q_from_points(
-    name: str, w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *,
-    quantize_bias: bool, ddof: int, return_points: bool = False,
+    name: str,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    quantize_bias: bool,
+    ddof: int,
+    return_points: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """r_Q per run from K parameter points per run. w [K, R, C, d], b [K, R, C]; x [n, d] (shared)
     or [R, n, d] (per run). Returns [R]."""
@@ -68,10 +78,18 @@ def r_q_from_points(
     r, n_points = r_q_batched_details(losses, ddof=ddof)
     return (r, n_points) if return_points else r
 
+
 def r_q_all_variants(
-    name: str, traj_w: torch.Tensor, traj_b: torch.Tensor, x_rq: torch.Tensor, y_rq: torch.Tensor,
-    x_train: torch.Tensor, y_train: torch.Tensor, pert: tuple[torch.Tensor, torch.Tensor] | None,
-    cfg: SyntheticConfig, variants: Sequence[str],
+    name: str,
+    traj_w: torch.Tensor,
+    traj_b: torch.Tensor,
+    x_rq: torch.Tensor,
+    y_rq: torch.Tensor,
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    pert: tuple[torch.Tensor, torch.Tensor] | None,
+    cfg: SyntheticConfig,
+    variants: Sequence[str],
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """r_Q per run of one quantizer: the published estimator and the requested variants, from ONE
     quantization of the trajectory and ONE loss evaluation per input set (the published and
@@ -88,15 +106,17 @@ def r_q_all_variants(
     ep, cs = slice(cfg.rq_first_epoch - e0, None), slice(cfg.converged_from_epoch - e0, None)
     out: dict[str, np.ndarray] = {}
     if x_rq.dim() == 2:
-        z_w = (wq.reshape(K * R * C, d) @ x_rq.T).view(K, R, C, -1)                        # [K, R, C, n]
+        z_w = (wq.reshape(K * R * C, d) @ x_rq.T).view(K, R, C, -1)  # [K, R, C, n]
         yy = y_rq.view(1, 1, 1, -1).expand(K, R, 1, -1)
 
         def losses(bias: torch.Tensor) -> torch.Tensor:
             z = z_w + bias[..., None]
-            return -torch.log_softmax(z, 2).gather(2, yy).squeeze(2).transpose(0, 1)       # [R, K, n]
+            return -torch.log_softmax(z, 2).gather(2, yy).squeeze(2).transpose(0, 1)  # [R, K, n]
     else:
+
         def losses(bias: torch.Tensor) -> torch.Tensor:
             return point_losses(wq, bias, x_rq, y_rq)
+
     L = losses(b_pub)
     out["published"], pts = r_q_batched_details(L[:, ep], ddof=cfg.rq_ddof)
     if "converged" in variants:
@@ -107,5 +127,7 @@ def r_q_all_variants(
     if "train-loss" in variants:
         out["train-loss"] = r_q_batched_details(point_losses(wq[ep], b_pub[ep], x_train, y_train), ddof=cfg.rq_ddof)[0]
     if "perturbed" in variants and pert is not None:
-        out["perturbed"] = r_q_from_points(name, pert[0], pert[1], x_rq, y_rq, quantize_bias=cfg.quantize_bias, ddof=cfg.rq_ddof)
+        out["perturbed"] = r_q_from_points(
+            name, pert[0], pert[1], x_rq, y_rq, quantize_bias=cfg.quantize_bias, ddof=cfg.rq_ddof
+        )
     return out, pts

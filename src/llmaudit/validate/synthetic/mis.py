@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from llmaudit.common.runtime import torch_threads
 from llmaudit.validate.synthetic.classifier import per_sample_losses, quantized_params
 from llmaudit.validate.synthetic.config import SyntheticConfig
@@ -15,10 +17,17 @@ from llmaudit.validate.synthetic.data import derive_seed, seeded_generator
 
 
 def mis_features(
-    name: str, w: torch.Tensor, b: torch.Tensor, x_in: torch.Tensor, y_in: torch.Tensor,
-    x_out: torch.Tensor, y_out: torch.Tensor, *, quantize_bias: bool,
+    name: str,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    x_in: torch.Tensor,
+    y_in: torch.Tensor,
+    x_out: torch.Tensor,
+    y_out: torch.Tensor,
+    *,
+    quantize_bias: bool,
 ) -> dict[str, torch.Tensor]:
-    """Rows of the MIS baseline for final parameters w [R, C, d], b [R, C] (SCIENCE.md section 5).
+    """Rows of the MIS baseline for final parameters w [R, C, d], b [R, C] (docs/science.md section 5).
 
     Per run r: n members (x_in[r]) and n fresh non-members (x_out[r]). Returns x [R, 2n, d],
     y [R, 2n], theta [R, C*d + C] (flattened quantized weights then bias), loss [R, 2n] (of the
@@ -30,14 +39,17 @@ def mis_features(
     member = torch.cat([torch.ones_like(y_in), torch.zeros_like(y_out)], 1).float()
     return {"x": x, "y": y.float(), "theta": torch.cat([wq.flatten(1), bq], 1), "loss": loss, "member": member}
 
+
 def _disc_prepare(
-    feats: list[dict[str, torch.Tensor]], train_runs: torch.Tensor, test_runs: torch.Tensor,
+    feats: list[dict[str, torch.Tensor]],
+    train_runs: torch.Tensor,
+    test_runs: torch.Tensor,
 ) -> dict[str, Any]:
     """Standardised discriminator inputs (statistics of the training rows), shared by the batched
     trainer and the per-quantizer reference. Rows are kept factorised: xy [R, m, d+1] (shared by the
     quantizers), theta_s [Q, R, P] (one per run), loss_s [Q, R, m], member [R, m]."""
     Q = len(feats)
-    x = feats[0]["x"]                                     # shared by all quantizers (same rows)
+    x = feats[0]["x"]  # shared by all quantizers (same rows)
     R, m, d = x.shape
 
     def flat_rows(t: torch.Tensor, runs: torch.Tensor) -> torch.Tensor:
@@ -45,18 +57,25 @@ def _disc_prepare(
 
     xtr = flat_rows(x, train_runs)
     ytr = flat_rows(feats[0]["y"], train_runs)[:, None]
-    xy_tr = torch.cat([xtr, ytr], 1)                      # [N, d + 1] shared
+    xy_tr = torch.cat([xtr, ytr], 1)  # [N, d + 1] shared
     mu_xy, sd_xy = xy_tr.mean(0), xy_tr.std(0).clamp_min(1e-6)
-    theta = torch.stack([f["theta"] for f in feats])      # [Q, R, P]
-    loss = torch.stack([f["loss"] for f in feats])        # [Q, R, m]
+    theta = torch.stack([f["theta"] for f in feats])  # [Q, R, P]
+    loss = torch.stack([f["loss"] for f in feats])  # [Q, R, m]
     mu_th = theta[:, train_runs].mean(1, keepdim=True)
     sd_th = theta[:, train_runs].std(1, keepdim=True).clamp_min(1e-6)
     lt = loss[:, train_runs].reshape(Q, -1)
-    return {"Q": Q, "R": R, "m": m, "d": d, "P": theta.shape[-1],
-            "xy": (torch.cat([x, feats[0]["y"][..., None]], -1) - mu_xy) / sd_xy,
-            "theta_s": (theta - mu_th) / sd_th,
-            "loss_s": (loss - lt.mean(1)[:, None, None]) / lt.std(1).clamp_min(1e-6)[:, None, None],
-            "member": feats[0]["member"]}
+    return {
+        "Q": Q,
+        "R": R,
+        "m": m,
+        "d": d,
+        "P": theta.shape[-1],
+        "xy": (torch.cat([x, feats[0]["y"][..., None]], -1) - mu_xy) / sd_xy,
+        "theta_s": (theta - mu_th) / sd_th,
+        "loss_s": (loss - lt.mean(1)[:, None, None]) / lt.std(1).clamp_min(1e-6)[:, None, None],
+        "member": feats[0]["member"],
+    }
+
 
 def _disc_init(Q: int, d: int, P: int, hidden: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """Initial parameters of Q discriminators (uniform +-1/sqrt(fan_in), as nn.Linear), drawn from g
@@ -72,10 +91,20 @@ def _disc_init(Q: int, d: int, P: int, hidden: int, g: torch.Generator) -> dict[
         "b2": (torch.rand(Q, generator=g) * 2 - 1) / math.sqrt(hidden),
     }
 
+
 def train_discriminators(
-    feats: list[dict[str, torch.Tensor]], train_runs: torch.Tensor, test_runs: torch.Tensor, *,
-    hidden: int, epochs: int, lr: float, batch_size: int, dtype: str, seed: int,
-    threads: int = 0, return_state: bool = False,
+    feats: list[dict[str, torch.Tensor]],
+    train_runs: torch.Tensor,
+    test_runs: torch.Tensor,
+    *,
+    hidden: int,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    dtype: str,
+    seed: int,
+    threads: int = 0,
+    return_state: bool = False,
 ) -> dict[str, Any]:
     """Train one [x, y, theta, loss] -> hidden -> 1 MLP per entry of `feats` (one per quantizer),
     all at once as batched tensors, on the rows of `train_runs`; score the rows of `test_runs`.
@@ -92,14 +121,23 @@ def train_discriminators(
     train_acc [Q]; with `return_state` also the final parameters and the row permutations."""
     if dtype != "float32":
         # The written-out backward is float32; keep the autograd path for the bfloat16 setting.
-        return _train_discriminators_autograd(feats, train_runs, test_runs, hidden=hidden, epochs=epochs, lr=lr,
-                                              batch_size=batch_size, dtype=dtype, seed=seed)
+        return _train_discriminators_autograd(
+            feats,
+            train_runs,
+            test_runs,
+            hidden=hidden,
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            dtype=dtype,
+            seed=seed,
+        )
     pre = _disc_prepare(feats, train_runs, test_runs)
     Q, m, d, P = pre["Q"], pre["m"], pre["d"], pre["P"]
     g = seeded_generator(seed, "disc")
     init = _disc_init(Q, d, P, hidden, g)
     n_tr = len(train_runs) * m
-    perms = [torch.randperm(n_tr, generator=g) for _ in range(epochs)]   # same draws as one per epoch
+    perms = [torch.randperm(n_tr, generator=g) for _ in range(epochs)]  # same draws as one per epoch
     names = list(init)
     sizes = [init[k].numel() for k in names]
     # all parameters of all discriminators live in ONE flat buffer (prm: views into it), their
@@ -116,7 +154,7 @@ def train_discriminators(
         opt = torch.optim.Adam([flat], lr=lr)
 
     row_run = torch.arange(len(train_runs)).repeat_interleave(m)
-    th_tr = pre["theta_s"][:, train_runs].contiguous()                  # [Q, Rtr, P]
+    th_tr = pre["theta_s"][:, train_runs].contiguous()  # [Q, Rtr, P]
     xy_trs = pre["xy"][train_runs].reshape(n_tr, d + 1)
     loss_tr = pre["loss_s"][:, train_runs].reshape(Q, n_tr)
     target_tr = pre["member"][train_runs].reshape(n_tr)
@@ -126,42 +164,56 @@ def train_discriminators(
     def forward(run_of_row: torch.Tensor, xy_rows: torch.Tensor, loss_rows: torch.Tensor, th_runs: torch.Tensor):
         # loss_rows [B, Q]
         uniq, inv = torch.unique(run_of_row, return_inverse=True)
-        th_u = th_runs[:, uniq]                                          # [Q, R', P]
-        h_th = torch.bmm(th_u, prm["w_th"]).transpose(0, 1).reshape(-1, Q * hidden)   # [R', Q*H]
-        h = torch.addmm(h_th.index_select(0, inv), xy_rows, prm["w_xy"]).view(-1, Q, hidden)   # [B, Q, H]
+        th_u = th_runs[:, uniq]  # [Q, R', P]
+        h_th = torch.bmm(th_u, prm["w_th"]).transpose(0, 1).reshape(-1, Q * hidden)  # [R', Q*H]
+        h = torch.addmm(h_th.index_select(0, inv), xy_rows, prm["w_xy"]).view(-1, Q, hidden)  # [B, Q, H]
         h.addcmul_(loss_rows[..., None], prm["w_l"]).add_(prm["b1"])
-        a = h.clamp_min_(0)                                              # relu in place: a > 0 <=> h > 0
+        a = h.clamp_min_(0)  # relu in place: a > 0 <=> h > 0
         logits = torch.bmm(a.transpose(0, 1), prm["w2"][..., None]).squeeze(-1).add_(prm["b2"][:, None])  # [Q, B]
         return logits, a, th_u, inv, uniq.numel()
 
-    loss_tr_t = loss_tr.T.contiguous()                                   # [n_tr, Q]
+    loss_tr_t = loss_tr.T.contiguous()  # [n_tr, Q]
     with torch_threads(threads), torch.no_grad():
         for e in range(epochs):
             perm = perms[e]
             for s in range(0, n_tr, batch_size):
-                idx = perm[s:s + batch_size]
+                idx = perm[s : s + batch_size]
                 B = idx.numel()
                 xy_b, loss_b, t_b = xy_trs[idx], loss_tr_t[idx], target_tr[idx]
                 logits, a, th_u, inv, nu = forward(row_run[idx], xy_b, loss_b, th_tr)
                 # d(sum_q mean_b BCE_q)/d logit = (sigmoid(logit) - target) / B, per quantizer
-                gl = (torch.sigmoid(logits) - t_b).div_(B)                  # [Q, B]
-                a_t = a.transpose(0, 1)                                     # [Q, B, H] view
+                gl = (torch.sigmoid(logits) - t_b).div_(B)  # [Q, B]
+                a_t = a.transpose(0, 1)  # [Q, B, H] view
                 torch.bmm(gl[:, None, :], a_t, out=grd["w2"][:, None, :])
                 torch.sum(gl, 1, out=grd["b2"])
-                dh = (a > 0).to(a.dtype).mul_(gl.T[..., None]).mul_(prm["w2"])   # [B, Q, H]
+                dh = (a > 0).to(a.dtype).mul_(gl.T[..., None]).mul_(prm["w2"])  # [B, Q, H]
                 torch.sum(dh, 0, out=grd["b1"])
                 torch.bmm(loss_b.T[:, None, :], dh.transpose(0, 1), out=grd["w_l"][:, None, :])
                 torch.mm(xy_b.T, dh.view(B, Q * hidden), out=grd["w_xy"])
                 dh_u = torch.zeros(nu, Q, hidden).index_add_(0, inv, dh)
                 torch.bmm(th_u.transpose(1, 2), dh_u.transpose(0, 1), out=grd["w_th"])
-                opt.step()                                                  # elementwise: exact per discriminator
+                opt.step()  # elementwise: exact per discriminator
         te = test_runs
         n_te = len(te) * m
-        logits = forward(torch.arange(len(te)).repeat_interleave(m), pre["xy"][te].reshape(n_te, d + 1),
-                         pre["loss_s"][:, te].reshape(Q, n_te).T, pre["theta_s"][:, te])[0]
+        logits = forward(
+            torch.arange(len(te)).repeat_interleave(m),
+            pre["xy"][te].reshape(n_te, d + 1),
+            pre["loss_s"][:, te].reshape(Q, n_te).T,
+            pre["theta_s"][:, te],
+        )[0]
         correct = ((logits > 0).float() == pre["member"][te].reshape(n_te)).float().reshape(Q, len(te), m).mean(-1)
-        train_acc = torch.cat([((forward(row_run[s:s + 8192], xy_trs[s:s + 8192], loss_tr_t[s:s + 8192], th_tr)[0] > 0).float()
-                                == target_tr[s:s + 8192]).float() for s in range(0, n_tr, 8192)], 1).mean(-1)
+        train_acc = torch.cat(
+            [
+                (
+                    (
+                        forward(row_run[s : s + 8192], xy_trs[s : s + 8192], loss_tr_t[s : s + 8192], th_tr)[0] > 0
+                    ).float()
+                    == target_tr[s : s + 8192]
+                ).float()
+                for s in range(0, n_tr, 8192)
+            ],
+            1,
+        ).mean(-1)
     out: dict[str, Any] = {"correct": correct.numpy(), "train_acc": train_acc.numpy()}
     if return_state:
         out["params"] = {k: v.clone() for k, v in prm.items()}
@@ -170,9 +222,18 @@ def train_discriminators(
         out["prepared"] = pre
     return out
 
+
 def train_discriminator_reference(
-    pre: dict[str, Any], q: int, init: dict[str, torch.Tensor], perms: Sequence[torch.Tensor],
-    train_runs: torch.Tensor, test_runs: torch.Tensor, *, hidden: int, lr: float, batch_size: int,
+    pre: dict[str, Any],
+    q: int,
+    init: dict[str, torch.Tensor],
+    perms: Sequence[torch.Tensor],
+    train_runs: torch.Tensor,
+    test_runs: torch.Tensor,
+    *,
+    hidden: int,
+    lr: float,
+    batch_size: int,
 ) -> dict[str, Any]:
     """Reference for ONE discriminator (quantizer index q of `train_discriminators`): the plain
     Linear(388, hidden) - ReLU - Linear(hidden, 1) network on materialised 388-wide rows
@@ -188,7 +249,9 @@ def train_discriminator_reference(
 
     l1, l2 = torch.nn.Linear(d + 1 + P + 1, hidden), torch.nn.Linear(hidden, 1)
     with torch.no_grad():
-        l1.weight.copy_(torch.cat([init["w_xy"][:, q * hidden:(q + 1) * hidden], init["w_th"][q], init["w_l"][q][None]]).T)
+        l1.weight.copy_(
+            torch.cat([init["w_xy"][:, q * hidden : (q + 1) * hidden], init["w_th"][q], init["w_l"][q][None]]).T
+        )
         l1.bias.copy_(init["b1"][q])
         l2.weight.copy_(init["w2"][q][None])
         l2.bias.copy_(init["b2"][q][None])
@@ -197,23 +260,43 @@ def train_discriminator_reference(
     x_tr, t_tr = rows(train_runs), pre["member"][train_runs].reshape(-1)
     for perm in perms:
         for s in range(0, len(perm), batch_size):
-            idx = perm[s:s + batch_size]
+            idx = perm[s : s + batch_size]
             loss = F.binary_cross_entropy_with_logits(net(x_tr[idx]).squeeze(-1), t_tr[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
     with torch.no_grad():
         te_logits = net(rows(test_runs)).squeeze(-1)
-        correct = ((te_logits > 0).float() == pre["member"][test_runs].reshape(-1)).float().reshape(len(test_runs), m).mean(-1)
+        correct = (
+            ((te_logits > 0).float() == pre["member"][test_runs].reshape(-1))
+            .float()
+            .reshape(len(test_runs), m)
+            .mean(-1)
+        )
         train_acc = ((net(x_tr).squeeze(-1) > 0).float() == t_tr).float().mean()
         w1 = l1.weight.T
-        params = {"w_xy": w1[:d + 1], "w_th": w1[d + 1:d + 1 + P], "w_l": w1[-1], "b1": l1.bias.clone(),
-                  "w2": l2.weight[0].clone(), "b2": l2.bias[0].clone()}
+        params = {
+            "w_xy": w1[: d + 1],
+            "w_th": w1[d + 1 : d + 1 + P],
+            "w_l": w1[-1],
+            "b1": l1.bias.clone(),
+            "w2": l2.weight[0].clone(),
+            "b2": l2.bias[0].clone(),
+        }
     return {"params": params, "correct": correct.numpy(), "train_acc": float(train_acc)}
 
+
 def _train_discriminators_autograd(
-    feats: list[dict[str, torch.Tensor]], train_runs: torch.Tensor, test_runs: torch.Tensor, *,
-    hidden: int, epochs: int, lr: float, batch_size: int, dtype: str, seed: int,
+    feats: list[dict[str, torch.Tensor]],
+    train_runs: torch.Tensor,
+    test_runs: torch.Tensor,
+    *,
+    hidden: int,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    dtype: str,
+    seed: int,
 ) -> dict[str, np.ndarray]:
     """Previous autograd implementation (torch.optim.Adam over the stacked parameters), kept for
     disc_dtype=bfloat16 (autocast). Same init and row order as `train_discriminators`.
@@ -225,7 +308,7 @@ def _train_discriminators_autograd(
     train_acc [Q]."""
     g = seeded_generator(seed, "disc")
     pre = _disc_prepare(feats, train_runs, test_runs)
-    Q, R, m, d, P = pre["Q"], pre["R"], pre["m"], pre["d"], pre["P"]
+    Q, m, d, P = pre["Q"], pre["m"], pre["d"], pre["P"]
     theta_s, loss_s, xy_all, member = pre["theta_s"], pre["loss_s"], pre["xy"], pre["member"]
     params = _disc_init(Q, d, P, hidden, g)
     for p in params.values():
@@ -233,19 +316,20 @@ def _train_discriminators_autograd(
     opt = torch.optim.Adam(params.values(), lr=lr)
     use_bf16 = dtype == "bfloat16"
 
-    def forward(run_of_row: torch.Tensor, xy_rows: torch.Tensor, loss_rows: torch.Tensor, th_runs: torch.Tensor) -> torch.Tensor:
+    def forward(
+        run_of_row: torch.Tensor, xy_rows: torch.Tensor, loss_rows: torch.Tensor, th_runs: torch.Tensor
+    ) -> torch.Tensor:
         # run_of_row [B] indexes th_runs [Q, R', P]; xy_rows [B, d+1]; loss_rows [Q, B] -> logits [Q, B]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            h_xy = (xy_rows @ params["w_xy"]).reshape(-1, Q, hidden).transpose(0, 1)   # [Q, B, H]
+            h_xy = (xy_rows @ params["w_xy"]).reshape(-1, Q, hidden).transpose(0, 1)  # [Q, B, H]
             # theta is constant within a run: project each run of the batch once, then gather per row.
             uniq, inv = torch.unique(run_of_row, return_inverse=True)
-            h_th = torch.bmm(th_runs[:, uniq], params["w_th"])                         # [Q, R', H]
+            h_th = torch.bmm(th_runs[:, uniq], params["w_th"])  # [Q, R', H]
         h = h_xy.float() + h_th.float()[:, inv] + loss_rows[..., None] * params["w_l"][:, None] + params["b1"][:, None]
         return (torch.relu(h) * params["w2"][:, None]).sum(-1) + params["b2"][:, None]
 
     n_tr = len(train_runs) * m
     row_run = torch.arange(len(train_runs)).repeat_interleave(m)
-    row_pos = torch.arange(m).repeat(len(train_runs))
     th_tr = theta_s[:, train_runs]
     xy_trs = xy_all[train_runs].reshape(n_tr, d + 1)
     loss_tr = loss_s[:, train_runs].reshape(Q, n_tr)
@@ -253,7 +337,7 @@ def _train_discriminators_autograd(
     for _ in range(epochs):
         perm = torch.randperm(n_tr, generator=g)
         for s in range(0, n_tr, batch_size):
-            idx = perm[s:s + batch_size]
+            idx = perm[s : s + batch_size]
             logits = forward(row_run[idx], xy_trs[idx], loss_tr[:, idx], th_tr)
             bce = F.binary_cross_entropy_with_logits(logits, target_tr[idx].expand(Q, -1), reduction="mean") * Q
             opt.zero_grad(set_to_none=True)
@@ -262,28 +346,67 @@ def _train_discriminators_autograd(
     with torch.no_grad():
         th_te = theta_s[:, test_runs]
         n_te = len(test_runs) * m
-        logits = forward(torch.arange(len(test_runs)).repeat_interleave(m), xy_all[test_runs].reshape(n_te, d + 1),
-                         loss_s[:, test_runs].reshape(Q, n_te), th_te)
-        correct = ((logits > 0).float() == member[test_runs].reshape(n_te)).float().reshape(Q, len(test_runs), m).mean(-1)
+        logits = forward(
+            torch.arange(len(test_runs)).repeat_interleave(m),
+            xy_all[test_runs].reshape(n_te, d + 1),
+            loss_s[:, test_runs].reshape(Q, n_te),
+            th_te,
+        )
+        correct = (
+            ((logits > 0).float() == member[test_runs].reshape(n_te)).float().reshape(Q, len(test_runs), m).mean(-1)
+        )
         train_logits = forward(row_run, xy_trs, loss_tr, th_tr)
         train_acc = ((train_logits > 0).float() == target_tr).float().mean(-1)
     return {"correct": correct.numpy(), "train_acc": train_acc.numpy()}
+
 
 def split_runs(n_runs: int, train_fraction: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     perm = torch.randperm(n_runs, generator=generator)
     n_tr = min(max(1, int(round(train_fraction * n_runs))), n_runs - 1)
     return perm[:n_tr].sort().values, perm[n_tr:].sort().values
 
+
 def mis_estimate(
-    names: Sequence[str], w: torch.Tensor, b: torch.Tensor, data: dict[str, torch.Tensor], runs: torch.Tensor,
-    cfg: SyntheticConfig, seed_key: tuple,
+    names: Sequence[str],
+    w: torch.Tensor,
+    b: torch.Tensor,
+    data: dict[str, torch.Tensor],
+    runs: torch.Tensor,
+    cfg: SyntheticConfig,
+    seed_key: tuple,
 ) -> dict[str, Any]:
     """Baseline MIS (2 - 2 x test accuracy) per quantizer from the final parameters of `runs`."""
-    feats = [mis_features(q, w[runs], b[runs], data["x_train"][runs], data["y_train"][runs],
-                          data["x_out"][runs], data["y_out"][runs], quantize_bias=cfg.quantize_bias) for q in names]
+    feats = [
+        mis_features(
+            q,
+            w[runs],
+            b[runs],
+            data["x_train"][runs],
+            data["y_train"][runs],
+            data["x_out"][runs],
+            data["y_out"][runs],
+            quantize_bias=cfg.quantize_bias,
+        )
+        for q in names
+    ]
     tr, te = split_runs(len(runs), cfg.disc_train_fraction, seeded_generator(cfg.seed, *seed_key, "split"))
-    out = train_discriminators(feats, tr, te, hidden=cfg.disc_hidden, epochs=cfg.disc_epochs, lr=cfg.disc_lr,
-                               batch_size=cfg.disc_batch_size, dtype=cfg.disc_dtype, seed=derive_seed(cfg.seed, *seed_key))
+    out = train_discriminators(
+        feats,
+        tr,
+        te,
+        hidden=cfg.disc_hidden,
+        epochs=cfg.disc_epochs,
+        lr=cfg.disc_lr,
+        batch_size=cfg.disc_batch_size,
+        dtype=cfg.disc_dtype,
+        seed=derive_seed(cfg.seed, *seed_key),
+    )
     acc = out["correct"].mean(1)
-    return {"mis": 2 - 2 * acc, "test_acc": acc, "train_acc": out["train_acc"], "correct_per_run": out["correct"],
-            "n_train_runs": len(tr), "n_test_runs": len(te)}
+    return {
+        "mis": 2 - 2 * acc,
+        "test_acc": acc,
+        "train_acc": out["train_acc"],
+        "correct_per_run": out["correct"],
+        "n_train_runs": len(tr),
+        "n_test_runs": len(te),
+    }

@@ -6,49 +6,67 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
+
+from llmaudit.common.formatting import fmt_sig
 from llmaudit.common.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from llmaudit.validate.synthetic.config import load_config
 from llmaudit.validate.synthetic.protocol import run_synthetic
 
 
-def _fmt(x: float) -> str:
-    if x is None or not np.isfinite(x):
-        return str(x)
-    return f"{x:.3g}"
-
 def markdown_report(res: dict[str, Any]) -> str:
     cfg = res["config"]
-    lines = ["# Synthetic validation of r_Q against the baseline MIS", "",
-             f"{len(res['datasets'])} data sets x {cfg['n_runs']} runs, batch size {cfg['batch_size']}, lr {cfg['lr']}, "
-             f"{cfg['epochs']} epochs; wall time {res['wall_time_s']:.0f} s. Rank 1 = most secure (highest r_Q / MIS).", "",
-             "## Spearman(r_Q, MIS) per data set", "",
-             "| estimator | mean rho | bootstrap std of mean | CI of mean | " + " | ".join(d["name"] for d in res["datasets"]) + " |",
-             "|---|---|---|---|" + "---|" * len(res["datasets"])]
+    lines = [
+        "# Synthetic validation of r_Q against the baseline MIS",
+        "",
+        f"{len(res['datasets'])} data sets x {cfg['n_runs']} runs, batch size {cfg['batch_size']}, lr {cfg['lr']}, "
+        f"{cfg['epochs']} epochs; wall time {res['wall_time_s']:.0f} s. Rank 1 = most secure (highest r_Q / MIS).",
+        "",
+        "## Spearman(r_Q, MIS) per data set",
+        "",
+        "| estimator | mean rho | bootstrap std of mean | CI of mean | "
+        + " | ".join(d["name"] for d in res["datasets"])
+        + " |",
+        "|---|---|---|---|" + "---|" * len(res["datasets"]),
+    ]
     for v, s in res["summary"].items():
-        lines.append(f"| {v} | {s['mean_spearman']:+.2f} | {s['boot_std_of_mean']:.2f} | "
-                     f"[{s['boot_ci_of_mean'][0]:+.2f}, {s['boot_ci_of_mean'][1]:+.2f}] | "
-                     + " | ".join(f"{x:+.2f}" for x in s["per_dataset"].values()) + " |")
-    lines += ["", "'published' is the estimator of the paper; the others are labelled VARIANTS (see protocol.variants). "
-              "'reciprocal' is a risk score: its positive correlation means r_Q's ranking reversed tracks MIS.", "",
-              "## Stability (mean Spearman of a k-run ranking with the full ranking, averaged over data sets)", "",
-              "| k_runs | " + " | ".join(str(k) for k in res["stability_summary"]["k_runs"]) + " |",
-              "|---|" + "---|" * len(res["stability_summary"]["k_runs"]),
-              "| r_Q | " + " | ".join(f"{x:.2f}" for x in res["stability_summary"]["r_q_mean_rho"]) + " |"]
+        lines.append(
+            f"| {v} | {s['mean_spearman']:+.2f} | {s['boot_std_of_mean']:.2f} | "
+            f"[{s['boot_ci_of_mean'][0]:+.2f}, {s['boot_ci_of_mean'][1]:+.2f}] | "
+            + " | ".join(f"{x:+.2f}" for x in s["per_dataset"].values())
+            + " |"
+        )
+    lines += [
+        "",
+        "'published' is the estimator of the paper; the others are labelled VARIANTS (see protocol.variants). "
+        "'reciprocal' is a risk score: its positive correlation means r_Q's ranking reversed tracks MIS.",
+        "",
+        "## Stability (mean Spearman of a k-run ranking with the full ranking, averaged over data sets)",
+        "",
+        "| k_runs | " + " | ".join(str(k) for k in res["stability_summary"]["k_runs"]) + " |",
+        "|---|" + "---|" * len(res["stability_summary"]["k_runs"]),
+        "| r_Q | " + " | ".join(f"{x:.2f}" for x in res["stability_summary"]["r_q_mean_rho"]) + " |",
+    ]
     if "mis_mean_rho" in res["stability_summary"]:
         lines.append("| MIS | " + " | ".join(f"{x:.2f}" for x in res["stability_summary"]["mis_mean_rho"]) + " |")
     for d in res["datasets"]:
-        lines += ["", f"## {d['name']} (k_modes={d['k_modes']}, sigma={d['sigma']}): Spearman {d['comparison']['published']['spearman']:+.2f}, "
-                  f"full-precision val acc {d['classifier']['val_acc_full_precision']:.3f}", "",
-                  "| quantizer | r_Q mean | r_Q CI | undefined runs | MIS | MIS CI | rank r_Q | rank MIS | distinct points/run |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## {d['name']} (k_modes={d['k_modes']}, sigma={d['sigma']}): Spearman {d['comparison']['published']['spearman']:+.2f}, "
+            f"full-precision val acc {d['classifier']['val_acc_full_precision']:.3f}",
+            "",
+            "| quantizer | r_Q mean | r_Q CI | undefined runs | MIS | MIS CI | rank r_Q | rank MIS | distinct points/run |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for q, t in d["table"].items():
             a = t["r_q"]
-            lines.append(f"| {q} | {_fmt(a['mean'])} | [{_fmt(a['ci_low'])}, {_fmt(a['ci_high'])}] | {a['n_undefined']} | "
-                         f"{t['mis']:.3f} | [{t['mis_ci'][0]:.3f}, {t['mis_ci'][1]:.3f}] | {t['rank_r_q']:g} | {t['rank_mis']:g} | "
-                         f"{t['mean_distinct_points']:.1f} |")
+            lines.append(
+                f"| {q} | {fmt_sig(a['mean'])} | [{fmt_sig(a['ci_low'])}, {fmt_sig(a['ci_high'])}] | {a['n_undefined']} | "
+                f"{t['mis']:.3f} | [{t['mis_ci'][0]:.3f}, {t['mis_ci'][1]:.3f}] | {t['rank_r_q']:g} | {t['rank_mis']:g} | "
+                f"{t['mean_distinct_points']:.1f} |"
+            )
     return "\n".join(lines) + "\n"
+
 
 def write_plots(res: dict[str, Any], out: Path) -> list[Path]:
     import io
@@ -65,15 +83,24 @@ def write_plots(res: dict[str, Any], out: Path) -> list[Path]:
     fig, axes = plt.subplots(nrow, ncol, figsize=(4 * ncol, 3.4 * nrow), squeeze=False)
     for ax, d in zip(axes.flat, ds):
         for q, t in d["table"].items():
-            ax.errorbar(t["r_q"]["mean"], t["mis"], yerr=[[t["mis"] - t["mis_ci"][0]], [t["mis_ci"][1] - t["mis"]]],
-                        xerr=[[max(t["r_q"]["mean"] - t["r_q"]["ci_low"], 0)], [max(t["r_q"]["ci_high"] - t["r_q"]["mean"], 0)]],
-                        fmt="o", ms=4, capsize=2)
+            ax.errorbar(
+                t["r_q"]["mean"],
+                t["mis"],
+                yerr=[[t["mis"] - t["mis_ci"][0]], [t["mis_ci"][1] - t["mis"]]],
+                xerr=[
+                    [max(t["r_q"]["mean"] - t["r_q"]["ci_low"], 0)],
+                    [max(t["r_q"]["ci_high"] - t["r_q"]["mean"], 0)],
+                ],
+                fmt="o",
+                ms=4,
+                capsize=2,
+            )
             ax.annotate(q, (t["r_q"]["mean"], t["mis"]), fontsize=7)
         ax.set_xscale("log")
         ax.set_title(f"{d['name']}  rho={d['comparison']['published']['spearman']:+.2f}", fontsize=9)
         ax.set_xlabel("r_Q (mean over runs)")
         ax.set_ylabel("baseline MIS")
-    for ax in list(axes.flat)[len(ds):]:
+    for ax in list(axes.flat)[len(ds) :]:
         ax.axis("off")
     fig.tight_layout()
     for name, f in (("rq_vs_mis.png", fig),):
@@ -99,15 +126,19 @@ def write_plots(res: dict[str, Any], out: Path) -> list[Path]:
     plt.close(fig)
     return paths
 
+
 def write_outputs(res: dict[str, Any], out: Path, plots: bool = True) -> dict[str, Path]:
     out = Path(out)
-    paths = {"json": atomic_write_json(out / "results.json", res),
-             "markdown": atomic_write_text(out / "results.md", markdown_report(res)),
-             "config": atomic_write_text(out / "config.yaml", yaml.safe_dump(res["config"], sort_keys=False))}
+    paths = {
+        "json": atomic_write_json(out / "results.json", res),
+        "markdown": atomic_write_text(out / "results.md", markdown_report(res)),
+        "config": atomic_write_text(out / "config.yaml", yaml.safe_dump(res["config"], sort_keys=False)),
+    }
     if plots:
         for p in write_plots(res, out):
             paths[p.stem] = p
     return paths
+
 
 def validate_synthetic_command(recipe: Path | None, overrides: list[str], out: Path | None = None) -> dict:
     """`llmaudit validate synthetic [RECIPE] [key=value ...] --out DIR`: run the protocol, write
@@ -115,16 +146,28 @@ def validate_synthetic_command(recipe: Path | None, overrides: list[str], out: P
     Returns the result dict."""
     cfg = load_config(recipe, overrides)
     out = Path(out) if out is not None else Path.cwd() / "synthetic-validation"
-    print(f"synthetic validation: {len(cfg.k_modes) * len(cfg.sigmas)} data sets x {cfg.n_runs} runs, "
-          f"{len(cfg.quantizers)} quantizers -> {out}", flush=True)
+    print(
+        f"synthetic validation: {len(cfg.k_modes) * len(cfg.sigmas)} data sets x {cfg.n_runs} runs, "
+        f"{len(cfg.quantizers)} quantizers -> {out}",
+        flush=True,
+    )
+
     def save_partial(ds: dict[str, Any]) -> None:
         # each finished data set is kept, so an interrupted run still leaves its numbers
-        atomic_write_json(out / "partial" / f"{ds['name']}.json",
-                          {**ds, "comparison": {v: {k: x for k, x in c.items() if k != "_boots"} for v, c in ds["comparison"].items()}})
+        atomic_write_json(
+            out / "partial" / f"{ds['name']}.json",
+            {
+                **ds,
+                "comparison": {v: {k: x for k, x in c.items() if k != "_boots"} for v, c in ds["comparison"].items()},
+            },
+        )
 
     res = run_synthetic(cfg, log=lambda s: print(s, flush=True), on_dataset=save_partial)
     paths = write_outputs(res, out, plots=cfg.plots)
     s = res["summary"]["published"]
-    print(f"mean Spearman(r_Q, MIS) = {s['mean_spearman']:+.2f} (bootstrap std {s['boot_std_of_mean']:.2f}); "
-          f"wall time {res['wall_time_s']:.0f} s; wrote {', '.join(str(p) for p in paths.values())}", flush=True)
+    print(
+        f"mean Spearman(r_Q, MIS) = {s['mean_spearman']:+.2f} (bootstrap std {s['boot_std_of_mean']:.2f}); "
+        f"wall time {res['wall_time_s']:.0f} s; wrote {', '.join(str(p) for p in paths.values())}",
+        flush=True,
+    )
     return res

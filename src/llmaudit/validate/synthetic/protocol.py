@@ -6,18 +6,21 @@ import math
 import platform
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats
+
 from llmaudit.analyze.indicator import aggregate_r_q, ranking_stability
 from llmaudit.common.runtime import set_threads
+from llmaudit.common.stats import percentile_interval, spearman_rho
 from llmaudit.validate.synthetic.classifier import init_linear, per_sample_losses, train_batched
 from llmaudit.validate.synthetic.config import SyntheticConfig
 from llmaudit.validate.synthetic.data import derive_seed, make_dataset, seeded_generator
 from llmaudit.validate.synthetic.estimators import r_q_all_variants
 from llmaudit.validate.synthetic.mis import mis_estimate
-from scipy import stats
 
 
 def _finite_mean(a: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -26,17 +29,12 @@ def _finite_mean(a: np.ndarray, axis: int = -1) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return np.where(ok.any(axis), np.where(ok, a, 0).sum(axis) / np.maximum(ok.sum(axis), 1), np.nan)
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    ok = np.isfinite(a) & np.isfinite(b)
-    if ok.sum() < 3 or np.ptp(a[ok]) == 0 or np.ptp(b[ok]) == 0:
-        return math.nan
-    return float(stats.spearmanr(a[ok], b[ok]).statistic)
 
 def ranks_secure_first(values: Sequence[float]) -> list[float]:
     """Rank 1 = most secure = highest value; ties averaged."""
     v = np.asarray(values, float)
     return stats.rankdata(-np.where(np.isnan(v), -np.inf, v), method="average").tolist()
+
 
 def boot_spearman(per_run: np.ndarray, correct: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """Spearman(r_Q means, MIS) under a bootstrap over runs: r_Q runs resampled [Q, R] and, for MIS,
@@ -44,10 +42,11 @@ def boot_spearman(per_run: np.ndarray, correct: np.ndarray, n_boot: int, rng: np
     R, Rt = per_run.shape[1], correct.shape[1]
     rq = np.empty((n_boot, per_run.shape[0]))
     mis = np.empty((n_boot, correct.shape[0]))
-    for i in range(n_boot):                       # the same draws, in the same order, as one at a time
+    for i in range(n_boot):  # the same draws, in the same order, as one at a time
         rq[i] = _finite_mean(per_run[:, rng.integers(0, R, R)])
         mis[i] = 2 - 2 * correct[:, rng.integers(0, Rt, Rt)].mean(1)
     return spearman_rows(rq, mis)
+
 
 def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """`spearman` of each row pair of a, b [N, Q] (ties averaged): Pearson's r of the average ranks,
@@ -55,7 +54,9 @@ def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = np.asarray(a, float), np.asarray(b, float)
     out = np.full(len(a), math.nan)
     ok = np.isfinite(a).all(1) & np.isfinite(b).all(1)
-    ok &= (np.ptp(np.where(ok[:, None], a, 0), 1) > 0) & (np.ptp(np.where(ok[:, None], b, 0), 1) > 0) & (a.shape[1] >= 3)
+    ok &= (
+        (np.ptp(np.where(ok[:, None], a, 0), 1) > 0) & (np.ptp(np.where(ok[:, None], b, 0), 1) > 0) & (a.shape[1] >= 3)
+    )
     if ok.any():
         ra = stats.rankdata(a[ok], axis=1)
         rb = stats.rankdata(b[ok], axis=1)
@@ -64,18 +65,13 @@ def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         r = (ra * rb).sum(1) / np.sqrt((ra * ra).sum(1) * (rb * rb).sum(1))
         out[ok] = np.clip(r, -1.0, 1.0)
     for i in np.flatnonzero(~ok):
-        out[i] = spearman(a[i], b[i])
+        out[i] = spearman_rho(a[i], b[i])
     return out
 
-def _ci(samples: np.ndarray, confidence: float) -> list[float]:
-    s = np.asarray(samples, float)
-    s = s[np.isfinite(s)]
-    if s.size == 0:
-        return [math.nan, math.nan]
-    a = (1 - confidence) / 2
-    return [float(np.quantile(s, a)), float(np.quantile(s, 1 - a))]
 
-def run_dataset(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_dataset(
+    cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Train the runs of one data set and compute r_Q (published + variants), MIS and stability."""
     t0 = time.perf_counter()
     names = list(cfg.quantizers)
@@ -83,7 +79,9 @@ def run_dataset(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float,
     R = cfg.n_runs
     seeds = [derive_seed(cfg.seed, ds_index, "init", r) for r in range(R)]
     w0, b0 = init_linear(seeds, cfg.dim)
-    traj_w, traj_b = train_batched(data["x_train"], data["y_train"], w0, b0, data["order"], lr=cfg.lr, batch_size=cfg.batch_size)
+    traj_w, traj_b = train_batched(
+        data["x_train"], data["y_train"], w0, b0, data["order"], lr=cfg.lr, batch_size=cfg.batch_size
+    )
     t_train = time.perf_counter() - t0
     w_fin, b_fin = traj_w[-1], traj_b[-1]
     with torch.no_grad():
@@ -93,7 +91,6 @@ def run_dataset(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float,
 
     # r_Q: the published estimator and the labelled variants
     t1 = time.perf_counter()
-    ep = slice(cfg.rq_first_epoch, None)
     x_rq, y_rq = (data["x_val"], data["y_val"]) if cfg.rq_loss_split == "val" else (data["x_train"], data["y_train"])
     per_run: dict[str, dict[str, np.ndarray]] = {"published": {}}
     variants = list(cfg.variants)
@@ -106,12 +103,16 @@ def run_dataset(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float,
         rms_w = w_fin.pow(2).mean((-1, -2), keepdim=True).sqrt()
         rms_b = b_fin.pow(2).mean(-1, keepdim=True).sqrt()
         P = cfg.perturb_points
-        pert = (torch.cat([w_fin[None], w_fin + cfg.perturb_scale * rms_w * torch.randn(P, *w_fin.shape, generator=g)]),
-                torch.cat([b_fin[None], b_fin + cfg.perturb_scale * rms_b * torch.randn(P, *b_fin.shape, generator=g)]))
+        pert = (
+            torch.cat([w_fin[None], w_fin + cfg.perturb_scale * rms_w * torch.randn(P, *w_fin.shape, generator=g)]),
+            torch.cat([b_fin[None], b_fin + cfg.perturb_scale * rms_b * torch.randn(P, *b_fin.shape, generator=g)]),
+        )
     n_points = {}
     with torch.no_grad():
         for q in names:
-            est, pts = r_q_all_variants(q, traj_w, traj_b, x_rq, y_rq, data["x_train"], data["y_train"], pert, cfg, variants)
+            est, pts = r_q_all_variants(
+                q, traj_w, traj_b, x_rq, y_rq, data["x_train"], data["y_train"], pert, cfg, variants
+            )
             n_points[q] = float(pts.mean())
             for v, r in est.items():
                 per_run[v][q] = r
@@ -131,11 +132,26 @@ def run_dataset(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float,
     rng = np.random.default_rng(derive_seed(cfg.seed, ds_index, "boot"))
     table = {}
     for i, q in enumerate(names):
-        agg = aggregate_r_q(per_run["published"][q], n_boot=cfg.n_boot, confidence=cfg.confidence, seed=derive_seed(cfg.seed, ds_index, q))
-        boot_acc = np.array([mis["correct_per_run"][i][rng.integers(0, mis["n_test_runs"], mis["n_test_runs"])].mean() for _ in range(cfg.n_boot)])
-        table[q] = {"r_q": agg, "mis": float(mis["mis"][i]), "mis_ci": sorted(_ci(2 - 2 * boot_acc, cfg.confidence)),
-                    "disc_test_acc": float(mis["test_acc"][i]), "disc_train_acc": float(mis["train_acc"][i]),
-                    "mean_distinct_points": n_points[q]}
+        agg = aggregate_r_q(
+            per_run["published"][q],
+            n_boot=cfg.n_boot,
+            confidence=cfg.confidence,
+            seed=derive_seed(cfg.seed, ds_index, q),
+        )
+        boot_acc = np.array(
+            [
+                mis["correct_per_run"][i][rng.integers(0, mis["n_test_runs"], mis["n_test_runs"])].mean()
+                for _ in range(cfg.n_boot)
+            ]
+        )
+        table[q] = {
+            "r_q": agg,
+            "mis": float(mis["mis"][i]),
+            "mis_ci": sorted(percentile_interval(2 - 2 * boot_acc, cfg.confidence)),
+            "disc_test_acc": float(mis["test_acc"][i]),
+            "disc_train_acc": float(mis["train_acc"][i]),
+            "mean_distinct_points": n_points[q],
+        }
     rq_mean = np.array([table[q]["r_q"]["mean"] for q in names])
     mis_v = np.array([table[q]["mis"] for q in names])
     for q, rr, mr in zip(names, ranks_secure_first(rq_mean), ranks_secure_first(mis_v)):
@@ -145,17 +161,25 @@ def run_dataset(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float,
     for v, mat in rq_mat.items():
         means = _finite_mean(mat)
         boots = boot_spearman(mat, mis["correct_per_run"], cfg.n_boot, rng)
-        comparison[v] = {"spearman": spearman(means, mis_v), "boot_mean": float(np.nanmean(boots)),
-                         "boot_std": float(np.nanstd(boots)), "boot_ci": _ci(boots, cfg.confidence),
-                         "mean_by_quantizer": dict(zip(names, means.tolist())),
-                         "n_undefined_runs": {q: int(np.isnan(per_run[v][q]).sum()) for q in names},
-                         "_boots": boots}
+        comparison[v] = {
+            "spearman": spearman_rho(means, mis_v),
+            "boot_mean": float(np.nanmean(boots)),
+            "boot_std": float(np.nanstd(boots)),
+            "boot_ci": list(percentile_interval(boots, cfg.confidence)),
+            "mean_by_quantizer": dict(zip(names, means.tolist())),
+            "n_undefined_runs": {q: int(np.isnan(per_run[v][q]).sum()) for q in names},
+            "_boots": boots,
+        }
 
     # Stability study
     t3 = time.perf_counter()
 
-    stab_rq = ranking_stability({q: per_run["published"][q] for q in names}, cfg.stability_k_runs,
-                                n_resamples=cfg.stability_resamples, seed=derive_seed(cfg.seed, ds_index, "stab"))
+    stab_rq = ranking_stability(
+        {q: per_run["published"][q] for q in names},
+        cfg.stability_k_runs,
+        n_resamples=cfg.stability_resamples,
+        seed=derive_seed(cfg.seed, ds_index, "stab"),
+    )
     stab_mis = []
     if cfg.stability_mis_resamples > 0:
         gsub = seeded_generator(cfg.seed, ds_index, "stab-mis")
@@ -165,71 +189,90 @@ def run_dataset(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float,
             for rep in range(n_rep):
                 runs = torch.randperm(R, generator=gsub)[:k].sort().values
                 sub = mis_estimate(names, w_fin, b_fin, data, runs, cfg, (ds_index, "stab", k, rep))
-                rhos.append(spearman(sub["mis"], mis_v))
-            stab_mis.append({"k_runs": k, "n_resamples": n_rep, "rhos": rhos, "mean_rho": float(np.nanmean(rhos)) if np.isfinite(rhos).any() else math.nan})
+                rhos.append(spearman_rho(sub["mis"], mis_v))
+            stab_mis.append(
+                {
+                    "k_runs": k,
+                    "n_resamples": n_rep,
+                    "rhos": rhos,
+                    "mean_rho": float(np.nanmean(rhos)) if np.isfinite(rhos).any() else math.nan,
+                }
+            )
     t_stab = time.perf_counter() - t3
 
     elapsed = time.perf_counter() - t0
-    log(f"[{ds_index + 1}] k_modes={k_modes} sigma={sigma}: spearman(r_Q, MIS) = {comparison['published']['spearman']:+.2f}"
-        f"  (train {t_train:.1f}s, r_Q {t_rq:.1f}s, MIS {t_mis:.1f}s, stability {t_stab:.1f}s)")
+    log(
+        f"[{ds_index + 1}] k_modes={k_modes} sigma={sigma}: spearman(r_Q, MIS) = {comparison['published']['spearman']:+.2f}"
+        f"  (train {t_train:.1f}s, r_Q {t_rq:.1f}s, MIS {t_mis:.1f}s, stability {t_stab:.1f}s)"
+    )
     return {
-        "k_modes": k_modes, "sigma": sigma, "name": f"k{k_modes}-s{sigma:g}",
+        "k_modes": k_modes,
+        "sigma": sigma,
+        "name": f"k{k_modes}-s{sigma:g}",
         "classifier": {"val_acc_full_precision": acc_val, "train_loss_final": train_loss, "val_loss_final": val_loss},
-        "table": table, "comparison": comparison,
+        "table": table,
+        "comparison": comparison,
         "stability": {"r_q": stab_rq, "mis": stab_mis},
         "r_q_per_run": {v: {q: per_run[v][q].tolist() for q in names} for v in per_run},
         "mis_correct_per_test_run": {q: mis["correct_per_run"][i].tolist() for i, q in enumerate(names)},
         "timing_s": {"train": t_train, "r_q": t_rq, "mis": t_mis, "stability": t_stab, "total": elapsed},
     }
 
+
 VARIANT_DOC = {
     "published": "Algorithm 2 on the trajectory: quantized checkpoints of epochs rq_first_epoch..epochs, "
-                 "per-sample losses on rq_loss_split, identical points merged, mean over runs.",
+    "per-sample losses on rq_loss_split, identical points merged, mean over runs.",
     "converged": "VARIANT: only checkpoints from converged_from_epoch on (late phase of the trajectory).",
     "train-loss": "VARIANT: per-sample losses on the run's own training samples instead of the validation set.",
     "perturbed": "VARIANT: points Q(theta_final + eps), eps ~ N(0, (perturb_scale * RMS(tensor))^2), "
-                 "perturb_points copies plus the final point, instead of the trajectory.",
+    "perturb_points copies plus the final point, instead of the trajectory.",
     "reciprocal": "VARIANT (sign convention): max_k sigma_k^2 / delta_k^2 = 1 / (2 r_Q) per run, mean over "
-                  "finite runs. A RISK score: positive Spearman with MIS means the reversed ranking tracks MIS.",
-    "unquantized-bias": "VARIANT: the published estimator with the bias quantization switched "
-                        "(quantize_bias negated).",
+    "finite runs. A RISK score: positive Spearman with MIS means the reversed ranking tracks MIS.",
+    "unquantized-bias": "VARIANT: the published estimator with the bias quantization switched (quantize_bias negated).",
 }
+
 
 def protocol_block(cfg: SyntheticConfig) -> dict[str, Any]:
     """Every choice the paper leaves open, written down."""
     return {
         "data": f"per data set: {cfg.dim}-dim Gaussian mixture, centres ~ N(0, I), labels alternate over "
-                "clusters (cluster c has label c mod 2), cluster drawn uniformly, x = centre + sigma * N(0, I)",
+        "clusters (cluster c has label c mod 2), cluster drawn uniformly, x = centre + sigma * N(0, I)",
         "runs": f"{cfg.n_runs} runs per data set; each run has {cfg.n_train} fresh training samples (members), "
-                f"{cfg.n_train} fresh non-members, its own init seed and mini-batch order; one validation set of "
-                f"{cfg.n_val} fresh points per data set shared by the runs",
+        f"{cfg.n_train} fresh non-members, its own init seed and mini-batch order; one validation set of "
+        f"{cfg.n_val} fresh points per data set shared by the runs",
         "classifier": f"linear {cfg.dim} -> 2 (weight + bias), PyTorch default nn.Linear init, cross-entropy, Adam lr={cfg.lr} "
-                      f"(betas 0.9/0.999, eps 1e-8), batch {cfg.batch_size}, {cfg.epochs} epochs, reshuffled every epoch",
+        f"(betas 0.9/0.999, eps 1e-8), batch {cfg.batch_size}, {cfg.epochs} epochs, reshuffled every epoch",
         "trajectory": f"one checkpoint after each epoch; checkpoints of epochs {cfg.rq_first_epoch}..{cfg.epochs} enter r_Q "
-                      "(epoch 0 = the initialisation)",
+        "(epoch 0 = the initialisation)",
         "quantization": "per tensor: the 2 x dim weight matrix is one tensor; "
-                        + ("the bias vector (2 entries) is quantized as a separate tensor with the same rule"
-                           if cfg.quantize_bias else "the bias stays in full precision"),
+        + (
+            "the bias vector (2 entries) is quantized as a separate tensor with the same rule"
+            if cfg.quantize_bias
+            else "the bias stays in full precision"
+        ),
         "r_q": f"Algorithm 2 on per-sample cross-entropy losses on the {cfg.rq_loss_split} samples; quantized checkpoints with "
-               f"identical per-sample losses merged; sigma^2 with ddof={cfg.rq_ddof}; r_Q per run, mean over the runs with "
-               "finite r_Q (undefined runs counted, see n_undefined), CI: bootstrap over runs (llmaudit.indicator.aggregate_r_q)",
+        f"identical per-sample losses merged; sigma^2 with ddof={cfg.rq_ddof}; r_Q per run, mean over the runs with "
+        "finite r_Q (undefined runs counted, see n_undefined), CI: bootstrap over runs (llmaudit.indicator.aggregate_r_q)",
         "mis": f"final (epoch {cfg.epochs}) parameters quantized; rows [x ({cfg.dim}), y (1), quantized weight ({2 * cfg.dim}), "
-               f"bias (2), loss of the quantized model (1)] = {cfg.dim + 1 + 2 * cfg.dim + 2 + 1} features, member label; "
-               f"runs split {cfg.disc_train_fraction:.0%} / {1 - cfg.disc_train_fraction:.0%} (all rows of a run on one side); "
-               "features standardised with the training rows' statistics; discriminator "
-               f"{cfg.dim + 2 * cfg.dim + 4} -> {cfg.disc_hidden} -> 1 ReLU MLP, BCE, Adam lr={cfg.disc_lr}, batch {cfg.disc_batch_size}, "
-               f"{cfg.disc_epochs} epochs, {cfg.disc_dtype} matmuls; MIS = 2 - 2 x test accuracy (threshold 0.5); "
-               "CI: bootstrap over test runs (discriminator not retrained)",
+        f"bias (2), loss of the quantized model (1)] = {cfg.dim + 1 + 2 * cfg.dim + 2 + 1} features, member label; "
+        f"runs split {cfg.disc_train_fraction:.0%} / {1 - cfg.disc_train_fraction:.0%} (all rows of a run on one side); "
+        "features standardised with the training rows' statistics; discriminator "
+        f"{cfg.dim + 2 * cfg.dim + 4} -> {cfg.disc_hidden} -> 1 ReLU MLP, BCE, Adam lr={cfg.disc_lr}, batch {cfg.disc_batch_size}, "
+        f"{cfg.disc_epochs} epochs, {cfg.disc_dtype} matmuls; MIS = 2 - 2 x test accuracy (threshold 0.5); "
+        "CI: bootstrap over test runs (discriminator not retrained)",
         "comparison": "Spearman rho between the quantizers' mean r_Q and their MIS per data set (scipy, ties averaged); "
-                      "spread: bootstrap over runs (r_Q runs and MIS test runs resampled, discriminator fixed)",
+        "spread: bootstrap over runs (r_Q runs and MIS test runs resampled, discriminator fixed)",
         "stability": f"r_Q: subsamples of k runs without replacement ({cfg.stability_resamples} per size), Spearman of the "
-                     f"subsample ranking with the {cfg.n_runs}-run ranking; MIS: discriminator retrained on each subsample "
-                     f"({cfg.stability_mis_resamples} per size), Spearman with the {cfg.n_runs}-run MIS",
+        f"subsample ranking with the {cfg.n_runs}-run ranking; MIS: discriminator retrained on each subsample "
+        f"({cfg.stability_mis_resamples} per size), Spearman with the {cfg.n_runs}-run MIS",
         "variants": {v: VARIANT_DOC[v] for v in ["published", *cfg.variants]},
     }
 
+
 def run_synthetic(
-    cfg: SyntheticConfig, log: Callable[[str], None] = print, on_dataset: Callable[[dict[str, Any]], None] | None = None,
+    cfg: SyntheticConfig,
+    log: Callable[[str], None] = print,
+    on_dataset: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """The full protocol over the k_modes x sigmas grid. Returns the result dict (see `write_outputs`).
     `on_dataset` is called with each finished data set's result (e.g. to save partial results)."""
@@ -246,18 +289,27 @@ def run_synthetic(
     for v in datasets[0]["comparison"]:
         per_ds = [d["comparison"][v]["spearman"] for d in datasets]
         boots = np.nanmean(np.stack([d["comparison"][v]["_boots"] for d in datasets]), axis=0)
-        summary[v] = {"mean_spearman": float(np.nanmean(per_ds)), "per_dataset": dict(zip([d["name"] for d in datasets], per_ds)),
-                      "min": float(np.nanmin(per_ds)), "max": float(np.nanmax(per_ds)),
-                      "boot_std_of_mean": float(np.nanstd(boots)), "boot_ci_of_mean": _ci(boots, cfg.confidence)}
+        summary[v] = {
+            "mean_spearman": float(np.nanmean(per_ds)),
+            "per_dataset": dict(zip([d["name"] for d in datasets], per_ds)),
+            "min": float(np.nanmin(per_ds)),
+            "max": float(np.nanmax(per_ds)),
+            "boot_std_of_mean": float(np.nanstd(boots)),
+            "boot_ci_of_mean": list(percentile_interval(boots, cfg.confidence)),
+        }
     for d in datasets:
         for v in d["comparison"]:
             d["comparison"][v].pop("_boots")
     stab = {"k_runs": list(cfg.stability_k_runs)}
-    stab["r_q_mean_rho"] = [float(np.nanmean([d["stability"]["r_q"]["by_size"][j]["mean_rho"] for d in datasets]))
-                            for j in range(len(cfg.stability_k_runs))]
+    stab["r_q_mean_rho"] = [
+        float(np.nanmean([d["stability"]["r_q"]["by_size"][j]["mean_rho"] for d in datasets]))
+        for j in range(len(cfg.stability_k_runs))
+    ]
     if cfg.stability_mis_resamples > 0:
-        stab["mis_mean_rho"] = [float(np.nanmean([d["stability"]["mis"][j]["mean_rho"] for d in datasets]))
-                                for j in range(len(cfg.stability_k_runs))]
+        stab["mis_mean_rho"] = [
+            float(np.nanmean([d["stability"]["mis"][j]["mean_rho"] for d in datasets]))
+            for j in range(len(cfg.stability_k_runs))
+        ]
     import importlib.metadata as md
 
     return {
@@ -267,8 +319,17 @@ def run_synthetic(
         "stability_summary": stab,
         "datasets": datasets,
         "wall_time_s": wall,
-        "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
-                        "llmaudit": md.version("llmaudit"), "platform": platform.platform(),
-                        "torch_threads": torch.get_num_threads()},
-        "reported": {"mean_spearman": 0.86, "stability_r_q_15_runs": ">= 0.9", "stability_mis": "about 150 runs for 0.9"},
+        "environment": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "llmaudit": md.version("llmaudit"),
+            "platform": platform.platform(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "reported": {
+            "mean_spearman": 0.86,
+            "stability_r_q_15_runs": ">= 0.9",
+            "stability_mis": "about 150 runs for 0.9",
+        },
     }

@@ -1,4 +1,4 @@
-"""Tests for llmaudit.indicator. Expected numbers are worked out by hand from SCIENCE.md section 2."""
+"""Tests for llmaudit.indicator. Expected numbers are worked out by hand from docs/science.md section 2."""
 
 from __future__ import annotations
 
@@ -10,13 +10,28 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmaudit.analyze.indicator import STATUS_INFINITE, STATUS_OK, STATUS_UNDEFINED, STATUS_ZERO, aggregate_r_q, indicator_from_table, merge_identical_points, r_q, r_q_as_printed, r_q_details, r_q_min_ratio, r_q_reciprocal, rank_quantizers, ranking_stability
-from llmaudit.report.tables import indicator_command
+from llmaudit.analyze.indicator import (
+    STATUS_INFINITE,
+    STATUS_OK,
+    STATUS_UNDEFINED,
+    STATUS_ZERO,
+    aggregate_r_q,
+    indicator_from_table,
+    merge_identical_points,
+    r_q,
+    r_q_as_printed,
+    r_q_details,
+    r_q_min_ratio,
+    r_q_reciprocal,
+    rank_quantizers,
+    ranking_stability,
+)
 from llmaudit.common.io import read_json
+from llmaudit.report.tables import indicator_command
 from llmaudit.store.losstable import read_loss_table, write_loss_table
 
 # Three quantized checkpoints on n = 4 validation samples, rows deliberately NOT sorted by mean loss.
-#   A = [1, 2, 3, 2]  m = 2   (lowest: SCIENCE.md's k = 1)
+#   A = [1, 2, 3, 2]  m = 2   (lowest: docs/science.md's k = 1)
 #   B = [2, 2, 4, 4]  m = 3   D = B - A = [1, 0, 1, 2]  mean 1, deviations [0,-1,0,1], SS = 2
 #                             sigma2 = 2/3 (ddof 1), delta = 1, sigma2/delta^2 = 2/3
 #   C = [1, 7, 4, 4]  m = 4   D = C - A = [0, 5, 1, 2]  mean 2, deviations [-2,3,-1,0], SS = 14
@@ -198,8 +213,15 @@ def test_ranking_stability():
 def _rows(run, quantizer, checkpoint, losses, split="val"):
     return [
         {
-            "run": run, "checkpoint": checkpoint, "quantizer": quantizer, "sample_id": f"{split}{j}",
-            "split": split, "member": False, "loss": float(v), "n_tokens": 1, "token_losses": [float(v)],
+            "run": run,
+            "checkpoint": checkpoint,
+            "quantizer": quantizer,
+            "sample_id": f"{split}{j}",
+            "split": split,
+            "member": False,
+            "loss": float(v),
+            "n_tokens": 1,
+            "token_losses": [float(v)],
         }
         for j, v in enumerate(losses)
     ]

@@ -11,10 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmaudit.store.losstable import write_loss_table
-from llmaudit.analyze.memorization import MemorizationError, mem_u_bits, membership_f1_sigmoid_law, memorization_from_table, per_sample_memorization, sequence_bits
+from llmaudit.analyze.memorization import (
+    MemorizationError,
+    mem_u_bits,
+    membership_f1_sigmoid_law,
+    memorization_from_table,
+    per_sample_memorization,
+    sequence_bits,
+)
 from llmaudit.report.memorization_md import markdown_section
 from llmaudit.report.tables import memorization_command
+from llmaudit.store.losstable import write_loss_table
 
 LN2 = math.log(2.0)
 
@@ -245,8 +252,9 @@ def test_quantizer_missing_at_final_checkpoint_is_noted():
 def test_command_writes_json_and_markdown(tmp_path):
     path = write_loss_table(hand_table(), tmp_path / "losses.parquet")
     out, md = tmp_path / "out" / "mem.json", tmp_path / "mem.md"
-    result = memorization_command(path, out, adapter_params=4, model_params=10, markdown_out=md,
-                                  scaling_law="c1=1,c2=1,c3=-18")
+    result = memorization_command(
+        path, out, adapter_params=4, model_params=10, markdown_out=md, scaling_law="c1=1,c2=1,c3=-18"
+    )
     written = json.loads(out.read_text())
     assert written["per_quantizer"]["fp32"]["member_total_bits"]["mean"] == pytest.approx(10)
     assert written == json.loads(json.dumps(result))
@@ -257,8 +265,7 @@ def test_command_writes_json_and_markdown(tmp_path):
     assert "| 10 [6, 14] |" in text
     assert "### `int8` per run" in text and "Extrapolation (not a measurement)" in text
     # Reference from a separate table on disk, and the key=value form.
-    big = write_loss_table(pd.DataFrame([_row(-1, 0, "fp32", s, [6, 6]) for s in "abcdv"]),
-                           tmp_path / "big.parquet")
+    big = write_loss_table(pd.DataFrame([_row(-1, 0, "fp32", s, [6, 6]) for s in "abcdv"]), tmp_path / "big.parquet")
     assert memorization_command(path, tmp_path / "b.json", reference=str(big))["reference"]["kind"] == "loss table"
     named = memorization_command(path, tmp_path / "n.json", reference="run=0,quantizer=fp32,checkpoint=10")
     assert named["reference"]["kind"] == "named"

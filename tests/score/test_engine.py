@@ -51,7 +51,11 @@ def _examples(seed: int = 0, n: int = 9, include_prompt: bool = False) -> list[t
         ids = rng.integers(0, VOCAB, size=int(length)).tolist()
         ids[-1] = PAD_ID
         n_prompt = int(length) // 2
-        mask = [False] + [True] * (int(length) - 1) if include_prompt else [False] * n_prompt + [True] * (int(length) - n_prompt)
+        mask = (
+            [False] + [True] * (int(length) - 1)
+            if include_prompt
+            else [False] * n_prompt + [True] * (int(length) - n_prompt)
+        )
         out.append((ids, mask))
     return out
 
@@ -78,7 +82,9 @@ def _naive(model, examples) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def _max_diff(scores: list[TokenScores], naive: list[dict[str, np.ndarray]], field: str = "token_losses", key: str = "nll") -> float:
+def _max_diff(
+    scores: list[TokenScores], naive: list[dict[str, np.ndarray]], field: str = "token_losses", key: str = "nll"
+) -> float:
     diffs = [np.abs(getattr(s, field).astype(np.float64) - ref[key]).max(initial=0.0) for s, ref in zip(scores, naive)]
     return float(max(diffs))
 
@@ -119,7 +125,9 @@ def test_losses_and_vocab_stats_equal_naive(model, include_prompt):
     longest, total = max(len(i) for i, _ in examples), sum(len(i) for i, _ in examples)
     for budget in (1, longest, 2 * longest, total):  # one sample per batch ... all in one batch
         for head_chunk in (1, 7, 4096):
-            scores = score_examples(model, examples, pad_id=PAD_ID, token_budget=budget, head_chunk=head_chunk, vocab_stats=True)
+            scores = score_examples(
+                model, examples, pad_id=PAD_ID, token_budget=budget, head_chunk=head_chunk, vocab_stats=True
+            )
             assert [len(s.token_losses) for s in scores] == [sum(m[1:]) for _, m in examples]
             assert all(s.token_losses.dtype == np.float32 for s in scores)
             assert _max_diff(scores, naive) <= 1e-5, (budget, head_chunk)
@@ -154,7 +162,9 @@ def test_batch_composition_never_changes_a_loss(model):
     rng = np.random.default_rng(0)
     for budget in (45, 120, 10**6):
         order = rng.permutation(len(examples))
-        shuffled = score_examples(model, [examples[i] for i in order], pad_id=PAD_ID, token_budget=budget, vocab_stats=True)
+        shuffled = score_examples(
+            model, [examples[i] for i in order], pad_id=PAD_ID, token_budget=budget, vocab_stats=True
+        )
         for pos, i in enumerate(order):
             assert np.abs(shuffled[pos].token_losses - alone[i].token_losses).max() <= 1e-5
             assert np.abs(shuffled[pos].vocab_mean - alone[i].vocab_mean).max() <= 1e-5
@@ -237,8 +247,12 @@ def test_samples_without_scored_tokens(model):
 def test_deterministic_on_cpu(model):
     examples = _examples(seed=5)
     for workers in (1, 3):
-        a = score_examples(model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True, cpu_workers=workers)
-        b = score_examples(model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True, cpu_workers=workers)
+        a = score_examples(
+            model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True, cpu_workers=workers
+        )
+        b = score_examples(
+            model, examples, pad_id=PAD_ID, token_budget=80, head_chunk=16, vocab_stats=True, cpu_workers=workers
+        )
         for x, y in zip(a, b):
             assert x.token_losses.tobytes() == y.token_losses.tobytes()
             assert x.vocab_mean.tobytes() == y.vocab_mean.tobytes()
@@ -251,7 +265,9 @@ def test_cpu_workers_match_the_naive_loop(model):
     naive = _naive(model, examples)
     threads = torch.get_num_threads()
     for workers in (1, 2, 5, 64):
-        scores = score_examples(model, examples, pad_id=PAD_ID, token_budget=60, head_chunk=8, vocab_stats=True, cpu_workers=workers)
+        scores = score_examples(
+            model, examples, pad_id=PAD_ID, token_budget=60, head_chunk=8, vocab_stats=True, cpu_workers=workers
+        )
         assert torch.get_num_threads() == threads  # the thread count is restored
         assert [len(s.token_losses) for s in scores] == [len(ref["nll"]) for ref in naive]
         assert _max_diff(scores, naive) <= 1e-5 and _max_diff(scores, naive, "vocab_std", "std") <= 1e-5

@@ -10,11 +10,27 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from llmaudit.analyze.attacks.evaluate import run_attacks
-from llmaudit.analyze.attacks.lira import LiraWarning, confidence_logit, fpc, lira_offline, lira_online, normality_check, out_reference_counts
-from llmaudit.analyze.attacks.text import combine_scores, loss_score, min_k_count, min_k_plus_plus_score, min_k_score, ref_score, zlib_score
+from llmaudit.analyze.attacks.lira import (
+    LiraWarning,
+    confidence_logit,
+    fpc,
+    lira_offline,
+    lira_online,
+    normality_check,
+    out_reference_counts,
+)
+from llmaudit.analyze.attacks.text import (
+    combine_scores,
+    loss_score,
+    min_k_count,
+    min_k_plus_plus_score,
+    min_k_score,
+    ref_score,
+    zlib_score,
+)
+from llmaudit.analyze.metrics import calibrated_threshold, per_sample_fpr, pooled_calibrated, pooled_naive
 from llmaudit.report.tables import attack_command
 from llmaudit.store.losstable import validate_loss_table, write_loss_table
-from llmaudit.analyze.metrics import calibrated_threshold, per_sample_fpr, pooled_calibrated, pooled_naive
 
 TOKENS = [0.5, 1.0, 2.0, 0.1, 3.0]  # per-token NLLs; log p = -l
 
@@ -235,8 +251,17 @@ def _table(rng, n_runs=6, n_samples=40, n_tokens=8, shifts=None, with_vocab=True
                     member = bool(run >= 0 and keep[run, j])
                     sign = 1.0 if ckpt == 2 else -1.0
                     tl = np.abs(rng.normal(difficulty[j] - sign * shift * member, 0.4, n_tokens))
-                    row = dict(run=run, checkpoint=ckpt, quantizer=q, sample_id=f"s{j:03d}", split="pool",
-                               member=member, loss=float(tl.mean()), n_tokens=n_tokens, token_losses=tl)
+                    row = dict(
+                        run=run,
+                        checkpoint=ckpt,
+                        quantizer=q,
+                        sample_id=f"s{j:03d}",
+                        split="pool",
+                        member=member,
+                        loss=float(tl.mean()),
+                        n_tokens=n_tokens,
+                        token_losses=tl,
+                    )
                     if with_vocab:
                         row.update(token_vocab_mean=np.full(n_tokens, -2.0), token_vocab_std=np.full(n_tokens, 1.5))
                     if with_zlib:
@@ -255,8 +280,18 @@ def test_run_attacks_on_a_small_table():
     assert set(fp["final_checkpoints"].values()) == {2}
     assert fp["fpc"] == pytest.approx(1 - np.mean([fp["n_train"]]) / 40)
     assert fp["skipped"] == {}
-    assert set(fp["attacks"]) == {"loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref",
-                                  "loss+zlib+ref", "lira_offline", "lira_online"}
+    assert set(fp["attacks"]) == {
+        "loss",
+        "min_k",
+        "min_k_plus_plus",
+        "zlib",
+        "ref",
+        "loss+zlib",
+        "loss+ref",
+        "loss+zlib+ref",
+        "lira_offline",
+        "lira_online",
+    }
     # LOSS pooled naive AUROC equals sklearn on the final-checkpoint rows (checkpoint 1 would give < 0.5)
     final = df[(df.quantizer == "fp") & (df.run >= 0) & (df.checkpoint == 2)]
     loss_entry = fp["attacks"]["loss"]
@@ -279,8 +314,14 @@ def test_run_attacks_skips_missing_inputs_and_correlates_with_r_q(tmp_path):
     rng = np.random.default_rng(21)
     df = _table(rng, shifts={"a": 0.1, "b": 0.6, "c": 1.5}, with_vocab=False, with_zlib=False)
     r_q = {"a": 3.0, "b": 2.0, "c": 1.0}  # higher r_Q = more secure: the least shifted quantizer
-    res = run_attacks(df, attacks=("loss", "zlib", "min_k_plus_plus", "lira_offline"), n_boot=0, r_q=r_q,
-                      fpc=None, quantizers=["a", "b", "c"])
+    res = run_attacks(
+        df,
+        attacks=("loss", "zlib", "min_k_plus_plus", "lira_offline"),
+        n_boot=0,
+        r_q=r_q,
+        fpc=None,
+        quantizers=["a", "b", "c"],
+    )
     a = res["quantizers"]["a"]
     assert "token_vocab_mean" in a["skipped"]["min_k_plus_plus"] and "zlib_bytes" in a["skipped"]["zlib"]
     assert a["fpc"] is None and res["reference_quantizer"] is None

@@ -4,10 +4,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from llmaudit.data.chem import generate_records
 from llmaudit.config import DataConfig
+from llmaudit.data.chem import generate_records
 from llmaudit.data.pool import draw_pool_and_val, membership_masks
-from llmaudit.data.records import DataError, RECORD_FIELDS, dataset_fingerprint, read_record_file
+from llmaudit.data.records import RECORD_FIELDS, DataError, dataset_fingerprint, read_record_file
 from llmaudit.data.sources import load_records, resolve_route
 from llmaudit.data.tokenize import format_record
 
@@ -44,14 +44,30 @@ def _write_smolinstruct_tree(root, split="train"):
     (root / "sample" / "instruction_tuning" / split).mkdir(parents=True)
     (root / "template" / "instruction_tuning").mkdir(parents=True)
     (root / "core_tag").mkdir()
-    rows = [{"input": "CCO", "output": "The molecule is ethanol.", "task": "molecule_captioning", "split": split},
-            {"input": "c1ccccc1", "output": "The molecule is benzene.", "task": "molecule_captioning", "split": split}]
+    rows = [
+        {"input": "CCO", "output": "The molecule is ethanol.", "task": "molecule_captioning", "split": split},
+        {"input": "c1ccccc1", "output": "The molecule is benzene.", "task": "molecule_captioning", "split": split},
+    ]
     (root / "raw" / split / "molecule_captioning.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (root / "template" / "instruction_tuning" / "molecule_captioning.json").write_text(
-        json.dumps([{"input": "Describe <INPUT>", "output": "<OUTPUT>"}, {"input": "What is <INPUT>?", "output": "It: <OUTPUT>"}]))
-    (root / "sample" / "instruction_tuning" / split / "molecule_captioning.json").write_text(json.dumps(
-        {"template_name": "instruction_tuning", "samples": [{"idx": 1, "template_id": 1, "target": "benzene"}, {"idx": 0, "template_id": 0}]}))
-    (root / "core_tag" / "molecule_captioning.json").write_text(json.dumps({"input": ["<SMILES>", "</SMILES>"], "output": ["", ""]}))
+        json.dumps(
+            [
+                {"input": "Describe <INPUT>", "output": "<OUTPUT>"},
+                {"input": "What is <INPUT>?", "output": "It: <OUTPUT>"},
+            ]
+        )
+    )
+    (root / "sample" / "instruction_tuning" / split / "molecule_captioning.json").write_text(
+        json.dumps(
+            {
+                "template_name": "instruction_tuning",
+                "samples": [{"idx": 1, "template_id": 1, "target": "benzene"}, {"idx": 0, "template_id": 0}],
+            }
+        )
+    )
+    (root / "core_tag" / "molecule_captioning.json").write_text(
+        json.dumps({"input": ["<SMILES>", "</SMILES>"], "output": ["", ""]})
+    )
 
 
 def test_smolinstruct_directory_and_zip_are_joined_like_the_loading_script(tmp_path):
@@ -111,7 +127,12 @@ def test_hub_route_offline_says_how_to_fix(monkeypatch):
 
 
 def test_local_jsonl_and_parquet_and_their_errors(tmp_path):
-    good = {"input": "Describe <SMILES> C </SMILES>", "output": "Methane.", "task": "molecule_captioning", "split": "train"}
+    good = {
+        "input": "Describe <SMILES> C </SMILES>",
+        "output": "Methane.",
+        "task": "molecule_captioning",
+        "split": "train",
+    }
     f = tmp_path / "recs.jsonl"
     f.write_text(json.dumps(good) + "\n" + json.dumps({**good, "output": "Methane again."}) + "\n")
     cfg = DataConfig(source="local", path=str(f), tasks=["molecule_captioning"])

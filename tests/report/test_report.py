@@ -9,6 +9,7 @@ import copy
 import json
 import re
 import shutil
+from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -16,17 +17,16 @@ import pandas as pd
 import pytest
 
 from llmaudit.analyze.experiment import analyze
+from llmaudit.common.io import atomic_write_json, atomic_write_text, to_strict_json
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.pool import membership_masks
 from llmaudit.data.records import records_to_jsonl
-from llmaudit.common.io import atomic_write_json, atomic_write_text
-from llmaudit.store.losstable import validate_loss_table, write_loss_table
-from llmaudit.common.io import to_strict_json
 from llmaudit.report.build import build_report
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, recommend, release_checklist
 from llmaudit.report.schema import REPORT_SCHEMA, ReportSchemaError, validate_report
 from llmaudit.report.write import write_report
+from llmaudit.store.losstable import validate_loss_table, write_loss_table
 from llmaudit.store.run_store import RunStore
 
 N_POOL, N_VAL, RUNS, STEPS, N_TOK = 24, 12, 6, (10, 20, 30), 6
@@ -36,9 +36,13 @@ QUANTIZERS = {"fp32": (0.8, 0.0, 32.0, 4000), "uniform-5": (0.4, 0.05, 5.0, 700)
 
 def _record(split, j):
     # every record carries a unique phrase so a leak is found by substring search
-    return {"sample_id": f"synthetic/{split}/{j:04d}", "task": "molecule_captioning", "split": split,
-            "input": f"Describe molecule C{j}O{j} secret-input-{split}-{j:04d}",
-            "output": f"The molecule is confidential compound number {j} secret-output-{split}-{j:04d}."}
+    return {
+        "sample_id": f"synthetic/{split}/{j:04d}",
+        "task": "molecule_captioning",
+        "split": split,
+        "input": f"Describe molecule C{j}O{j} secret-input-{split}-{j:04d}",
+        "output": f"The molecule is confidential compound number {j} secret-output-{split}-{j:04d}.",
+    }
 
 
 def _loss_rows(rng, membership):
@@ -47,8 +51,20 @@ def _loss_rows(rng, membership):
 
     def add(run, step, q, split, j, loss, member):
         tl = np.abs(rng.normal(loss, 0.15, N_TOK))
-        rows.append(dict(run=run, checkpoint=step, quantizer=q, sample_id=f"synthetic/{split}/{j:04d}", split=split,
-                         member=member, loss=float(tl.mean()), n_tokens=N_TOK, token_losses=tl, zlib_bytes=40 + j))
+        rows.append(
+            dict(
+                run=run,
+                checkpoint=step,
+                quantizer=q,
+                sample_id=f"synthetic/{split}/{j:04d}",
+                split=split,
+                member=member,
+                loss=float(tl.mean()),
+                n_tokens=N_TOK,
+                token_losses=tl,
+                zlib_bytes=40 + j,
+            )
+        )
 
     for split, n in (("pool", N_POOL), ("val", N_VAL)):
         for j in range(n):
@@ -66,15 +82,28 @@ def _loss_rows(rng, membership):
 
 
 def _make_store(root):
-    cfg = ExperimentConfig(name="tiny-report", output_dir=str(root), train={"runs": RUNS},
-                           score={"quantizers": list(QUANTIZERS)},
-                           attack={"attacks": ["loss", "ref", "lira_offline"], "n_boot": 30})
+    cfg = ExperimentConfig(
+        name="tiny-report",
+        output_dir=str(root),
+        train={"runs": RUNS},
+        score={"quantizers": list(QUANTIZERS)},
+        attack={"attacks": ["loss", "ref", "lira_offline"], "n_boot": 30},
+    )
     pool, val = [_record("pool", j) for j in range(N_POOL)], [_record("val", j) for j in range(N_VAL)]
     membership = membership_masks(N_POOL, RUNS, 0.5, seed=0)
     store = RunStore(root)
-    data = {"route": "synthetic", "source": "synthetic", "path": None, "hub_id": None, "tasks": ["molecule_captioning"],
-            "n_available": N_POOL + N_VAL, "n_usable": N_POOL + N_VAL, "fingerprint": "0123456789abcdef",
-            "pool_ids": [r["sample_id"] for r in pool], "val_ids": [r["sample_id"] for r in val]}
+    data = {
+        "route": "synthetic",
+        "source": "synthetic",
+        "path": None,
+        "hub_id": None,
+        "tasks": ["molecule_captioning"],
+        "n_available": N_POOL + N_VAL,
+        "n_usable": N_POOL + N_VAL,
+        "fingerprint": "0123456789abcdef",
+        "pool_ids": [r["sample_id"] for r in pool],
+        "val_ids": [r["sample_id"] for r in val],
+    }
     manifest = store.create(cfg, data, membership)
     manifest["parameters"] = {"adapter_trainable": 1000, "model_total": 5000}
     store.write_manifest(manifest)
@@ -82,9 +111,16 @@ def _make_store(root):
     atomic_write_text(root / "data" / "val.jsonl", records_to_jsonl(val))
     write_loss_table(_loss_rows(np.random.default_rng(7), membership), store.scores_dir / "all.parquet")
     for q, (_shift, _extra, bits, size) in QUANTIZERS.items():
-        atomic_write_json(store.scores_dir / "quantizers" / f"{q}.json",
-                          {"name": q, "family": "full" if q == "fp32" else "simple", "bits": bits, "effective_bits": bits,
-                           "model_size_bytes": size})
+        atomic_write_json(
+            store.scores_dir / "quantizers" / f"{q}.json",
+            {
+                "name": q,
+                "family": "full" if q == "fp32" else "simple",
+                "bits": bits,
+                "effective_bits": bits,
+                "model_size_bytes": size,
+            },
+        )
     return cfg, store, pool + val
 
 
@@ -92,7 +128,7 @@ def _with_vulnerable_samples(result):
     """What analysis should record (the key the report reads): per attack, top samples by id and score."""
     result = copy.deepcopy(result)
     ref = result["reference_quantizer"]
-    for name, entry in result["attacks"]["quantizers"][ref]["attacks"].items():
+    for entry in result["attacks"]["quantizers"][ref]["attacks"].values():
         entry["vulnerable_samples"] = [{"sample_id": f"synthetic/pool/{j:04d}", "score": 5.0 - j} for j in range(5)]
     return result
 
@@ -104,7 +140,9 @@ def experiment(tmp_path_factory):
     result = analyze(cfg, store, echo=lambda *a, **k: None)
     result = _with_vulnerable_samples(result)
     paths = write_report(store, result)
-    outputs = {kind: open(p, encoding="utf-8").read() for kind, p in paths.items() if kind in ("json", "markdown", "html")}
+    outputs = {
+        kind: Path(p).read_text(encoding="utf-8") for kind, p in paths.items() if kind in ("json", "markdown", "html")
+    }
     return {"store": store, "result": result, "records": records, "paths": paths, "outputs": outputs}
 
 
@@ -198,18 +236,21 @@ def test_no_sample_text_in_any_output_by_default(experiment):
     assert vs["available"] and not vs["include_samples"] and vs["attack"] in {"loss", "ref", "lira_offline"}
     assert [s["sample_id"] for s in vs["samples"]] == [f"synthetic/pool/{j:04d}" for j in range(5)]
     assert all(set(s) == {"rank", "sample_id", "score"} for s in vs["samples"])
-    assert "synthetic/pool/0000" in experiment["outputs"]["markdown"] and "synthetic/pool/0000" in experiment["outputs"]["html"]
+    assert (
+        "synthetic/pool/0000" in experiment["outputs"]["markdown"]
+        and "synthetic/pool/0000" in experiment["outputs"]["html"]
+    )
 
 
 def test_include_samples_adds_the_text_and_the_schema_forbids_it_otherwise(experiment, tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(experiment["store"].root, root, ignore=shutil.ignore_patterns("scores"))
     paths = write_report(RunStore(root), experiment["result"], include_samples=True)
-    report = json.loads(open(paths["json"]).read())
+    report = json.loads(Path(paths["json"]).read_text())
     first = report["vulnerable_samples"]["samples"][0]
     assert first["text"] == "\n".join([_record("pool", 0)["input"], _record("pool", 0)["output"]])
-    assert _record("pool", 0)["output"] in open(paths["markdown"]).read()
-    assert _record("pool", 0)["output"] in open(paths["html"]).read()
+    assert _record("pool", 0)["output"] in Path(paths["markdown"]).read_text()
+    assert _record("pool", 0)["output"] in Path(paths["html"]).read_text()
     # a report that claims include_samples=False but carries text is rejected
     report["include_samples"] = False
     with pytest.raises(ReportSchemaError):
@@ -226,19 +267,40 @@ def test_judge_follows_the_conservative_rule():
     assert judge(0.02, None, limit=0.05, kind="max", measured=True)["status"] == NOT_MEASURED
     assert judge(None, None, limit=0.05, kind="max", measured=True)["status"] == NOT_MEASURED
     # an unreliable estimate is never PASS, however tight its interval
-    assert judge(0.001, [0.0, 0.002], limit=0.05, kind="max", measured=False, why_not="few negatives")["status"] == NOT_MEASURED
+    assert (
+        judge(0.001, [0.0, 0.002], limit=0.05, kind="max", measured=False, why_not="few negatives")["status"]
+        == NOT_MEASURED
+    )
     assert judge(2.0, [1.5, 2.5], limit=1.0, kind="min", measured=True)["status"] == PASS
     assert judge(0.5, [0.4, 0.6], limit=1.0, kind="min", measured=True)["status"] == FAIL
     assert judge(1.2, [0.8, 1.6], limit=1.0, kind="min", measured=True)["status"] == INCONCLUSIVE
 
 
-def _row(q, *, tpr, tpr_ci, reliable=True, n_models=8, rel=0.0, rel_ci=(0.0, 0.0), r_q=1.0, r_q_ci=(0.5, 1.5), n_runs=8, ref=False):
+def _row(
+    q,
+    *,
+    tpr,
+    tpr_ci,
+    reliable=True,
+    n_models=8,
+    rel=0.0,
+    rel_ci=(0.0, 0.0),
+    r_q=1.0,
+    r_q_ci=(0.5, 1.5),
+    n_runs=8,
+    ref=False,
+):
     t = {"tpr": tpr, "ci": list(tpr_ci) if tpr_ci else None, "reliable": reliable, "min_negatives": 1000}
     att = {"auroc": 0.6, "auroc_ci": [0.55, 0.65], "n_models": n_models, "low_fpr": {"pooled_calibrated": {"0.01": t}}}
-    return {"quantizer": q, "is_reference": ref, "attacks": {"loss": att}, "skipped_attacks": {},
-            "best_attack": {"name": "loss", "value": tpr, "ci": t["ci"], "reliable": reliable},
-            "utility": {"relative_change": rel, "relative_change_ci": list(rel_ci), "n_runs": n_runs},
-            "r_q": {"mean": r_q, "ci": list(r_q_ci), "n_finite": n_runs, "n_undefined": 0}}
+    return {
+        "quantizer": q,
+        "is_reference": ref,
+        "attacks": {"loss": att},
+        "skipped_attacks": {},
+        "best_attack": {"name": "loss", "value": tpr, "ci": t["ci"], "reliable": reliable},
+        "utility": {"relative_change": rel, "relative_change_ci": list(rel_ci), "n_runs": n_runs},
+        "r_q": {"mean": r_q, "ci": list(r_q_ci), "n_finite": n_runs, "n_undefined": 0},
+    }
 
 
 TH = {"max_tpr_at_1pct_fpr": 0.05, "min_r_q": 0.1, "max_utility_loss": 0.10, "min_runs": 5}
@@ -298,8 +360,15 @@ def test_recommendation_is_the_most_private_quantizer_within_the_utility_budget(
 
 def test_markdown_is_compact_and_keeps_per_run_detail_in_json_only(experiment):
     md = experiment["outputs"]["markdown"]
-    for heading in ("## Summary", "## Release checklist", "## Quantizer grid", "## Membership inference attacks",
-                    "## Memorization in bits", "## Most vulnerable samples", "## Provenance"):
+    for heading in (
+        "## Summary",
+        "## Release checklist",
+        "## Quantizer grid",
+        "## Membership inference attacks",
+        "## Memorization in bits",
+        "## Most vulnerable samples",
+        "## Provenance",
+    ):
         assert heading in md
     assert "per run" not in md.split("## Memorization in bits")[1].split("##")[0].lower().replace("per-run detail", "")
     mem_table = md.split("## Memorization in bits")[1].split("## ")[0]

@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from llmaudit.models.layers import count_parameters
-from llmaudit.validate.capacity import TinyGPTSize, build_tiny_gpt, capacity_command, measure_capacity, model_sequence_bits, true_entropy_bits, uniform_memorized_bits, uniform_random_tokens
+from llmaudit.validate.capacity import (
+    TinyGPTSize,
+    build_tiny_gpt,
+    capacity_command,
+    measure_capacity,
+    model_sequence_bits,
+    true_entropy_bits,
+    uniform_memorized_bits,
+    uniform_random_tokens,
+)
 
 
 class UniformModel(torch.nn.Module):
@@ -63,8 +72,7 @@ def test_size_parsing_and_parameter_count():
 def test_tiny_run_memorizes_positive_bits_below_the_true_entropy():
     # 8 sequences of 8 tokens over 8 symbols: 8 * 8 * 3 = 192 bits; an 8x1 model learns some of them.
     torch.set_num_threads(1)
-    row = measure_capacity("8x1", 8, seq_len=8, vocab_size=8, max_steps=300, window=100,
-                           cooldown_steps=50, seed=0)
+    row = measure_capacity("8x1", 8, seq_len=8, vocab_size=8, max_steps=300, window=100, cooldown_steps=50, seed=0)
     assert row["true_entropy_bits"] == 192.0
     assert 20.0 < row["memorized_bits"] <= row["true_entropy_bits"]
     assert row["bits_per_param"] == pytest.approx(row["memorized_bits"] / row["params"])
@@ -75,8 +83,16 @@ def test_tiny_run_memorizes_positive_bits_below_the_true_entropy():
 def test_capacity_command_writes_results(tmp_path):
     out, md = tmp_path / "cap.json", tmp_path / "cap.md"
     result = capacity_command(
-        out, sizes=["4x1"], n_sequences=[2, 4], seq_len=4, vocab_size=4, max_steps=40, window=20, cooldown_steps=10,
-        markdown_out=md, progress=False,
+        out,
+        sizes=["4x1"],
+        n_sequences=[2, 4],
+        seq_len=4,
+        vocab_size=4,
+        max_steps=40,
+        window=20,
+        cooldown_steps=10,
+        markdown_out=md,
+        progress=False,
     )
     assert json.loads(out.read_text())["summary"] == result["summary"]
     (summary,) = result["summary"]

@@ -11,13 +11,37 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_scoring.py"
-TOY = ["--samples", "6", "--min-len", "8", "--max-len", "40", "--vocab", "700", "--hidden", "32", "--layers", "1",
-       "--heads", "2", "--repeats", "1", "--peak-n", "256", "--token-budget", "64", "--head-chunk", "16"]
+TOY = [
+    "--samples",
+    "6",
+    "--min-len",
+    "8",
+    "--max-len",
+    "40",
+    "--vocab",
+    "700",
+    "--hidden",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--repeats",
+    "1",
+    "--peak-n",
+    "256",
+    "--token-budget",
+    "64",
+    "--head-chunk",
+    "16",
+]
 ROW = re.compile(r"^(naive|engine vocab_stats=o(?:n|ff))\s+(.*)$")
 
 
 def _run(*extra: str) -> dict[str, list[str]]:
-    done = subprocess.run([sys.executable, str(SCRIPT), *TOY, *extra], capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *TOY, *extra], capture_output=True, text=True, timeout=600, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows: dict[str, list[list[str]]] = {}
     for line in done.stdout.splitlines():

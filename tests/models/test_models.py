@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from llmaudit.config import ModelConfig
 from llmaudit.common.runtime import DeviceError, pick_device
+from llmaudit.config import ModelConfig
 from llmaudit.models.loading import ModelError, load_base_model, load_tokenizer, resolve_model_route
 
 
@@ -66,9 +66,9 @@ def test_cuda_request_without_gpu_fails_clearly():
 
 
 def test_builtin_model_is_built_once_and_knows_the_format(tiny_cfg):
+    from llmaudit.common.runtime import cache_dir
     from llmaudit.data.chem import generate_records
     from llmaudit.data.tokenize import format_record
-    from llmaudit.common.runtime import cache_dir
     from llmaudit.models.builtin import builtin_key
     from llmaudit.score.engine import score_examples
 

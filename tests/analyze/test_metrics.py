@@ -7,7 +7,19 @@ import pytest
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from llmaudit.analyze.metrics import _weighted_roc_stats, bootstrap_ci, calibrated_threshold, is_reliable, per_sample_fpr, per_sample_tpr, pooled_calibrated, pooled_naive, roc_curve_loglog, roc_metrics, tpr_at_fpr
+from llmaudit.analyze.metrics import (
+    _weighted_roc_stats,
+    bootstrap_ci,
+    calibrated_threshold,
+    is_reliable,
+    per_sample_fpr,
+    per_sample_tpr,
+    pooled_calibrated,
+    pooled_naive,
+    roc_curve_loglog,
+    roc_metrics,
+    tpr_at_fpr,
+)
 
 # 10 points, 5 members. Walking the threshold down: 0.9 TP, 0.8 TP, 0.7 FP, 0.6 TP, 0.55 TP, 0.5 FP,
 # 0.4 FP, 0.3 TP, 0.2 FP, 0.1 FP.
@@ -51,8 +63,15 @@ def test_reliability_flag_threshold():
     labels = np.r_[np.ones(50), np.zeros(100)]
     m = roc_metrics(rng.normal(size=150), labels)
     flags = {k: v["reliable"] for k, v in m["tpr_at_fpr"].items()}
-    assert flags == {"0.2": True, "0.15": True, "0.1": True, "0.05": False, "0.03": False, "0.01": False,
-                     "0.001": False}
+    assert flags == {
+        "0.2": True,
+        "0.15": True,
+        "0.1": True,
+        "0.05": False,
+        "0.03": False,
+        "0.01": False,
+        "0.001": False,
+    }
 
 
 def test_ties_get_half_credit_and_errors():

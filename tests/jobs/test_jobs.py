@@ -16,21 +16,25 @@ import pandas as pd
 import pytest
 import torch
 
+from llmaudit.common.io import atomic_write_json
 from llmaudit.config import load_recipe
 from llmaudit.finetune.runs import finetune
-from llmaudit.store.shards import shard_items
-from llmaudit.common.io import atomic_write_json
 from llmaudit.jobs.status import stage_status
 from llmaudit.jobs.submit import slurm_parameters, submit
-from llmaudit.store.markers import clear_stale_markers, marker_state, run_marker_path, running_marker
 from llmaudit.score.stage import score
 from llmaudit.score.units import plan_units
+from llmaudit.store.markers import clear_stale_markers, marker_state, run_marker_path, running_marker
 from llmaudit.store.run_store import RunStore
-
-from .conftest import TINY_OVERRIDES
+from llmaudit.store.shards import shard_items
+from tests.conftest import TINY_OVERRIDES
 
 # The shared tiny experiment, with batch 2 so that a run has several steps between its checkpoints.
-OVERRIDES = TINY_OVERRIDES + ["train.epochs=3", "train.batch_size=2", "score.quantizers=[fp32,uniform-4]", "attack.n_boot=10"]
+OVERRIDES = TINY_OVERRIDES + [
+    "train.epochs=3",
+    "train.batch_size=2",
+    "score.quantizers=[fp32,uniform-4]",
+    "attack.n_boot=10",
+]
 
 
 def small_cfg(out: Path, *extra: str):
@@ -105,7 +109,9 @@ def assert_same_scores(a: RunStore, b: RunStore) -> None:
 
 def cli_process(*args: str) -> subprocess.Popen:
     env = dict(os.environ, LLMAUDIT_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "llmaudit.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "llmaudit.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
 
 
 def kill_when(proc: subprocess.Popen, condition, timeout: float = 240.0) -> None:
@@ -113,7 +119,9 @@ def kill_when(proc: subprocess.Popen, condition, timeout: float = 240.0) -> None
     deadline = time.time() + timeout
     while not condition():
         if proc.poll() is not None:
-            pytest.fail(f"process ended (rc {proc.returncode}) before the kill point: {proc.stderr.read().decode()[-2000:]}")
+            pytest.fail(
+                f"process ended (rc {proc.returncode}) before the kill point: {proc.stderr.read().decode()[-2000:]}"
+            )
         if time.time() > deadline:
             proc.kill()
             pytest.fail("the kill point never came")
@@ -154,7 +162,9 @@ def test_shards_cover_every_run_and_unit_exactly_once(tmp_path, n):
 
 def test_cluster_settings_do_not_change_the_experiment_identity(tmp_path):
     plain = small_cfg(tmp_path)
-    batch = small_cfg(tmp_path, "cluster.cluster=slurm", "cluster.shards=8", "cluster.gpus_per_job=1", "cluster.partition=gpu")
+    batch = small_cfg(
+        tmp_path, "cluster.cluster=slurm", "cluster.shards=8", "cluster.gpus_per_job=1", "cluster.partition=gpu"
+    )
     assert batch.cluster.shards == 8 and batch.cluster.cluster == "slurm"
     assert plain.identity_hash() == batch.identity_hash()
     with pytest.raises(ValueError, match="cluster.cluster"):
@@ -209,7 +219,9 @@ def test_killed_jobs_resume_to_the_uninterrupted_result_bit_for_bit(tmp_path, re
     assert not store.run_done(0)
     assert marker_state(run_marker_path(store, 0)) == "stale"
     status = stage_status(store)
-    assert 0 in status["finetune"]["missing"] and 0 in status["finetune"]["stale"] and status["finetune"]["running"] == []
+    assert (
+        0 in status["finetune"]["missing"] and 0 in status["finetune"]["stale"] and status["finetune"]["running"] == []
+    )
     before = file_stamps(store.checkpoint_dir(0, s) / "adapter_model.safetensors" for s in store.checkpoints(0))
     finetune(cfg, progress=False, echo=lambda *_: None)
     assert file_stamps(before) == before  # finished checkpoints were not redone
@@ -290,7 +302,14 @@ def test_submit_to_slurm_builds_array_jobs_with_the_recipe_settings(tmp_path, mo
     assert len(jobs) == 3 + 5 + 1  # finetune capped at train.runs=3 shards, score 5, report 1
     text = [(scripts / f"{i}.sh").read_text() for i in range(3)]
     for script in text:
-        for flag in ("--partition=gpu-h100", "--gpus-per-node=1", "--cpus-per-task=8", "--mem=64GB", "--time=90", "--account=audit"):
+        for flag in (
+            "--partition=gpu-h100",
+            "--gpus-per-node=1",
+            "--cpus-per-task=8",
+            "--mem=64GB",
+            "--time=90",
+            "--account=audit",
+        ):
             assert f"#SBATCH {flag}\n" in script, (flag, script)
     assert "#SBATCH --array=0-2%3\n" in text[0] and "--dependency" not in text[0]  # submitit caps % at the task count
     assert "#SBATCH --array=0-4%4\n" in text[1] and "#SBATCH --dependency=afterok:1000\n" in text[1]

@@ -8,14 +8,16 @@ from safetensors.torch import load_file
 
 from llmaudit.config import load_recipe
 from llmaudit.finetune.runs import checkpoint_steps, finetune
-from llmaudit.store.shards import parse_shard, shard_items
 from llmaudit.store.run_store import RunStore, StoreError
-
-from .conftest import TINY_OVERRIDES
+from llmaudit.store.shards import parse_shard, shard_items
+from tests.conftest import TINY_OVERRIDES
 
 
 def _adapters(store, run):
-    return {step: load_file(str(store.checkpoint_dir(run, step) / "adapter_model.safetensors")) for step in store.checkpoints(run)}
+    return {
+        step: load_file(str(store.checkpoint_dir(run, step) / "adapter_model.safetensors"))
+        for step in store.checkpoints(run)
+    }
 
 
 def test_checkpoint_schedule():
@@ -76,7 +78,9 @@ def test_membership_bookkeeping_and_resume(tiny_cfg):
 
 def test_crash_mid_run_resumes_from_the_last_checkpoint_exactly(tmp_path, monkeypatch):
     over = TINY_OVERRIDES + ["train.runs=2", "train.epochs=3"]
-    full = finetune(load_recipe("demo-cpu", over + [f"output_dir={tmp_path / 'a'}"]), progress=False, echo=lambda *_: None)
+    full = finetune(
+        load_recipe("demo-cpu", over + [f"output_dir={tmp_path / 'a'}"]), progress=False, echo=lambda *_: None
+    )
     cfg_b = load_recipe("demo-cpu", over + [f"output_dir={tmp_path / 'b'}"])
 
     real_step = torch.optim.AdamW.step

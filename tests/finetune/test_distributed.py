@@ -13,10 +13,9 @@ from safetensors.torch import load_file
 
 from llmaudit.config import load_recipe
 from llmaudit.finetune.runs import finetune
-from llmaudit.store.run_store import RunStore
 from llmaudit.models.training import local_rows
-
-from .conftest import TINY_OVERRIDES
+from llmaudit.store.run_store import RunStore
+from tests.conftest import TINY_OVERRIDES
 
 # batch_size=7 on 8 members: global batches of 7 and 1 rows, i.e. uneven slices (3/4 rows, different token
 # counts) and a batch with fewer rows than processes (one process contributes a zero-weight row).
@@ -24,7 +23,10 @@ OVERRIDES = TINY_OVERRIDES + ["train.runs=2", "train.batch_size=7"]
 
 
 def _adapters(store, run):
-    return {step: load_file(str(store.checkpoint_dir(run, step) / "adapter_model.safetensors")) for step in store.checkpoints(run)}
+    return {
+        step: load_file(str(store.checkpoint_dir(run, step) / "adapter_model.safetensors"))
+        for step in store.checkpoints(run)
+    }
 
 
 def _free_port() -> int:
@@ -57,7 +59,9 @@ def test_local_rows_partition_every_batch():
 
 @pytest.mark.slow
 def test_two_processes_train_the_single_process_adapters(tmp_path):
-    single = finetune(load_recipe("demo-cpu", OVERRIDES + [f"output_dir={tmp_path / 'single'}"]), progress=False, echo=lambda *_: None)
+    single = finetune(
+        load_recipe("demo-cpu", OVERRIDES + [f"output_dir={tmp_path / 'single'}"]), progress=False, echo=lambda *_: None
+    )
     stdout = _launch(tmp_path / "ddp", OVERRIDES)
     assert "data parallel on 2 processes" in stdout
     ddp = RunStore(tmp_path / "ddp")

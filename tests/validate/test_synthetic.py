@@ -10,21 +10,43 @@ import pytest
 import torch
 from scipy.stats import rankdata
 
-from llmaudit.validate.synthetic.classifier import init_linear, per_sample_losses, quantize_batched, train_batched, train_per_run
-from llmaudit.validate.synthetic.config import QUANTIZER_NAMES, SyntheticConfigError, VARIANT_NAMES, load_config
+from llmaudit.analyze.indicator import r_q
+from llmaudit.common.stats import spearman_rho as spearman
+from llmaudit.validate.synthetic.classifier import (
+    init_linear,
+    per_sample_losses,
+    quantize_batched,
+    train_batched,
+    train_per_run,
+)
+from llmaudit.validate.synthetic.config import QUANTIZER_NAMES, VARIANT_NAMES, SyntheticConfigError, load_config
 from llmaudit.validate.synthetic.data import derive_seed, make_dataset, make_mixture, sample_mixture
 from llmaudit.validate.synthetic.estimators import r_q_all_variants, r_q_batched, r_q_batched_details, r_q_from_points
-from llmaudit.validate.synthetic.mis import _train_discriminators_autograd, split_runs, train_discriminator_reference, train_discriminators
+from llmaudit.validate.synthetic.mis import (
+    _train_discriminators_autograd,
+    split_runs,
+    train_discriminator_reference,
+    train_discriminators,
+)
 from llmaudit.validate.synthetic.outputs import validate_synthetic_command
-from llmaudit.validate.synthetic.protocol import spearman, spearman_rows
-from llmaudit.analyze.indicator import r_q
+from llmaudit.validate.synthetic.protocol import spearman_rows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tiny_runs(R=3, n=16, d=8, epochs=3, seed=0):
-    cfg = load_config(None, [f"n_runs={max(R, 5)}", f"n_train={n}", f"dim={d}", f"epochs={epochs}", "n_val=20", "converged_from_epoch=1",
-                                 "batch_size=1"])
+    cfg = load_config(
+        None,
+        [
+            f"n_runs={max(R, 5)}",
+            f"n_train={n}",
+            f"dim={d}",
+            f"epochs={epochs}",
+            "n_val=20",
+            "converged_from_epoch=1",
+            "batch_size=1",
+        ],
+    )
     data = make_dataset(cfg, 0, 4, 1.0, n_runs=R)
     w0, b0 = init_linear([derive_seed(seed, r) for r in range(R)], d)
     return data, w0, b0
@@ -37,7 +59,7 @@ def test_batched_trainer_matches_per_run_loop(batch_size):
     wb, bb = train_batched(*args, lr=1e-2, batch_size=batch_size)
     wr, br = train_per_run(*args, lr=1e-2, batch_size=batch_size)
     assert wb.shape == wr.shape == (4, 3, 2, 8) and bb.shape == br.shape == (4, 3, 2)
-    assert (wb[-1] - wb[0]).abs().max() > 1e-3          # it actually trained
+    assert (wb[-1] - wb[0]).abs().max() > 1e-3  # it actually trained
     torch.testing.assert_close(wb, wr, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(bb, br, rtol=1e-5, atol=1e-6)
 
@@ -69,12 +91,12 @@ def test_data_generator_is_deterministic():
 def test_r_q_batched_equals_indicator_r_q():
     rng = np.random.default_rng(0)
     L = rng.gamma(2.0, 1.0, size=(40, 9, 25))
-    L[:, 4] = L[:, 1]                       # identical quantized points are merged
+    L[:, 4] = L[:, 1]  # identical quantized points are merged
     L[:5, 7] = L[:5, 0]
-    L[5] = L[5, 0]                          # one distinct point only: undefined (nan)
+    L[5] = L[5, 0]  # one distinct point only: undefined (nan)
     L[6] = rng.integers(0, 5, size=(9, 25))  # integers: the means below are exactly equal
     L[6, 2] = rng.integers(0, 2, size=25)
-    L[6, 3] = L[6, 2][::-1]                 # two distinct lowest points with the same mean: r_Q = 0
+    L[6, 3] = L[6, 2][::-1]  # two distinct lowest points with the same mean: r_Q = 0
     L[7] = rng.integers(0, 5, size=25) + np.arange(9)[:, None]  # exact constant shifts only: r_Q = inf
     got = r_q_batched(L)
     want = np.array([r_q(L[i]) for i in range(len(L))])
@@ -93,9 +115,13 @@ def test_quantize_batched_is_per_tensor():
         got = quantize_batched(name, w)
         for r in range(4):
             kind, _, arg = name.partition("-")
-            ref = (simple.sign_quantize(w[r]) if kind == "sign" else
-                   simple.ternary_quantize(w[r], int(arg) / 100) if kind == "ternary" else
-                   simple.uniform_quantize(w[r], int(arg)))
+            ref = (
+                simple.sign_quantize(w[r])
+                if kind == "sign"
+                else simple.ternary_quantize(w[r], int(arg) / 100)
+                if kind == "ternary"
+                else simple.uniform_quantize(w[r], int(arg))
+            )
             torch.testing.assert_close(got[r], ref)
 
 
@@ -105,8 +131,15 @@ def _mis_of(loss_fn, R=40, n=64, d=8, seed=0):
     x_in, y_in = sample_mixture(centres, labels, 1.0, (R, n), g)
     x_out, y_out = sample_mixture(centres, labels, 1.0, (R, n), g)
     x = torch.cat([x_in, x_out], 1)
-    feats = [{"x": x, "y": torch.cat([y_in, y_out], 1).float(), "theta": torch.zeros(R, 6),
-              "loss": loss_fn(x, x_in), "member": torch.cat([torch.ones(R, n), torch.zeros(R, n)], 1)}]
+    feats = [
+        {
+            "x": x,
+            "y": torch.cat([y_in, y_out], 1).float(),
+            "theta": torch.zeros(R, 6),
+            "loss": loss_fn(x, x_in),
+            "member": torch.cat([torch.ones(R, n), torch.zeros(R, n)], 1),
+        }
+    ]
     tr, te = split_runs(R, 0.8, torch.Generator().manual_seed(1))
     out = train_discriminators(feats, tr, te, hidden=32, epochs=5, lr=3e-3, batch_size=128, dtype="float32", seed=0)
     return float(2 - 2 * out["correct"].mean())
@@ -144,10 +177,26 @@ def test_shipped_recipe_is_valid_and_is_the_default():
 
 
 def test_end_to_end_tiny(tmp_path):
-    over = ["n_runs=8", "k_modes=[4]", "sigmas=[1.0, 2.0]", "dim=8", "n_train=16", "n_val=40", "epochs=4",
-            "batch_size=4", "lr=1e-2", "disc_hidden=16", "disc_epochs=2", "n_boot=20", "stability_resamples=2",
-            "stability_k_runs=[4, 8]", "stability_mis_resamples=1", "converged_from_epoch=2", "perturb_points=4",
-            "rq_first_epoch=1"]
+    over = [
+        "n_runs=8",
+        "k_modes=[4]",
+        "sigmas=[1.0, 2.0]",
+        "dim=8",
+        "n_train=16",
+        "n_val=40",
+        "epochs=4",
+        "batch_size=4",
+        "lr=1e-2",
+        "disc_hidden=16",
+        "disc_epochs=2",
+        "n_boot=20",
+        "stability_resamples=2",
+        "stability_k_runs=[4, 8]",
+        "stability_mis_resamples=1",
+        "converged_from_epoch=2",
+        "perturb_points=4",
+        "rq_first_epoch=1",
+    ]
     res = validate_synthetic_command(None, over, tmp_path / "out")
     out = tmp_path / "out"
     for name in ("results.json", "results.md", "config.yaml", "rq_vs_mis.png", "stability.png"):
@@ -172,8 +221,16 @@ def _disc_feats(Q=3, R=20, m=16, d=8, seed=0):
     x = torch.randn(R, m, d, generator=g)
     y = (torch.rand(R, m, generator=g) > 0.5).float()
     member = torch.cat([torch.ones(R, m // 2), torch.zeros(R, m // 2)], 1)
-    return [{"x": x, "y": y, "theta": torch.randn(R, 2 * d + 2, generator=g).sign() * (q + 1),
-             "loss": torch.rand(R, m, generator=g) * (1 + member * q), "member": member} for q in range(Q)]
+    return [
+        {
+            "x": x,
+            "y": y,
+            "theta": torch.randn(R, 2 * d + 2, generator=g).sign() * (q + 1),
+            "loss": torch.rand(R, m, generator=g) * (1 + member * q),
+            "member": member,
+        }
+        for q in range(Q)
+    ]
 
 
 def test_batched_discriminators_match_one_at_a_time_reference():
@@ -185,12 +242,13 @@ def test_batched_discriminators_match_one_at_a_time_reference():
     tr, te = split_runs(20, 0.8, torch.Generator().manual_seed(1))
     kw = dict(hidden=hidden, epochs=3, lr=3e-3, batch_size=32, dtype="float32", seed=0)
     out = train_discriminators(feats, tr, te, return_state=True, **kw)
-    assert (out["params"]["w_th"] - out["init"]["w_th"]).abs().max() > 1e-3       # it actually trained
+    assert (out["params"]["w_th"] - out["init"]["w_th"]).abs().max() > 1e-3  # it actually trained
     for q in range(Q):
-        ref = train_discriminator_reference(out["prepared"], q, out["init"], out["perms"], tr, te,
-                                                hidden=hidden, lr=3e-3, batch_size=32)
+        ref = train_discriminator_reference(
+            out["prepared"], q, out["init"], out["perms"], tr, te, hidden=hidden, lr=3e-3, batch_size=32
+        )
         for k, want in ref["params"].items():
-            got = out["params"][k][:, q * hidden:(q + 1) * hidden] if k == "w_xy" else out["params"][k][q]
+            got = out["params"][k][:, q * hidden : (q + 1) * hidden] if k == "w_xy" else out["params"][k][q]
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"quantizer {q} parameter {k}")
         np.testing.assert_allclose(out["correct"][q], ref["correct"])
         assert out["train_acc"][q] == pytest.approx(ref["train_acc"])
@@ -203,24 +261,42 @@ def test_batched_discriminators_match_one_at_a_time_reference():
 def test_r_q_all_variants_equals_separate_estimates():
     """One quantization and loss pass per quantizer gives the same r_Q as separate r_q_from_points
     calls per estimator, and r_q_from_points equals llmaudit.indicator.r_q per run."""
-    cfg = load_config(None, ["n_runs=6", "n_train=16", "dim=8", "epochs=6", "n_val=30", "batch_size=4",
-                                 "lr=1e-2", "converged_from_epoch=3"])
+    cfg = load_config(
+        None,
+        [
+            "n_runs=6",
+            "n_train=16",
+            "dim=8",
+            "epochs=6",
+            "n_val=30",
+            "batch_size=4",
+            "lr=1e-2",
+            "converged_from_epoch=3",
+        ],
+    )
     data = make_dataset(cfg, 0, 4, 1.0)
     w0, b0 = init_linear([derive_seed(0, r) for r in range(6)], 8)
     tw, tb = train_batched(data["x_train"], data["y_train"], w0, b0, data["order"], lr=cfg.lr, batch_size=4)
     g = torch.Generator().manual_seed(0)
-    pert = (tw[-1] + 0.1 * torch.randn(5, *tw.shape[1:], generator=g), tb[-1] + 0.1 * torch.randn(5, *tb.shape[1:], generator=g))
+    pert = (
+        tw[-1] + 0.1 * torch.randn(5, *tw.shape[1:], generator=g),
+        tb[-1] + 0.1 * torch.randn(5, *tb.shape[1:], generator=g),
+    )
     ep, cs = slice(1, None), slice(3, None)
     for q in ("sign", "ternary-50", "uniform-3"):
-        est, pts = r_q_all_variants(q, tw, tb, data["x_val"], data["y_val"], data["x_train"], data["y_train"],
-                                        pert, cfg, list(VARIANT_NAMES))
+        est, pts = r_q_all_variants(
+            q, tw, tb, data["x_val"], data["y_val"], data["x_train"], data["y_train"], pert, cfg, list(VARIANT_NAMES)
+        )
         args = dict(quantize_bias=True, ddof=1)
-        want = {"published": r_q_from_points(q, tw[ep], tb[ep], data["x_val"], data["y_val"], **args),
-                "converged": r_q_from_points(q, tw[cs], tb[cs], data["x_val"], data["y_val"], **args),
-                "train-loss": r_q_from_points(q, tw[ep], tb[ep], data["x_train"], data["y_train"], **args),
-                "perturbed": r_q_from_points(q, *pert, data["x_val"], data["y_val"], **args),
-                "unquantized-bias": r_q_from_points(q, tw[ep], tb[ep], data["x_val"], data["y_val"],
-                                                        quantize_bias=False, ddof=1)}
+        want = {
+            "published": r_q_from_points(q, tw[ep], tb[ep], data["x_val"], data["y_val"], **args),
+            "converged": r_q_from_points(q, tw[cs], tb[cs], data["x_val"], data["y_val"], **args),
+            "train-loss": r_q_from_points(q, tw[ep], tb[ep], data["x_train"], data["y_train"], **args),
+            "perturbed": r_q_from_points(q, *pert, data["x_val"], data["y_val"], **args),
+            "unquantized-bias": r_q_from_points(
+                q, tw[ep], tb[ep], data["x_val"], data["y_val"], quantize_bias=False, ddof=1
+            ),
+        }
         assert set(est) == set(want)
         for v in want:
             np.testing.assert_allclose(est[v], want[v], rtol=1e-4, equal_nan=True, err_msg=f"{q} {v}")
@@ -236,9 +312,9 @@ def test_r_q_all_variants_equals_separate_estimates():
 def test_spearman_rows_equals_spearman():
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(300, 8)), rng.normal(size=(300, 8))
-    a[:50] = np.round(a[:50])               # ties
+    a[:50] = np.round(a[:50])  # ties
     b[50:80] = np.round(b[50:80] * 0.3)
-    a[80, 2] = np.nan                       # non-finite entries and constant rows: the scalar path
+    a[80, 2] = np.nan  # non-finite entries and constant rows: the scalar path
     b[81] = 1.0
     a[82] = np.inf
     want = np.array([spearman(x, y) for x, y in zip(a, b)])

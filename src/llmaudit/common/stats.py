@@ -1,0 +1,90 @@
+"""Statistics shared by the analysis, the report and the validations: finite means, percentile bootstrap
+intervals of a mean, percentile intervals of resampled statistics, and a guarded Spearman correlation.
+
+Conventions (docs/science.md sections 2 and 4): intervals are percentile bootstraps; a resample of a
+mean draws whole units (runs, samples) with replacement with `numpy.random.default_rng(seed)`, so the
+same seed gives the same interval everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+
+def finite_values(values) -> np.ndarray:
+    """The finite entries of `values` as a flat float64 array (NaN and +-inf dropped)."""
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    return arr[np.isfinite(arr)]
+
+
+def finite_mean(values) -> float:
+    """Mean of the finite entries; nan when there are none."""
+    finite = finite_values(values)
+    return float(finite.mean()) if finite.size else math.nan
+
+
+def percentile_interval(samples, confidence: float = 0.95) -> tuple[float, float]:
+    """(low, high) percentiles of the finite `samples` at `confidence` (nan, nan when there are none)."""
+    finite = finite_values(samples)
+    if finite.size == 0:
+        return math.nan, math.nan
+    low, high = np.quantile(finite, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return float(low), float(high)
+
+
+def bootstrap_mean_interval(values, *, n_boot: int, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of the finite `values` [R] (units resampled with
+    replacement, `n_boot` times). One finite value gives (v, v); none, or n_boot = 0, gives (nan, nan)."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1); got {confidence}.")
+    finite = finite_values(values)
+    if finite.size == 1:
+        return float(finite[0]), float(finite[0])
+    if finite.size == 0 or n_boot <= 0:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = finite[rng.integers(0, finite.size, size=(n_boot, finite.size))].mean(axis=1)
+    return percentile_interval(means, confidence)
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """Spearman's rho between two paired samples, with the pairs it used and why it is missing."""
+
+    rho: float | None
+    p_value: float | None
+    n: int
+    reason: str | None = None
+
+    def to_dict(self, count_key: str = "n") -> dict:
+        out = {"rho": self.rho, "p_value": self.p_value, count_key: self.n}
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+def spearman(x, y, *, min_n: int = 3) -> Correlation:
+    """Spearman's rho (scipy, ties averaged) over the pairs where both values are finite.
+
+    Undefined (rho None, with the reason) with fewer than `min_n` pairs or when either side is constant:
+    a rank correlation of 2 points, or of a constant, says nothing."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    y = np.asarray(y, dtype=np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"spearman needs paired samples; got {x.size} and {y.size} values.")
+    ok = np.isfinite(x) & np.isfinite(y)
+    n = int(ok.sum())
+    if n < min_n or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return Correlation(None, None, n, f"needs >= {min_n} pairs with distinct values")
+    res = stats.spearmanr(x[ok], y[ok])
+    return Correlation(float(res.statistic), float(res.pvalue), n)
+
+
+def spearman_rho(x, y, *, min_n: int = 3) -> float:
+    """`spearman(x, y).rho` as a float, nan when undefined."""
+    rho = spearman(x, y, min_n=min_n).rho
+    return math.nan if rho is None else rho

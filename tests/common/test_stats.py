@@ -1,0 +1,62 @@
+"""common.stats: the shared intervals and the guarded Spearman, against hand-computed values."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from llmaudit.common.stats import (
+    bootstrap_mean_interval,
+    finite_mean,
+    finite_values,
+    percentile_interval,
+    spearman,
+    spearman_rho,
+)
+
+
+def test_finite_values_and_mean_drop_nan_and_inf():
+    assert finite_values([1.0, np.nan, np.inf, -np.inf, 3.0]).tolist() == [1.0, 3.0]
+    assert finite_mean([1.0, np.nan, 3.0, np.inf]) == 2.0
+    assert math.isnan(finite_mean([np.nan, np.inf]))
+
+
+def test_percentile_interval_matches_numpy_quantiles():
+    samples = np.arange(101, dtype=float)  # quantiles are exact on 0..100
+    assert percentile_interval(samples, 0.9) == pytest.approx((5.0, 95.0))
+    assert all(math.isnan(v) for v in percentile_interval([np.nan], 0.9))
+
+
+def test_bootstrap_mean_interval_is_the_percentile_interval_of_resampled_means():
+    values = np.array([1.0, 2.0, 4.0, 8.0, np.nan])
+    low, high = bootstrap_mean_interval(values, n_boot=500, confidence=0.9, seed=3)
+    rng = np.random.default_rng(3)
+    finite = values[:4]
+    means = finite[rng.integers(0, 4, size=(500, 4))].mean(1)
+    assert (low, high) == tuple(np.quantile(means, [0.05, 0.95]))
+    assert 1.0 <= low < finite.mean() < high <= 8.0
+
+
+def test_bootstrap_mean_interval_edge_cases():
+    assert bootstrap_mean_interval([5.0, np.nan], n_boot=100) == (5.0, 5.0)  # one run: no spread
+    assert all(math.isnan(v) for v in bootstrap_mean_interval([1.0, 2.0], n_boot=0))
+    assert all(math.isnan(v) for v in bootstrap_mean_interval([], n_boot=100))
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_mean_interval([1.0, 2.0], n_boot=10, confidence=1.5)
+
+
+def test_spearman_matches_scipy_on_finite_pairs_and_refuses_degenerate_input():
+    x = [1.0, 2.0, 3.0, 4.0, np.nan]
+    y = [2.0, 1.0, 4.0, 3.0, 7.0]
+    res = spearman(x, y)
+    want = stats.spearmanr(x[:4], y[:4])
+    assert res.n == 4 and res.rho == pytest.approx(want.statistic) and res.p_value == pytest.approx(want.pvalue)
+    assert res.to_dict("n_quantizers") == {"rho": res.rho, "p_value": res.p_value, "n_quantizers": 4}
+    constant = spearman([1, 2, 3], [5, 5, 5])
+    assert constant.rho is None and "distinct" in constant.reason
+    assert spearman([1, 2], [2, 1]).rho is None
+    assert spearman([1, 2], [2, 1], min_n=2).rho == pytest.approx(-1.0)
+    assert math.isnan(spearman_rho([1, 2, 3], [1, 1, 1]))
+    with pytest.raises(ValueError, match="paired"):
+        spearman([1, 2, 3], [1, 2])
