@@ -59,3 +59,56 @@ def tiny_cfg(tmp_path):
     from llmaudit.config import load_recipe
 
     return load_recipe("demo-cpu", TINY_OVERRIDES + [f"output_dir={tmp_path / 'exp'}"])
+
+
+def write_store_from_table(root, cfg, pool, val, membership, table, *, parameters=None):
+    """A consistent run store written by hand from records and one loss table, as `finetune` + `score`
+    would leave it: manifest (real fingerprint), data files, each run's checkpoints (a stand-in adapter)
+    with its DONE record, and one parquet file per scoring unit (pool rows only at a run's final step)."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    from llmaudit.common.io import atomic_write_json, atomic_write_text
+    from llmaudit.data.records import dataset_fingerprint, records_to_jsonl
+    from llmaudit.store.losstable import REFERENCE_RUN, write_loss_table
+    from llmaudit.store.run_store import RunStore, file_digest
+
+    store = RunStore(root)
+    data = {
+        "route": "synthetic",
+        "source": "synthetic",
+        "path": None,
+        "hub_id": None,
+        "tasks": sorted({r["task"] for r in pool + val}),
+        "n_available": len(pool) + len(val),
+        "n_usable": len(pool) + len(val),
+        "fingerprint": dataset_fingerprint(pool + val),
+        "pool_ids": [r["sample_id"] for r in pool],
+        "val_ids": [r["sample_id"] for r in val],
+    }
+    manifest = store.create(cfg, data, np.asarray(membership, bool))
+    if parameters:
+        manifest["parameters"] = parameters
+        store.write_manifest(manifest)
+    store.update_config(cfg)
+    atomic_write_text(root / "data" / "pool.jsonl", records_to_jsonl(pool))
+    atomic_write_text(root / "data" / "val.jsonl", records_to_jsonl(val))
+    runs = sorted(int(r) for r in table["run"].unique() if r != REFERENCE_RUN)
+    for run in runs:
+        steps = sorted(int(s) for s in table.loc[table["run"] == run, "checkpoint"].unique())
+        digests = []
+        for step in steps:
+            directory = store.own_checkpoint_dir(run, step)
+            directory.mkdir(parents=True, exist_ok=True)
+            save_file(
+                {"lora_A": torch.full((2, 2), float(run * 1000 + step))}, str(directory / "adapter_model.safetensors")
+            )
+            digests.append(file_digest(directory / "adapter_model.safetensors"))
+            atomic_write_json(directory / "checkpoint.json", {"run": run, "step": step, "adapter_sha256": digests[-1]})
+        atomic_write_json(store.run_done_path(run), {"run": run, "steps": steps, "adapter_sha256": digests})
+    for (run, step, q), unit in table.groupby(["run", "checkpoint", "quantizer"]):
+        final = run == REFERENCE_RUN or step == table.loc[table["run"] == run, "checkpoint"].max()
+        rows = unit if final else unit[unit["split"] == "val"]
+        write_loss_table(rows.reset_index(drop=True), store.unit_path(int(run), int(step), str(q)))
+    return store

@@ -3,4 +3,4 @@
 Importing the package is cheap: it never imports torch backends such as bitsandbytes, gptqmodel or hqq.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

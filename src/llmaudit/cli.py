@@ -21,24 +21,20 @@ from pathlib import Path
 import typer
 
 from llmaudit.analyze.experiment import analyze
+from llmaudit.common.errors import UserError
 from llmaudit.common.io import read_json, to_json
-from llmaudit.common.runtime import configure_threads, env_threads, set_threads
-from llmaudit.config import RecipeError, apply_overrides, config_from_dict, load_recipe
-from llmaudit.data.records import DataError
+from llmaudit.common.runtime import env_threads, set_threads
 from llmaudit.finetune.runs import finetune as do_finetune
 from llmaudit.jobs.status import format_status, stage_status
 from llmaudit.jobs.submit import submit as do_submit
-from llmaudit.models.builtin import BUILTIN_PREFIX
-from llmaudit.models.loading import ModelError
+from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, resolve_target, split_recipe_args
 from llmaudit.quantize import list_quantizers
-from llmaudit.quantize.base import QuantizationError
 from llmaudit.report.build import build_report
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.tables import attack_command, indicator_command, memorization_command
 from llmaudit.report.write import write_report
 from llmaudit.score.stage import score as do_score
-from llmaudit.store.losstable import LossTableError
-from llmaudit.store.run_store import RunStore, StoreError
+from llmaudit.store.run_store import RunStore
 from llmaudit.store.shards import parse_shard
 from llmaudit.validate.capacity import capacity_command
 from llmaudit.validate.synthetic.outputs import validate_synthetic_command
@@ -58,10 +54,6 @@ SHARD_HELP = "Do only shard I of N (0-based, e.g. 0/4): units are dealt round-ro
 
 
 QUIET_LOGGERS = ("torchao", "bitsandbytes", "torch.utils._pytree")
-
-
-class CliError(Exception):
-    pass
 
 
 def _setup() -> None:
@@ -92,34 +84,10 @@ def _progress(no_progress: bool) -> bool:
     return not no_progress
 
 
-def _split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """The first argument is a recipe unless it looks like key=value."""
-    if args and "=" not in args[0]:
-        return args[0], args[1:]
-    return None, args
-
-
-def _load(recipe: str | None, overrides: list[str], out: Path | None):
-
-    cfg = load_recipe(recipe, overrides)
-    if out is not None:
-        cfg = cfg.model_copy(update={"output_dir": str(out)})
-    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
-    return cfg
-
-
-def _cfg_from_run_dir_or_recipe(target: str | None, overrides: list[str], out: Path | None):
-    """A run directory (its manifest's config, plus overrides) or a recipe."""
-
-    if target and Path(target).is_dir() and (Path(target) / "manifest.json").exists():
-        store = RunStore(target)
-        raw = apply_overrides(store.manifest()["config"], overrides)
-        raw["output_dir"] = str(Path(target))
-        cfg = config_from_dict(raw, source=f"{target}/manifest.json")
-        configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
-        return cfg, store
-    cfg = _load(target, overrides, out)
-    return cfg, RunStore(cfg.resolved_output_dir())
+TRUST_HELP = (
+    "Allow code shipped with the model (transformers' trust_remote_code). Never read from a run directory: "
+    "only this flag (or your own recipe) turns it on."
+)
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -131,8 +99,8 @@ def finetune(
 ) -> None:
     """LoRA fine-tuning runs, each on a random subset of the sample pool (membership recorded), with adapter
     checkpoints along each trajectory. Rerunning skips finished runs and resumes interrupted ones."""
-    recipe, overrides = _split_recipe_args(list(args or []))
-    cfg = _load(recipe, overrides, out)
+    recipe, overrides = split_recipe_args(list(args or []))
+    cfg = config_from_recipe(recipe, overrides, out)
     store = do_finetune(cfg, shard=parse_shard(shard), progress=_progress(no_progress))
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate/torchrun only the main process reports
         typer.echo(f"[finetune] done: {store.root}")
@@ -144,12 +112,19 @@ def score(
     out: Path | None = typer.Option(None, "--out", help="Run directory when a recipe is given."),
     shard: str | None = typer.Option(None, help=SHARD_HELP),
     no_progress: bool = typer.Option(False, "--no-progress"),
+    deep_verify: bool = typer.Option(
+        False,
+        "--deep-verify",
+        help="Read every finished unit in full (per-token values too) and rescore any that fails.",
+    ),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_HELP),
 ) -> None:
     """Per-sample token losses of every (run, checkpoint, quantizer) unit, one parquet loss table per unit.
-    Impossible quantizer requests are rejected before any work; finished units are skipped."""
-    target, overrides = _split_recipe_args(list(args or []))
-    cfg, store = _cfg_from_run_dir_or_recipe(target, overrides, out)
-    do_score(cfg, store, shard=parse_shard(shard), progress=_progress(no_progress))
+    Impossible quantizer requests are rejected before any work; finished units are skipped, failed ones
+    moved aside and scored again; several processes may score one store at once (units are locked)."""
+    target, overrides = split_recipe_args(list(args or []))
+    cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
+    do_score(cfg, store, shard=parse_shard(shard), progress=_progress(no_progress), deep_verify=deep_verify)
 
 
 @app.command()
@@ -160,13 +135,18 @@ def report(
         "--include-samples",
         help="Also print the text of the most vulnerable samples (off: ids and scores only).",
     ),
+    quantizers: str | None = typer.Option(
+        None,
+        "--quantizers",
+        help="Comma-separated quantizers to report (default: every quantizer scored in the store).",
+    ),
 ) -> None:
-    """Compute r_Q, the attacks and memorization from the loss tables and write report.json, report.md
-    and a self-contained report.html (plots embedded)."""
+    """Compute r_Q, the attacks and memorization from the verified loss tables and write report.json,
+    report.md and a self-contained report.html (plots embedded). An inconsistent store is refused."""
     store = RunStore(run_dir)
-    cfg = store.config()
-    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
-    result = analyze(cfg, store)
+    cfg = config_from_run_dir(run_dir, [])
+    chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
+    result = analyze(cfg, store, quantizers=chosen)
     paths = write_report(store, result, include_samples=include_samples)
     typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
 
@@ -181,8 +161,8 @@ def audit(
     import time
 
     t0 = time.time()
-    recipe, overrides = _split_recipe_args(list(args or []))
-    cfg = _load(recipe, overrides, out)
+    recipe, overrides = split_recipe_args(list(args or []))
+    cfg = config_from_recipe(recipe, overrides, out)
     progress = _progress(no_progress)
     store = do_finetune(cfg, progress=progress)
     do_score(cfg, store, progress=progress)
@@ -259,7 +239,7 @@ def validate_synthetic(
     out: Path | None = typer.Option(None, "--out", help="Output directory (default ./synthetic-validation)."),
 ) -> None:
     """The indicator paper's synthetic validation: r_Q ranking vs baseline MIS ranking of 8 simple quantizers."""
-    recipe, overrides = _split_recipe_args(list(args or []))
+    recipe, overrides = split_recipe_args(list(args or []))
     validate_synthetic_command(Path(recipe) if recipe else None, overrides, out)
 
 
@@ -299,6 +279,7 @@ def submit(
         help=f"RECIPE (or RUN_DIR for score/report), then key=value overrides, e.g. cluster.shards=8. {RECIPE_HELP}",
     ),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_HELP),
 ) -> None:
     """Send a stage to a cluster as cluster.shards independent shard jobs (`--shard I/N` each) through submitit:
     a SLURM array job per stage with `cluster.cluster: slurm` (later stages wait for earlier ones), or local
@@ -306,29 +287,37 @@ def submit(
     submitting again after a crash or preemption redoes nothing that is finished."""
     if stage not in ("finetune", "score", "report", "all"):
         raise typer.BadParameter(f"{stage!r} is not one of finetune, score, report, all", param_hint="STAGE")
-    target, overrides = _split_recipe_args(list(args or []))
-    cfg, store = _cfg_from_run_dir_or_recipe(target, overrides, out)
+    target, overrides = split_recipe_args(list(args or []))
+    cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
     jobs = do_submit(cfg, stage, echo=typer.echo)  # type: ignore[arg-type]
     typer.echo(f"[submit] {len(jobs)} job(s); `llmaudit status {store.root}` shows progress")
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
 def main() -> None:
-    _setup()
+    """The console entry point: every user-facing failure is one line on stderr and exit code 2
+    (LLMAUDIT_DEBUG=1 re-raises it with its traceback); an interrupt exits 130 (rerun to resume)."""
+    debug = os.environ.get("LLMAUDIT_DEBUG", "") not in ("", "0")
     try:
+        _setup()
         app()
-    except (
-        CliError,
-        RecipeError,
-        DataError,
-        StoreError,
-        ModelError,
-        LossTableError,
-        QuantizationError,
-        FileNotFoundError,
-        FloatingPointError,
-        ValueError,
-    ) as exc:
-        typer.echo(f"error: {exc}", err=True)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: finished units are kept; run the same command again to resume.", err=True)
+        sys.exit(130)
+    except (UserError, ValueError, FloatingPointError) as exc:
+        if debug:
+            raise
+        typer.echo(f"error: {_one_line(exc)}", err=True)
+        sys.exit(2)
+    except OSError as exc:  # a missing input, a full disk, a permission: name the file
+        if debug:
+            raise
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        typer.echo(f"error: {exc.strerror or _one_line(exc)}{where}; check the path and free space.", err=True)
         sys.exit(2)
 
 

@@ -16,6 +16,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llmaudit.common.errors import UserError
+from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
+
 DEFAULT_TASKS = ("molecule_captioning", "molecule_generation")
 
 ALL_TASKS = (
@@ -40,7 +43,7 @@ RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 DEMO_RECIPE = "demo-cpu"
 
 
-class RecipeError(ValueError):
+class RecipeError(UserError):
     """A recipe (or an override) is invalid. The message names the key, the value and the fix."""
 
 
@@ -184,6 +187,19 @@ class ScoreConfig(_Section):
         default_factory=lambda: ["fp32", "uniform-5", "uniform-3", "uniform-2", "ternary-50", "sign", "hqq-4", "hqq-2"]
     )
     """Quantizer names (`llmaudit quantizers` lists them). The first full-precision one is the reference column."""
+
+    @field_validator("quantizers")
+    @classmethod
+    def _safe_quantizer_names(cls, names: list[str]) -> list[str]:
+        bad = [q for q in names if not is_safe_name(q)]
+        if bad:
+            raise ValueError(f"quantizer names {bad} are not allowed: use {SAFE_NAME_RULE}")
+        if not names:
+            raise ValueError("at least one quantizer is needed (e.g. [fp32])")
+        if len(set(names)) != len(names):
+            raise ValueError(f"quantizer names repeat: {names}")
+        return names
+
     quantizer_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -276,7 +292,8 @@ class ExperimentConfig(_Section):
     """A whole audit: model, data, runs, scoring, attacks and report."""
 
     name: str = "audit"
-    """Experiment name (also the default output directory under the current directory)."""
+    """Experiment name (also the default output directory under the current directory): letters, digits
+    and . _ + - only, starting with a letter or digit."""
     output_dir: str | None = None
     """Where the run store goes; default ./llmaudit-out/<name>."""
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -289,13 +306,21 @@ class ExperimentConfig(_Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Batch settings for `llmaudit submit` (not part of the experiment identity)."""
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        if not is_safe_name(name):
+            raise ValueError(f"the name becomes a directory name: use {SAFE_NAME_RULE}")
+        return name
+
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir) if self.output_dir else Path("llmaudit-out") / self.name
 
     def identity(self) -> dict[str, Any]:
-        """The part of the config that defines the fine-tuned models: changing it makes a new experiment."""
+        """The part of the config that defines the fine-tuned models: changing it makes a new experiment.
+        (`model.trust_remote_code` is a permission given by whoever runs a command, not part of it.)"""
         return {
-            "model": self.model.model_dump(),
+            "model": self.model.model_dump(exclude={"trust_remote_code"}),
             "data": self.data.model_dump(),
             "lora": self.lora.model_dump(),
             "train": {k: v for k, v in self.train.model_dump().items() if k != "device"},
@@ -324,15 +349,15 @@ def format_validation_error(
     """One line per invalid key: the dotted key, the value given and what is allowed (for an unknown
     key, the keys its section allows)."""
     model = model or ExperimentConfig
-    lines = [f"invalid {what} {source}:"]
+    problems = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, tuple(err["loc"]))
             msg = "unknown key (check the spelling)" + (f"; allowed here: {allowed}" if allowed else "")
-        lines.append(f"  {key} = {err.get('input')!r}: {msg}")
-    return "\n".join(lines)
+        problems.append(f"{key} = {err.get('input')!r}: {msg}")
+    return f"invalid {what} {source}: " + "; ".join(problems)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -71,8 +71,8 @@ def test_two_processes_train_the_single_process_adapters(tmp_path):
     for run in (0, 1):
         assert ddp.run_done(run) and ddp.checkpoints(run) == single.checkpoints(run) == [2, 4]
         assert not (ddp.run_dir(run) / "RUNNING.json").exists()
-        assert not (ddp.checkpoint_dir(run, 2) / "trainer_state.pt").exists()
-        assert (ddp.checkpoint_dir(run, 4) / "trainer_state.pt").exists()
+        assert not (ddp.checkpoint_dir(run, 2) / "trainer_state.safetensors").exists()
+        assert (ddp.checkpoint_dir(run, 4) / "trainer_state.safetensors").exists()
         a, b = _adapters(single, run), _adapters(ddp, run)
         assert a.keys() == b.keys()
         for step in a:

@@ -55,8 +55,8 @@ def test_membership_bookkeeping_and_resume(tiny_cfg):
         trained = {pool_ids[i] for i in np.flatnonzero(masks[run])}
         assert not trained & val_ids  # no validation sample is ever trained on
         # optimizer state is kept only in the newest checkpoint
-        assert not (store.checkpoint_dir(run, 2) / "trainer_state.pt").exists()
-        assert (store.checkpoint_dir(run, 4) / "trainer_state.pt").exists()
+        assert not (store.checkpoint_dir(run, 2) / "trainer_state.safetensors").exists()
+        assert (store.checkpoint_dir(run, 4) / "trainer_state.safetensors").exists()
     # the runs moved away from the base and differ from each other
     a0, a1 = _adapters(store, 0)[4], _adapters(store, 1)[4]
     key = next(k for k in a0 if "lora_B" in k)
@@ -98,7 +98,7 @@ def test_crash_mid_run_resumes_from_the_last_checkpoint_exactly(tmp_path, monkey
     monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
     part = RunStore(cfg_b.resolved_output_dir())
     assert part.checkpoints(0) == [2] and not part.run_done(0)
-    assert (part.checkpoint_dir(0, 2) / "trainer_state.pt").exists()
+    assert (part.checkpoint_dir(0, 2) / "trainer_state.safetensors").exists()
 
     finetune(cfg_b, progress=False, echo=lambda *_: None)
     for run in (0, 1):

@@ -18,14 +18,15 @@ import torch
 
 from llmaudit.common.io import atomic_write_json
 from llmaudit.config import load_recipe
+from llmaudit.finetune.checkpoints import load_trainer_state
 from llmaudit.finetune.runs import finetune
 from llmaudit.jobs.status import stage_status
 from llmaudit.jobs.submit import slurm_parameters, submit
 from llmaudit.score.stage import score
-from llmaudit.score.units import plan_units
 from llmaudit.store.markers import clear_stale_markers, marker_state, run_marker_path, running_marker
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.shards import shard_items
+from llmaudit.store.units import plan_units
 from tests.conftest import TINY_OVERRIDES
 
 # The shared tiny experiment, with batch 2 so that a run has several steps between its checkpoints.
@@ -84,8 +85,8 @@ def assert_same_runs(a: RunStore, b: RunStore, runs: int) -> None:
             jb = json.loads((b.checkpoint_dir(run, step) / "checkpoint.json").read_text())
             assert ja == jb
         last = a.checkpoints(run)[-1]
-        sa = torch.load(a.checkpoint_dir(run, last) / "trainer_state.pt", weights_only=False)
-        sb = torch.load(b.checkpoint_dir(run, last) / "trainer_state.pt", weights_only=False)
+        sa = load_trainer_state(a.checkpoint_dir(run, last), torch.device("cpu"))
+        sb = load_trainer_state(b.checkpoint_dir(run, last), torch.device("cpu"))
         assert torch.equal(sa["torch_rng"], sb["torch_rng"])
         for pid, state in sa["optimizer"]["state"].items():
             for name, value in state.items():
@@ -146,7 +147,7 @@ def test_shards_cover_every_run_and_unit_exactly_once(tmp_path, n):
     for run in range(7):
         for step in range(1, 2 + run % 3):
             atomic_write_json(store.checkpoint_dir(run, step) / "checkpoint.json", {"step": step})
-        atomic_write_json(store.run_done_path(run), {"run": run})
+        atomic_write_json(store.run_done_path(run), {"run": run, "steps": list(range(1, 2 + run % 3))})
     units = plan_units(cfg, store)
     assert len(units) == 1 + 3 * sum(1 + run % 3 for run in range(7))
     for items in (list(range(7)), units):

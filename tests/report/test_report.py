@@ -17,17 +17,17 @@ import pandas as pd
 import pytest
 
 from llmaudit.analyze.experiment import analyze
-from llmaudit.common.io import atomic_write_json, atomic_write_text, to_strict_json
+from llmaudit.common.io import atomic_write_json, to_strict_json
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.pool import membership_masks
-from llmaudit.data.records import records_to_jsonl
 from llmaudit.report.build import build_report
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, recommend, release_checklist
 from llmaudit.report.schema import REPORT_SCHEMA, ReportSchemaError, validate_report
 from llmaudit.report.write import write_report
-from llmaudit.store.losstable import validate_loss_table, write_loss_table
+from llmaudit.store.losstable import validate_loss_table
 from llmaudit.store.run_store import RunStore
+from tests.conftest import write_store_from_table
 
 N_POOL, N_VAL, RUNS, STEPS, N_TOK = 24, 12, 6, (10, 20, 30), 6
 # quantizer: (member loss shift at the final checkpoint, extra loss, bits, size in bytes)
@@ -91,25 +91,9 @@ def _make_store(root):
     )
     pool, val = [_record("pool", j) for j in range(N_POOL)], [_record("val", j) for j in range(N_VAL)]
     membership = membership_masks(N_POOL, RUNS, 0.5, seed=0)
-    store = RunStore(root)
-    data = {
-        "route": "synthetic",
-        "source": "synthetic",
-        "path": None,
-        "hub_id": None,
-        "tasks": ["molecule_captioning"],
-        "n_available": N_POOL + N_VAL,
-        "n_usable": N_POOL + N_VAL,
-        "fingerprint": "0123456789abcdef",
-        "pool_ids": [r["sample_id"] for r in pool],
-        "val_ids": [r["sample_id"] for r in val],
-    }
-    manifest = store.create(cfg, data, membership)
-    manifest["parameters"] = {"adapter_trainable": 1000, "model_total": 5000}
-    store.write_manifest(manifest)
-    atomic_write_text(root / "data" / "pool.jsonl", records_to_jsonl(pool))
-    atomic_write_text(root / "data" / "val.jsonl", records_to_jsonl(val))
-    write_loss_table(_loss_rows(np.random.default_rng(7), membership), store.scores_dir / "all.parquet")
+    table = _loss_rows(np.random.default_rng(7), membership)
+    parameters = {"adapter_trainable": 1000, "model_total": 5000}
+    store = write_store_from_table(root, cfg, pool, val, membership, table, parameters=parameters)
     for q, (_shift, _extra, bits, size) in QUANTIZERS.items():
         atomic_write_json(
             store.scores_dir / "quantizers" / f"{q}.json",
@@ -157,7 +141,7 @@ def test_report_json_is_strict_and_validates_against_the_versioned_schema(experi
     jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
     assert report["report_schema_version"] == REPORT_SCHEMA["properties"]["report_schema_version"]["const"]
     prov = report["provenance"]
-    assert prov["data"]["fingerprint"] == "0123456789abcdef"
+    assert prov["data"]["fingerprint"] == experiment["store"].manifest()["data"]["fingerprint"]
     assert prov["attack_definitions"]["lira_offline"].startswith("1:")
     assert prov["library_versions"]["llmaudit"] == report["llmaudit_version"]
     # the reference column first, with its own relative change 0

@@ -10,6 +10,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from llmaudit import __version__
 from llmaudit.analyze.attacks.evaluate import run_attacks
@@ -17,10 +18,12 @@ from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.indicator import indicator_from_table
 from llmaudit.analyze.memorization import memorization_from_table
 from llmaudit.analyze.utility import trajectory_from_table, utility_from_table
+from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.config import ExperimentConfig
 from llmaudit.quantize import full_precision_reference
-from llmaudit.store.losstable import REFERENCE_RUN, read_loss_table
+from llmaudit.store.integrity import verify_store
+from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table
 from llmaudit.store.run_store import RunStore
 
 log = logging.getLogger(__name__)
@@ -28,25 +31,53 @@ log = logging.getLogger(__name__)
 RESULT_SCHEMA_VERSION = 1
 
 
-def analyze(cfg: ExperimentConfig, store: RunStore, *, echo=print) -> dict[str, Any]:
-    """Compute every result from the stored loss tables and write results/*.json."""
+class AnalysisError(UserError):
+    """The store cannot be analysed as it is: the message names the files and the command that repairs them."""
 
-    manifest = store.manifest()
-    table = read_loss_table(store.scores_dir)
-    quantizers = [q for q in cfg.score.quantizers if q in set(table["quantizer"])]
-    missing = [q for q in cfg.score.quantizers if q not in quantizers]
-    if missing:
-        echo(f"[analyze] not scored yet (run `llmaudit score`): {missing}")
-    reference = full_precision_reference(quantizers) or quantizers[0]
-    n_boot = cfg.attack.n_boot
 
-    echo("[analyze] r_Q indicator ...")
-    indicator = indicator_from_table(
-        table[table["quantizer"].isin(quantizers)], split="val", n_boot=max(n_boot, 200), seed=cfg.attack.seed
-    )
-    r_q_means = {q: indicator["per_quantizer"][q]["r_q"]["mean"] for q in quantizers if q in indicator["per_quantizer"]}
+def load_store_table(
+    store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None
+) -> tuple[pd.DataFrame, list[str], dict[str, int]]:
+    """The verified loss tables of the quantizers whose every unit is done, the quantizers read, and
+    {quantizer: units missing} for those left out. Refuses a store with any problem (`verify_store`):
+    an edited manifest, a missing checkpoint, a unit that fails its check, unfinished runs."""
+    verdict = verify_store(store, cfg)
+    if not verdict.ok:
+        raise AnalysisError(verdict.message(store))
+    unfinished = [r for r in range(cfg.train.runs) if not store.run_done(r)]
+    if unfinished:
+        raise AnalysisError(
+            f"runs {unfinished} of {store.root} are not finished; `llmaudit finetune` finishes them first."
+        )
+    wanted = list(quantizers or store.scored_quantizers())
+    unknown = [q for q in wanted if q not in store.scored_quantizers()]
+    if unknown:
+        raise AnalysisError(
+            f"quantizer(s) {unknown} were never scored in {store.root}; scored: {store.scored_quantizers()}."
+        )
+    missing = {q: sum(1 for u, s in verdict.units.items() if u.quantizer == q and s != "done") for q in wanted}
+    complete = [q for q in wanted if missing[q] == 0 and any(u.quantizer == q for u in verdict.units)]
+    if not complete:
+        raise AnalysisError(
+            f"no quantizer of {store.root} is completely scored yet; `llmaudit score {store.root}` scores them."
+        )
+    files = [
+        store.unit_path(u.run, u.step, u.quantizer)
+        for u in sorted(verdict.units)
+        if u.quantizer in complete or u.run == REFERENCE_RUN
+    ]
+    try:
+        table = read_loss_table(store.scores_dir, files=files)
+    except LossTableError as exc:
+        raise AnalysisError(
+            f"{exc} Fix: `llmaudit score {store.root} --deep-verify` moves failed units aside and scores them again."
+        ) from None
+    return table, complete, {q: n for q, n in missing.items() if n}
 
-    echo("[analyze] attacks ...")
+
+def _attacks(
+    cfg: ExperimentConfig, manifest: dict, table: pd.DataFrame, quantizers: list[str], reference: str, r_q: dict
+) -> dict:
     membership = manifest["membership"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -55,22 +86,66 @@ def analyze(cfg: ExperimentConfig, store: RunStore, *, echo=print) -> dict[str, 
             quantizers=quantizers,
             attacks=cfg.attack.attacks,
             fpc=cfg.attack.fpc,
-            n_boot=n_boot,
+            n_boot=cfg.attack.n_boot,
             seed=cfg.attack.seed,
             n_pool=membership["pool_size"],
             n_train=float(np.mean(membership["n_train"])),
-            r_q=r_q_means,
+            r_q=r_q,
             reference_quantizer=reference,
         )
-
-    for q in quantizers:
-        block = attacks.get("quantizers", {}).get(q)
-        if block is not None:
+        for q, block in attacks.get("quantizers", {}).items():
             fpc_value = block.get("fpc") if isinstance(block.get("fpc"), (int, float)) else None
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                block["vulnerable_samples"] = vulnerable_samples(table, q, fpc_value)
+            block["vulnerable_samples"] = vulnerable_samples(table, q, fpc_value)
+    return attacks
 
+
+def _quantizer_info(store: RunStore, quantizers: list[str]) -> dict[str, dict]:
+    info = {}
+    for q in quantizers:
+        path = store.quantizer_info_path(q)
+        info[q] = read_json(path, what="quantizer record") if path.exists() else {"name": q}
+    return info
+
+
+def _experiment_block(cfg: ExperimentConfig, store: RunStore, manifest: dict) -> dict[str, Any]:
+    return {
+        "name": manifest["name"],
+        "run_dir": str(store.root),
+        "identity_hash": manifest["identity_hash"],
+        "origin": manifest.get("origin", "finetune"),
+        "model": cfg.model.name,
+        "model_source": manifest.get("model_source"),
+        "lora": cfg.lora.model_dump(),
+        "train": cfg.train.model_dump(),
+        "data": {k: v for k, v in manifest["data"].items() if k not in ("pool_ids", "val_ids")},
+        "membership": {k: v for k, v in manifest["membership"].items() if k != "masks"},
+        "parameters": manifest.get("parameters", {}),
+        "versions": manifest["versions"],
+        "seeds": manifest["seeds"],
+    }
+
+
+def analyze(
+    cfg: ExperimentConfig, store: RunStore, *, quantizers: list[str] | None = None, echo=print
+) -> dict[str, Any]:
+    """Compute every result from the verified loss tables and write results/*.json.
+
+    quantizers: the quantizers to report (default: every quantizer scored in the store, add-only)."""
+    manifest = store.manifest()
+    table, quantizers, not_scored = load_store_table(store, cfg, quantizers)
+    if not_scored:
+        echo(
+            f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {not_scored}"
+        )
+    reference = full_precision_reference(quantizers) or quantizers[0]
+    n_boot = max(cfg.attack.n_boot, 200)
+    echo("[analyze] r_Q indicator ...")
+    indicator = indicator_from_table(
+        table[table["quantizer"].isin(quantizers)], split="val", n_boot=n_boot, seed=cfg.attack.seed
+    )
+    r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
+    echo("[analyze] attacks ...")
+    attacks = _attacks(cfg, manifest, table, quantizers, reference, r_q_means)
     memorization = None
     params = manifest.get("parameters", {})
     if (table["run"] == REFERENCE_RUN).any():
@@ -79,45 +154,26 @@ def analyze(cfg: ExperimentConfig, store: RunStore, *, echo=print) -> dict[str, 
             table,
             adapter_params=params.get("adapter_trainable"),
             model_params=params.get("model_total"),
-            n_boot=max(n_boot, 200),
+            n_boot=n_boot,
             seed=cfg.attack.seed,
         )
-
-    quantizer_info = {}
-    for q in quantizers:
-        path = store.scores_dir / "quantizers" / f"{q}.json"
-        quantizer_info[q] = read_json(path) if path.exists() else {"name": q}
-
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "llmaudit_version": __version__,
-        "experiment": {
-            "name": manifest["name"],
-            "run_dir": str(store.root),
-            "identity_hash": manifest["identity_hash"],
-            "model": cfg.model.name,
-            "lora": cfg.lora.model_dump(),
-            "train": cfg.train.model_dump(),
-            "data": {k: v for k, v in manifest["data"].items() if k not in ("pool_ids", "val_ids")},
-            "membership": {k: v for k, v in membership.items() if k != "masks"},
-            "parameters": params,
-            "versions": manifest["versions"],
-            "seeds": manifest["seeds"],
-        },
+        "experiment": _experiment_block(cfg, store, manifest),
         "reference_quantizer": reference,
         "quantizers": quantizers,
-        "quantizer_info": quantizer_info,
-        "utility": utility_from_table(table, quantizers, reference, n_boot=max(n_boot, 200), seed=cfg.attack.seed),
+        "not_scored": not_scored,
+        "quantizer_info": _quantizer_info(store, quantizers),
+        "utility": utility_from_table(table, quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed),
         "trajectory": trajectory_from_table(table),
         "indicator": indicator,
         "attacks": attacks,
         "memorization": memorization,
         "thresholds": cfg.report.model_dump(),
     }
-    store.results_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(store.results_dir / "indicator.json", indicator)
-    atomic_write_json(store.results_dir / "attacks.json", attacks)
-    if memorization is not None:
-        atomic_write_json(store.results_dir / "memorization.json", memorization)
+    for name in ("indicator", "attacks", "memorization"):
+        if result[name] is not None:
+            atomic_write_json(store.results_dir / f"{name}.json", result[name])
     atomic_write_json(store.results_dir / "result.json", result)
     return result

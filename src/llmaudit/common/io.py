@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.errors import UserError
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
@@ -55,9 +57,25 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, to_json(obj))
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+class JsonFileError(UserError):
+    """A JSON file llmaudit reads is missing or not valid JSON; the message names the file."""
+
+
+def read_json(path: str | os.PathLike, *, what: str = "JSON file", fix: str = "") -> Any:
+    """The JSON value in `path`; JsonFileError naming the file (and `fix`) when it is missing or corrupt.
+
+    Non-standard NaN/Infinity literals are accepted: llmaudit writes them in results (never in report.json)."""
+    path = Path(path)
+    hint = f" {fix}" if fix else ""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise JsonFileError(f"{what} {path} does not exist.{hint}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise JsonFileError(f"{what} {path} is not valid JSON ({exc}).{hint}") from None
+    except OSError as exc:
+        raise JsonFileError(f"cannot read {what} {path} ({exc.strerror or exc}).{hint}") from None
 
 
 @contextlib.contextmanager

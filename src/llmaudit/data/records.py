@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.errors import UserError
+
 RECORD_FIELDS = (
     "input",
     "output",
@@ -28,7 +30,7 @@ RECORD_FIELDS = (
 REQUIRED_FIELDS = ("input", "output", "task")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Data could not be found or does not have SMolInstruct's format. The message names the fix."""
 
 
@@ -51,6 +53,11 @@ def validate_record(rec: Any, where: str) -> dict:
     out["target"] = out["target"] or out["raw_output"]
     out["sample_id"] = str(rec.get("sample_id") or f"{out['task']}/{out['split']}/{record_fingerprint(out)[:16]}")
     return out
+
+
+def record_text(rec: dict) -> str:
+    """The record's text as one string (prompt, then response): GPTQ calibration, blind baselines."""
+    return "\n".join(part for part in (rec.get("input"), rec.get("output")) if part)
 
 
 def record_fingerprint(rec: dict) -> str:

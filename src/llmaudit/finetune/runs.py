@@ -12,6 +12,7 @@ data parallel (DDP) by all the processes together; only the main process writes 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -22,16 +23,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from llmaudit.common.io import atomic_dir, atomic_write_json
+from llmaudit.common.io import atomic_dir, atomic_write_json, read_json
 from llmaudit.common.runtime import pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import tokenize_records
+from llmaudit.finetune.checkpoints import (
+    drop_trainer_state,
+    load_adapter_weights,
+    load_trainer_state,
+    save_trainer_state,
+    write_checkpoint,
+)
 from llmaudit.finetune.distributed import launched_processes, make_accelerator
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.models.layers import count_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_tokenizer
 from llmaudit.models.training import TrainState, steps_per_epoch, train_epochs
-from llmaudit.store.markers import clear_stale_markers, each_marked, run_marker_path
+from llmaudit.store.integrity import quarantine
+from llmaudit.store.locks import claim
+from llmaudit.store.markers import clear_stale_markers, run_marker_path, running_marker
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.shards import shard_items
 
@@ -71,6 +81,67 @@ def _lora_model(base: Any, cfg: ExperimentConfig, run: int) -> Any:
     return get_peft_model(base, lora)
 
 
+def _member_examples(cfg: ExperimentConfig, store: RunStore, run: int, tok: Any) -> list[tuple[list[int], list[bool]]]:
+    """The run's training samples (its members of the pool), tokenised as the scorer sees them."""
+    pool = store.read_records("pool")
+    members = [pool[i] for i in np.flatnonzero(store.membership()[run])]
+    tokenised = tokenize_records(tok, members, "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    return [(list(ex.input_ids), list(ex.loss_mask)) for ex in tokenised]
+
+
+def _resume(store: RunStore, run: int, model: Any, device: torch.device) -> dict[str, Any] | None:
+    """Load the newest checkpoint on disk into `model`; the optimizer state and step to resume from."""
+    from peft import set_peft_model_state_dict
+
+    steps = store.checkpoints_on_disk(run)
+    if not steps:
+        return None
+    last = store.own_checkpoint_dir(run, steps[-1])
+    state = load_trainer_state(last, device)
+    if state is None:
+        return None
+    set_peft_model_state_dict(model, load_adapter_weights(last, device))
+    torch.set_rng_state(state["torch_rng"])
+    log.info("run %d: resuming from step %d", run, state["step"])
+    return {"step": state["step"], "optimizer": state["optimizer"]}
+
+
+def needs_training(store: RunStore, run: int) -> bool:
+    """A run needs (re)training when it has no DONE record, or when a checkpoint of its recorded
+    trajectory is gone: its record is then moved aside and the run is trained again (deterministically,
+    so the checkpoints that survived are reproduced; units scored from a checkpoint whose weights come
+    out different are moved to scores/quarantine/ and scored again)."""
+    record = store.done_record(run)
+    if record is None:
+        return True
+    missing = [s for s in record["steps"] if not (store.own_checkpoint_dir(run, s) / "checkpoint.json").exists()]
+    if not missing:
+        return False
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    store.run_done_path(run).rename(store.run_dir(run) / f"DONE.{stamp}.incomplete.json")
+    log.warning("run %d: checkpoint(s) %s of its recorded trajectory are missing; training it again", run, missing)
+    return True
+
+
+def _stale_units(store: RunStore, run: int, step: int, digest: str, previous: dict[str, str]) -> None:
+    """A retrained checkpoint whose weights differ from the ones scored before: move those units aside."""
+    if previous.get(str(step)) in (None, digest):
+        return
+    unit_dir = store.unit_path(run, step, "fp32").parent
+    for path in sorted(unit_dir.glob("*.parquet")) if unit_dir.is_dir() else []:
+        quarantine(store, path)
+        log.warning("run %d step %d: retrained weights differ; moved %s aside to score it again", run, step, path.name)
+
+
+def _previous_digests(store: RunStore, run: int) -> dict[str, str]:
+    """Adapter digests of a run's earlier trajectory (from a moved-aside record), by step."""
+    out: dict[str, str] = {}
+    for path in sorted(store.run_dir(run).glob("DONE.*.incomplete.json")):
+        record = read_json(path, what="run record")
+        out.update(zip((str(s) for s in record.get("steps", [])), record.get("adapter_sha256") or [], strict=False))
+    return out
+
+
 def train_run(
     cfg: ExperimentConfig,
     store: RunStore,
@@ -82,61 +153,30 @@ def train_run(
     progress: bool = True,
     accelerator: Any | None = None,
 ) -> RunResult:
-    """Train one run (resuming from its latest checkpoint). With `accelerator` (multi-process), every process
+    """Train one run (resuming from its newest checkpoint). With `accelerator` (multi-process), every process
     calls this for the same run; they train it data parallel and only the main process writes."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
     t0 = time.time()
-    if store.run_done(run):
-        return RunResult(run, True, store.checkpoints(run), None, 0.0)
-    masks = store.membership()
-    pool = store.read_records("pool")
-    members = [pool[i] for i in np.flatnonzero(masks[run])]
-    examples = [
-        (list(ex.input_ids), list(ex.loss_mask))
-        for ex in tokenize_records(
-            tok, members, "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9
-        )
-    ]
+    examples = _member_examples(cfg, store, run, tok)
     save_at = checkpoint_steps(len(examples), cfg.train.batch_size, cfg.train.epochs, cfg.train.checkpoints_per_epoch)
-    model = _lora_model(copy.deepcopy(base), cfg, run)
-    model.to(device)
-    resume = None
-    done_steps = store.checkpoints(run)
-    if done_steps:
-        last = store.checkpoint_dir(run, done_steps[-1])
-        state_path = last / "trainer_state.pt"
-        if state_path.exists():
-            set_peft_model_state_dict(model, load_file(str(last / "adapter_model.safetensors")))
-            trainer_state = torch.load(state_path, map_location=device, weights_only=False)
-            torch.set_rng_state(trainer_state["torch_rng"])
-            resume = {"step": trainer_state["step"], "optimizer": trainer_state["optimizer"]}
-            log.info("run %d: resuming from step %d", run, trainer_state["step"])
-
+    model = _lora_model(copy.deepcopy(base), cfg, run).to(device)
+    resume = _resume(store, run, model, device)
     writer = accelerator is None or accelerator.is_main_process
+    previous = _previous_digests(store, run) if writer else {}
+    digests: dict[int, str] = {}
 
     def on_save(state: TrainState, optimizer: torch.optim.Optimizer) -> None:
-        if not writer:
-            accelerator.wait_for_everyone()  # the main process writes the checkpoint
-            return
-        target = store.checkpoint_dir(run, state.step)
-        with atomic_dir(target) as tmp:
-            model.save_pretrained(tmp)
-            torch.save(
-                {"step": state.step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
-                tmp / "trainer_state.pt",
-            )
-            atomic_write_json(
-                tmp / "checkpoint.json",
-                {"run": run, "step": state.step, "epoch": state.epoch, "train_loss": state.last_loss},
-            )
-        # Only the newest checkpoint keeps the optimizer state needed to resume (it is large on real models).
-        for step in store.checkpoints(run):
-            if step < state.step:
-                (store.checkpoint_dir(run, step) / "trainer_state.pt").unlink(missing_ok=True)
+        if writer:
+            with atomic_dir(store.own_checkpoint_dir(run, state.step)) as tmp:
+                digests[state.step] = write_checkpoint(
+                    tmp, model, run=run, step=state.step, epoch=state.epoch, train_loss=state.last_loss
+                )
+                save_trainer_state(tmp, state.step, optimizer)
+            _stale_units(store, run, state.step, digests[state.step], previous)
+            for step in store.checkpoints_on_disk(run):  # only the newest checkpoint keeps the resume state
+                if step < state.step:
+                    drop_trainer_state(store.own_checkpoint_dir(run, step))
         if accelerator is not None:
-            accelerator.wait_for_everyone()
+            accelerator.wait_for_everyone()  # the main process writes the checkpoint
 
     final = train_epochs(
         model,
@@ -155,21 +195,37 @@ def train_run(
         progress=progress,
         accelerator=accelerator,
     )
-    steps = store.checkpoints(run)
     if writer:
-        atomic_write_json(
-            store.run_done_path(run),
-            {
-                "run": run,
-                "steps": steps,
-                "n_train": len(examples),
-                "final_train_loss": final.last_loss,
-                "seconds": round(time.time() - t0, 2),
-            },
-        )
+        _write_done(store, run, save_at, len(examples), final.last_loss, time.time() - t0)
     if accelerator is not None:
         accelerator.wait_for_everyone()
-    return RunResult(run, False, steps, final.last_loss, time.time() - t0)
+    return RunResult(run, False, save_at, final.last_loss, time.time() - t0)
+
+
+def _write_done(store: RunStore, run: int, steps: list[int], n_train: int, loss: float, seconds: float) -> None:
+    """DONE.json, written last: the trajectory (steps and adapter digests) the run's scores refer to."""
+    digests = []
+    for step in steps:
+        info = read_json(store.own_checkpoint_dir(run, step) / "checkpoint.json", what="checkpoint record")
+        digests.append(info.get("adapter_sha256"))
+    atomic_write_json(
+        store.run_done_path(run),
+        {
+            "run": run,
+            "steps": steps,
+            "adapter_sha256": digests,
+            "n_train": n_train,
+            "final_train_loss": loss,
+            "seconds": round(seconds, 2),
+        },
+    )
+
+
+def _record_parameters(store: RunStore, manifest: dict, base: Any, cfg: ExperimentConfig) -> None:
+    if "parameters" not in manifest:
+        trainable, total = count_parameters(_lora_model(copy.deepcopy(base), cfg, 0))
+        manifest["parameters"] = {"adapter_trainable": trainable, "model_total": total - trainable}
+        store.write_manifest(manifest)
 
 
 def finetune(
@@ -180,6 +236,8 @@ def finetune(
     progress: bool = True,
     echo=print,
 ) -> RunStore:
+    """Train every run of this shard that is not done, each claimed with a file lock so that several
+    processes (or SLURM array tasks) on one store never train the same run twice."""
     accelerator = make_accelerator(pick_device(cfg.train.device)) if launched_processes() > 1 else None
     if accelerator is not None:
         return _finetune_data_parallel(cfg, accelerator, out=out, shard=shard, progress=progress, echo=echo)
@@ -188,22 +246,25 @@ def finetune(
     runs = shard_items(list(range(cfg.train.runs)), shard)
     device = pick_device(cfg.train.device)
     tok = load_tokenizer(cfg.model)
-    todo = [r for r in runs if not store.run_done(r)]
+    todo = [r for r in runs if needs_training(store, r)]
     clear_stale_markers(run_marker_path(store, r) for r in runs if r not in todo)
     echo(
         f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} on {device}"
     )
-    if todo:
-        base = load_base_model(cfg.model, device)
-        trainable, total = count_parameters(_lora_model(copy.deepcopy(base), cfg, 0))
-        if "parameters" not in manifest:
-            manifest["parameters"] = {"adapter_trainable": trainable, "model_total": total - trainable}
-            store.write_manifest(manifest)
-        for run in each_marked(todo, lambda r: run_marker_path(store, r)):
-            res = train_run(cfg, store, run, base, tok, device, progress=progress)
-            echo(
-                f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)"
-            )
+    if not todo:
+        return store
+    base = load_base_model(cfg.model, device)
+    _record_parameters(store, manifest, base, cfg)
+    for run in todo:
+        with claim(store.lock_path("runs", f"run-{run:03d}")) as mine:
+            if not mine or store.run_done(run):
+                echo(f"[finetune] run {run}: trained by another process; skipped")
+                continue
+            with running_marker(run_marker_path(store, run)):
+                res = train_run(cfg, store, run, base, tok, device, progress=progress)
+        echo(
+            f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)"
+        )
     return store
 
 
@@ -213,7 +274,10 @@ def _finetune_data_parallel(
     """finetune() across the processes of one launch: each run is trained by all of them together (DDP).
 
     The main process creates the store and builds any built-in model first; the others then read them.
-    Only the main process writes (manifest, checkpoints, DONE, RUNNING markers) and prints."""
+    Only the main process writes (manifest, checkpoints, DONE, markers), claims runs and prints; its
+    decision to train a run is broadcast so that every process trains the same runs."""
+    from accelerate.utils import broadcast_object_list
+
     main = accelerator.is_main_process
     say = echo if main else (lambda *_: None)
     store = RunStore(out or cfg.resolved_output_dir())
@@ -223,25 +287,33 @@ def _finetune_data_parallel(
         manifest = prepare_experiment(cfg, store)
         tok = load_tokenizer(cfg.model)
     runs = shard_items(list(range(cfg.train.runs)), shard)
-    todo = [r for r in runs if not store.run_done(r)]
-    if accelerator.is_main_process:
+    todo = broadcast_object_list([[r for r in runs if needs_training(store, r)] if main else None])[0]
+    if main:
         clear_stale_markers(run_marker_path(store, r) for r in runs if r not in todo)
     say(
         f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} "
         f"data parallel on {accelerator.num_processes} processes ({device.type})"
     )
-    if todo:
-        with accelerator.main_process_first():
-            base = load_base_model(cfg.model, device)
-        trainable, total = count_parameters(_lora_model(copy.deepcopy(base), cfg, 0))
-        if main and "parameters" not in manifest:
-            manifest["parameters"] = {"adapter_trainable": trainable, "model_total": total - trainable}
-            store.write_manifest(manifest)
+    if not todo:
         accelerator.wait_for_everyone()
-        for run in each_marked(todo, lambda r: run_marker_path(store, r)) if main else todo:
+        return store
+    with accelerator.main_process_first():
+        base = load_base_model(cfg.model, device)
+    if main:
+        _record_parameters(store, manifest, base, cfg)
+    accelerator.wait_for_everyone()
+    for run in todo:
+        with contextlib.ExitStack() as held:
+            mine = held.enter_context(claim(store.lock_path("runs", f"run-{run:03d}"))) if main else None
+            go = broadcast_object_list([bool(mine) and not store.run_done(run) if main else None])[0]
+            if not go:
+                say(f"[finetune] run {run}: trained by another process; skipped")
+                continue
+            if main:
+                held.enter_context(running_marker(run_marker_path(store, run)))
             res = train_run(cfg, store, run, base, tok, device, progress=progress, accelerator=accelerator)
-            say(
-                f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)"
-            )
+        say(
+            f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)"
+        )
     accelerator.wait_for_everyone()
     return store

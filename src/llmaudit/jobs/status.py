@@ -4,75 +4,100 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmaudit.score.units import plan_units
+from llmaudit.store.integrity import StoreVerdict, verify_store
 from llmaudit.store.markers import marker_state, run_marker_path, unit_marker_path
 from llmaudit.store.run_store import RunStore
 
 
-def stage_status(store: RunStore) -> dict[str, Any]:
-    """What is done, running and missing in a run directory, per stage (the data of `llmaudit status`)."""
-
-    cfg = store.config()
+def _run_status(store: RunStore, cfg, broken: dict[int, str]) -> dict[str, Any]:
     runs: dict[str, Any] = {
         "total": cfg.train.runs,
         "done": [],
         "running": [],
         "missing": [],
         "stale": [],
+        "broken": {},
         "checkpoints": {},
     }
     for run in range(cfg.train.runs):
-        steps = store.checkpoints(run)
-        runs["checkpoints"][run] = steps
-        if store.run_done(run):
+        runs["checkpoints"][run] = store.checkpoints(run)
+        if run in broken:
+            runs["broken"][run] = broken[run]
+            runs["missing"].append(run)
+        elif store.run_done(run):
             runs["done"].append(run)
-            continue
-        state = marker_state(run_marker_path(store, run))
-        runs["running" if state == "running" else "missing"].append(run)
-        if state == "stale":
-            runs["stale"].append(run)
+        else:
+            state = marker_state(run_marker_path(store, run))
+            runs["running" if state == "running" else "missing"].append(run)
+            if state == "stale":
+                runs["stale"].append(run)
+    return runs
 
-    units = plan_units(cfg, store)
-    by_quantizer: dict[str, dict[str, int]] = {q: {"done": 0, "running": 0, "missing": 0} for q in cfg.score.quantizers}
+
+def _unit_status(store: RunStore, cfg, verdict: StoreVerdict) -> dict[str, Any]:
+    def counts() -> dict[str, int]:
+        return {"done": 0, "running": 0, "missing": 0, "invalid": 0}
+
+    by_quantizer = {q: counts() for q in cfg.score.quantizers}
     scores: dict[str, Any] = {
-        "total": len(units),
+        "total": len(verdict.units),
         "done": 0,
         "running": [],
         "missing": [],
+        "invalid": [],
         "stale": [],
         "by_quantizer": by_quantizer,
     }
-    for unit in units:
+    for unit, state in verdict.units.items():
         key = {"run": unit.run, "step": unit.step, "quantizer": unit.quantizer}
-        if store.unit_path(unit.run, unit.step, unit.quantizer).exists():
+        bucket = "done" if state == "done" else ("invalid" if state.startswith("invalid") else "missing")
+        if bucket == "missing":
+            marker = marker_state(unit_marker_path(store, unit.run, unit.step, unit.quantizer))
+            bucket = "running" if marker == "running" else "missing"
+            if marker == "stale":
+                scores["stale"].append(key)
+        if bucket == "done":
             scores["done"] += 1
-            by_quantizer.setdefault(unit.quantizer, {"done": 0, "running": 0, "missing": 0})["done"] += 1
-            continue
-        state = marker_state(unit_marker_path(store, unit.run, unit.step, unit.quantizer))
-        bucket = "running" if state == "running" else "missing"
-        scores[bucket].append(key)
-        by_quantizer.setdefault(unit.quantizer, {"done": 0, "running": 0, "missing": 0})[bucket] += 1
-        if state == "stale":
-            scores["stale"].append(key)
+        else:
+            scores[bucket].append(key | ({"why": state.removeprefix("invalid: ")} if bucket == "invalid" else {}))
+        by_quantizer.setdefault(unit.quantizer, counts())[bucket] += 1
     # Units of unfinished runs cannot be listed yet: their checkpoints do not exist.
     scores["waiting_for_runs"] = [r for r in range(cfg.train.runs) if not store.run_done(r)]
+    return scores
 
-    report = {
+
+def _report_status(store: RunStore) -> dict[str, Any]:
+    """Whether report.json exists and is newer than every loss table (else it does not show them all)."""
+    path = store.report_dir / "report.json"
+    units = list(store.scores_dir.rglob("*.parquet")) if store.scores_dir.is_dir() else []
+    newest = max((u.stat().st_mtime for u in units), default=0.0)
+    return {
         "results": sorted(p.name for p in store.results_dir.glob("*") if p.is_file())
         if store.results_dir.is_dir()
         else [],
-        "report": (store.report_dir / "report.json").exists(),
+        "report": path.exists(),
+        "up_to_date": path.exists() and path.stat().st_mtime >= newest,
     }
-    complete = (
-        not runs["missing"]
-        and not runs["running"]
-        and not scores["missing"]
-        and not scores["running"]
-        and report["report"]
-    )
+
+
+def stage_status(store: RunStore) -> dict[str, Any]:
+    """What is done, running, missing and broken in a run directory, per stage (`llmaudit status`),
+    from `verify_store`'s shallow check: a unit whose file fails it counts as invalid, not done."""
+    cfg = store.config()
+    verdict = verify_store(store, cfg)
+    broken: dict[int, str] = {}
+    for problem in verdict.problems:
+        if problem.run is not None:
+            broken.setdefault(problem.run, problem.line())
+    runs = _run_status(store, cfg, broken)
+    scores = _unit_status(store, cfg, verdict)
+    report = _report_status(store)
+    complete = not (runs["missing"] or runs["running"] or scores["missing"] or scores["running"] or scores["invalid"])
+    complete = complete and not verdict.problems and report["up_to_date"]
     return {
         "run_dir": str(store.root),
         "name": cfg.name,
+        "problems": [p.line() for p in verdict.problems],
         "finetune": runs,
         "score": scores,
         "report": report,
@@ -95,22 +120,32 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
     )
     for run in ft["running"]:
         lines.append(f"  running: run {run}, {len(ft['checkpoints'][run])} checkpoint(s) so far")
+    for problem in status.get("problems") or []:
+        lines.append(f"  problem: {problem}")
     for run in ft["missing"]:
+        if run in ft.get("broken", {}):
+            continue
         steps = ft["checkpoints"][run]
         resume = f"resumes from step {steps[-1]}" if steps else "not started"
         stale = " (its job died)" if run in ft["stale"] else ""
         lines.append(f"  missing: run {run}, {len(steps)} checkpoint(s), {resume}{stale}")
     lines.append(
-        f"score     {sc['done']}/{sc['total']} units done, {len(sc['running'])} running, {len(sc['missing'])} missing"
+        f"score     {sc['done']}/{sc['total']} units done, {len(sc['running'])} running, {len(sc['missing'])} missing, "
+        f"{len(sc['invalid'])} invalid"
         + (f" (+ the units of {len(sc['waiting_for_runs'])} unfinished run(s))" if sc["waiting_for_runs"] else "")
     )
     for q, counts in sc["by_quantizer"].items():
-        lines.append(f"  {q:>14}: {counts['done']} done, {counts['running']} running, {counts['missing']} missing")
+        lines.append(
+            f"  {q:>14}: {counts['done']} done, {counts['running']} running, {counts['missing']} missing, {counts['invalid']} invalid"
+        )
     if sc["running"]:
         lines.append(f"  running: {listed([unit_name(u) for u in sc['running']])}")
     if sc["missing"]:
         lines.append(f"  missing: {listed([unit_name(u) for u in sc['missing']])}")
-    lines.append(f"report    results: {listed(rp['results']) or 'none'}; report: {'yes' if rp['report'] else 'no'}")
+    for u in sc["invalid"][:max_listed]:
+        lines.append(f"  invalid: {unit_name(u)}: {u['why']} (`llmaudit score` moves it aside and scores it again)")
+    state = "no" if not rp["report"] else ("yes" if rp["up_to_date"] else "yes, but older than some loss tables")
+    lines.append(f"report    results: {listed(rp['results']) or 'none'}; report: {state}")
     lines.append(
         "complete"
         if status["complete"]

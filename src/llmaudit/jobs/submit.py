@@ -1,7 +1,7 @@
-"""Batch jobs: every stage as independent shard jobs, RUNNING markers, `llmaudit status` and `llmaudit submit`.
+"""`llmaudit submit`: every stage as independent shard jobs, on SLURM (submitit) or as local processes.
 
 A stage is a list of independent units, dealt round-robin to N shards (`shard_items`): shard I does the
-units whose index is I mod N, so N jobs cover the grid once, with no coordination between them.
+units whose index is I mod N (`llmaudit.store.shards`), so N jobs cover the grid once, with no coordination between them.
 
     finetune   one unit per fine-tuning run            (runs/run-007/DONE.json when finished)
     score      one unit per (run, checkpoint, quantizer) (scores/run-007/step-000120/hqq-4.parquet)
@@ -11,7 +11,7 @@ Resuming is the stages' own job (finished units are skipped, an interrupted run 
 latest checkpoint), so a crashed, killed or preempted shard is simply run again. While a unit is being
 worked on, a RUNNING marker sits beside it (runs/run-007/RUNNING.json, scores/.../hqq-4.RUNNING.json)
 with the host and pid of its process and a heartbeat (the file's mtime); `llmaudit status` tells a live
-marker from one left behind by a killed job. The markers are informational, never locks.
+marker from one left behind by a killed job (`llmaudit.store.markers`).
 
 `llmaudit submit` sends the shards through submitit: a SLURM array job per stage (later stages wait for
 earlier ones with `afterok` dependencies), or local processes with `cluster: local`.
@@ -32,9 +32,9 @@ from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.finetune.runs import finetune
 from llmaudit.report.write import write_report
 from llmaudit.score.stage import score
-from llmaudit.score.units import plan_units
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.shards import shard_items
+from llmaudit.store.units import plan_units
 
 T = TypeVar("T")
 

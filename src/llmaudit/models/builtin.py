@@ -1,4 +1,4 @@
-"""Base model and tokenizer: hub ids and local paths through `from_pretrained`, or the built-in tiny Qwen2.
+"""The built-in tiny model (`model.name: builtin:tiny-qwen2` or `builtin:tiny-llama`).
 
 The built-in model is what the CPU demo and the tests use: a byte-level BPE tokenizer trained in code on
 the offline SMolInstruct stand-in, with a ChatML chat template like Qwen2.5-Instruct's, and a 2-layer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from pathlib import Path
@@ -92,6 +93,66 @@ def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype |
         )
     except OSError as exc:
         raise _hub_error(cfg.name, exc) from exc
+    return model.to(device).eval()
+
+
+def load_checkpoint_model(base: Any, directory: Path, device: torch.device) -> Any:
+    """The fine-tuned model a checkpoint directory holds, in eval mode: the base with a LoRA adapter
+    merged (adapter_config.json + adapter_model.safetensors), or a full model (config.json +
+    model*.safetensors). Safetensors only: pickled *.bin weights are refused, never loaded."""
+    directory = Path(directory)
+    if (directory / "adapter_config.json").exists():
+        return _merged_adapter(base, directory)
+    weights = sorted(directory.glob("model*.safetensors"))
+    if (directory / "config.json").exists() and weights:
+        return _full_checkpoint(base, directory, device)
+    pickled = sorted(p.name for p in directory.glob("*.bin"))
+    why = (
+        f"only pickled weights {pickled}, which llmaudit never loads (convert them to safetensors)"
+        if pickled
+        else "neither a LoRA adapter nor model weights"
+    )
+    raise ModelError(f"checkpoint {directory} holds {why}.")
+
+
+def _merged_adapter(base: Any, directory: Path) -> Any:
+    from peft import PeftModel
+
+    if not (directory / "adapter_model.safetensors").exists():
+        raise ModelError(
+            f"checkpoint {directory} has no adapter_model.safetensors (a pickled adapter_model.bin is never loaded); "
+            "save the adapter with safe_serialization=True."
+        )
+    try:
+        adapter = PeftModel.from_pretrained(copy.deepcopy(base), str(directory), is_trainable=False)
+    except Exception as exc:  # size mismatch, corrupt file, unknown modules: all say the same to the user
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"the LoRA adapter in {directory} does not load onto the base model {type(base).__name__} ({first}); "
+            "check that --base / model.name is the model the adapter was trained from."
+        ) from None
+    return adapter.merge_and_unload().eval()
+
+
+def _full_checkpoint(base: Any, directory: Path, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(base.parameters()).dtype
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(directory), use_safetensors=True, dtype=dtype, trust_remote_code=False
+        )
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"the model checkpoint in {directory} does not load ({first}).") from None
+    shapes = {n: tuple(p.shape) for n, p in base.named_parameters()}
+    mine = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    if shapes != mine:
+        diff = sorted(set(shapes.items()) ^ set(mine.items()))[:3]
+        raise ModelError(
+            f"the model checkpoint in {directory} does not have the base model's architecture (e.g. {diff}); "
+            "check that --base / model.name is the model it was fine-tuned from."
+        )
     return model.to(device).eval()
 
 

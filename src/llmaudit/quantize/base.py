@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmaudit.common.errors import UserError
+
 # Linear layers inside the transformer blocks of HF decoders (`model.layers.<i>.self_attn.q_proj`, ...).
 # Embeddings, norms and the output head are left alone, as the real backends do.
 DEFAULT_MODULES: tuple[str, ...] = (r"(^|\.)layers\.\d+\.",)
@@ -44,7 +46,7 @@ INSTALL_HINTS = {
 }
 
 
-class QuantizationError(RuntimeError):
+class QuantizationError(UserError):
     """A quantizer cannot do what was asked: bad option, missing library, impossible request."""
 
 

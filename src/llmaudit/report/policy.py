@@ -1,12 +1,4 @@
-"""`llmaudit report`: the quantizer grid, privacy and utility side by side, full precision as reference.
-
-One result object (`analysis.analyze`) rendered three ways from one built report (`build_report`):
-report.json (complete, strict JSON, validated against `REPORT_SCHEMA`), report.md and a self-contained
-report.html (inline CSS, figures embedded as base64 PNG, no scripts, no external resources). The figures
-are also written as PNG files under report/plots/.
-
-Privacy of the report itself: no training text appears in any output. Samples are named by id and score
-only; their text is added only with `include_samples=True` (`llmaudit report --include-samples`).
+"""The release checklist and the recommendation: the policy that turns estimates into PASS / FAIL.
 
 Release checklist (`release_checklist`), per quantizer, thresholds from the recipe's `report` section:
   attack_tpr  the highest per-sample-calibrated TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr

@@ -1,10 +1,19 @@
-"""The `llmaudit score` stage: check the quantizers, then score every unit of a shard that is not on disk."""
+"""The `llmaudit score` stage: check the quantizers and the store, then score every unit of a shard
+that is not done.
+
+A unit is done when its loss table is on disk AND passes `verify_store` (readable, complete for its
+samples, consistent with the manifest, finite); a unit that fails is moved to scores/quarantine/ and
+scored again. Each unit is claimed with a file lock before it is scored and checked once more after the
+claim, so any number of processes (local jobs, SLURM array tasks) can score one store at once and no unit
+is ever scored twice; every unit scored is appended to scores/worklog.jsonl.
+"""
 
 from __future__ import annotations
 
 import copy
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,20 +21,30 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json
 from llmaudit.common.runtime import pick_device
 from llmaudit.config import ExperimentConfig
+from llmaudit.data.records import record_text
 from llmaudit.data.tokenize import Example, tokenize_records
-from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_tokenizer
+from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_checkpoint_model, load_tokenizer
 from llmaudit.quantize import get_quantizer
+from llmaudit.quantize.base import Quantizer
 from llmaudit.score.engine import TokenScores, score_examples, weights_digest
-from llmaudit.score.units import Unit, plan_units
+from llmaudit.store.integrity import check_checkpoint_dir, check_unit_file, quarantine, verify_store
+from llmaudit.store.locks import claim
 from llmaudit.store.losstable import REFERENCE_RUN, write_loss_table
-from llmaudit.store.markers import clear_stale_markers, each_marked, unit_marker_path
-from llmaudit.store.run_store import RunStore
+from llmaudit.store.markers import clear_stale_markers, running_marker, unit_marker_path
+from llmaudit.store.run_store import RunStore, StoreError
 from llmaudit.store.shards import shard_items
+from llmaudit.store.units import Unit, plan_units
+from llmaudit.store.worklog import append_work
 
 log = logging.getLogger(__name__)
+
+
+class ScoringError(UserError):
+    """A unit cannot be scored (a quantized model that diverges, an unfinished grid)."""
 
 
 def _rows(
@@ -50,10 +69,9 @@ def _rows(
     return pd.DataFrame(rows)
 
 
-def _record_quantizer(store: RunStore, quantizer: Any, qmodel: Any) -> None:
+def _record_quantizer(store: RunStore, quantizer: Quantizer, qmodel: Any) -> None:
     """Once per quantizer: its options, effective bits per weight and model size (for the report)."""
-
-    path = store.scores_dir / "quantizers" / f"{quantizer.name}.json"
+    path = store.quantizer_info_path(quantizer.name)
     if path.exists():
         return
     atomic_write_json(
@@ -69,9 +87,8 @@ def _record_quantizer(store: RunStore, quantizer: Any, qmodel: Any) -> None:
     )
 
 
-def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Any]:
+def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Quantizer]:
     """Build every quantizer and reject impossible requests before any work starts."""
-
     quantizers = {}
     for name in cfg.score.quantizers:
         opts = dict(cfg.score.quantizer_options.get(name, {}))
@@ -82,93 +99,177 @@ def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, A
     return quantizers
 
 
-def score(
-    cfg: ExperimentConfig, store: RunStore, *, shard: tuple[int, int] | None = None, progress: bool = True, echo=print
-) -> dict[str, Any]:
-    """Score every unit of this shard that is not on disk yet. Returns counts and timings."""
-    from peft import PeftModel
+@dataclass
+class _Inputs:
+    """What every unit of one `score` call shares, loaded once."""
 
-    device = pick_device(cfg.score.device)
-    quantizers = check_quantizers(cfg, device)
-    store.update_config(cfg)
+    cfg: ExperimentConfig
+    store: RunStore
+    device: torch.device
+    quantizers: dict[str, Quantizer]
+    tok: Any
+    pool_records: list[dict]
+    pool: list[Example]
+    val: list[Example]
+    masks: np.ndarray
+    base: Any
+
+
+def _load_inputs(cfg: ExperimentConfig, store: RunStore, device: torch.device, quantizers: dict) -> _Inputs:
+    tok = load_tokenizer(cfg.model)
+    pool_records = store.read_records("pool")
+    kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    pool = tokenize_records(tok, pool_records, "pool", **kw)
+    val = tokenize_records(tok, store.read_records("val"), "val", **kw)
+    base = load_base_model(cfg.model, device)
+    import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
+    return _Inputs(cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base)
+
+
+def _checkpoint_model(inputs: _Inputs, run: int, step: int) -> Any:
+    """The fine-tuned model of (run, step): the base with the LoRA adapter merged, or a full checkpoint."""
+    store = inputs.store
+    directory = store.checkpoint_dir(run, step)
+    record = store.done_record(run) if store.manifest().get("imported") is None else None
+    expected = None
+    if record is not None:
+        expected = dict(zip((str(s) for s in record["steps"]), record.get("adapter_sha256") or [], strict=False)).get(
+            str(step)
+        )
+    why = check_checkpoint_dir(store, run, step, directory, expected_sha256=expected, deep=True)
+    if why:
+        raise StoreError(f"{directory}: {why}; `llmaudit status {store.root}` shows what is missing.")
+    return load_checkpoint_model(inputs.base, directory, inputs.device)
+
+
+def _quantized(inputs: _Inputs, quantizer: Quantizer, model: Any, run: int) -> Any:
+    if quantizer.family == "full" and quantizer.name == "fp32" and next(model.parameters()).dtype == torch.float32:
+        return model  # no copy: fp32 of an fp32 model is the model itself
+    kwargs = {}
+    if quantizer.family == "gptq":  # calibrated on the run's own training samples (the base: run 0's)
+        members = np.flatnonzero(inputs.masks[max(run, 0)])
+        kwargs = {"tokenizer": inputs.tok, "calibration_texts": [record_text(inputs.pool_records[i]) for i in members]}
+    return quantizer.quantize_model(copy.deepcopy(model), **kwargs)
+
+
+def score_unit(inputs: _Inputs, unit: Unit, model: Any) -> pd.DataFrame:
+    """The loss table of one unit: `model` (the unit's checkpoint) quantized, scored on its samples."""
+    quantizer = inputs.quantizers[unit.quantizer]
+    qmodel = _quantized(inputs, quantizer, model, unit.run)
+    _record_quantizer(inputs.store, quantizer, qmodel)
+    examples = inputs.val + (inputs.pool if unit.final else [])
+    cfg, device = inputs.cfg, inputs.device
+    scores = score_examples(
+        qmodel,
+        [(e.input_ids, e.loss_mask) for e in examples],
+        pad_id=inputs.tok.pad_token_id,
+        token_budget=cfg.score.token_budget or (16384 if device.type == "cuda" else 2048),
+        head_chunk=cfg.score.head_chunk,
+        vocab_stats=cfg.score.vocab_stats,
+        device=device,
+        cpu_workers=cfg.score.cpu_workers,
+    )
+    nonfinite = [e.sample_id for e, s in zip(examples, scores, strict=True) if not np.isfinite(s.token_losses).all()]
+    if nonfinite:
+        raise ScoringError(
+            f"unit run={unit.run} step={unit.step} quantizer={unit.quantizer}: non-finite losses on "
+            f"{len(nonfinite)} sample(s) (e.g. {nonfinite[:3]}): the quantized model diverges. Remove "
+            "this quantizer from score.quantizers, or try other options (group size, compute dtype); "
+            "the units scored so far are kept."
+        )
+    members = (
+        set()
+        if unit.run == REFERENCE_RUN
+        else {inputs.pool[i].sample_id for i in np.flatnonzero(inputs.masks[unit.run])}
+    )
+    return _rows(unit, examples, scores, members, weights_digest(qmodel))
+
+
+def _todo(
+    cfg: ExperimentConfig, store: RunStore, shard: tuple[int, int] | None, *, deep: bool, echo
+) -> tuple[list[Unit], list[Unit]]:
+    """(the units of this shard, those not done). Store problems are refused; failed units are moved aside."""
     unfinished = [r for r in range(cfg.train.runs) if not store.run_done(r)]
     if shard is not None and shard[1] > 1 and unfinished:
         # The round-robin split is over the full grid; with runs missing, shards would disagree on it.
-        raise ValueError(
+        raise ScoringError(
             f"score --shard {shard[0]}/{shard[1]}: runs {unfinished} of {store.root} are not finished, so the "
             "scoring grid is incomplete. Finish `llmaudit finetune` first (`llmaudit status` shows what is missing)."
         )
-    all_units = plan_units(cfg, store)
-    mine = shard_items(all_units, shard)
-    todo = [u for u in mine if not store.unit_path(u.run, u.step, u.quantizer).exists()]
-    pending = set(todo)
-    clear_stale_markers(unit_marker_path(store, u.run, u.step, u.quantizer) for u in mine if u not in pending)
+    verdict = verify_store(store, cfg, deep=deep)
+    if verdict.problems:
+        raise StoreError(verdict.message(store))
+    mine = shard_items(plan_units(cfg, store), shard)
+    for unit, why in verdict.invalid_units.items():
+        if unit in set(mine):
+            moved = quarantine(store, store.unit_path(unit.run, unit.step, unit.quantizer))
+            echo(
+                f"[score] {unit_name(unit)} failed its check ({why.removeprefix('invalid: ')}); moved to {moved} and scored again"
+            )
+    todo = [u for u in mine if not verdict.done(u)]
+    clear_stale_markers(unit_marker_path(store, u.run, u.step, u.quantizer) for u in mine if u not in set(todo))
+    return mine, todo
+
+
+def unit_name(unit: Unit) -> str:
+    return f"{'base' if unit.run < 0 else f'run {unit.run}'}/step {unit.step}/{unit.quantizer}"
+
+
+def score(
+    cfg: ExperimentConfig,
+    store: RunStore,
+    *,
+    shard: tuple[int, int] | None = None,
+    progress: bool = True,
+    echo=print,
+    deep_verify: bool = False,
+) -> dict[str, Any]:
+    """Score every unit of this shard that is not done. Returns counts and timings:
+    {"units", "scored", "taken_by_others", "seconds"}."""
+    device = pick_device(cfg.score.device)
+    quantizers = check_quantizers(cfg, device)
+    store.update_config(cfg)
+    mine, todo = _todo(cfg, store, shard, deep=deep_verify, echo=echo)
     echo(
-        f"[score] {store.root}: {len(all_units)} unit(s) in the grid, {len(mine)} in this shard, {len(mine) - len(todo)} already scored, {len(todo)} to do on {device}"
+        f"[score] {store.root}: {len(plan_units(cfg, store))} unit(s) in the grid, {len(mine)} in this shard, "
+        f"{len(mine) - len(todo)} already scored, {len(todo)} to do on {device}"
     )
     if not todo:
-        return {"units": len(mine), "scored": 0, "seconds": 0.0}
-    tok = load_tokenizer(cfg.model)
-    pool_records = store.read_records("pool")
-    pool = tokenize_records(tok, pool_records, "pool", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
-    val = tokenize_records(
-        tok, store.read_records("val"), "val", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9
-    )
-    masks = store.membership()
-    base = load_base_model(cfg.model, device)
-    import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
-    t0 = time.time()
+        return {"units": len(mine), "scored": 0, "taken_by_others": 0, "seconds": 0.0}
+    inputs = _load_inputs(cfg, store, device, quantizers)
+    masks, pool_ids, val_ids = inputs.masks, [e.sample_id for e in inputs.pool], [e.sample_id for e in inputs.val]
+    t0, scored, others = time.time(), 0, []
     bar = tqdm(total=len(todo), desc="scoring", disable=not progress, mininterval=1.0)
-    merged_key, merged = None, None
-    for unit in each_marked(todo, lambda u: unit_marker_path(store, u.run, u.step, u.quantizer)):
-        if unit.run == REFERENCE_RUN:
-            model, members = base, set()
-        else:
-            if merged_key != (unit.run, unit.step):
-                # Load the base once; merge each adapter into a working copy.
-                adapter = PeftModel.from_pretrained(copy.deepcopy(base), str(store.checkpoint_dir(unit.run, unit.step)))
-                merged, merged_key = adapter.merge_and_unload().eval(), (unit.run, unit.step)
-            model = merged
-            members = {pool[i].sample_id for i in np.flatnonzero(masks[unit.run])}
-        quantizer = quantizers[unit.quantizer]
-        kwargs = {}
-        if quantizer.family == "gptq":
-            member_texts = [
-                pool_records[i]["input"] + "\n" + pool_records[i]["output"]
-                for i in np.flatnonzero(masks[max(unit.run, 0)])
-            ]
-            kwargs = {"tokenizer": tok, "calibration_texts": member_texts}
-        qmodel = (
-            model
-            if quantizer.family == "full"
-            and quantizer.name == "fp32"
-            and next(model.parameters()).dtype == torch.float32
-            else quantizer.quantize_model(copy.deepcopy(model), **kwargs)
-        )
-        _record_quantizer(store, quantizer, qmodel)
-        examples = val + (pool if unit.final else [])
-        scores = score_examples(
-            qmodel,
-            [(e.input_ids, e.loss_mask) for e in examples],
-            pad_id=tok.pad_token_id,
-            token_budget=cfg.score.token_budget or (16384 if device.type == "cuda" else 2048),
-            head_chunk=cfg.score.head_chunk,
-            vocab_stats=cfg.score.vocab_stats,
-            device=device,
-            cpu_workers=cfg.score.cpu_workers,
-        )
-        nonfinite = [e.sample_id for e, s in zip(examples, scores) if not np.isfinite(s.token_losses).all()]
-        if nonfinite:
-            raise FloatingPointError(
-                f"unit run={unit.run} step={unit.step} quantizer={unit.quantizer}: non-finite losses on "
-                f"{len(nonfinite)} sample(s) (e.g. {nonfinite[:3]}): the quantized model diverges. Remove "
-                "this quantizer from score.quantizers, or try other options (group size, compute dtype)."
-            )
-        df = _rows(unit, examples, scores, members, weights_digest(qmodel))
-        write_loss_table(df, store.unit_path(unit.run, unit.step, unit.quantizer))
-        del qmodel
+    model_key, model = None, None
+    for unit in todo:
+        path = store.unit_path(unit.run, unit.step, unit.quantizer)
+        with claim(store.lock_path("units", *path.relative_to(store.scores_dir).with_suffix("").parts)) as mine_now:
+            if not mine_now or (path.exists() and check_unit_file(path, unit, pool_ids, val_ids, masks) is None):
+                others.append(unit)  # another process holds it, or finished it since we looked
+                bar.update(1)
+                continue
+            with running_marker(unit_marker_path(store, unit.run, unit.step, unit.quantizer)):
+                start = time.time()
+                if model_key != (unit.run, unit.step):
+                    model = inputs.base if unit.run == REFERENCE_RUN else _checkpoint_model(inputs, unit.run, unit.step)
+                    model_key = (unit.run, unit.step)
+                write_loss_table(score_unit(inputs, unit, model), path)
+                append_work(
+                    store.worklog_path,
+                    {
+                        "stage": "score",
+                        "run": unit.run,
+                        "step": unit.step,
+                        "quantizer": unit.quantizer,
+                        "seconds": round(time.time() - start, 3),
+                    },
+                )
+                scored += 1
         bar.update(1)
     bar.close()
     seconds = time.time() - t0
-    echo(f"[score] scored {len(todo)} unit(s) in {seconds:.1f}s")
-    return {"units": len(mine), "scored": len(todo), "seconds": seconds}
+    echo(
+        f"[score] scored {scored} unit(s) in {seconds:.1f}s"
+        + (f"; {len(others)} unit(s) were taken by another process" if others else "")
+    )
+    return {"units": len(mine), "scored": scored, "taken_by_others": len(others), "seconds": seconds}

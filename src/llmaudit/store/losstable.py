@@ -33,7 +33,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_bytes
+from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
 
 REQUIRED_COLUMNS: dict[str, str] = {
     "run": "int",
@@ -80,7 +82,7 @@ OPTIONAL_SCHEMA = {
 }
 
 
-class LossTableError(ValueError):
+class LossTableError(UserError):
     """A loss table does not follow the documented format."""
 
 
@@ -121,6 +123,10 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
         )
     if (df["n_tokens"] <= 0).any():
         raise LossTableError(f"{source}: every row needs at least one scored token (n_tokens > 0).")
+    bad_names = sorted({q for q in df["quantizer"].unique() if not is_safe_name(q)})
+    if bad_names:
+        raise LossTableError(f"{source}: quantizer name(s) {bad_names[:3]} are not allowed: use {SAFE_NAME_RULE}.")
+    _check_token_columns(df, source)
     nonfinite = ~np.isfinite(df["loss"].to_numpy())
     if nonfinite.any():
         rows = df.loc[nonfinite, ["run", "checkpoint", "quantizer"]].drop_duplicates().head(5)
@@ -129,11 +135,60 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
             f"{rows.to_dict('records')}. A quantized model that diverges cannot be scored; drop that "
             "quantizer or check the checkpoint."
         )
-    key = ["run", "checkpoint", "quantizer", "sample_id"]
-    dup = df.duplicated(key)
+    _check_duplicates(df, source)
+    return df
+
+
+def _check_duplicates(df: pd.DataFrame, source: str) -> None:
+    dup = df.duplicated(["run", "checkpoint", "quantizer", "sample_id"])
     if dup.any():
         raise LossTableError(f"{source}: {int(dup.sum())} duplicate (run, checkpoint, quantizer, sample_id) row(s).")
-    return df
+
+
+def _flat(column: pd.Series, source: str, name: str) -> np.ndarray:
+    try:
+        return np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in column]) if len(column) else np.zeros(0)
+    except (TypeError, ValueError) as exc:
+        raise LossTableError(f"{source}: column '{name}' holds non-numbers ({exc}).") from None
+
+
+def _first_bad_row(df: pd.DataFrame, bad_tokens: np.ndarray, offsets: np.ndarray) -> dict:
+    row = int(np.searchsorted(offsets, np.flatnonzero(bad_tokens)[0], side="right") - 1)
+    return df.iloc[row][["run", "checkpoint", "quantizer", "sample_id"]].to_dict()
+
+
+def _check_token_columns(df: pd.DataFrame, source: str) -> None:
+    """Per-token values: finite non-negative NLLs whose mean is the row's loss; finite vocabulary statistics
+    (std >= 0); positive zlib lengths. A NaN hidden in token_losses would change min-k% and Min-K%++."""
+    flat = _flat(df["token_losses"], source, "token_losses")
+    offsets = np.concatenate([[0], np.cumsum(df["n_tokens"].to_numpy())])[:-1]
+    bad = ~np.isfinite(flat) | (flat < 0)
+    if bad.any():
+        raise LossTableError(
+            f"{source}: token_losses hold {int(bad.sum())} non-finite or negative value(s), first at "
+            f"{_first_bad_row(df, bad, offsets)}; rescore that unit (`llmaudit score` redoes a failed unit)."
+        )
+    if len(df):
+        means = np.add.reduceat(flat, offsets) / df["n_tokens"].to_numpy()
+        off = ~np.isclose(means, df["loss"].to_numpy(), rtol=1e-4, atol=1e-5)
+        if off.any():
+            row = df.iloc[int(np.flatnonzero(off)[0])]
+            raise LossTableError(
+                f"{source}: 'loss' is not the mean of 'token_losses' for {int(off.sum())} row(s), e.g. run "
+                f"{row['run']} checkpoint {row['checkpoint']} quantizer {row['quantizer']} sample {row['sample_id']!r}."
+            )
+    for col in ("token_vocab_mean", "token_vocab_std"):
+        if col in df.columns and df[col].notna().all():
+            values = _flat(df[col], source, col)
+            if values.size != flat.size:
+                raise LossTableError(f"{source}: '{col}' does not hold one value per scored token.")
+            bad = ~np.isfinite(values) | ((values < 0) if col == "token_vocab_std" else False)
+            if bad.any():
+                raise LossTableError(
+                    f"{source}: '{col}' holds {int(bad.sum())} invalid value(s), first at {_first_bad_row(df, bad, offsets)}."
+                )
+    if "zlib_bytes" in df.columns and df["zlib_bytes"].notna().all() and (df["zlib_bytes"].to_numpy() <= 0).any():
+        raise LossTableError(f"{source}: 'zlib_bytes' must be positive byte counts.")
 
 
 def to_arrow(df: pd.DataFrame) -> pa.Table:
@@ -153,26 +208,41 @@ def write_loss_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def read_loss_table(path: str | os.PathLike) -> pd.DataFrame:
-    """Read one parquet file, or every `*.parquet` below a directory, and validate."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"loss table {path} does not exist; pass a parquet file or a directory of them "
-            "(an audit writes them under RUN_DIR/scores/)."
-        )
-    files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
-    if not files:
-        raise LossTableError(f"{path}: no *.parquet files found.")
+def read_parquet_file(path: Path) -> pd.DataFrame:
+    """One parquet file as a frame (token columns as float64 arrays), LossTableError naming the file
+    when it is truncated, corrupt or not parquet."""
     try:
-        frames = [pq.read_table(f).to_pandas() for f in files]
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise LossTableError(f"{path}: not a readable parquet file ({exc}).") from exc
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        df = pq.read_table(path).to_pandas()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise LossTableError(
+            f"{path}: not a readable parquet file ({str(exc).splitlines()[0][:200]}); if it is a scoring unit, "
+            "`llmaudit score RUN_DIR` scores it again."
+        ) from None
     for col in ("token_losses", "token_vocab_mean", "token_vocab_std"):
         if col in df.columns:
-            df[col] = df[col].map(lambda v: np.asarray(v, dtype=np.float64))
-    return validate_loss_table(df, source=str(path))
+            df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
+    return df
+
+
+def read_loss_table(path: str | os.PathLike, *, files: list[Path] | None = None) -> pd.DataFrame:
+    """Read one parquet file, or every `*.parquet` below a directory (or the given `files`), and validate.
+    Errors name the file at fault."""
+    path = Path(path)
+    if files is None:
+        if not path.exists():
+            raise LossTableError(
+                f"loss table {path} does not exist; pass a parquet file or a directory of them "
+                "(an audit writes them under RUN_DIR/scores/)."
+            )
+        files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+    if not files:
+        raise LossTableError(f"{path}: no *.parquet files found.")
+    frames = [validate_loss_table(read_parquet_file(f), source=str(f)) for f in files]
+    if len(frames) == 1:
+        return frames[0]
+    df = pd.concat(frames, ignore_index=True)
+    _check_duplicates(df, str(path))
+    return df
 
 
 def loss_matrix(

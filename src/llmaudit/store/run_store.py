@@ -1,21 +1,34 @@
 """The run store: one directory per experiment, self-describing, written atomically.
 
-OUT/
-  manifest.json            identity, resolved config, versions, seeds, data fingerprint, membership
-  config.yaml              the resolved recipe
-  data/pool.jsonl          the audited records (candidate members) ...
-  data/val.jsonl           ... and the validation records (never trained on)
-  runs/run-000/checkpoints/step-000012/   adapter_model.safetensors, adapter_config.json, checkpoint.json
-  runs/run-000/DONE.json   written last: the run is complete
-  scores/base/fp32.parquet                 the base model (run -1) on pool + val
-  scores/run-000/step-000012/hqq-4.parquet one scoring unit (loss-table format)
-  results/                 indicator.json, attacks.json, memorization.json, plots
-  report/                  report.json, report.md, report.html
+    OUT/
+      manifest.json            identity, resolved config, versions, seeds, data fingerprint, membership,
+                               the quantizers scored so far (add-only) and a digest of its own content
+      config.yaml              the resolved recipe
+      data/pool.jsonl          the audited records (candidate members) ...
+      data/val.jsonl           ... and the validation records (never trained on)
+      runs/run-000/checkpoints/step-000012/   adapter_model.safetensors, adapter_config.json, checkpoint.json,
+                                              trainer_state.safetensors + trainer_state.json (newest only)
+      runs/run-000/DONE.json   written last: the run's trajectory (steps and adapter digests)
+      scores/base/fp32.parquet                 the base model (run -1) on pool + val
+      scores/run-000/step-000012/hqq-4.parquet one scoring unit (loss-table format)
+      scores/quantizers/hqq-4.json             the quantizer's options, effective bits and model size
+      scores/worklog.jsonl     one line per unit scored: who, when, how long (append-only)
+      locks/                   file locks that let several processes share the store
+      results/                 indicator.json, attacks.json, memorization.json, result.json
+      report/                  report.json, report.md, report.html, plots/*.png
+
+An imported experiment (`llmaudit import`) has the same layout without runs/: its manifest lists each
+run's checkpoints by path (they stay where the user's training wrote them) with the digest of their
+weights, which scoring checks before it loads them.
+
+Everything a store holds is data: JSON, JSONL, safetensors and parquet. Nothing in it is ever executed
+or unpickled, and `trust_remote_code` is never taken from a manifest (docs/architecture.md, "Trust").
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import importlib.metadata
 import json
 import platform
@@ -25,10 +38,16 @@ from typing import Any
 import numpy as np
 
 from llmaudit import __version__
+from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
-from llmaudit.config import ExperimentConfig, config_from_dict, dump_config
+from llmaudit.common.names import check_safe_name
+from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+DIGESTED_KEYS = ("identity_hash", "identity", "data", "membership", "imported")
+"""The manifest content that defines an experiment: its digest is checked on every read."""
+REQUIRED_KEYS = ("name", "identity_hash", "identity", "config", "data", "membership")
+REPAIR = "restore the run directory from its source, or recreate it with `llmaudit finetune` (or `llmaudit import`)"
 
 TRACKED_LIBRARIES = (
     "torch",
@@ -47,11 +66,27 @@ TRACKED_LIBRARIES = (
     "bitsandbytes",
     "gptqmodel",
     "optimum",
+    "gguf",
 )
 
 
-class StoreError(ValueError):
-    """The run store is missing, damaged, or belongs to another experiment."""
+class StoreError(UserError):
+    """The run store is missing, damaged, tampered with, or belongs to another experiment."""
+
+
+def content_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's defining content (DIGESTED_KEYS), canonical JSON."""
+    blob = json.dumps({k: manifest.get(k) for k in DIGESTED_KEYS}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def file_digest(path: str | Path, *, chunk: int = 1 << 22) -> str:
+    """sha256 of a file's bytes (checkpoint weights)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def library_versions() -> dict[str, str | None]:
@@ -65,6 +100,13 @@ def library_versions() -> dict[str, str | None]:
 
 
 class RunStore:
+    """One experiment's directory: paths, the manifest (checked on every read), runs and records.
+
+    `manifest()` refuses a manifest that is not valid JSON, lacks a key, whose content digest or identity
+    hash does not match its content, or whose membership block contradicts itself; the error names the
+    file, what is wrong and how to repair it. `config()` never takes `trust_remote_code` from the
+    manifest: only the command line (`--trust-remote-code`) can turn it on for a run directory."""
+
     def __init__(self, root: str | Path):
         self.root = Path(root)
 
@@ -74,18 +116,36 @@ class RunStore:
         return self.root / "manifest.json"
 
     def run_dir(self, run: int) -> Path:
-        return self.root / "runs" / f"run-{run:03d}"
+        return self.root / "runs" / f"run-{int(run):03d}"
+
+    def own_checkpoint_dir(self, run: int, step: int) -> Path:
+        """Where `llmaudit finetune` writes a checkpoint of this store."""
+        return self.run_dir(run) / "checkpoints" / f"step-{int(step):06d}"
 
     def checkpoint_dir(self, run: int, step: int) -> Path:
-        return self.run_dir(run) / "checkpoints" / f"step-{step:06d}"
+        """The checkpoint's directory: inside the store, or where an imported run's training wrote it."""
+        imported = self.imported_checkpoint(run, step)
+        return Path(imported["path"]) if imported else self.own_checkpoint_dir(run, step)
 
     def run_done_path(self, run: int) -> Path:
         return self.run_dir(run) / "DONE.json"
 
     def unit_path(self, run: int, step: int, quantizer: str) -> Path:
+        check_safe_name("quantizer name", quantizer)
         if run < 0:
             return self.root / "scores" / "base" / f"{quantizer}.parquet"
-        return self.root / "scores" / f"run-{run:03d}" / f"step-{step:06d}" / f"{quantizer}.parquet"
+        return self.root / "scores" / f"run-{int(run):03d}" / f"step-{int(step):06d}" / f"{quantizer}.parquet"
+
+    def quantizer_info_path(self, quantizer: str) -> Path:
+        return self.scores_dir / "quantizers" / f"{check_safe_name('quantizer name', quantizer)}.json"
+
+    def lock_path(self, *parts: str) -> Path:
+        """A lock file under locks/ (never beside the files it protects: listings stay clean)."""
+        return self.root.joinpath("locks", *parts).with_suffix(".lock")
+
+    @property
+    def worklog_path(self) -> Path:
+        return self.scores_dir / "worklog.jsonl"
 
     @property
     def scores_dir(self) -> Path:
@@ -104,15 +164,70 @@ class RunStore:
         return self.manifest_path.exists()
 
     def manifest(self) -> dict[str, Any]:
+        """The manifest, checked: valid JSON, every required key, its digest and identity hash, membership."""
         if not self.exists():
             raise StoreError(
                 f"{self.root} holds no manifest.json: not an llmaudit run directory. "
-                "Run `llmaudit finetune RECIPE` first (or point to the directory it printed)."
+                "Run `llmaudit finetune RECIPE` (or `llmaudit import`) first, or point to the directory it printed."
             )
-        return read_json(self.manifest_path)
+        manifest = read_json(self.manifest_path, what="run-store manifest", fix=REPAIR + ".")
+        if not isinstance(manifest, dict):
+            raise StoreError(f"{self.manifest_path} is not a JSON object; {REPAIR}.")
+        missing = [k for k in REQUIRED_KEYS if k not in manifest]
+        if missing:
+            raise StoreError(f"{self.manifest_path} lacks the key(s) {missing}: the manifest is damaged; {REPAIR}.")
+        recorded = manifest.get("content_digest")
+        if recorded is not None and recorded != content_digest(manifest):
+            raise StoreError(
+                f"{self.manifest_path} was modified after llmaudit wrote it: its content digest does not match "
+                f"its {'/'.join(DIGESTED_KEYS)} sections (an edited pool size, membership mask or data id changes "
+                f"every attack). Restore the original manifest; {REPAIR}."
+            )
+        self._check_membership(manifest)
+        return manifest
 
-    def config(self) -> ExperimentConfig:
-        return config_from_dict(self.manifest()["config"], source=str(self.manifest_path))
+    def _check_membership(self, manifest: dict[str, Any]) -> None:
+        mem, data = manifest["membership"], manifest["data"]
+        where = f"{self.manifest_path}: membership"
+        try:
+            masks = mem["masks"]
+            rows = [[c == "1" for c in row] for row in masks]
+            problems = []
+            if any(set(row) - {"0", "1"} for row in masks):
+                problems.append("masks hold characters other than 0 and 1")
+            if len(masks) != mem["runs"]:
+                problems.append(f"runs = {mem['runs']} but {len(masks)} masks")
+            widths = {len(r) for r in rows}
+            if widths != {mem["pool_size"]}:
+                problems.append(f"pool_size = {mem['pool_size']} but the masks hold {sorted(widths)} samples")
+            if "pool_ids" in data and len(data["pool_ids"]) != mem["pool_size"]:
+                problems.append(f"pool_size = {mem['pool_size']} but data.pool_ids lists {len(data['pool_ids'])}")
+            counts = [sum(r) for r in rows]
+            if counts != list(mem["n_train"]):
+                problems.append(f"n_train = {mem['n_train']} but the masks count {counts}")
+            if counts and mem["pool_size"] and abs(mem["fpc"] - (1 - np.mean(counts) / mem["pool_size"])) > 1e-9:
+                problems.append(f"fpc = {mem['fpc']} does not equal 1 - mean(n_train) / pool_size")
+        except (KeyError, TypeError) as exc:
+            raise StoreError(f"{where} is incomplete ({exc!r} missing or malformed); {REPAIR}.") from None
+        if problems:
+            raise StoreError(f"{where} contradicts itself: {'; '.join(problems)}; {REPAIR}.")
+
+    def config(self, *, trust_remote_code: bool = False) -> ExperimentConfig:
+        """The experiment's resolved config. `model.trust_remote_code` is the caller's (False unless the
+        user passed --trust-remote-code), never the manifest's: a received run directory cannot run code."""
+        manifest = self.manifest()
+        raw = json.loads(json.dumps(manifest["config"]))
+        try:
+            raw.setdefault("model", {})["trust_remote_code"] = bool(trust_remote_code)
+            cfg = config_from_dict(raw, source=str(self.manifest_path))
+        except (RecipeError, AttributeError, TypeError) as exc:
+            raise StoreError(f"{self.manifest_path}: its config section is invalid ({exc}); {REPAIR}.") from None
+        if cfg.identity_hash() != manifest["identity_hash"] or cfg.identity() != _jsonable(manifest["identity"]):
+            raise StoreError(
+                f"{self.manifest_path}: the config section no longer matches the experiment's identity (model, data, "
+                f"LoRA and training settings were edited); {REPAIR}."
+            )
+        return cfg
 
     def check_identity(self, cfg: ExperimentConfig) -> None:
         """Refuse to mix two experiments in one directory."""
@@ -134,12 +249,23 @@ class RunStore:
             )
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Write the manifest with a fresh content digest (only llmaudit's own writes go through here)."""
+        manifest = dict(manifest)
+        manifest["content_digest"] = content_digest(manifest)
         atomic_write_json(self.manifest_path, manifest)
 
-    def create(self, cfg: ExperimentConfig, data: dict[str, Any], membership: np.ndarray) -> dict[str, Any]:
+    def create(
+        self,
+        cfg: ExperimentConfig,
+        data: dict[str, Any],
+        membership: np.ndarray,
+        *,
+        imported: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         manifest = {
             "manifest_version": MANIFEST_VERSION,
             "name": cfg.name,
+            "origin": "import" if imported else "finetune",
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "identity_hash": cfg.identity_hash(),
             "identity": cfg.identity(),
@@ -154,37 +280,109 @@ class RunStore:
                 "fpc": float(1 - membership.sum(axis=1).mean() / membership.shape[1]),
                 "masks": ["".join("1" if m else "0" for m in row) for row in membership],
             },
+            "imported": imported,
+            "quantizers": [],
         }
+        manifest = _jsonable(manifest)
         self.write_manifest(manifest)
         atomic_write_text(self.root / "config.yaml", dump_config(cfg))
-        return manifest
+        return self.manifest()
 
     def membership(self) -> np.ndarray:
+        """[runs, pool_size] booleans: run r trained on pool sample j."""
         masks = self.manifest()["membership"]["masks"]
-        return np.array([[c == "1" for c in row] for row in masks], dtype=bool)
+        return np.array([[c == "1" for c in row] for row in masks], dtype=bool).reshape(len(masks), -1)
 
-    def update_config(self, cfg: ExperimentConfig) -> None:
-        """Record score/attack/report settings that changed (identity must match)."""
+    def scored_quantizers(self) -> list[str]:
+        """Every quantizer scored in this store so far, in the order they were first asked for (add-only)."""
+        manifest = self.manifest()
+        return list(manifest.get("quantizers") or manifest["config"]["score"]["quantizers"])
+
+    def update_config(self, cfg: ExperimentConfig) -> ExperimentConfig:
+        """Record score/attack/report settings (the identity must match). Add-only: the quantizers already
+        scored stay in the manifest's list, the new ones are appended, so that no earlier result disappears
+        from a later report. Returns the config as recorded (its score.quantizers is that union)."""
         self.check_identity(cfg)
         manifest = self.manifest()
-        manifest["config"] = cfg.model_dump(mode="json")
+        union = list(dict.fromkeys([*self.scored_quantizers(), *cfg.score.quantizers]))
+        recorded = cfg.model_copy(update={"score": cfg.score.model_copy(update={"quantizers": union})})
+        dumped = recorded.model_dump(mode="json")
+        dumped["model"]["trust_remote_code"] = manifest["config"].get("model", {}).get("trust_remote_code", False)
+        manifest["config"], manifest["quantizers"] = dumped, union
         self.write_manifest(manifest)
-        atomic_write_text(self.root / "config.yaml", dump_config(cfg))
+        atomic_write_text(self.root / "config.yaml", dump_config(recorded))
+        return recorded
 
     # ---------------------------------------------------------------- runs
+    def imported_checkpoint(self, run: int, step: int) -> dict[str, Any] | None:
+        """An imported run's checkpoint record {step, path, format, files: {name: sha256}}, or None."""
+        imported = self._imported()
+        if imported is None:
+            return None
+        for entry in imported["runs"][int(run)]["checkpoints"]:
+            if int(entry["step"]) == int(step):
+                return entry
+        return None
+
+    def _imported(self) -> dict[str, Any] | None:
+        if not self.exists():
+            return None
+        return self.manifest().get("imported")
+
+    def done_record(self, run: int) -> dict[str, Any] | None:
+        """DONE.json of a finished run (its trajectory: steps and adapter digests), None if unfinished."""
+        path = self.run_done_path(run)
+        if not path.exists():
+            return None
+        record = read_json(path, what="run record", fix=f"delete it to retrain run {run} (`llmaudit finetune`).")
+        if not isinstance(record, dict) or not isinstance(record.get("steps"), list):
+            raise StoreError(
+                f"{path} is damaged (no list of steps); delete it to retrain run {run} (`llmaudit finetune`)."
+            )
+        return record
+
     def checkpoints(self, run: int) -> list[int]:
-        """Steps of the complete checkpoints of a run, ascending."""
+        """Steps of a run's trajectory, ascending: for a finished (or imported) run the steps it recorded
+        (a deleted checkpoint is then missing, never silently replaced by an earlier one); for an
+        unfinished run, the complete checkpoints on disk (where training resumes)."""
+        imported = self._imported()
+        if imported is not None:
+            return sorted(int(c["step"]) for c in imported["runs"][int(run)]["checkpoints"])
+        record = self.done_record(run)
+        if record is not None:
+            return sorted(int(s) for s in record["steps"])
+        return self.checkpoints_on_disk(run)
+
+    def checkpoints_on_disk(self, run: int) -> list[int]:
+        """Steps of the complete checkpoints in this store's runs/ directory."""
         root = self.run_dir(run) / "checkpoints"
         if not root.is_dir():
             return []
-        steps = [int(p.name.split("-")[1]) for p in root.glob("step-*") if (p / "checkpoint.json").exists()]
+        steps = []
+        for p in root.glob("step-*"):
+            suffix = p.name.split("-", 1)[1]
+            if suffix.isdigit() and (p / "checkpoint.json").exists():
+                steps.append(int(suffix))
         return sorted(steps)
 
     def run_done(self, run: int) -> bool:
-        return self.run_done_path(run).exists()
+        return self._imported() is not None or self.run_done_path(run).exists()
 
     def read_records(self, split: str) -> list[dict]:
         path = self.root / "data" / f"{split}.jsonl"
         if not path.exists():
-            raise StoreError(f"{path} is missing; rerun `llmaudit finetune` to recreate the data files.")
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            raise StoreError(f"{path} is missing; {REPAIR}.")
+        records = []
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise StoreError(f"{path}:{lineno} is not valid JSON ({exc.msg}); {REPAIR}.") from None
+        return records
+
+
+def _jsonable(obj: Any) -> Any:
+    """The value as JSON would read it back (tuples to lists, numpy to Python)."""
+    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))

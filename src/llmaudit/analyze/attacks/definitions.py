@@ -1,4 +1,4 @@
-"""Membership inference attacks computed from a loss table, and their calibrated evaluation.
+"""What each attack computes, recorded with every result (`attack_definitions`).
 
 docs/science.md section 4. Every score is "HIGHER = more likely a member". Token losses are per-token
 negative log-likelihoods l_t = -log p(x_t | x_<t) in nats; L(x) = mean_t l_t.

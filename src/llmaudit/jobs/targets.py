@@ -1,0 +1,60 @@
+"""What a command works on: a recipe (the user's own: it may allow remote code) or a run directory
+(data from anywhere: it never may, unless the command line says so), plus `key=value` overrides.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llmaudit.common.runtime import configure_threads
+from llmaudit.config import ExperimentConfig, apply_overrides, config_from_dict, load_recipe
+from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.store.run_store import RunStore
+
+
+def is_run_dir(target: str | Path | None) -> bool:
+    return bool(target) and Path(target).is_dir() and (Path(target) / "manifest.json").exists()
+
+
+def split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """The first argument is a recipe (or run directory) unless it looks like key=value."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | None = None) -> ExperimentConfig:
+    """A recipe with overrides (`--out` replaces output_dir); sets this process's CPU threads."""
+    cfg = load_recipe(recipe, overrides)
+    if out is not None:
+        cfg = cfg.model_copy(update={"output_dir": str(out)})
+    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
+    return cfg
+
+
+def config_from_run_dir(
+    run_dir: str | Path, overrides: list[str], *, trust_remote_code: bool = False
+) -> ExperimentConfig:
+    """The run directory's recorded config plus overrides. `model.trust_remote_code` comes from the command
+    line only (the flag, or an explicit `model.trust_remote_code=true` override), never from the manifest."""
+    store = RunStore(run_dir)
+    raw = json.loads(store.config(trust_remote_code=trust_remote_code).model_dump_json())
+    raw = apply_overrides(raw, overrides)
+    raw["output_dir"] = str(Path(run_dir))
+    cfg = config_from_dict(raw, source=f"{store.manifest_path} + command-line overrides")
+    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
+    return cfg
+
+
+def resolve_target(
+    target: str | None, overrides: list[str], out: Path | None = None, *, trust_remote_code: bool = False
+) -> tuple[ExperimentConfig, RunStore]:
+    """(config, store) of a run directory or a recipe; a recipe's store must hold the same experiment
+    (checked when the stage touches it: a different model, data or training is refused)."""
+    if is_run_dir(target):
+        return config_from_run_dir(target, overrides, trust_remote_code=trust_remote_code), RunStore(target)
+    cfg = config_from_recipe(target, overrides, out)
+    if trust_remote_code:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"trust_remote_code": True})})
+    return cfg, RunStore(cfg.resolved_output_dir())

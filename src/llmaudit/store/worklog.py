@@ -1,0 +1,48 @@
+"""The work log: one JSON line per unit of work done in a store (what, who, when, how long).
+
+Append-only and written under a lock, so concurrent jobs never interleave lines. It is the store's
+record of the compute spent on it: `llmaudit status` counts it, and it shows whether any unit was ever
+done twice (it must not be: see `llmaudit.store.locks`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+
+def append_work(path: Path, record: dict[str, Any]) -> None:
+    """Append one record (plus host, pid and a UTC timestamp) to the log at `path`."""
+    line = json.dumps(
+        {
+            **record,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        },
+        sort_keys=True,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.with_suffix(".lock")), timeout=120.0), open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_work(path: Path) -> list[dict[str, Any]]:
+    """Every record of the log (a torn last line from a crash is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
