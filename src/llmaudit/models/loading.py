@@ -70,8 +70,8 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
     try:
         tok = AutoTokenizer.from_pretrained(cfg.name, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    except OSError as exc:
-        raise _hub_error(cfg.name, exc) from exc
+    except (OSError, ValueError) as exc:
+        raise _load_error(cfg.name, exc) from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -90,9 +90,10 @@ def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype |
             revision=None if route == "builtin" else cfg.revision,
             trust_remote_code=cfg.trust_remote_code,
             dtype=dtype,
+            use_safetensors=None if route == "hub" else True,
         )
-    except OSError as exc:
-        raise _hub_error(cfg.name, exc) from exc
+    except (OSError, ValueError) as exc:
+        raise _load_error(cfg.name, exc) from None
     return model.to(device).eval()
 
 
@@ -154,6 +155,21 @@ def _full_checkpoint(base: Any, directory: Path, device: torch.device) -> Any:
             "check that --base / model.name is the model it was fine-tuned from."
         )
     return model.to(device).eval()
+
+
+def _load_error(name: str, exc: Exception) -> ModelError:
+    """A loading failure as a one-line ModelError with the fix: custom code refused, no safetensors, offline."""
+    text = str(exc)
+    if "trust_remote_code" in text or "custom code" in text:
+        return ModelError(
+            f"model {name!r} ships its own Python code, which llmaudit runs only when you pass --trust-remote-code "
+            "(or set model.trust_remote_code: true in your own recipe); a run directory can never turn it on."
+        )
+    if "safetensors" in text.lower() and "bin" in text.lower():
+        return ModelError(
+            f"model {name!r} has only pickled *.bin weights, which llmaudit never loads; convert them to safetensors."
+        )
+    return _hub_error(name, exc)
 
 
 def _hub_error(name: str, exc: Exception) -> ModelError:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import base64
 import html
-import re
 from typing import Any
 
 from llmaudit.report.plots import FIGURES, WIDE_FIGURES
-from llmaudit.report.view import Table, sections
+from llmaudit.report.view import Table, sections, to_html
 
 _CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;color:#1d1d1f;background:#fafafa;font-size:14px;line-height:1.45}
@@ -37,13 +36,6 @@ figure img{max-width:100%;height:auto;display:block;margin:0 auto} figcaption{fo
 ul{margin:4px 0 10px;padding-left:22px} li{margin:2px 0}
 footer{color:#777;font-size:11.5px;margin-top:30px}
 """
-
-
-def _inline(text: str) -> str:
-    """Markdown-lite to HTML: escape first, then `code` and **bold**."""
-    out = html.escape(text)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
 
 
 def _html_table(t: Table) -> str:
@@ -100,10 +92,10 @@ def render_html(report: dict[str, Any], figures: dict[str, bytes]) -> str:
         parts.append(
             f'<section id="{s.anchor}"{cls}>' + ("" if s.anchor == "summary" else f"<h2>{html.escape(s.title)}</h2>")
         )
-        parts += [f"<p>{_inline(p)}</p>" for p in s.paras]
+        parts += [f"<p>{to_html(p)}</p>" for p in s.paras]
         parts += [_html_table(t) for t in s.tables]
         if s.bullets:
-            parts.append("<ul>" + "".join(f"<li>{_inline(b)}</li>" for b in s.bullets) + "</ul>")
+            parts.append("<ul>" + "".join(f"<li>{to_html(b)}</li>" for b in s.bullets) + "</ul>")
         if s.figures:
             parts.append('<div class="figs">')
             for name in s.figures:

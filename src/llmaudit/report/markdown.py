@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmaudit.report.plots import FIGURES
-from llmaudit.report.view import Table, sections
+from llmaudit.report.view import Table, md_escape, sections, to_markdown
 
 
 def _md_table(t: Table) -> list[str]:
@@ -19,17 +19,17 @@ def render_markdown(report: dict[str, Any], *, only: Iterable[str] | None = None
     """The report as Markdown; `only`: section anchors to keep (e.g. ("summary", "checklist") for a console summary)."""
 
     keep = set(only) if only is not None else None
-    lines = [f"# llmaudit report: {report['provenance']['experiment_name']}", ""]
+    lines = [f"# llmaudit report: {md_escape(str(report['provenance']['experiment_name']))}", ""]
     for s in sections(report):
         if keep is not None and s.anchor not in keep:
             continue
         lines += [f"## {s.title}", ""]
         for p in s.paras:
-            lines += [p, ""]
+            lines += [to_markdown(p), ""]
         for t in s.tables:
             lines += _md_table(t) + [""]
         for b in s.bullets:
-            lines.append(f"- {b}")
+            lines.append(f"- {to_markdown(b)}")
         if s.bullets:
             lines.append("")
         for name in s.figures:

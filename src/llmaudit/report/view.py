@@ -13,6 +13,74 @@ from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci, fmt
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
 
+LIT = ("\x02", "\x03")
+"""Markers around text that came from data (names, paths, reasons): every renderer shows it verbatim."""
+CODE = ("\x04", "\x05")
+"""Markers around data shown in code style."""
+_MARKERS = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+_SEGMENTS = re.compile("(\x02[^\x03]*\x03|\x04[^\x05]*\x05)")
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#!|<>~&])")
+
+
+def _clean(value: Any) -> str:
+    return _MARKERS.sub(" ", str(value)).replace("\n", " ").replace("\r", " ")
+
+
+def _unmark(value: Any) -> str:
+    """Cell content (always data): markers dropped, control characters blanked."""
+    return _clean(re.sub("[\x02-\x05]", "", str(value)))
+
+
+def lit(value: Any) -> str:
+    """Data (a name, a path, a reason) inside prose: shown verbatim, never read as Markdown or HTML."""
+    return f"{LIT[0]}{_clean(value)}{LIT[1]}"
+
+
+def code(value: Any) -> str:
+    """Data shown in code style, verbatim."""
+    return f"{CODE[0]}{_clean(value)}{CODE[1]}"
+
+
+def md_escape(text: str) -> str:
+    """Text that CommonMark renders exactly as written (no emphasis, links, HTML or table breaks)."""
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def md_code(text: str) -> str:
+    """A Markdown code span holding `text` verbatim (fenced with more backticks than it contains)."""
+    longest = max((len(m) for m in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}".replace("|", "\\|")
+
+
+def to_markdown(text: str) -> str:
+    """View text (Markdown-lite written by llmaudit, with marked data) as Markdown."""
+    out = []
+    for part in _SEGMENTS.split(text):
+        if part.startswith(LIT[0]):
+            out.append(md_escape(part[1:-1]))
+        elif part.startswith(CODE[0]):
+            out.append(md_code(part[1:-1]))
+        else:
+            out.append(part)
+    return "".join(out)
+
+
+def to_html(text: str) -> str:
+    """View text as HTML: llmaudit's own `code` and **bold** become tags; marked data is only escaped."""
+    out = []
+    for part in _SEGMENTS.split(text):
+        if part.startswith(LIT[0]):
+            out.append(html.escape(part[1:-1]))
+        elif part.startswith(CODE[0]):
+            out.append(f"<code>{html.escape(part[1:-1])}</code>")
+        else:
+            own = html.escape(part)
+            own = re.sub(r"`([^`]+)`", r"<code>\1</code>", own)
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", own))
+    return "".join(out)
+
 
 class Cell:
     """A table cell shared by the Markdown and HTML renderers: main text, an optional interval shown in
@@ -24,13 +92,17 @@ class Cell:
         self.text, self.sub, self.status, self.code, self.unreliable = text, sub, status, code, unreliable
 
     def md(self) -> str:
-        text = f"`{self.text}`" if self.code else (f"**{self.text}**" if self.status else self.text)
+        if self.code:
+            text = md_code(_unmark(self.text))
+        else:
+            text = md_escape(_unmark(self.text))
+            text = f"**{text}**" if self.status else text
         mark = " †" if self.unreliable else ""
-        sub = f" {self.sub}" if self.sub else ""
-        return (text + mark + sub).replace("|", "\\|")
+        sub = f" {md_escape(_unmark(self.sub))}" if self.sub else ""
+        return text + mark + sub
 
     def html(self) -> str:
-        text = html.escape(self.text)
+        text = html.escape(_unmark(self.text))
         if self.code:
             text = f"<code>{text}</code>"
         if self.status:
@@ -38,7 +110,7 @@ class Cell:
         if self.unreliable:
             text += ' <span class="unrel" title="estimate flagged unreliable">†</span>'
         if self.sub:
-            text += f'<br><span class="ci">{html.escape(self.sub)}</span>'
+            text += f'<br><span class="ci">{html.escape(_unmark(self.sub))}</span>'
         return text
 
 
@@ -96,7 +168,7 @@ def _criterion_cell(c: dict[str, Any]) -> Cell:
     else:
         val = f"{fmt_num(c['value'])}{fmt_ci(c['ci'])}"
         if c["id"] == "attack_tpr" and c.get("attack"):
-            val = f"{c['attack']}: {val}"
+            val = f"{lit(c['attack'])}: {val}"
     return Cell(c["status"], val, status=c["status"])
 
 
@@ -108,13 +180,13 @@ def _summary_section(report: dict[str, Any]) -> Section:
     overall = {q: v["overall"] for q, v in report["checklist"]["per_quantizer"].items()}
     counts = {s: sum(1 for v in overall.values() if v == s) for s in (PASS, INCONCLUSIVE, NOT_MEASURED, FAIL)}
     paras = [
-        f"Model `{prov['model']}` with a LoRA adapter (r={(prov.get('adapter') or {}).get('r')}), {mem.get('runs')} fine-tuning runs on "
-        f"random halves of {mem.get('pool_size')} pool samples; data fingerprint `{(prov.get('data') or {}).get('fingerprint')}`; "
-        f"{len(report['grid'])} quantizers against the full-precision reference `{report['reference_quantizer']}`.",
+        f"Model {code(prov['model'])} with a LoRA adapter (r={lit((prov.get('adapter') or {}).get('r'))}), {lit(mem.get('runs'))} fine-tuning runs on "
+        f"random halves of {lit(mem.get('pool_size'))} pool samples; data fingerprint {code((prov.get('data') or {}).get('fingerprint'))}; "
+        f"{len(report['grid'])} quantizers against the full-precision reference {code(report['reference_quantizer'])}.",
         (
-            f"**Recommendation: `{rec['quantizer']}`**: {rec['reason']}."
+            f"**Recommendation: {code(rec['quantizer'])}**: {lit(rec['reason'])}."
             if rec["quantizer"]
-            else f"**Recommendation: none**: {rec['reason']}."
+            else f"**Recommendation: none**: {lit(rec['reason'])}."
         ),
         "Release checklist: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
@@ -140,9 +212,9 @@ def _checklist_section(report: dict[str, Any]) -> Section:
         )
     reasons = []
     for q, v in report["checklist"]["per_quantizer"].items():
-        bad = [f"{c['id']}: {c['reason']}" for c in v["criteria"] if c["status"] not in (PASS, DISABLED)]
+        bad = [f"{c['id']}: {lit(c['reason'])}" for c in v["criteria"] if c["status"] not in (PASS, DISABLED)]
         if bad:
-            reasons.append(f"`{q}`: " + "; ".join(bad))
+            reasons.append(f"{code(q)}: " + "; ".join(bad))
     table = Table(
         ["quantizer", "overall", "attack TPR at 1% FPR", "r_Q", "utility (val loss vs ref)"],
         rows,
@@ -270,7 +342,9 @@ def _attacks_section(report: dict[str, Any]) -> Section:
                 lira_rows,
             )
         )
-    skipped = sorted({f"`{n}` on `{r['quantizer']}`: {why}" for r in grid for n, why in r["skipped_attacks"].items()})
+    skipped = sorted(
+        {f"{code(n)} on {code(r['quantizer'])}: {lit(why)}" for r in grid for n, why in r["skipped_attacks"].items()}
+    )
     bullets = [f"skipped {s}" for s in skipped]
     paras = [
         "Every attack on every quantizer's final checkpoints, each run in turn as the target (leave-one-out references). "
@@ -286,7 +360,7 @@ def _definitions_section(report: dict[str, Any]) -> Section:
     return Section(
         "Attack definitions",
         ["Recorded with every result so that scores under different definitions are never compared silently:"],
-        bullets=[f"`{n}`: `{d}`" for n, d in defs.items()],
+        bullets=[f"{code(n)}: {code(d)}" for n, d in defs.items()],
         anchor="definitions",
     )
 
@@ -357,15 +431,15 @@ def _memorization_section(report: dict[str, Any]) -> Section | None:
         )
     ref = mem.get("reference") or {}
     paras = [
-        f"Unintended memorization in bits: {mem.get('definition')} Reference: "
+        f"Unintended memorization in bits: {lit(mem.get('definition'))} Reference: "
         f"{'the base model before fine-tuning' if ref.get('kind') == 'base' else 'a named reference model'}; targets: each run's final checkpoint; "
-        f"means over runs, brackets: {mem.get('interval')}. Per-run detail is in report.json only (`result.memorization.per_run`).",
+        f"means over runs, brackets: {lit(mem.get('interval'))}. Per-run detail is in report.json only (`result.memorization.per_run`).",
     ]
     if mem.get("adapter_capacity_bits") is not None:
         paras.append(
             f"Capacity view: adapter capacity about {mem['adapter_capacity_bits']:,.0f} bits; median over runs of adapter "
             f"capacity / training-set information = {fmt_num(mem.get('median_adapter_capacity_over_information'), 2)}. "
-            f"{mem.get('capacity_note') or ''}"
+            f"{lit(mem.get('capacity_note') or '')}"
         )
     header = [
         "quantizer",
@@ -389,7 +463,7 @@ def _samples_section(report: dict[str, Any]) -> Section:
     vs = report["vulnerable_samples"]
     if not vs["available"]:
         return Section(
-            "Most vulnerable samples", [f"Quantizer `{vs['quantizer']}`: {vs.get('note')}."], anchor="samples"
+            "Most vulnerable samples", [f"Quantizer {code(vs['quantizer'])}: {lit(vs.get('note'))}."], anchor="samples"
         )
     header = ["rank", "sample id", "score"] + (["text"] if vs["include_samples"] else [])
     rows = [
@@ -402,9 +476,9 @@ def _samples_section(report: dict[str, Any]) -> Section:
         for s in vs["samples"]
     ]
     paras = [
-        f"Top {len(rows)} samples of the reference quantizer `{vs['quantizer']}` by the per-sample score of attack `{vs['attack']}`"
-        + (f" ({vs['score_definition']})" if vs.get("score_definition") else "")
-        + f"; {vs['note']}."
+        f"Top {len(rows)} samples of the reference quantizer {code(vs['quantizer'])} by the per-sample score of attack {code(vs['attack'])}"
+        + (f" ({lit(vs['score_definition'])})" if vs.get("score_definition") else "")
+        + f"; {lit(vs['note'])}."
     ]
     return Section("Most vulnerable samples", paras, [Table(header, rows)], anchor="samples")
 
@@ -416,21 +490,21 @@ def _provenance_section(report: dict[str, Any]) -> Section:
     adapter = p.get("adapter") or {}
     train = p.get("train") or {}
     params = p.get("parameters") or {}
-    versions = ", ".join(f"{k} {v}" for k, v in (p.get("library_versions") or {}).items() if v)
+    versions = ", ".join(f"{lit(k)} {lit(v)}" for k, v in (p.get("library_versions") or {}).items() if v)
     bullets = [
-        f"Experiment `{p.get('experiment_name')}`, identity hash `{p.get('identity_hash')}`, run directory `{p.get('run_dir')}`.",
-        f"Model `{p.get('model')}` ({params.get('model_total')} parameters); adapter: LoRA r={adapter.get('r')}, alpha={adapter.get('alpha')}, "
-        f"dropout={adapter.get('dropout')}, target modules {', '.join(adapter.get('target_modules') or [])} ({params.get('adapter_trainable')} trainable parameters).",
-        f"Training: {train.get('runs')} runs, {train.get('epochs')} epochs, batch {train.get('batch_size')}, lr {train.get('lr')}, "
-        f"weight decay {train.get('weight_decay')}, {train.get('checkpoints_per_epoch')} checkpoint(s) per epoch.",
-        f"Data: route {data.get('route')}, source {data.get('source')}, tasks {', '.join(data.get('tasks') or [])}, "
-        f"{data.get('n_usable')} usable records; fingerprint `{data.get('fingerprint')}`.",
-        f"Membership: {mem.get('runs')} runs, pool of {mem.get('pool_size')}, members per run {sorted(set(mem.get('n_train') or []))}, "
+        f"Experiment {code(p.get('experiment_name'))}, identity hash {code(p.get('identity_hash'))}, run directory {code(p.get('run_dir'))}.",
+        f"Model {code(p.get('model'))} ({lit(params.get('model_total'))} parameters); adapter: LoRA r={lit(adapter.get('r'))}, alpha={lit(adapter.get('alpha'))}, "
+        f"dropout={lit(adapter.get('dropout'))}, target modules {lit(', '.join(map(str, adapter.get('target_modules') or [])))} ({lit(params.get('adapter_trainable'))} trainable parameters).",
+        f"Training: {lit(train.get('runs'))} runs, {lit(train.get('epochs'))} epochs, batch {lit(train.get('batch_size'))}, lr {lit(train.get('lr'))}, "
+        f"weight decay {lit(train.get('weight_decay'))}, {lit(train.get('checkpoints_per_epoch'))} checkpoint(s) per epoch.",
+        f"Data: route {lit(data.get('route'))}, source {lit(data.get('source'))}, tasks {lit(', '.join(map(str, data.get('tasks') or [])))}, "
+        f"{lit(data.get('n_usable'))} usable records; fingerprint {code(data.get('fingerprint'))}.",
+        f"Membership: {lit(mem.get('runs'))} runs, pool of {lit(mem.get('pool_size'))}, members per run {lit(sorted(set(mem.get('n_train') or [])))}, "
         f"finite population correction factor {fmt_num(mem.get('fpc'))}.",
-        f"Seeds: {', '.join(f'{k}={v}' for k, v in (p.get('seeds') or {}).items())}; attack bootstrap seed "
-        f"{(p.get('attack_settings') or {}).get('seed')}, {(p.get('attack_settings') or {}).get('n_boot')} resamples.",
-        f"llmaudit {p.get('llmaudit_version')} (result schema v{p.get('result_schema_version')}, report schema v{report['report_schema_version']}); {versions}.",
-        f"r_Q estimator: {(p.get('indicator_protocol') or {}).get('estimator')}; {(p.get('indicator_protocol') or {}).get('formula')}.",
+        f"Seeds: {lit(', '.join(f'{k}={v}' for k, v in (p.get('seeds') or {}).items()))}; attack bootstrap seed "
+        f"{lit((p.get('attack_settings') or {}).get('seed'))}, {lit((p.get('attack_settings') or {}).get('n_boot'))} resamples.",
+        f"llmaudit {lit(p.get('llmaudit_version'))} (result schema v{p.get('result_schema_version')}, report schema v{report['report_schema_version']}); {versions}.",
+        f"r_Q estimator: {lit((p.get('indicator_protocol') or {}).get('estimator'))}; {lit((p.get('indicator_protocol') or {}).get('formula'))}.",
     ]
     return Section("Provenance", [], bullets=bullets, anchor="provenance")
 

@@ -40,7 +40,7 @@ import numpy as np
 from llmaudit import __version__
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
-from llmaudit.common.names import check_safe_name
+from llmaudit.common.names import check_safe_name, is_safe_name
 from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config
 
 MANIFEST_VERSION = 2
@@ -182,6 +182,11 @@ class RunStore:
                 f"{self.manifest_path} was modified after llmaudit wrote it: its content digest does not match "
                 f"its {'/'.join(DIGESTED_KEYS)} sections (an edited pool size, membership mask or data id changes "
                 f"every attack). Restore the original manifest; {REPAIR}."
+            )
+        bad = [q for q in manifest.get("quantizers") or [] if not is_safe_name(q)]
+        if bad:
+            raise StoreError(
+                f"{self.manifest_path}: quantizer name(s) {bad[:3]} are not allowed (they would name paths); {REPAIR}."
             )
         self._check_membership(manifest)
         return manifest
