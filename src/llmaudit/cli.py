@@ -4,6 +4,7 @@ llmaudit audit [RECIPE] [key=value ...]     finetune -> score -> report (default
 llmaudit finetune RECIPE [key=value ...]    LoRA runs with membership masks and checkpoints
 llmaudit score RUN_DIR_OR_RECIPE [...]      per-sample token losses of every quantized checkpoint
 llmaudit report RUN_DIR                     r_Q, attacks, memorization -> report.json / .md / .html
+llmaudit import TRAINING_DIR --base M --train F --heldout F --out RUN_DIR   audit your own fine-tune
 llmaudit indicator | attack | memorization LOSS_TABLE   on any loss table (bring your own losses)
 llmaudit validate synthetic | capacity      validations where the truth is known
 llmaudit quantizers                         every quantizer and whether it can run here
@@ -25,6 +26,7 @@ from llmaudit.common.errors import UserError
 from llmaudit.common.io import read_json, to_json
 from llmaudit.common.runtime import env_threads, set_threads
 from llmaudit.finetune.runs import finetune as do_finetune
+from llmaudit.jobs.plan import format_plan, make_plan
 from llmaudit.jobs.status import format_status, stage_status
 from llmaudit.jobs.submit import submit as do_submit
 from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, resolve_target, split_recipe_args
@@ -151,6 +153,90 @@ def report(
     typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
 
 
+@app.command("import", context_settings={"allow_extra_args": True})
+def import_(
+    args: list[str] = typer.Argument(
+        None,
+        help="TRAINING_DIR (the trainer's output_dir: checkpoint-N/ subdirectories and/or final weights), then "
+        f"key=value overrides of the recorded config. {OVERRIDES_HELP}",
+    ),
+    base: str = typer.Option(
+        ..., "--base", help="The base model the run(s) fine-tuned: hub id, local dir, GGUF, builtin:NAME."
+    ),
+    train: list[Path] = typer.Option(
+        ..., "--train", help="Each run's training file (JSONL/JSON/parquet), in run order; repeat per run."
+    ),
+    heldout: Path = typer.Option(..., "--heldout", help="Records no run trained on (JSONL/JSON/parquet)."),
+    runs: list[Path] = typer.Option(None, "--runs", help="Further training output directories, one per run (repeat)."),
+    out: Path = typer.Option(..., "--out", help="The run directory to create."),
+    name: str | None = typer.Option(None, "--name", help="Experiment name (default: the --out directory's name)."),
+    record_format: str = typer.Option(
+        "auto",
+        "--format",
+        help="How records were rendered in training: auto (by their fields), chat (the chat template), raw "
+        "(prompt + completion as plain text) or text.",
+    ),
+    max_train: int | None = typer.Option(
+        None, "--max-train", help="Audit at most N training records (deterministic draw)."
+    ),
+    max_heldout: int | None = typer.Option(
+        None, "--max-heldout", help="Use at most N held-out records (deterministic draw)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draws, the pool/validation split and the blind baseline."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_HELP),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars while loading models."),
+) -> None:
+    """Audit a fine-tune you trained yourself (transformers.Trainer / TRL output, LoRA or full model): writes
+    a run store that references the checkpoints (digests recorded, nothing copied), takes membership from
+    the training and held-out files, and measures the blind baseline (a text-only classifier of train vs
+    held-out). Then `llmaudit score RUN_DIR` and `llmaudit report RUN_DIR` work as for `llmaudit finetune`."""
+    from llmaudit.analyze.blind import blind_baseline_for_pool
+    from llmaudit.common.io import atomic_write_json
+    from llmaudit.ingest.build import describe_import, import_training
+
+    _progress(no_progress)
+    rest = list(args or [])
+    dirs = [Path(rest.pop(0))] if rest and "=" not in rest[0] else []
+    dirs += list(runs or [])
+    result = import_training(
+        dirs,
+        base=base,
+        train_files=list(train),
+        heldout_file=heldout,
+        out=out,
+        name=name,
+        record_format_option=record_format,
+        max_train=max_train,
+        max_heldout=max_heldout,
+        seed=seed,
+        overrides=rest,
+        trust_remote_code=trust_remote_code,
+        echo=typer.echo,
+    )
+    store = result.store
+    for line in describe_import(result):
+        typer.echo(f"[import] {line}")
+    blind_path = store.results_dir / "blind_baseline.json"
+    if result.created or not blind_path.exists():
+        typer.echo("[import] blind baseline (text-only classifier of members vs non-members, no model) ...")
+        blind = blind_baseline_for_pool(store.read_records("pool"), store.membership(), seed=seed)
+        atomic_write_json(blind_path, blind)
+    else:
+        blind = read_json(blind_path, what="blind baseline")
+    for entry in blind["per_run"]:
+        if entry["auroc"] is None:
+            typer.echo(f"[import] blind baseline, run {entry['run']}: not measured ({entry['reason']})")
+        else:
+            typer.echo(
+                f"[import] blind baseline, run {entry['run']}: AUROC {entry['auroc']:.3f} "
+                f"[{entry['ci_low']:.3f}, {entry['ci_high']:.3f}] ({entry['n_in']} members vs {entry['n_out']} "
+                f"non-members, {entry['folds']}-fold)"
+            )
+    if blind.get("warning"):
+        typer.echo(f"[import] WARNING: {blind['warning']}")
+    typer.echo(f"[import] wrote {store.root}; next: `llmaudit score {store.root}` then `llmaudit report {store.root}`")
+
+
 @app.command(context_settings={"allow_extra_args": True})
 def audit(
     args: list[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]; default: the CPU demo. {OVERRIDES_HELP}"),
@@ -174,6 +260,26 @@ def audit(
     typer.echo(
         f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}"
     )
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def plan(
+    args: list[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]; default: the CPU demo. {OVERRIDES_HELP}"),
+    device: str = typer.Option(
+        "auto", "--device", help="auto, cpu or cuda (measured here), or a GPU to price: h100, h200, a100, l40s, a6000."
+    ),
+    jobs: int = typer.Option(
+        1, "--jobs", min=1, help="Parallel shard jobs (e.g. GPUs of a SLURM array) for the parallel estimate."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (for scripts)."),
+) -> None:
+    """The price of an audit before it runs: runs, checkpoints, quantizers, scoring units, tokens to train
+    and to score, GPTQ calibrations, disk, and the wall time per stage, from a few-second calibration on
+    this machine or a named GPU's published peak. Nothing is written."""
+    recipe, overrides = split_recipe_args(list(args or []))
+    cfg = config_from_recipe(recipe, overrides)
+    result = make_plan(cfg, device=device, jobs=jobs, echo=lambda *a: typer.echo(*a, err=True))
+    typer.echo(to_json(result).rstrip() if as_json else format_plan(result))
 
 
 @app.command()
@@ -280,6 +386,7 @@ def submit(
     ),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_HELP),
+    no_plan: bool = typer.Option(False, "--no-plan", help="Do not print the plan (workload and time estimate) first."),
 ) -> None:
     """Send a stage to a cluster as cluster.shards independent shard jobs (`--shard I/N` each) through submitit:
     a SLURM array job per stage with `cluster.cluster: slurm` (later stages wait for earlier ones), or local
@@ -289,7 +396,7 @@ def submit(
         raise typer.BadParameter(f"{stage!r} is not one of finetune, score, report, all", param_hint="STAGE")
     target, overrides = split_recipe_args(list(args or []))
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
-    jobs = do_submit(cfg, stage, echo=typer.echo)  # type: ignore[arg-type]
+    jobs = do_submit(cfg, stage, echo=typer.echo, show_plan=not no_plan)  # type: ignore[arg-type]
     typer.echo(f"[submit] {len(jobs)} job(s); `llmaudit status {store.root}` shows progress")
 
 

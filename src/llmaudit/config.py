@@ -160,7 +160,7 @@ class LoraSettings(_Section):
 class TrainConfig(_Section):
     """Fine-tuning runs: how many, on what subset, and the optimisation."""
 
-    runs: int = Field(8, ge=2)
+    runs: int = Field(8, ge=1)
     """Independent runs (each a random subset of the pool). Offline LiRA needs several runs per sample OUT."""
     member_fraction: float = Field(0.5, gt=0, lt=1)
     """Share of the pool each run trains on (exactly round(fraction * pool_size) samples)."""
@@ -284,6 +284,9 @@ class ClusterConfig(_Section):
     """N: every stage is split round-robin into N shard jobs (`--shard I/N`); finetune uses at most train.runs of them."""
     slurm_additional_parameters: dict[str, Any] = Field(default_factory=dict)
     """Extra sbatch options passed through unchanged, e.g. {account: my-project, qos: normal, constraint: a100}."""
+    gpu_model: Literal["h100", "h200", "a100", "l40s", "a6000"] | None = None
+    """GPU model of the nodes, for the plan `llmaudit submit` prints (and `llmaudit plan --device`);
+    None with gpus_per_job > 0 prices an H100."""
     log_dir: str | None = None
     """Where submitit writes job scripts, pickles and logs; default <output_dir>/jobs."""
 

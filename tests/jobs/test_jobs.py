@@ -286,7 +286,7 @@ def test_submit_to_slurm_builds_array_jobs_with_the_recipe_settings(tmp_path, mo
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SLURM", str(scripts))
     prepared = []  # the data draw (tested with finetune) happens once in the submitting process, before any job
-    monkeypatch.setattr("llmaudit.jobs.submit.prepare_experiment", lambda cfg, store: prepared.append(store.root))
+    monkeypatch.setattr("llmaudit.jobs.submit.prepare_experiment", lambda cfg, store, **kw: prepared.append(store.root))
     cfg = small_cfg(
         tmp_path / "run",
         "cluster.cluster=slurm",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from llmaudit.common.io import atomic_write_text
 from llmaudit.config import ExperimentConfig
@@ -10,30 +13,37 @@ from llmaudit.data.pool import draw_pool_and_val, membership_masks
 from llmaudit.data.records import dataset_fingerprint, records_to_jsonl
 from llmaudit.data.sources import load_records
 from llmaudit.data.tokenize import tokenize_records
-from llmaudit.models.loading import load_tokenizer
+from llmaudit.models.loading import load_tokenizer, model_source
+from llmaudit.models.sources import ModelSource
 from llmaudit.store.run_store import RunStore
 
 
-def prepare_experiment(cfg: ExperimentConfig, store: RunStore) -> dict[str, Any]:
-    """Create (or check and reuse) the run store: data draw, membership masks, manifest."""
-    store.check_identity(cfg)
-    if store.exists():
-        return store.manifest()
+@dataclass
+class Draw:
+    """An experiment's audited samples, drawn but not yet written: what `prepare_experiment` records
+    and what `llmaudit plan` counts."""
+
+    pool: list[dict]
+    val: list[dict]
+    masks: np.ndarray
+    data_info: dict[str, Any]
+    source: ModelSource
+    tokenizer: Any
+
+
+def draw_experiment(cfg: ExperimentConfig, *, echo=print) -> Draw:
+    """Load the data, drop records over data.max_length, draw the pool and validation set and the
+    membership masks (deterministic in the seeds). Bad data fails before any model is built."""
     need = cfg.data.pool_size + cfg.data.val_size
-    records, route = load_records(cfg.data, n_needed=need)  # bad data fails before any model is built
+    records, route = load_records(cfg.data, n_needed=need)
+    source = model_source(cfg.model, echo=echo)  # a GGUF base is converted once, here
     tok = load_tokenizer(cfg.model)
     # Drop over-long records before drawing, so the pool is exactly pool_size.
-    lengths_ok = {
-        ex.sample_id
-        for ex in tokenize_records(
-            tok, records, "any", include_prompt=cfg.data.include_prompt_in_loss, max_length=cfg.data.max_length
-        )
-    }
+    kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=cfg.data.max_length)
+    lengths_ok = {ex.sample_id for ex in tokenize_records(tok, records, "any", **kw)}
     usable = [r for r in records if r["sample_id"] in lengths_ok]
     pool, val = draw_pool_and_val(usable, cfg.data.pool_size, cfg.data.val_size, cfg.data.seed)
     masks = membership_masks(len(pool), cfg.train.runs, cfg.train.member_fraction, cfg.train.seed)
-    atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(pool))
-    atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(val))
     data_info = {
         "route": route,
         "source": cfg.data.source,
@@ -46,4 +56,15 @@ def prepare_experiment(cfg: ExperimentConfig, store: RunStore) -> dict[str, Any]
         "pool_ids": [r["sample_id"] for r in pool],
         "val_ids": [r["sample_id"] for r in val],
     }
-    return store.create(cfg, data_info, masks)
+    return Draw(pool, val, masks, data_info, source, tok)
+
+
+def prepare_experiment(cfg: ExperimentConfig, store: RunStore, *, echo=print) -> dict[str, Any]:
+    """Create (or check and reuse) the run store: data draw, membership masks, manifest."""
+    store.check_identity(cfg)
+    if store.exists():
+        return store.manifest()
+    draw = draw_experiment(cfg, echo=echo)
+    atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(draw.pool))
+    atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(draw.val))
+    return store.create(cfg, draw.data_info, draw.masks, model_source=draw.source.to_dict())

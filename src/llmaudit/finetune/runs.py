@@ -196,13 +196,15 @@ def train_run(
         accelerator=accelerator,
     )
     if writer:
-        _write_done(store, run, save_at, len(examples), final.last_loss, time.time() - t0)
+        _write_done(store, run, save_at, len(examples), final, time.time() - t0, resumed=resume is not None)
     if accelerator is not None:
         accelerator.wait_for_everyone()
     return RunResult(run, False, save_at, final.last_loss, time.time() - t0)
 
 
-def _write_done(store: RunStore, run: int, steps: list[int], n_train: int, loss: float, seconds: float) -> None:
+def _write_done(
+    store: RunStore, run: int, steps: list[int], n_train: int, final: TrainState, seconds: float, *, resumed: bool
+) -> None:
     """DONE.json, written last: the trajectory (steps and adapter digests) the run's scores refer to."""
     digests = []
     for step in steps:
@@ -215,7 +217,10 @@ def _write_done(store: RunStore, run: int, steps: list[int], n_train: int, loss:
             "steps": steps,
             "adapter_sha256": digests,
             "n_train": n_train,
-            "final_train_loss": loss,
+            "final_train_loss": final.last_loss,
+            "train_tokens": final.tokens,
+            "train_padded_tokens": final.padded_tokens,
+            "resumed": resumed,
             "seconds": round(seconds, 2),
         },
     )
@@ -242,7 +247,7 @@ def finetune(
     if accelerator is not None:
         return _finetune_data_parallel(cfg, accelerator, out=out, shard=shard, progress=progress, echo=echo)
     store = RunStore(out or cfg.resolved_output_dir())
-    manifest = prepare_experiment(cfg, store)
+    manifest = prepare_experiment(cfg, store, echo=echo)
     runs = shard_items(list(range(cfg.train.runs)), shard)
     device = pick_device(cfg.train.device)
     tok = load_tokenizer(cfg.model)
@@ -284,7 +289,7 @@ def _finetune_data_parallel(
     requested = pick_device(cfg.train.device)  # fails early on device=cuda without a GPU
     device = accelerator.device if cfg.train.device in ("auto", "cuda") else requested
     with accelerator.main_process_first():
-        manifest = prepare_experiment(cfg, store)
+        manifest = prepare_experiment(cfg, store, echo=say)
         tok = load_tokenizer(cfg.model)
     runs = shard_items(list(range(cfg.train.runs)), shard)
     todo = broadcast_object_list([[r for r in runs if needs_training(store, r)] if main else None])[0]

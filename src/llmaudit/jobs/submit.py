@@ -30,6 +30,7 @@ from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads, s
 from llmaudit.config import ExperimentConfig, config_from_dict
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.finetune.runs import finetune
+from llmaudit.jobs.plan import format_plan, make_plan
 from llmaudit.report.write import write_report
 from llmaudit.score.stage import score
 from llmaudit.store.run_store import RunStore
@@ -251,14 +252,19 @@ def submit(
     *,
     echo=print,
     executor_factory: Callable[..., Any] | None = None,
+    show_plan: bool = False,
 ) -> list[Any]:
     """Send a stage (or all three, in order) to the cluster the recipe names. Prepares the run directory
-    first (data draw, manifest) so that the shard jobs never race to create it."""
+    first (data draw, manifest) so that the shard jobs never race to create it; with `show_plan`, prints
+    the plan of the whole audit (`llmaudit plan`) on the cluster's devices first."""
     out = cfg.resolved_output_dir().resolve()
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     stages: list[Stage] = list(STAGES) if stage == "all" else [stage]
+    if show_plan:
+        device = cfg.cluster.gpu_model or ("h100" if cfg.cluster.gpus_per_job else "cpu")
+        echo(format_plan(make_plan(cfg, device=device, jobs=cfg.cluster.shards, echo=echo)))
     if stages[0] == "finetune":
-        prepare_experiment(cfg, RunStore(out))
+        prepare_experiment(cfg, RunStore(out), echo=echo)
     else:
         RunStore(out).check_identity(cfg)
     echo(

@@ -1,4 +1,5 @@
-"""Base model and tokenizer: hub ids and local paths through `from_pretrained`, or the built-in tiny model."""
+"""Base model and tokenizer through `from_pretrained`, for every spelling of `model.name`
+(`llmaudit.models.sources`), and the fine-tuned models that checkpoints hold."""
 
 from __future__ import annotations
 
@@ -10,23 +11,19 @@ from typing import Any, Literal
 
 import torch
 
-from llmaudit.common.errors import UserError
 from llmaudit.common.runtime import resolve_dtype
 from llmaudit.config import ModelConfig
 from llmaudit.models.builtin import BUILTIN_NAMES, BUILTIN_PREFIX, builtin_dir
+from llmaudit.models.sources import ModelError, ModelSource, materialize_gguf, resolve_model_source
 
 log = logging.getLogger(__name__)
 
 
-ModelRoute = Literal["builtin", "local", "hub"]
-
-
-class ModelError(UserError):
-    """The model cannot be loaded; the message names the fix."""
+ModelRoute = Literal["builtin", "local", "hub", "gguf"]
 
 
 def resolve_model_route(name: str) -> ModelRoute:
-    """builtin:NAME, an existing local directory, or a hub id (`org/name`)."""
+    """builtin:NAME, an existing local directory, a GGUF file (or package:MODULE/file.gguf), or a hub id."""
     if name.startswith(BUILTIN_PREFIX):
         short = name[len(BUILTIN_PREFIX) :]
         if short not in BUILTIN_NAMES:
@@ -34,11 +31,17 @@ def resolve_model_route(name: str) -> ModelRoute:
                 f"unknown built-in model {name!r}; available: {[BUILTIN_PREFIX + n for n in BUILTIN_NAMES]}"
             )
         return "builtin"
-    if Path(name).expanduser().is_dir():
-        return "local"
-    if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
-        raise ModelError(f"model path {name!r} does not exist (a local model is a directory with config.json).")
-    return "hub"
+    return resolve_model_source(name, builtin_prefix=BUILTIN_PREFIX).kind  # type: ignore[return-value]
+
+
+def model_source(cfg: ModelConfig, *, echo=None) -> ModelSource:
+    """Where `cfg`'s weights and tokenizer load from; a GGUF model is converted (once) to a cached
+    full-precision directory here."""
+    route = resolve_model_route(cfg.name)
+    if route == "builtin":
+        return ModelSource(cfg.name, "builtin", path=str(builtin_dir(cfg, pretrain=True)[0]))
+    source = resolve_model_source(cfg.name, builtin_prefix=BUILTIN_PREFIX)
+    return materialize_gguf(source, echo=echo) if source.kind == "gguf" else source
 
 
 def import_gptqmodel_quietly() -> None:
@@ -63,13 +66,17 @@ def import_gptqmodel_quietly() -> None:
 
 
 def load_tokenizer(cfg: ModelConfig) -> Any:
-    route = resolve_model_route(cfg.name)
-    if route == "builtin":
+    """The model's tokenizer with its chat template; pad = eos when the model has no pad token."""
+    source = model_source(cfg)
+    if source.kind == "builtin":
         return builtin_dir(cfg, pretrain=False)[1]
     from transformers import AutoTokenizer
 
+    location = source.path or cfg.name
     try:
-        tok = AutoTokenizer.from_pretrained(cfg.name, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(
+            location, revision=cfg.revision if source.kind == "hub" else None, trust_remote_code=cfg.trust_remote_code
+        )
     except (OSError, ValueError) as exc:
         raise _load_error(cfg.name, exc) from None
     if tok.pad_token is None:
@@ -78,19 +85,18 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 
 def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype | None = None) -> Any:
-    """The base model before fine-tuning, in eval mode on `device`."""
+    """The base model before fine-tuning, in eval mode on `device` (safetensors only for local files)."""
     from transformers import AutoModelForCausalLM
 
     dtype = dtype or resolve_dtype(cfg.dtype, device)
-    route = resolve_model_route(cfg.name)
-    source = str(builtin_dir(cfg, pretrain=True)[0]) if route == "builtin" else cfg.name
+    source = model_source(cfg)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source,
-            revision=None if route == "builtin" else cfg.revision,
+            source.path or cfg.name,
+            revision=cfg.revision if source.kind == "hub" else None,
             trust_remote_code=cfg.trust_remote_code,
             dtype=dtype,
-            use_safetensors=None if route == "hub" else True,
+            use_safetensors=None if source.kind == "hub" else True,
         )
     except (OSError, ValueError) as exc:
         raise _load_error(cfg.name, exc) from None

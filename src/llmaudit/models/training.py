@@ -74,6 +74,10 @@ class TrainState:
     step: int
     epoch: int
     last_loss: float
+    tokens: int = 0
+    """Real tokens of the global batches processed by this call (from the resumed step on)."""
+    padded_tokens: int = 0
+    """Tokens including right padding (what the model computed on)."""
 
 
 def _after_step(
@@ -176,7 +180,13 @@ def train_epochs(
             loss.backward()
             optimizer.step()
             scheduler.step()
-            state = TrainState(step=epoch * spe + b_idx + 1, epoch=epoch, last_loss=float(loss.detach()))
+            state = TrainState(
+                epoch * spe + b_idx + 1,
+                epoch,
+                float(loss.detach()),
+                state.tokens + int(attn.sum()),
+                state.padded_tokens + ids.numel(),
+            )
             _after_step(state, bar, model, optimizer, save_at, on_save)
     bar.close()
     model.eval()
@@ -226,6 +236,7 @@ def _train_epochs_ddp(
             # Collate the whole global batch (same padding width as one process), then keep this process's rows.
             ids, attn, mask = collate([examples[i] for i in batch], pad_id, "cpu")
             n_global = int(mask[:, 1:].sum())
+            tokens, padded = state.tokens + int(attn.sum()), state.padded_tokens + ids.numel()
             lo, hi = local_rows(len(batch), rank, world)
             scale = world / n_global
             if hi == lo:  # fewer rows than processes: run one row with weight 0 so DDP's all-reduce still happens
@@ -239,7 +250,7 @@ def _train_epochs_ddp(
             if scale == 0.0:
                 nll_sum = torch.zeros_like(nll_sum)
             global_nll = accelerator.reduce(nll_sum, reduction="sum")
-            state = TrainState(step=epoch * spe + b_idx + 1, epoch=epoch, last_loss=float(global_nll) / n_global)
+            state = TrainState(epoch * spe + b_idx + 1, epoch, float(global_nll) / n_global, tokens, padded)
             _after_step(state, bar, model, optimizer, save_at, on_save)
     bar.close()
     model.eval()

@@ -106,7 +106,58 @@ def _provenance(result: dict[str, Any]) -> dict[str, Any]:
         "attack_definitions": attacks.get("attack_definitions"),
         "attack_settings": attacks.get("settings"),
         "indicator_protocol": indicator.get("protocol"),
+        "model_source": exp.get("model_source"),
+        "origin": exp.get("origin"),
     }
+
+
+def indicator_agreement(
+    r_q_vs_best: dict[str, Any], per_attack: dict[str, Any] | None, *, alpha: float = 0.05
+) -> dict[str, Any]:
+    """Does r_Q rank the quantizers the way the attacks do? r_Q claims "higher = more secure", so the
+    expected sign of Spearman(r_Q, attack success) is NEGATIVE. The verdict states the observed sign
+    next to the expected one: agrees / contradicts (p < alpha), leans the expected or the opposite way
+    (not significant), or not measurable."""
+    head = (r_q_vs_best or {}).get("auroc") or {}
+    rho, p = head.get("rho"), head.get("p_value")
+    signs = {"negative": 0, "positive": 0}
+    for metrics in ((per_attack or {}).get("attacks") or {}).values():
+        value = ((metrics or {}).get("auroc") or {}).get("rho")
+        if value is not None and value != 0:
+            signs["negative" if value < 0 else "positive"] += 1
+    out = {
+        "expected_sign": "negative",
+        "rho": rho,
+        "p_value": p,
+        "n_quantizers": head.get("n_quantizers"),
+        "attacks_by_sign": signs,
+        "alpha": alpha,
+    }
+    if rho is None:
+        return out | {
+            "observed_sign": None,
+            "verdict": "not measurable",
+            "sentence": f"r_Q cannot be compared with the attacks here ({head.get('reason') or 'too few quantizers'}).",
+        }
+    observed = "negative" if rho < 0 else ("positive" if rho > 0 else "zero")
+    significant = p is not None and p < alpha
+    if observed == "negative":
+        verdict = "agrees" if significant else "leans the expected way (not significant)"
+    elif observed == "positive":
+        verdict = "contradicts" if significant else "leans the opposite way (not significant)"
+    else:
+        verdict = "no relation"
+    sentence = (
+        f"Across {head.get('n_quantizers')} quantizers, Spearman(r_Q, best-attack AUROC) = {rho:+.2f} (p = {p:.2g}): "
+        f"observed sign {observed}, expected negative (higher r_Q = more secure), so r_Q {verdict}"
+        + (
+            " the attacks: it ranks quantizers as MORE secure where attacks are STRONGER"
+            if observed == "positive"
+            else ""
+        )
+        + f"; by attack: {signs['negative']} negative, {signs['positive']} positive."
+    )
+    return out | {"observed_sign": observed, "verdict": verdict, "sentence": sentence}
 
 
 def _memorization_summary(mem: dict[str, Any] | None, order: list[str]) -> dict[str, Any] | None:
@@ -155,6 +206,7 @@ def build_report(
     grid = grid_rows(result)
     thresholds = thresholds_of(result)
     checklist = release_checklist(grid, thresholds)
+    r_q_vs_best = r_q_vs_best_attack(grid)
     attacks = result.get("attacks") or {}
     report = {
         "report_schema_version": REPORT_SCHEMA_VERSION,
@@ -168,10 +220,12 @@ def build_report(
         "grid": grid,
         "checklist": checklist,
         "recommendation": recommend(grid, checklist),
-        "r_q_vs_best_attack": r_q_vs_best_attack(grid),
+        "r_q_vs_best_attack": r_q_vs_best,
+        "indicator_agreement": indicator_agreement(r_q_vs_best, attacks.get("spearman_vs_r_q")),
         "spearman_r_q_vs_attacks": attacks.get("spearman_vs_r_q"),
         "indicator_stability": (result.get("indicator") or {}).get("stability"),
         "memorization": _memorization_summary(result.get("memorization"), [r["quantizer"] for r in grid]),
+        "not_scored": result.get("not_scored") or {},
         "vulnerable_samples": vulnerable_samples_summary(
             result, grid, include_samples=include_samples, records=sample_records
         ),

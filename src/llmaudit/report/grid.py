@@ -51,6 +51,7 @@ def attack_summary(entry: dict[str, Any], n_models: int | None) -> dict[str, Any
         "n_negatives": naive.get("n_negatives"),
         "n_models": n_models,
         "n_nan_scores": entry.get("n_nan_scores"),
+        "not_measured": dict(entry.get("not_measured") or {}),
         "low_fpr": low_fpr,
     }
 

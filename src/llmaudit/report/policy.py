@@ -92,7 +92,9 @@ def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, 
     for name, att in row["attacks"].items():
         t = checklist_tpr(att)
         n_models = att.get("n_models") or 0
-        if n_models < min_runs:
+        if (att.get("not_measured") or {}).get("pooled_calibrated"):
+            measured, why = False, att["not_measured"]["pooled_calibrated"]
+        elif n_models < min_runs:
             measured, why = False, f"{n_models} target models < min_runs {min_runs}"
         elif not t["reliable"]:
             why = f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR (needs >= {t.get('min_negatives') or int(10 / CHECKLIST_FPR)})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
@@ -194,6 +195,19 @@ def _summary_section(report: dict[str, Any]) -> Section:
         f"{' (disabled)' if th['min_r_q'] <= 0 else ''}, validation loss increase <= {100 * th['max_utility_loss']:g}%, "
         f"at least {th['min_runs']} runs).",
     ]
+    agreement = report.get("indicator_agreement") or {}
+    if agreement.get("sentence"):
+        paras.append(f"**r_Q against the attacks: {agreement['verdict']}.** {lit(agreement['sentence'])}")
+    if report.get("not_scored"):
+        paras.append(
+            f"**Left out, not completely scored yet:** {lit(report['not_scored'])} (`llmaudit score` finishes them)."
+        )
+    source = prov.get("model_source") or {}
+    if source.get("gguf_file_type"):
+        paras.append(
+            f"The base weights were dequantized from GGUF {lit(source['gguf_file_type'])} ({code(Path(source.get('gguf_file', '')).name)}): "
+            "the full-precision reference already sits on that grid, which quantizers aligned with it reproduce exactly."
+        )
     return Section("Summary", paras, anchor="summary")
 
 

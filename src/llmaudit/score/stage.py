@@ -152,18 +152,28 @@ def _quantized(inputs: _Inputs, quantizer: Quantizer, model: Any, run: int) -> A
     return quantizer.quantize_model(copy.deepcopy(model), **kwargs)
 
 
+def unit_examples(val: list[Example], pool: list[Example], unit: Unit) -> list[Example]:
+    """What a unit scores: the validation samples, plus the pool at a run's final checkpoint (attacks)."""
+    return val + (pool if unit.final else [])
+
+
+def token_budget(cfg: ExperimentConfig, device: torch.device) -> int:
+    """Padded tokens per batch: the recipe's, else 2048 on CPU (cache-sized batches), 16384 on GPU."""
+    return cfg.score.token_budget or (16384 if device.type == "cuda" else 2048)
+
+
 def score_unit(inputs: _Inputs, unit: Unit, model: Any) -> pd.DataFrame:
     """The loss table of one unit: `model` (the unit's checkpoint) quantized, scored on its samples."""
     quantizer = inputs.quantizers[unit.quantizer]
     qmodel = _quantized(inputs, quantizer, model, unit.run)
     _record_quantizer(inputs.store, quantizer, qmodel)
-    examples = inputs.val + (inputs.pool if unit.final else [])
+    examples = unit_examples(inputs.val, inputs.pool, unit)
     cfg, device = inputs.cfg, inputs.device
     scores = score_examples(
         qmodel,
         [(e.input_ids, e.loss_mask) for e in examples],
         pad_id=inputs.tok.pad_token_id,
-        token_budget=cfg.score.token_budget or (16384 if device.type == "cuda" else 2048),
+        token_budget=token_budget(cfg, device),
         head_chunk=cfg.score.head_chunk,
         vocab_stats=cfg.score.vocab_stats,
         device=device,
@@ -261,6 +271,8 @@ def score(
                         "run": unit.run,
                         "step": unit.step,
                         "quantizer": unit.quantizer,
+                        "samples": len(unit_examples(inputs.val, inputs.pool, unit)),
+                        "tokens": sum(len(e.input_ids) for e in unit_examples(inputs.val, inputs.pool, unit)),
                         "seconds": round(time.time() - start, 3),
                     },
                 )

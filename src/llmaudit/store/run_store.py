@@ -44,7 +44,7 @@ from llmaudit.common.names import check_safe_name, is_safe_name
 from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config
 
 MANIFEST_VERSION = 2
-DIGESTED_KEYS = ("identity_hash", "identity", "data", "membership", "imported")
+DIGESTED_KEYS = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
 """The manifest content that defines an experiment: its digest is checked on every read."""
 REQUIRED_KEYS = ("name", "identity_hash", "identity", "config", "data", "membership")
 REPAIR = "restore the run directory from its source, or recreate it with `llmaudit finetune` (or `llmaudit import`)"
@@ -266,6 +266,7 @@ class RunStore:
         membership: np.ndarray,
         *,
         imported: dict[str, Any] | None = None,
+        model_source: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         manifest = {
             "manifest_version": MANIFEST_VERSION,
@@ -286,6 +287,7 @@ class RunStore:
                 "masks": ["".join("1" if m else "0" for m in row) for row in membership],
             },
             "imported": imported,
+            "model_source": model_source,
             "quantizers": [],
         }
         manifest = _jsonable(manifest)

@@ -18,18 +18,21 @@ class Unit:
     final: bool  # the final checkpoint is also scored on the pool (attacks)
 
 
-def plan_units(cfg: ExperimentConfig, store: RunStore) -> list[Unit]:
-    """Every scoring unit of the experiment, in a fixed order (the basis of --shard I/N)."""
+def grid_units(cfg: ExperimentConfig, steps_per_run: dict[int, list[int]]) -> list[Unit]:
+    """The scoring grid for given trajectories {run: steps}, in a fixed order (the basis of --shard I/N):
+    the base model once (on the first full-precision quantizer), then per run, per checkpoint (all, or the
+    final one with score.trajectory=final), every quantizer; a run's final checkpoint also scores the pool."""
     units: list[Unit] = []
     quantizers = list(cfg.score.quantizers)
     if cfg.score.score_base:
         units.append(Unit(REFERENCE_RUN, 0, full_precision_reference(quantizers) or "fp32", True))
-    for run in range(cfg.train.runs):
-        if not store.run_done(run):
-            continue
-        steps = store.checkpoints(run)
+    for run in sorted(steps_per_run):
+        steps = sorted(steps_per_run[run])
         chosen = steps if cfg.score.trajectory == "all" else steps[-1:]
-        for step in chosen:
-            for q in quantizers:
-                units.append(Unit(run, step, q, step == steps[-1]))
+        units += [Unit(run, step, q, step == steps[-1]) for step in chosen for q in quantizers]
     return units
+
+
+def plan_units(cfg: ExperimentConfig, store: RunStore) -> list[Unit]:
+    """Every scoring unit of the experiment's finished runs (`grid_units` of their recorded trajectories)."""
+    return grid_units(cfg, {run: store.checkpoints(run) for run in range(cfg.train.runs) if store.run_done(run)})

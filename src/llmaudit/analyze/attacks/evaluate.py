@@ -211,8 +211,8 @@ def _target(df: pd.DataFrame, quantizer: str) -> _Target:
     """Each run's final checkpoint on the pool; samples scored by every run (the others are dropped)."""
     rows, final = final_pool(df, quantizer)
     runs = np.array(sorted(final))
-    if runs.size < 2:
-        raise LossTableError(f"quantizer {quantizer!r}: attacks need at least 2 fine-tuned runs; got {runs.size}.")
+    if runs.size < 1:
+        raise LossTableError(f"quantizer {quantizer!r}: no fine-tuned run to attack.")
     per_run = rows.groupby("sample_id")["run"].nunique()
     samples = sorted(per_run.index[per_run == runs.size])
     rows = rows[rows["sample_id"].isin(samples)]
@@ -239,10 +239,13 @@ def _score_matrices(
     if text["zlib"] is None:
         skipped["zlib"] = "loss table has no zlib_bytes column"
     base, base_source = _base_losses(df, quantizer, t.samples)
-    if s.ref_models in ("base", "both") and base is None:
+    ref_models = "base" if s.ref_models == "runs" and t.runs.size == 1 and base is not None else s.ref_models
+    if ref_models in ("base", "both") and base is None:
         skipped["ref"] = "no base-model rows (run == -1) on split 'pool' for this quantizer"
+    elif ref_models == "runs" and t.runs.size == 1:
+        skipped["ref"] = "one fine-tuning run and no base-model rows: no reference model"
     else:
-        matrices["ref"] = _ref_matrix(t.loss, t.keep, base, s.ref_models)
+        matrices["ref"] = _ref_matrix(t.loss, t.keep, base, ref_models)
     for combo in ("loss+zlib", "loss+ref", "loss+zlib+ref"):
         lacking = [p for p in combo.split("+") if p not in matrices]
         if lacking:
@@ -276,6 +279,12 @@ def _unusable(attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarr
     return why
 
 
+CALIBRATION_NEEDS = (
+    "per-sample calibration needs each sample's scores under at least 2 other models where it was OUT "
+    "(more fine-tuning runs on overlapping subsets)"
+)
+
+
 def _evaluate(
     attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray, fpc_value: float | None, s: AttackSettings
 ) -> dict:
@@ -289,10 +298,18 @@ def _evaluate(
     entry = {
         "n_nan_scores": int(np.isnan(scores).sum()),
         "pooled_naive": pooled_naive(scores, keep, s.fprs, **kw),
-        "pooled_calibrated": pooled_calibrated(z, keep, s.fprs, n_ref_eff, t_cutoff=s.t_cutoff, **kw),
-        "per_sample": per_sample_tpr(scores, keep, s.fprs, **kw),
         "roc_curve": {"pooled_naive": roc_curve_loglog(scores[fin], keep[fin])},
     }
+    if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
+        entry["pooled_calibrated"] = pooled_calibrated(z, keep, s.fprs, n_ref_eff, t_cutoff=s.t_cutoff, **kw)
+    else:  # one run, or no sample out in two other runs: nothing to calibrate against
+        entry["not_measured"] = {"pooled_calibrated": CALIBRATION_NEEDS}
+    if scores.shape[0] > 1 and (keep.any(0) & (~keep).any(0)).any():
+        entry["per_sample"] = per_sample_tpr(scores, keep, s.fprs, **kw)
+    else:
+        entry.setdefault("not_measured", {})["per_sample"] = (
+            "needs every sample as a member of some runs and a non-member of others"
+        )
     if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
         entry["roc_curve"]["pooled_calibrated"] = roc_curve_loglog(z[zfin], keep[zfin])
     entry["headline"] = _headline(entry)

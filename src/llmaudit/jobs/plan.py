@@ -1,0 +1,427 @@
+"""`llmaudit plan`: the price of an audit before it runs.
+
+The workload is counted exactly as the stages will do it, from the same code: the data draw
+(`draw_experiment`), each run's checkpoint steps (`checkpoint_steps`) and batches (`epoch_batches`),
+the scoring grid (`plan_units`: validation samples at every checkpoint, the pool at each run's final
+one, the base model once) and the scorer's batches (`length_sorted_batches` under the token budget).
+A test checks the unit and token counts against what `llmaudit score` then records in its work log.
+
+Time is estimated from throughput:
+- on this machine (device cpu, or cuda when one is visible): measured by a few-second calibration on a
+  model of the recipe's shape (random weights, its real vocabulary): scoring tokens/s with the scoring
+  engine on the recipe's own token lengths, LoRA training tokens/s, and each quantizer's time on a
+  2-layer slice of the model, scaled to the full depth;
+- on a named GPU (h100, h200, a100, l40s, a6000): the published dense bf16 peak times an efficiency
+  (scoring 40%: the goal `benchmarks/gpu_check.py` checks, not yet measured on a GPU; LoRA training 30%:
+  an assumption), with the per-layer quantization times in `GPU_QUANTIZE_S_PER_LAYER` (assumptions).
+Every assumption is printed with the plan and written to its JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from llmaudit.common.runtime import pick_device
+from llmaudit.config import ExperimentConfig
+from llmaudit.data.records import record_text
+from llmaudit.data.tokenize import Example, collate, tokenize_records
+from llmaudit.finetune.experiment import Draw, draw_experiment
+from llmaudit.finetune.runs import checkpoint_steps
+from llmaudit.models.loading import import_gptqmodel_quietly
+from llmaudit.models.training import batch_mean_nll, epoch_batches
+from llmaudit.quantize import get_quantizer
+from llmaudit.score.engine import length_sorted_batches, score_examples
+from llmaudit.score.stage import token_budget
+from llmaudit.store.losstable import REFERENCE_RUN
+from llmaudit.store.run_store import RunStore
+from llmaudit.store.units import grid_units
+
+GPU_BF16_PEAK = {"h100": 989e12, "h200": 989e12, "a100": 312e12, "l40s": 362e12, "a6000": 155e12}
+"""Published dense bf16 tensor-core peaks in FLOP/s (NVIDIA data sheets; SXM parts for H100/H200/A100)."""
+GPU_EFFICIENCY = {"score": 0.40, "train": 0.30}
+"""Share of the peak assumed: scoring = the goal of benchmarks/gpu_check.py (unmeasured), training = typical LoRA MFU."""
+GPU_QUANTIZE_S_PER_LAYER = {"full": 0.0, "simple": 0.01, "bnb": 0.02, "hqq": 0.3, "gptq": 2.0}
+"""Assumed seconds per transformer layer per quantization on a GPU, at 0.5B scale (scaled by layer size)."""
+REPORT_S_PER_EVALUATION = 2.0e-7
+"""Report cost per (quantizer x attack x model x sample x bootstrap resample), fitted on the CPU demo."""
+
+
+@dataclass
+class Workload:
+    """What the audit will do, counted exactly."""
+
+    runs: int
+    members_per_run: list[int]
+    steps_per_run: list[list[int]]
+    quantizers: list[str]
+    units: int
+    units_per_quantizer: int
+    gptq_calibrations: int
+    train_tokens: int
+    """Real (unpadded) tokens processed by training, all runs and epochs."""
+    train_padded_tokens: int
+    score_tokens: int
+    """Tokens run through the model by the scorer (prompt and response), all units."""
+    score_padded_tokens: int
+    scored_tokens: int
+    """Tokens whose loss is recorded (responses by default), all units."""
+    unit_tokens: dict[str, int] = field(default_factory=dict)
+    """{"val": tokens of one validation pass, "pool": tokens of one pool pass}."""
+    adapter_bytes: int = 0
+    loss_table_bytes: int = 0
+    model_parameters: int = 0
+
+
+def _lengths(examples: list[Example]) -> list[int]:
+    return [len(e.input_ids) for e in examples]
+
+
+def _padded(lengths: list[int], budget: int) -> int:
+    return sum(len(b) * max(lengths[i] for i in b) for b in length_sorted_batches(lengths, budget))
+
+
+def _train_counts(cfg: ExperimentConfig, members: list[Example], run: int) -> tuple[int, int]:
+    """(real, padded) tokens of one run's training, batch by batch in the run's own order."""
+    seed = int(np.random.default_rng([cfg.train.seed, run, 9]).integers(2**31))
+    lengths = _lengths(members)
+    real = padded = 0
+    for epoch in range(cfg.train.epochs):
+        for batch in epoch_batches(len(members), cfg.train.batch_size, seed, epoch):
+            widths = [lengths[i] for i in batch]
+            real += sum(widths)
+            padded += len(widths) * max(widths)
+    return real, padded
+
+
+def count_workload(cfg: ExperimentConfig, draw: Draw, *, budget: int) -> Workload:
+    """The exact workload of `cfg` on the drawn samples (see the module docstring)."""
+    kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    pool = tokenize_records(draw.tokenizer, draw.pool, "pool", **kw)
+    val = tokenize_records(draw.tokenizer, draw.val, "val", **kw)
+    quantizers = list(cfg.score.quantizers)
+    val_len, pool_len = _lengths(val), _lengths(pool)
+    members, steps, train_real, train_padded = [], [], 0, 0
+    for run in range(cfg.train.runs):
+        mine = [pool[i] for i in np.flatnonzero(draw.masks[run])]
+        members.append(len(mine))
+        steps.append(
+            checkpoint_steps(len(mine), cfg.train.batch_size, cfg.train.epochs, cfg.train.checkpoints_per_epoch)
+        )
+        real, padded = _train_counts(cfg, mine, run)
+        train_real, train_padded = train_real + real, train_padded + padded
+    units = grid_units(cfg, dict(enumerate(steps)))
+    finals = sum(1 for u in units if u.final)
+    score_tokens = len(units) * sum(val_len) + finals * sum(pool_len)
+    score_padded = len(units) * _padded(val_len, budget) + finals * _padded(pool_len, budget)
+    scored = len(units) * sum(e.n_scored for e in val) + finals * sum(e.n_scored for e in pool)
+    per_token_bytes = 4 * (3 if cfg.score.vocab_stats else 1)
+    return Workload(
+        runs=cfg.train.runs,
+        members_per_run=members,
+        steps_per_run=steps,
+        quantizers=quantizers,
+        units=len(units),
+        units_per_quantizer=sum(1 for u in units if u.quantizer == quantizers[-1] and u.run != REFERENCE_RUN),
+        gptq_calibrations=sum(1 for u in units if u.quantizer.startswith("gptq") and u.run != REFERENCE_RUN),
+        train_tokens=train_real,
+        train_padded_tokens=train_padded,
+        score_tokens=score_tokens,
+        score_padded_tokens=score_padded,
+        scored_tokens=scored,
+        unit_tokens={"val": sum(val_len), "pool": sum(pool_len)},
+        loss_table_bytes=int(
+            scored * per_token_bytes + len(units) * (len(val) * 120 + 8192) + finals * len(pool) * 120
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------ throughput
+
+
+@dataclass
+class Throughput:
+    """Tokens per second and per-quantization seconds on one device, with where each figure comes from."""
+
+    device: str
+    score_tokens_per_s: float
+    train_tokens_per_s: float
+    quantize_s: dict[str, float]
+    """Seconds to quantize the whole model once, per quantizer."""
+    forward_slowdown: dict[str, float]
+    """Scoring time relative to full precision, per quantizer (real kernels that are slower on this device)."""
+    checkpoint_s: float
+    """Per checkpoint: merge the adapter into a copy of the base (scoring) or save it (training)."""
+    model_load_s: float
+    source: dict[str, str]
+
+
+def _model_config(cfg: ExperimentConfig, draw: Draw) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(draw.source.path or cfg.model.name, trust_remote_code=cfg.model.trust_remote_code)
+
+
+def _random_model(config: Any, layers: int | None = None) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(config)
+    if layers is not None:
+        config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def _count_params(config: Any) -> tuple[int, int]:
+    """(parameters, decoder layers) of a model config, built on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters()), int(getattr(config, "num_hidden_layers", 1))
+
+
+def _timed(fn, repeats: int = 2) -> float:
+    fn()  # warm-up: allocator, kernels, caches
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t0) / repeats
+
+
+def _lora(model: Any, cfg: ExperimentConfig) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    import_gptqmodel_quietly()  # peft's LoRA dispatch imports it
+
+    lora = LoraConfig(
+        r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM"
+    )
+    return get_peft_model(model, lora)
+
+
+def measure_throughput(cfg: ExperimentConfig, draw: Draw, *, device: torch.device, budget: int) -> Throughput:
+    """A few-second calibration on this machine with a random-weight model of the recipe's shape."""
+    config = _model_config(cfg, draw)
+    kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    sample = tokenize_records(draw.tokenizer, draw.val[:16] or draw.pool[:16], "val", **kw)
+    examples = [(list(e.input_ids), list(e.loss_mask)) for e in sample]
+    pad = draw.tokenizer.pad_token_id
+    t0 = time.perf_counter()
+    model = _random_model(config).to(device)
+    load_s = time.perf_counter() - t0
+    tokens = sum(len(ids) for ids, _ in examples)
+
+    def run_scoring(m: Any) -> None:
+        score_examples(
+            m,
+            examples,
+            pad_id=pad,
+            token_budget=budget,
+            head_chunk=cfg.score.head_chunk,
+            vocab_stats=cfg.score.vocab_stats,
+            device=device,
+            cpu_workers=cfg.score.cpu_workers,
+        )
+
+    score_s = _timed(lambda: run_scoring(model))
+    merge_s = _timed(lambda: copy.deepcopy(model), repeats=1)
+    trainable = _lora(copy.deepcopy(model), cfg).to(device).train()
+    batch = collate(examples[: cfg.train.batch_size], pad, device)
+    optimizer = torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-4)
+
+    def step() -> None:
+        loss = batch_mean_nll(trainable, *batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    train_s = _timed(step)
+    train_tokens = int(batch[1].sum())
+    quantize_s, slowdown = _quantizer_costs(cfg, config, draw, device, examples, run_scoring)
+    return Throughput(
+        device=device.type,
+        score_tokens_per_s=tokens / score_s,
+        train_tokens_per_s=train_tokens / train_s,
+        quantize_s=quantize_s,
+        forward_slowdown=slowdown,
+        checkpoint_s=merge_s,
+        model_load_s=load_s,
+        source={
+            "score": f"measured: scoring engine, {len(examples)} samples of the recipe's own lengths, random weights of its shape",
+            "train": f"measured: one LoRA step (batch {len(examples[: cfg.train.batch_size])}), fwd + bwd + AdamW",
+            "quantize": "measured on a 2-layer slice of the model, scaled to the full depth",
+        },
+    )
+
+
+def _quantizer_costs(cfg, config, draw, device, examples, run_scoring) -> tuple[dict[str, float], dict[str, float]]:
+    """Per quantizer: seconds to quantize the full model (from a 2-layer slice) and its scoring slowdown."""
+    layers = int(getattr(config, "num_hidden_layers", 1))
+    small = _random_model(config, layers=min(2, layers)).to(device)
+    texts = [record_text(r) for r in draw.pool[:16]]
+    base_s = _timed(lambda: run_scoring(small), repeats=1)
+    quantize_s, slowdown = {}, {}
+    for name in cfg.score.quantizers:
+        opts = dict(cfg.score.quantizer_options.get(name, {}))
+        opts.setdefault("device", device.type)
+        q = get_quantizer(name, **opts)
+        kwargs = {"tokenizer": draw.tokenizer, "calibration_texts": texts} if q.family == "gptq" else {}
+        t0 = time.perf_counter()
+        qmodel = q.quantize_model(copy.deepcopy(small), **kwargs)
+        quantize_s[name] = (time.perf_counter() - t0) * layers / max(1, min(2, layers))
+        slowdown[name] = max(1.0, _timed(lambda qm=qmodel: run_scoring(qm), repeats=1) / base_s)
+    return quantize_s, slowdown
+
+
+def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Throughput:
+    """Throughput on a named GPU from its published bf16 peak and the efficiencies above (assumptions)."""
+    config = _model_config(cfg, draw)
+    params, layers = _count_params(config)
+    peak = GPU_BF16_PEAK[gpu]
+    flops_per_token = 2 * params
+    scale = params / layers / 20e6  # the per-layer quantization assumptions are for ~20M-parameter layers
+    quantize_s = {}
+    for name in cfg.score.quantizers:
+        family = get_quantizer(name, device="cpu").family
+        quantize_s[name] = GPU_QUANTIZE_S_PER_LAYER.get(family, 0.1) * layers * max(scale, 0.05)
+    return Throughput(
+        device=gpu,
+        score_tokens_per_s=peak * GPU_EFFICIENCY["score"] / flops_per_token,
+        train_tokens_per_s=peak * GPU_EFFICIENCY["train"] / (3 * flops_per_token),
+        quantize_s=quantize_s,
+        forward_slowdown=dict.fromkeys(cfg.score.quantizers, 1.0),
+        checkpoint_s=params * 2 / 20e9,  # a bf16 copy at ~20 GB/s
+        model_load_s=params * 2 / 1e9 + 5,  # ~1 GB/s from disk plus start-up
+        source={
+            "score": f"assumed: {GPU_EFFICIENCY['score']:.0%} of the published {peak / 1e12:.0f} TFLOP/s bf16 peak, 2 FLOP per parameter per token",
+            "train": f"assumed: {GPU_EFFICIENCY['train']:.0%} of the peak, 6 FLOP per parameter per token (forward and backward)",
+            "quantize": "assumed: seconds per layer in GPU_QUANTIZE_S_PER_LAYER, scaled by layer size",
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------ estimate
+
+
+def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: int = 1) -> dict[str, Any]:
+    """Seconds per stage and in total, on one device, and with `jobs` devices in parallel (shards)."""
+    checkpoints = sum(len(s) for s in work.steps_per_run)
+    finetune_s = (
+        speed.model_load_s + work.train_padded_tokens / speed.train_tokens_per_s + checkpoints * speed.checkpoint_s
+    )
+    per_q_units = {
+        q: (work.units - (1 if cfg.score.score_base else 0)) // max(1, len(work.quantizers)) for q in work.quantizers
+    }
+    mean_tokens = work.score_padded_tokens / max(1, work.units)
+    score_s = speed.model_load_s + checkpoints * speed.checkpoint_s
+    for q in work.quantizers:
+        units = per_q_units[q] + (1 if cfg.score.score_base and q == work.quantizers[0] else 0)
+        score_s += units * (
+            mean_tokens / speed.score_tokens_per_s * speed.forward_slowdown.get(q, 1.0) + speed.quantize_s.get(q, 0.0)
+        )
+    n_attacks = len(cfg.attack.attacks)
+    pool = len(work.members_per_run) and max(1, int(round(np.mean(work.members_per_run) / cfg.train.member_fraction)))
+    report_s = (
+        5
+        + REPORT_S_PER_EVALUATION * len(work.quantizers) * n_attacks * work.runs * pool * max(cfg.attack.n_boot, 1) * 3
+    )
+    total = finetune_s + score_s + report_s
+    parallel = jobs > 1
+    return {
+        "finetune_s": finetune_s,
+        "score_s": score_s,
+        "report_s": report_s,
+        "total_s": total,
+        "jobs": jobs,
+        "parallel_total_s": (
+            finetune_s / min(jobs, work.runs)
+            + score_s / min(jobs, work.units)
+            + report_s
+            + (speed.model_load_s if parallel else 0)
+        ),
+    }
+
+
+def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, echo=print) -> dict[str, Any]:
+    """The plan of `cfg`: workload, throughput (measured here or assumed for a named GPU), times."""
+    store = RunStore(cfg.resolved_output_dir())
+    draw = draw_experiment(cfg, echo=echo)
+    if store.exists():
+        draw.masks = store.membership()
+    gpu = device.lower() if device.lower() in GPU_BF16_PEAK else None
+    target = torch.device("cuda") if gpu else pick_device(device)
+    budget = token_budget(cfg, target)
+    work = count_workload(cfg, draw, budget=budget)
+    config = _model_config(cfg, draw)
+    work.model_parameters = _count_params(config)[0]
+    work.adapter_bytes = _adapter_bytes(cfg, config) * sum(len(s) for s in work.steps_per_run)
+    speed = named_gpu_throughput(cfg, draw, gpu) if gpu else measure_throughput(cfg, draw, device=target, budget=budget)
+    return {
+        "experiment": cfg.name,
+        "model": draw.source.describe(),
+        "device": speed.device,
+        "token_budget": budget,
+        "workload": asdict(work),
+        "throughput": asdict(speed),
+        "estimate": estimate(cfg, work, speed, jobs=jobs),
+    }
+
+
+def _adapter_bytes(cfg: ExperimentConfig, config: Any) -> int:
+    """Bytes of one LoRA checkpoint (fp32 A and B matrices of every targeted linear layer)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = _lora(AutoModelForCausalLM.from_config(config), cfg)
+    return 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    w, t, e = plan["workload"], plan["throughput"], plan["estimate"]
+    steps = w["steps_per_run"]
+    lines = [
+        f"plan of {plan['experiment']}: {plan['model']} on {plan['device']}",
+        f"  runs            {w['runs']} x {w['members_per_run'][0] if w['members_per_run'] else 0} training samples, "
+        f"{len(steps[0]) if steps else 0} checkpoints per run (steps {steps[0] if steps else []})",
+        f"  quantizers      {len(w['quantizers'])}: {', '.join(w['quantizers'])}",
+        f"  scoring units   {w['units']} ({w['units_per_quantizer']} per quantizer{' + the base model' if w['units'] > w['units_per_quantizer'] * len(w['quantizers']) else ''}); "
+        f"GPTQ calibrations {w['gptq_calibrations']}",
+        f"  tokens          train {w['train_tokens']:,} ({w['train_padded_tokens']:,} padded); score {w['score_tokens']:,} "
+        f"({w['score_padded_tokens']:,} padded, budget {plan['token_budget']}), losses recorded for {w['scored_tokens']:,}",
+        f"  disk            adapters {_bytes(w['adapter_bytes'])}, loss tables about {_bytes(w['loss_table_bytes'])}",
+        f"  throughput      score {t['score_tokens_per_s']:,.0f} tok/s, train {t['train_tokens_per_s']:,.0f} tok/s",
+    ]
+    for q, s in t["quantize_s"].items():
+        lines.append(f"    {q:>12}: {s:.1f} s per quantization, scoring x{t['forward_slowdown'].get(q, 1.0):.2f}")
+    lines += [f"    ({k}: {v})" for k, v in t["source"].items()]
+    lines.append(
+        f"  time            finetune {_duration(e['finetune_s'])}, score {_duration(e['score_s'])}, report {_duration(e['report_s'])}; "
+        f"total {_duration(e['total_s'])}"
+    )
+    if e["jobs"] > 1:
+        lines.append(
+            f"  with {e['jobs']} parallel jobs: about {_duration(e['parallel_total_s'])} (each job loads the model once)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""`llmaudit plan`: its counts are exactly what finetune and score then do."""
+
+import json
+
+from llmaudit.common.io import read_json
+from llmaudit.finetune.runs import finetune
+from llmaudit.jobs.plan import format_plan, make_plan
+from llmaudit.score.stage import score
+from llmaudit.store.worklog import read_work
+
+
+def test_plan_counts_match_the_work_done(tiny_cfg):
+    plan = make_plan(tiny_cfg, device="cpu", echo=lambda *a: None)
+    work = plan["workload"]
+    assert not tiny_cfg.resolved_output_dir().exists()  # planning writes nothing
+    store = finetune(tiny_cfg, progress=False, echo=lambda *a: None)
+    score(tiny_cfg, store, progress=False, echo=lambda *a: None)
+    done = [read_json(store.run_done_path(r)) for r in range(tiny_cfg.train.runs)]
+    assert work["steps_per_run"] == [d["steps"] for d in done]
+    assert work["members_per_run"] == [d["n_train"] for d in done]
+    assert work["train_tokens"] == sum(d["train_tokens"] for d in done)
+    assert work["train_padded_tokens"] == sum(d["train_padded_tokens"] for d in done)
+    log = read_work(store.worklog_path)
+    assert work["units"] == len(log) == len({(w["run"], w["step"], w["quantizer"]) for w in log})
+    assert work["score_tokens"] == sum(w["tokens"] for w in log)
+    by_kind = {w["samples"] for w in log}
+    assert by_kind == {tiny_cfg.data.val_size, tiny_cfg.data.val_size + tiny_cfg.data.pool_size}
+    # every figure of the estimate is positive and the text names them
+    assert all(v > 0 for k, v in plan["estimate"].items() if k.endswith("_s"))
+    text = format_plan(plan)
+    assert f"scoring units   {work['units']}" in text and "finetune" in text
+    json.dumps(plan)  # --json is plain JSON
+
+
+def test_plan_for_a_named_gpu_uses_its_published_peak(tiny_cfg):
+    h100 = make_plan(tiny_cfg, device="h100", jobs=16, echo=lambda *a: None)
+    a100 = make_plan(tiny_cfg, device="a100", echo=lambda *a: None)
+    assert h100["device"] == "h100" and "989 TFLOP/s" in h100["throughput"]["source"]["score"]
+    ratio = h100["throughput"]["score_tokens_per_s"] / a100["throughput"]["score_tokens_per_s"]
+    assert abs(ratio - 989 / 312) < 1e-9
+    assert h100["estimate"]["parallel_total_s"] < h100["estimate"]["total_s"]
