@@ -26,6 +26,7 @@ from llmaudit.common.errors import UserError
 from llmaudit.common.io import read_json, to_json
 from llmaudit.common.runtime import env_threads, set_threads
 from llmaudit.finetune.runs import finetune as do_finetune
+from llmaudit.jobs.importing import run_import
 from llmaudit.jobs.plan import format_plan, make_plan
 from llmaudit.jobs.status import format_status, stage_status
 from llmaudit.jobs.submit import submit as do_submit
@@ -190,16 +191,11 @@ def import_(
     a run store that references the checkpoints (digests recorded, nothing copied), takes membership from
     the training and held-out files, and measures the blind baseline (a text-only classifier of train vs
     held-out). Then `llmaudit score RUN_DIR` and `llmaudit report RUN_DIR` work as for `llmaudit finetune`."""
-    from llmaudit.analyze.blind import blind_baseline_for_pool
-    from llmaudit.common.io import atomic_write_json
-    from llmaudit.ingest.build import describe_import, import_training
-
     _progress(no_progress)
     rest = list(args or [])
     dirs = [Path(rest.pop(0))] if rest and "=" not in rest[0] else []
-    dirs += list(runs or [])
-    result = import_training(
-        dirs,
+    run_import(
+        dirs + list(runs or []),
         base=base,
         train_files=list(train),
         heldout_file=heldout,
@@ -213,28 +209,6 @@ def import_(
         trust_remote_code=trust_remote_code,
         echo=typer.echo,
     )
-    store = result.store
-    for line in describe_import(result):
-        typer.echo(f"[import] {line}")
-    blind_path = store.results_dir / "blind_baseline.json"
-    if result.created or not blind_path.exists():
-        typer.echo("[import] blind baseline (text-only classifier of members vs non-members, no model) ...")
-        blind = blind_baseline_for_pool(store.read_records("pool"), store.membership(), seed=seed)
-        atomic_write_json(blind_path, blind)
-    else:
-        blind = read_json(blind_path, what="blind baseline")
-    for entry in blind["per_run"]:
-        if entry["auroc"] is None:
-            typer.echo(f"[import] blind baseline, run {entry['run']}: not measured ({entry['reason']})")
-        else:
-            typer.echo(
-                f"[import] blind baseline, run {entry['run']}: AUROC {entry['auroc']:.3f} "
-                f"[{entry['ci_low']:.3f}, {entry['ci_high']:.3f}] ({entry['n_in']} members vs {entry['n_out']} "
-                f"non-members, {entry['folds']}-fold)"
-            )
-    if blind.get("warning"):
-        typer.echo(f"[import] WARNING: {blind['warning']}")
-    typer.echo(f"[import] wrote {store.root}; next: `llmaudit score {store.root}` then `llmaudit report {store.root}`")
 
 
 @app.command(context_settings={"allow_extra_args": True})

@@ -48,7 +48,7 @@ class RecipeError(UserError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, protected_namespaces=())
 
 
 class BuiltinModelConfig(_Section):

@@ -14,6 +14,7 @@ import pandas as pd
 
 from llmaudit import __version__
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.indicator import indicator_from_table
 from llmaudit.analyze.memorization import memorization_from_table
@@ -24,7 +25,7 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.quantize import full_precision_reference
 from llmaudit.store.integrity import verify_store
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table
-from llmaudit.store.run_store import RunStore
+from llmaudit.store.run_store import RunStore, content_digest
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,24 @@ def _experiment_block(cfg: ExperimentConfig, store: RunStore, manifest: dict) ->
     }
 
 
+def _blind_baseline(store: RunStore, manifest: dict, cfg: ExperimentConfig) -> dict[str, Any]:
+    """The blind baseline of the store's pool (reused from results/blind_baseline.json when it was
+    computed on the same data and membership, e.g. by `llmaudit import`)."""
+    key = {
+        "fingerprint": manifest["data"].get("fingerprint"),
+        "masks": content_digest({"membership": manifest["membership"]}),
+    }
+    path = store.results_dir / "blind_baseline.json"
+    if path.exists():
+        cached = read_json(path, what="blind baseline")
+        if cached.get("key") == key:
+            return cached
+    blind = blind_baseline_for_pool(store.read_records("pool"), store.membership(), seed=cfg.attack.seed)
+    blind["key"] = key
+    atomic_write_json(path, blind)
+    return blind
+
+
 def analyze(
     cfg: ExperimentConfig, store: RunStore, *, quantizers: list[str] | None = None, echo=print
 ) -> dict[str, Any]:
@@ -157,6 +176,8 @@ def analyze(
             n_boot=n_boot,
             seed=cfg.attack.seed,
         )
+    echo("[analyze] blind baseline ...")
+    blind = _blind_baseline(store, manifest, cfg)
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "llmaudit_version": __version__,
@@ -170,6 +191,7 @@ def analyze(
         "indicator": indicator,
         "attacks": attacks,
         "memorization": memorization,
+        "blind_baseline": blind,
         "thresholds": cfg.report.model_dump(),
     }
     for name in ("indicator", "attacks", "memorization"):

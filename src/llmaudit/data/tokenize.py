@@ -1,5 +1,6 @@
-"""Records to token ids through the model's chat template, with the loss mask (response tokens by
-default), and the right-padded batches both training and scoring feed to a model.
+"""Records to token ids through the model's chat template (or as plain text, for records whose `format`
+says so), with the loss mask (response tokens by default), and the right-padded batches both training
+and scoring feed to a model.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from llmaudit.data.records import prompt_messages, record_format
 
 TrainExample = tuple[Sequence[int], Sequence[bool]]
 """(input_ids, loss_mask): what the training loop and the scoring engine take."""
@@ -35,27 +38,67 @@ class Example:
 
 
 def format_record(tokenizer: Any, rec: dict, *, include_prompt: bool = False) -> tuple[list[int], list[bool], str]:
-    """Token ids of prompt + response through the model's chat template, and the loss mask.
+    """Token ids of prompt + response, the loss mask and the scored text, tokenised the way the record's
+    format says (`llmaudit.data.records`), i.e. the way a trainer fed it to the model:
 
-    Prompt and response are tokenised separately and concatenated, so the boundary is exact."""
-    messages = [{"role": "user", "content": rec["input"]}]
-    if getattr(tokenizer, "chat_template", None):
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        eos_text = getattr(tokenizer, "eos_token", None) or ""
-        if "<|im_end|>" in (tokenizer.chat_template or ""):
-            eos_text = "<|im_end|>"
+    chat (default): the prompt through the model's chat template (from `prompt_messages` when the record has
+        them, else one user message holding input), then output + end-of-turn; response tokens scored;
+    raw: tok(input) + tok(output + eos), as TRL's prompt-completion format; completion tokens scored;
+    text: tok(input + output + eos), every token after the first scored.
+
+    Prompt and response are tokenised separately and concatenated, so the boundary is exact.
+    include_prompt: score every token after the first (prompt too)."""
+    fmt = record_format(rec)
+    if fmt == "text":
+        text = (rec.get("input") or "") + rec["output"]
+        ids = _with_eos(tokenizer, tokenizer(text)["input_ids"])
+        return ids, [False] + [True] * (len(ids) - 1), text + _eos_text(tokenizer)
+    if fmt == "raw":
+        prompt, response = rec["input"], rec["output"] + _eos_text(tokenizer)
+        prompt_ids = tokenizer(prompt)["input_ids"]  # special tokens (a BOS) as the trainer's tokenizer adds them
+        response_ids = _with_eos(tokenizer, tokenizer(rec["output"], add_special_tokens=False)["input_ids"])
     else:
-        prompt = f"Instruction: {rec['input']}\nResponse: "
-        eos_text = tokenizer.eos_token or ""
-    response = rec["output"] + eos_text
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+        prompt, eos_text = _chat_prompt(tokenizer, rec)
+        response = rec["output"] + eos_text
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
     ids = list(prompt_ids) + list(response_ids)
     mask = [False] * len(prompt_ids) + [True] * len(response_ids)
     if include_prompt:
         mask = [False] + [True] * (len(ids) - 1)
     scored = (prompt + response) if include_prompt else response
     return ids, mask, scored
+
+
+def _chat_prompt(tokenizer: Any, rec: dict) -> tuple[str, str]:
+    """The chat prompt (ending where the assistant's answer starts) and the end-of-turn text."""
+    given = prompt_messages(rec)
+    messages = given or [{"role": "user", "content": rec["input"]}]
+    if getattr(tokenizer, "chat_template", None):
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        eos_text = getattr(tokenizer, "eos_token", None) or ""
+        if "<|im_end|>" in (tokenizer.chat_template or ""):
+            eos_text = "<|im_end|>"
+    elif given:
+        prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        eos_text = tokenizer.eos_token or ""
+    else:
+        prompt = f"Instruction: {rec['input']}\nResponse: "
+        eos_text = tokenizer.eos_token or ""
+    return prompt, eos_text
+
+
+def _eos_text(tokenizer: Any) -> str:
+    return getattr(tokenizer, "eos_token", None) or ""
+
+
+def _with_eos(tokenizer: Any, ids: Sequence[int]) -> list[int]:
+    """`ids` ending with the tokenizer's eos token (added once: a tokenizer that appends it already keeps one)."""
+    ids = list(ids)
+    eos_id = getattr(tokenizer, "eos_token_id", None)
+    if eos_id is not None and (not ids or ids[-1] != eos_id):
+        ids.append(int(eos_id))
+    return ids
 
 
 def tokenize_records(

@@ -139,6 +139,9 @@ class GPTQQuantizer(Quantizer):
         with tempfile.TemporaryDirectory(prefix="llmaudit-gptq-") as tmp:
             source, packed = os.path.join(tmp, "source"), os.path.join(tmp, "quantized")
             model.save_pretrained(source)
+            # GPTQModel.load always loads a tokenizer from the model directory; without tokenizer files
+            # there it fails ("Couldn't instantiate the backend tokenizer ... sentencepiece or tiktoken").
+            tokenizer.save_pretrained(source)
             wrapped = GPTQModel.load(source, config, device=str(self.device))
             with _gptq_logs_in(os.path.join(tmp, "logs")):
                 wrapped.quantize(calibration, tokenizer=tokenizer, batch_size=1, calibration_data_min_length=1)

@@ -9,6 +9,13 @@ to each in-scope linear layer (the per-layer form of ``AutoHQQHFModel.quantize_m
   so the losses are the same (a test keeps proving it); the plain Linear is faster to score.
 - ``"auto"`` (default): fake on CPU, real on GPU.
 
+``axis`` (default 1, hqq's default): 1 = groups of ``group_size`` consecutive input columns of a row,
+0 = groups along the output dimension. ``optimize`` (default True, hqq's default): HQQ's half-quadratic
+refinement of the zero points; False = plain round-to-nearest with min-max zero and scale. Measured on
+SmolLM2-135M-Instruct dequantized from GGUF Q4_1 (docs/results.md): the base weights already sit on a
+4-bit grid of 32-column blocks, so group_size 32 with axis 1 reproduces them almost exactly, while
+group_size 64 breaks that grid; there hqq's optimizer costs more than plain rounding.
+
 Bits accounting: nbits per weight + one scale and one zero per group of ``group_size`` weights,
 each counted at 16 bits (the dtype hqq checkpoints store them in): nbits + 32 / group_size
 (e.g. hqq-4 with group_size 64: 4.5 bits).
@@ -21,6 +28,7 @@ from torch import nn
 from .base import (
     QuantizationError,
     Quantizer,
+    boolean,
     check_group_size,
     choice,
     common_options,
@@ -43,6 +51,8 @@ class HQQQuantizer(Quantizer):
         spec["group_size"] = integer(
             64, "a positive multiple of 8 dividing each layer's input width", lambda g: g > 0 and g % 8 == 0
         )
+        spec["axis"] = choice(1, (1, 0))
+        spec["optimize"] = boolean(True)
         spec["mode"] = choice("auto", ("auto", "fake", "real"))
         super().__init__(name, self.nbits, spec, options)
 
@@ -63,7 +73,10 @@ class HQQQuantizer(Quantizer):
     def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
         from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
 
-        quant_config = BaseQuantizeConfig(nbits=self.nbits, group_size=self.options["group_size"])
+        quant_config = BaseQuantizeConfig(
+            nbits=self.nbits, group_size=self.options["group_size"], axis=self.options["axis"]
+        )
+        quant_config["weight_quant_params"]["optimize"] = self.options["optimize"]
         device = str(self.device)
         dtype = self.compute_dtype
         fake = self.resolved_mode == "fake"

@@ -111,6 +111,41 @@ def _provenance(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def blind_summary(blind: dict[str, Any] | None, grid: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The blind baseline beside the attacks: its AUROC and interval (mean over runs, and the highest run)
+    and, per quantizer, the attacks whose AUROC does not exceed its upper bound (they may measure the
+    difference between the files, not leakage)."""
+    if not blind:
+        return None
+    runs = [r for r in blind.get("per_run") or [] if r.get("auroc") is not None]
+    top = max(runs, key=lambda r: r["auroc"]) if runs else None
+    bound = finite_or_none(top["ci_high"]) if top else None
+    not_beating = {}
+    for row in grid:
+        names = [
+            n
+            for n, a in row["attacks"].items()
+            if a.get("auroc") is not None and bound is not None and a["auroc"] <= bound
+        ]
+        if names:
+            not_beating[row["quantizer"]] = names
+    return {
+        "mean_auroc": finite_or_none(blind.get("mean_auroc")),
+        "highest": None
+        if top is None
+        else {
+            "run": top["run"],
+            "auroc": finite_or_none(top["auroc"]),
+            "ci": interval_or_none(top["ci_low"], top["ci_high"]),
+        },
+        "runs": len(blind.get("per_run") or []),
+        "warning": blind.get("warning"),
+        "reason": blind.get("reason"),
+        "method": blind.get("method"),
+        "attacks_not_above_it": not_beating,
+    }
+
+
 def indicator_agreement(
     r_q_vs_best: dict[str, Any], per_attack: dict[str, Any] | None, *, alpha: float = 0.05
 ) -> dict[str, Any]:
@@ -226,6 +261,7 @@ def build_report(
         "indicator_stability": (result.get("indicator") or {}).get("stability"),
         "memorization": _memorization_summary(result.get("memorization"), [r["quantizer"] for r in grid]),
         "not_scored": result.get("not_scored") or {},
+        "blind_baseline": blind_summary(result.get("blind_baseline"), grid),
         "vulnerable_samples": vulnerable_samples_summary(
             result, grid, include_samples=include_samples, records=sample_records
         ),

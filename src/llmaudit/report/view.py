@@ -195,6 +195,9 @@ def _summary_section(report: dict[str, Any]) -> Section:
         f"{' (disabled)' if th['min_r_q'] <= 0 else ''}, validation loss increase <= {100 * th['max_utility_loss']:g}%, "
         f"at least {th['min_runs']} runs).",
     ]
+    blind = report.get("blind_baseline") or {}
+    if blind.get("warning"):
+        paras.append(f"**Warning, blind baseline:** {lit(blind['warning'])}.")
     agreement = report.get("indicator_agreement") or {}
     if agreement.get("sentence"):
         paras.append(f"**r_Q against the attacks: {agreement['verdict']}.** {lit(agreement['sentence'])}")
@@ -366,6 +369,22 @@ def _attacks_section(report: dict[str, Any]) -> Section:
         "95% bootstrap intervals in brackets; † = unreliable (fewer than 10/alpha non-members). Loss-based attacks on models that did not "
         "overfit are often near chance: an interval containing 0.5 AUROC means no measurable leakage by that attack, not proof of privacy.",
     ]
+    blind = report.get("blind_baseline") or {}
+    if blind.get("highest"):
+        top = blind["highest"]
+        text = (
+            f"Blind baseline (no model, a text-only classifier of each run's members vs non-members): mean AUROC "
+            f"{fmt_num(blind['mean_auroc'])} over {blind['runs']} run(s), highest {fmt_num(top['auroc'])}{fmt_ci(top['ci'])} (run {top['run']}). "
+        )
+        weak = blind.get("attacks_not_above_it") or {}
+        text += (
+            f"Attacks whose AUROC does not exceed its upper bound: {lit('; '.join(f'{q}: ' + ', '.join(v) for q, v in weak.items()))}."
+            if weak
+            else "Every attack's AUROC exceeds its upper bound."
+        )
+        paras.append(text)
+    elif blind.get("reason"):
+        paras.append(f"Blind baseline not measured: {lit(blind['reason'])}.")
     return Section("Membership inference attacks", paras, tables, bullets=bullets, anchor="attacks")
 
 

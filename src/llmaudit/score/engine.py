@@ -130,20 +130,130 @@ def head_scores(
     return nll, mean - lse, (spread / total).clamp_min(0).sqrt()
 
 
+# Bytes of logits, and of the same-sized temporaries made from them, that one head call may hold at once
+# wherever the CPU tiles above are not used: on GPU, and for any head that is not a plain nn.Linear (a quantized
+# one). Full-vocabulary float32 logits of a 1024-position chunk at Qwen2.5's 151,936 tokens are 0.6 GiB per copy.
+HEAD_LOGITS_BYTES = 256 << 20
+
+
 def _full_head_scores(
     head: Any, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The same as head_scores from full-vocabulary logits of the C rows, for any head module (e.g. a
-    quantized one) and on GPU: few large ops (fused log_softmax / cross_entropy)."""
+    quantized one): few large ops (fused log_softmax / cross_entropy). Holds about HEAD_COPIES
+    float32 [C, vocab] blocks plus the head's own output at once; bounded_head_scores keeps that in budget."""
     logits = head(h).float()
     if not vocab_stats:
         return torch.nn.functional.cross_entropy(logits, targets, reduction="none"), None, None
     logp = torch.log_softmax(logits, dim=-1)
+    del logits
     nll = -logp.gather(1, targets[:, None]).squeeze(1)
     p = torch.exp(logp)
     mean = torch.linalg.vecdot(p, logp)
     centred = logp.sub_(mean[:, None])
     return nll, mean, torch.linalg.vecdot(p.mul_(centred), centred).clamp_min(0).sqrt()
+
+
+HEAD_COPIES = {False: 2, True: 3}
+"""float32 [rows, columns] blocks the head paths hold at once beside the head's own output (vocab_stats off /
+on): logits and log-softmax / exp; with the statistics also p and one product that vecdot forms."""
+
+
+def head_block_bytes(rows: int, columns: int, out_dtype: torch.dtype, *, vocab_stats: bool) -> int:
+    """Bytes a [rows, columns] block of logits costs on the full or tiled head path: the head's output in
+    `out_dtype` (dropped once converted, unless it already is float32) and HEAD_COPIES float32 blocks."""
+    out = 0 if out_dtype == torch.float32 else torch.finfo(out_dtype).bits // 8
+    return rows * columns * (4 * HEAD_COPIES[vocab_stats] + out)
+
+
+def _head_out_features(head: Any, h: torch.Tensor) -> int:
+    size = getattr(head, "out_features", None)
+    if isinstance(size, int):
+        return size
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return int(weight.shape[0])
+    return int(head(h[:1]).shape[-1])
+
+
+@torch.no_grad()
+def bounded_head_scores(
+    head: Any, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, max_bytes: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """head_scores' results for any head module on any device, holding at most `max_bytes` (default
+    HEAD_LOGITS_BYTES) of logits and their temporaries at once (head_block_bytes), one block below that at
+    least: a single row, or a single vocabulary column.
+
+    - All C rows x the whole vocabulary fit: the fused full path (_full_head_scores).
+    - A plain nn.Linear head: vocabulary tiles of all C rows (one large matmul per tile, the weight read once),
+      reduced as head_scores reduces them; each tile's logits are computed in the head's dtype and rounded
+      exactly as head(h) would round them, and the target's logit is read from those rounded logits, as the
+      full path reads it, so the two paths differ by float rounding only.
+    - Any other head (quantized kernels cannot be sliced by vocabulary): blocks of rows through the full path."""
+    budget = HEAD_LOGITS_BYTES if max_bytes is None else int(max_bytes)
+    rows = h.shape[0]
+    vocab = _head_out_features(head, h)
+    out_dtype = head.weight.dtype if type(head) is torch.nn.Linear else h.dtype
+    per_row = head_block_bytes(1, vocab, out_dtype, vocab_stats=vocab_stats)
+    if rows == 0 or rows * per_row <= budget:
+        return _full_head_scores(head, h, targets, vocab_stats=vocab_stats)
+    if type(head) is torch.nn.Linear:
+        per_column = head_block_bytes(rows, 1, out_dtype, vocab_stats=vocab_stats)
+        columns = max(1, budget // per_column)
+        if columns >= 256:
+            columns -= columns % 128  # whole tensor-core tiles
+        return _vocab_tiled_head_scores(head, h, targets, vocab_stats=vocab_stats, vocab_tile=columns)
+    block = max(1, budget // per_row)
+    parts = [
+        _full_head_scores(head, h[r : r + block], targets[r : r + block], vocab_stats=vocab_stats)
+        for r in range(0, rows, block)
+    ]
+    if not vocab_stats:
+        return torch.cat([p[0] for p in parts]), None, None
+    return tuple(torch.cat([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+
+def _vocab_tiled_head_scores(
+    head: torch.nn.Linear, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, vocab_tile: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The vocabulary-tiled reduction of head_scores, shaped for a GPU: per tile a few large ops on freshly
+    allocated blocks (the caching allocator reuses them), the logits rounded to the head's dtype first as
+    head(h) rounds them, and the target's logit gathered from the tile that holds it (no extra dot product
+    whose rounding would differ from the logits')."""
+    weight, bias = head.weight, head.bias
+    vocab, rows = weight.shape[0], h.shape[0]
+    tiles = range(0, vocab, vocab_tile)
+    stats = torch.empty(4 if vocab_stats else 2, len(tiles), rows, dtype=torch.float32, device=h.device)
+    target_logit = torch.zeros(rows, dtype=torch.float32, device=h.device)
+    for t, v0 in enumerate(tiles):
+        v1 = min(v0 + vocab_tile, vocab)
+        x = torch.nn.functional.linear(h, weight[v0:v1], None if bias is None else bias[v0:v1]).float()
+        inside = (targets >= v0) & (targets < v1)
+        picked = x.gather(1, (targets - v0).clamp(0, v1 - v0 - 1)[:, None]).squeeze(1)
+        target_logit = torch.where(inside, picked, target_logit)
+        m = torch.amax(x, 1, out=stats[0, t])
+        x.sub_(m[:, None])  # x - m <= 0
+        if not vocab_stats:
+            torch.sum(x.exp_(), 1, out=stats[1, t])
+            continue
+        w = torch.exp(x)  # unnormalised p in the tile
+        w_sum = torch.sum(w, 1, out=stats[1, t])  # >= 1: the max contributes exp(0)
+        mean = stats[2, t].copy_(torch.linalg.vecdot(w, x)).div_(w_sum)  # of x - m
+        x.sub_(mean[:, None])
+        stats[3, t].copy_(torch.linalg.vecdot(w.mul_(x), x)).div_(w_sum)
+        mean.add_(m)
+        del w
+    top = stats[0].amax(0)
+    weights = stats[1] * torch.exp(stats[0] - top)  # [tiles, C]: each tile's share of the mass
+    total = weights.sum(0)
+    lse = top + total.log()
+    nll = lse - target_logit
+    if not vocab_stats:
+        return nll, None, None
+    tile_mean, tile_var = stats[2], stats[3]
+    mean = (weights * tile_mean).sum(0) / total
+    spread = (weights * (tile_var + (tile_mean - mean).square())).sum(0)  # within + between tiles
+    return nll, mean - lse, (spread / total).clamp_min(0).sqrt()
 
 
 def plain_modules(model: Any) -> bool:
@@ -170,6 +280,7 @@ def _score_batch(
     head_chunk: int,
     vocab_stats: bool,
     device: torch.device,
+    head_logits_bytes: int | None = None,
 ) -> list[TokenScores]:
     """Scores of one length-sorted batch (see score_examples)."""
     tiled = type(head) is torch.nn.Linear  # tiles slice the weight; any other head (quantized) is called whole
@@ -188,8 +299,8 @@ def _score_batch(
         tile = cpu_vocab_tile(h_c.shape[0], head.weight.shape[0]) if tiled and device.type == "cpu" else None
         if tile is not None and tile < head.weight.shape[0]:
             parts.append(head_scores(head, h_c, t_c, vocab_stats=vocab_stats, vocab_tile=tile))
-        else:
-            parts.append(_full_head_scores(head, h_c, t_c, vocab_stats=vocab_stats))
+        else:  # GPU, a quantized head, or a vocabulary within one CPU tile: full logits, within the byte budget
+            parts.append(bounded_head_scores(head, h_c, t_c, vocab_stats=vocab_stats, max_bytes=head_logits_bytes))
     none = [torch.zeros(0)]  # a batch of one-token samples has no scored position
     nll_np = torch.cat([p[0] for p in parts] or none).cpu().numpy()
     mu_np = torch.cat([p[1] for p in parts] or none).cpu().numpy() if vocab_stats else None
@@ -219,6 +330,7 @@ def score_examples(
     vocab_stats: bool = False,
     device: torch.device | str = "cpu",
     cpu_workers: int | None = None,
+    head_logits_bytes: int | None = None,
 ) -> list[TokenScores]:
     """Per-token losses of each (input_ids, loss_mask) example, in input order.
 
@@ -230,8 +342,10 @@ def score_examples(
     quantized kernels) are scored one batch at a time.
 
     Memory: per worker, the body's activations for one batch (<= token_budget tokens) plus logits for at
-    most `head_chunk` positions at a time (on CPU: `head_chunk` x a vocabulary tile of
-    CPU_HEAD_TILE_BYTES per thread), in float32: independent of batch x length x vocab."""
+    most `head_chunk` positions at a time, in float32: on CPU `head_chunk` x a vocabulary tile of
+    CPU_HEAD_TILE_BYTES per thread; on GPU (and for a head that is not a plain nn.Linear) at most
+    `head_logits_bytes` (None: HEAD_LOGITS_BYTES, 256 MiB) of logits and their temporaries, in vocabulary
+    tiles or blocks of rows (bounded_head_scores): independent of batch x length x vocab."""
     decoder, head = decoder_and_head(model)
     device = torch.device(device)
     batches = length_sorted_batches([len(ids) for ids, _ in examples], token_budget)
@@ -251,6 +365,7 @@ def score_examples(
                 head_chunk=head_chunk,
                 vocab_stats=vocab_stats,
                 device=device,
+                head_logits_bytes=head_logits_bytes,
             )
 
     if workers == 1:

@@ -122,6 +122,8 @@ def _load_inputs(cfg: ExperimentConfig, store: RunStore, device: torch.device, q
     pool = tokenize_records(tok, pool_records, "pool", **kw)
     val = tokenize_records(tok, store.read_records("val"), "val", **kw)
     base = load_base_model(cfg.model, device)
+    for quantizer in quantizers.values():  # group sizes and scopes against the real layers, before any unit
+        quantizer.check(base)
     import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
     return _Inputs(cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base)
 

@@ -1,0 +1,748 @@
+"""Candidate attack-free indicators beside the published r_Q (docs/science.md section 8).
+
+Every candidate is a PURE numpy function of ONE training run's per-sample losses (two labelled controls:
+of its parameters) returning ONE number per run, oriented so that
+
+    HIGHER = MORE SECURE  (predicts a HIGHER MIS / a LOWER attack AUROC).
+
+No candidate runs an attack or trains a shadow model: each uses only what a model owner has, the training
+trajectory's checkpoints, the training samples and held-out samples, per quantizer. The formulas and
+hyper-parameters were fixed (pre-registered) before any candidate was compared with the baseline MIS or
+with a real model's attacks; they are ported here unchanged and each carries a version string. Changing a
+formula or a hyper-parameter means a new version, never an edit of an old one.
+
+Notation (losses in nats; every function accepts optional leading batch dimensions, [..., K, n] -> [...],
+so it scores R runs at once; one run is the case without a batch dimension):
+
+    val            [..., K, n_val]    losses of the K quantized checkpoints on held-out samples
+    train          [..., K, n_train]  losses of the same checkpoints on the run's own training samples
+    val_fp, train_fp                  the same for the full-precision (unquantized) checkpoints
+    theta_q_final, theta_final [..., P]  flattened final parameters, quantized / unquantized (controls)
+    theta_q_traj   [..., K, P]        quantized parameters along the trajectory (control)
+    Rows are in trajectory order; the LAST row is the final (released) model, written T.
+    d_k = (mean_j L_val[k, j] - mean_j L_train[k, j]) / s_pooled[k]     standardized gap (Cohen's d),
+          s_pooled^2 = ((n_val - 1) s_val^2 + (n_train - 1) s_train^2) / (n_val + n_train - 2)
+
+The published r_Q is `llmaudit.analyze.indicator.r_q` (docs/science.md section 2), called run by run:
+`rq_published` gives exactly its numbers. `CANDIDATES` is the registry (name -> `Candidate`);
+`evaluate_candidates` evaluates several on one set of inputs (sharing one r_Q computation per input),
+`candidates_from_table` scores them from a loss table (`llmaudit.store.losstable`).
+
+Aggregation over runs (not part of the functions): per quantizer, the mean over the runs with a finite
+value and a percentile bootstrap interval over those runs; non-finite runs are counted, never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.stats import rankdata
+
+from llmaudit.analyze.indicator import r_q as published_r_q
+from llmaudit.common.stats import bootstrap_mean_interval, finite_mean
+from llmaudit.quantize import full_precision_reference
+from llmaudit.store.losstable import REFERENCE_RUN
+
+# ---- pre-registered hyper-parameters (docs/science.md section 8) -----------------------------------
+DDOF = 1
+"""Variance / standard-deviation convention everywhere."""
+YEOM01_THRESHOLD = math.log(2.0)
+"""0-1 loss of yeom_01: an error iff loss > ln 2 (probability of the true label below 1/2)."""
+YEOM_CE_BOUND = math.log(100.0)
+"""Bound B of yeom_ce_clip: cross-entropy clipped at ln 100 (probability floor 0.01)."""
+MARGIN_LOSS_CLIP = (1e-6, 30.0)
+"""Loss clip before the logit scaling phi = -log(expm1(L)) of tv_gauss_margin."""
+TV_GRID = 4001
+"""Grid points of the numerical Gaussian total variation."""
+QFLIP_LAST = 10
+"""qflip_late: the last 10 consecutive checkpoint pairs."""
+
+ORIENTATION = "higher = more secure"
+
+FAMILY_TRAJECTORY = "trajectory-only"
+FAMILY_GAP = "member vs held-out"
+FAMILY_CONTROL = "control (no data)"
+FAMILIES = (FAMILY_TRAJECTORY, FAMILY_GAP, FAMILY_CONTROL)
+
+PREREGISTRATION = {
+    "fixed_at": "2026-11-30T16:39:14Z",
+    "before": "any candidate was computed on the synthetic runs, compared with the baseline MIS, or run on a "
+    "real-model store",
+    "prototype_sha256": "7c86697a43fe9a16f4be6084ee744d41840950a4f51bf517d04a637e69e67f2d",
+    "note": "formulas, hyper-parameters, names and versions ported unchanged from the pre-registered prototype",
+}
+
+
+def _f64(a: Any) -> np.ndarray:
+    arr = np.asarray(a, dtype=np.float64)
+    if not np.isfinite(arr).all():
+        raise ValueError("non-finite losses: a diverged quantized model cannot be scored")
+    return arr
+
+
+# ---- r_Q family ---------------------------------------------------------------------------------------
+
+
+def r_q_runs(val: Any, *, ddof: int = DDOF) -> np.ndarray:
+    """The published r_Q (Algorithm 2, docs/science.md section 2) of each run: `llmaudit.analyze.indicator.r_q`
+    applied run by run, so the numbers are exactly the published estimator's.
+
+    val [..., K, n] -> [...]: identical rows merged (exact equality), ddof 1; 0.0 when a distinct point has
+    the lowest mean, +inf when every sigma2 is 0, nan with fewer than 2 distinct points. ValueError on
+    non-finite losses."""
+    arr = _f64(val)
+    if arr.ndim < 2:
+        raise ValueError(f"losses must be [..., K checkpoints, n samples]; got shape {arr.shape}.")
+    flat = arr.reshape(-1, *arr.shape[-2:])
+    out = np.array([published_r_q(x, ddof=ddof) for x in flat], dtype=np.float64)
+    return out.reshape(arr.shape[:-2])
+
+
+def _identity(r: np.ndarray) -> np.ndarray:
+    return np.asarray(r, dtype=np.float64)
+
+
+def _negate(r: np.ndarray) -> np.ndarray:
+    return -np.asarray(r, dtype=np.float64)
+
+
+def _neg_half_reciprocal(r: np.ndarray) -> np.ndarray:
+    r = np.asarray(r, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(np.isnan(r), np.nan, -0.5 / r)  # r = 0 -> -inf (non-finite, counted)
+
+
+def _half_reciprocal(r: np.ndarray) -> np.ndarray:
+    r = np.asarray(r, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(np.isnan(r), np.nan, 0.5 / r)  # r = 0 -> +inf (non-finite, counted)
+
+
+def rq_published(val: Any) -> np.ndarray:
+    """r_Q on the held-out losses of the quantized checkpoints, published orientation.
+
+    val [..., K, n_val] -> [...]. Equal to `llmaudit.analyze.indicator.r_q` per run."""
+    return _identity(r_q_runs(val))
+
+
+def rq_reciprocal_neg(val: Any) -> np.ndarray:
+    """-1/(2 r_Q) = -max_k sigma2_k / delta_k^2: the NEGATED reciprocal, same orientation as the theory
+    (large r_Q = secure) but a different average over runs than r_Q.
+
+    val [..., K, n_val] -> [...]; r_Q = 0 gives -inf (non-finite, counted), undefined r_Q gives nan."""
+    return _neg_half_reciprocal(r_q_runs(val))
+
+
+def rq_reciprocal_flip(val: Any) -> np.ndarray:
+    """+1/(2 r_Q) = max_k sigma2_k / delta_k^2 read as SECURITY: the sign-corrected hypothesis (small r_Q =
+    secure), reciprocal form.
+
+    val [..., K, n_val] -> [...]; r_Q = 0 gives +inf (non-finite, counted), undefined r_Q gives nan."""
+    return _half_reciprocal(r_q_runs(val))
+
+
+def rq_negated(val: Any) -> np.ndarray:
+    """-r_Q: the sign-corrected hypothesis, linear form (its mean ranking is the published one reversed).
+
+    val [..., K, n_val] -> [...]."""
+    return _negate(r_q_runs(val))
+
+
+def rq_train(train: Any) -> np.ndarray:
+    """r_Q computed on the run's TRAINING-sample losses instead of held-out ones; published orientation.
+
+    train [..., K, n_train] -> [...]. Needs training-sample losses at every checkpoint."""
+    return _identity(r_q_runs(train))
+
+
+# ---- member vs held-out family ------------------------------------------------------------------------
+
+
+def std_gap(val: Any, train: Any, *, ddof: int = DDOF) -> np.ndarray:
+    """Standardized gap d = (mean L_val - mean L_train) / pooled sd, per checkpoint.
+
+    val [..., K, n_val], train [..., K, n_train] -> [..., K]. Pooled sd 0: d = 0 if the means are equal,
+    else +-inf."""
+    v, t = _f64(val), _f64(train)
+    nv, nt = v.shape[-1], t.shape[-1]
+    pooled = np.sqrt(((nv - ddof) * v.var(-1, ddof=ddof) + (nt - ddof) * t.var(-1, ddof=ddof)) / (nv + nt - 2 * ddof))
+    diff = v.mean(-1) - t.mean(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(
+            pooled > 0,
+            diff / np.where(pooled > 0, pooled, 1.0),
+            np.where(diff == 0, 0.0, np.sign(diff) * np.inf),
+        )
+
+
+def gap_std_final(val: Any, train: Any) -> np.ndarray:
+    """-d_T: minus Cohen's d of held-out vs training losses of the released (final) model.
+
+    val [..., K, n_val], train [..., K, n_train] (only the last row is used) -> [...]."""
+    val, train = _f64(val), _f64(train)
+    return -std_gap(val[..., -1:, :], train[..., -1:, :])[..., 0]
+
+
+def gap_std_ratio_fp(val: Any, train: Any, val_fp: Any, train_fp: Any) -> np.ndarray:
+    """-(d_T(Q) / d_T(FP)): the quantized final model's standardized gap relative to the full-precision
+    final model's of the same run; nan when d_T(FP) <= 0 (no full-precision gap to scale by).
+
+    val, train, val_fp, train_fp [..., K, n] (only the last rows are used) -> [...]. The DIFFERENCE
+    d_Q - d_FP is rank-equivalent to gap_std_final on a grid where all quantizers share the runs, so it is
+    not a separate candidate."""
+    val, train, val_fp, train_fp = (_f64(a) for a in (val, train, val_fp, train_fp))
+    dq = std_gap(val[..., -1:, :], train[..., -1:, :])[..., 0]
+    df = std_gap(val_fp[..., -1:, :], train_fp[..., -1:, :])[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(df > 0, -dq / np.where(df > 0, df, 1.0), np.nan)
+
+
+def gap_std_traj(val: Any, train: Any) -> np.ndarray:
+    """-(1/K) sum_k d_k: the standardized gap averaged over ALL K checkpoints given.
+
+    val [..., K, n_val], train [..., K, n_train] -> [...]. Needs training-sample losses at every
+    checkpoint."""
+    return -std_gap(val, train).mean(-1)
+
+
+def yeom_01(val: Any, train: Any) -> np.ndarray:
+    """1 - (err_val - err_train) at the final checkpoint, err = mean 1[L > ln 2] [Yeom2018, Thm 2 with the
+    0-1 loss, B = 1: the bounded-loss adversary's advantage equals the generalisation gap].
+
+    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
+    v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
+    return 1.0 - ((v > YEOM01_THRESHOLD).mean(-1) - (t > YEOM01_THRESHOLD).mean(-1))
+
+
+def yeom_ce_clip(val: Any, train: Any) -> np.ndarray:
+    """1 - (mean min(L_val, B) - mean min(L_train, B)) / B at the final checkpoint, B = ln 100 [Yeom2018,
+    Thm 2 with cross-entropy clipped to [0, B]].
+
+    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
+    v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
+    b = YEOM_CE_BOUND
+    return 1.0 - (np.minimum(v, b).mean(-1) - np.minimum(t, b).mean(-1)) / b
+
+
+def ks_loss(val: Any, train: Any) -> np.ndarray:
+    """1 - KS(L_train, L_val) at the final checkpoint, KS = max_t |F_train(t) - F_val(t)| (ties exact).
+
+    KS is the best balanced-accuracy advantage of a single loss threshold (in sample), so 1 - KS is the MIS of
+    the best loss-threshold attack (MIS = 2 - 2 acc). val [..., K, n_val], train [..., K, n_train] (last
+    rows) -> [...]."""
+    v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
+    nv, nt = v.shape[-1], t.shape[-1]
+    allv = np.concatenate([t, v], -1)
+    lab = np.concatenate([np.ones_like(t), np.zeros_like(v)], -1)
+    o = np.argsort(allv, -1, kind="stable")
+    s = np.take_along_axis(allv, o, -1)
+    lab = np.take_along_axis(lab, o, -1)
+    ft = np.cumsum(lab, -1) / nt
+    fv = np.cumsum(1 - lab, -1) / nv
+    # the empirical CDFs are compared only at the end of each group of tied values
+    last = np.concatenate([s[..., 1:] != s[..., :-1], np.ones_like(s[..., :1], dtype=bool)], -1)
+    return 1.0 - np.where(last, np.abs(ft - fv), 0.0).max(-1)
+
+
+def auc_loss(val: Any, train: Any) -> np.ndarray:
+    """2 - 2 AUC at the final checkpoint, AUC = P(L_val > L_train) + P(L_val = L_train) / 2 (Mann-Whitney):
+    the in-sample AUROC of the LOSS attack's score [Yeom2018] between the run's members and held-out samples.
+
+    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
+    v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
+    nv, nt = v.shape[-1], t.shape[-1]
+    ranks = rankdata(np.concatenate([t, v], -1), axis=-1)  # ties averaged
+    auc = (ranks[..., nt:].sum(-1) - nv * (nv + 1) / 2) / (nv * nt)
+    return 2.0 - 2.0 * auc
+
+
+def _margin(losses: np.ndarray) -> np.ndarray:
+    """Logit-scaled confidence phi = log(p / (1 - p)), p = exp(-L) (LiRA's statistic), from the loss."""
+    clipped = np.clip(losses, *MARGIN_LOSS_CLIP)
+    return -np.log(np.expm1(clipped))
+
+
+def gauss_tv(m1: Any, s1: Any, m2: Any, s2: Any, grid: int = TV_GRID) -> np.ndarray:
+    """Total variation between N(m1, s1^2) and N(m2, s2^2), elementwise (broadcast), by the trapezoid rule
+    on [min mu - 10 s_max, max mu + 10 s_max] (absolute error about 1e-6)."""
+    m1, s1, m2, s2 = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (m1, s1, m2, s2)))
+    smax = np.maximum(s1, s2)
+    lo = np.minimum(m1, m2) - 10 * smax
+    hi = np.maximum(m1, m2) + 10 * smax
+    u = np.linspace(0.0, 1.0, grid)
+    x = lo[..., None] + (hi - lo)[..., None] * u
+
+    def pdf(m: np.ndarray, s: np.ndarray) -> np.ndarray:
+        return np.exp(-0.5 * ((x - m[..., None]) / s[..., None]) ** 2) / (s[..., None] * math.sqrt(2 * math.pi))
+
+    return np.clip(0.5 * np.trapezoid(np.abs(pdf(m1, s1) - pdf(m2, s2)), x, axis=-1), 0.0, 1.0)
+
+
+def tv_gauss_margin(val: Any, train: Any) -> np.ndarray:
+    """1 - TV(N(mu_train, s_train^2), N(mu_val, s_val^2)) of the logit-scaled confidence phi = -log(expm1(L))
+    (L clipped to [1e-6, 30]) at the final checkpoint: a parametric (Gaussian, LiRA-style) estimate of the
+    best attack on phi, a population version of the privacy risk score of [Song2021] averaged into an MIS.
+    sd ddof 1 with floor 1e-6 (1 + |mu|).
+
+    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
+    v, t = _margin(_f64(val)[..., -1, :]), _margin(_f64(train)[..., -1, :])
+    mv, mt = v.mean(-1), t.mean(-1)
+    sv = np.maximum(v.std(-1, ddof=DDOF), 1e-6 * (1 + np.abs(mv)))
+    st = np.maximum(t.std(-1, ddof=DDOF), 1e-6 * (1 + np.abs(mt)))
+    return 1.0 - gauss_tv(mt, st, mv, sv)
+
+
+# ---- data-free controls (need parameters) ---------------------------------------------------------------
+
+
+def qdistortion_angle(theta_q_final: Any, theta_final: Any) -> np.ndarray:
+    """CONTROL (data-free): 1 - cos(Q(theta_T), theta_T) over all flattened parameters of the final model,
+    how much of the released parameter direction the quantizer destroys. Uses no sample.
+
+    theta_q_final, theta_final [..., P] -> [...]."""
+    a, b = np.asarray(theta_q_final, np.float64), np.asarray(theta_final, np.float64)
+    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 1.0 - (a * b).sum(-1) / (na * nb)
+
+
+def qflip_late(theta_q_traj: Any) -> np.ndarray:
+    """CONTROL (trajectory-only, no sample): minus the mean, over the last 10 consecutive checkpoint pairs,
+    of the fraction of parameters whose quantized value changes.
+
+    theta_q_traj [..., K, P] (quantized parameters) -> [...]; fewer than 11 checkpoints: all pairs."""
+    q = np.asarray(theta_q_traj)
+    changed = (q[..., 1:, :] != q[..., :-1, :]).mean(-1)
+    return -changed[..., -QFLIP_LAST:].mean(-1)
+
+
+# ---- registry -----------------------------------------------------------------------------------------
+
+CHECKPOINTS_TRAJECTORY = "trajectory"
+CHECKPOINTS_FINAL = "final"
+CHECKPOINTS_PARAMETERS = "parameters"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One registered candidate: what it is, what it needs and how to compute it."""
+
+    name: str
+    version: str
+    """name/N; a new formula or hyper-parameter is a new N, never an edit."""
+    function: Callable[..., np.ndarray]
+    """The pure function; called with keyword arguments named by `inputs`."""
+    inputs: tuple[str, ...]
+    """Argument names: val, train, val_fp, train_fp (losses) or theta_q_final, theta_final, theta_q_traj."""
+    checkpoints: str
+    """"trajectory" (every checkpoint of each input), "final" (the last row only) or "parameters" (control)."""
+    formula: str
+    family: str
+    """"trajectory-only", "member vs held-out" or "control (no data)"."""
+    orientation: str = ORIENTATION
+    from_r_q: Callable[[np.ndarray], np.ndarray] | None = None
+    """For the r_Q family: the candidate equals from_r_q(r_q_runs(inputs[0])), which lets
+    `evaluate_candidates` compute r_Q once per input."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "family": self.family,
+            "inputs": list(self.inputs),
+            "checkpoints": self.checkpoints,
+            "formula": self.formula,
+            "orientation": self.orientation,
+        }
+
+
+_T, _F, _P = CHECKPOINTS_TRAJECTORY, CHECKPOINTS_FINAL, CHECKPOINTS_PARAMETERS
+
+CANDIDATES: dict[str, Candidate] = {
+    c.name: c
+    for c in [
+        Candidate(
+            "rq_published",
+            "rq_published/1",
+            rq_published,
+            ("val",),
+            _T,
+            "r_Q = 1/2 / max_k sigma2_k/delta_k^2 (Alg. 2, val losses, merged points, ddof 1)",
+            FAMILY_TRAJECTORY,
+            from_r_q=_identity,
+        ),
+        Candidate(
+            "rq_reciprocal_neg",
+            "rq_reciprocal_neg/1",
+            rq_reciprocal_neg,
+            ("val",),
+            _T,
+            "-1/(2 r_Q) = -max_k sigma2_k/delta_k^2",
+            FAMILY_TRAJECTORY,
+            from_r_q=_neg_half_reciprocal,
+        ),
+        Candidate(
+            "rq_reciprocal_flip",
+            "rq_reciprocal_flip/1",
+            rq_reciprocal_flip,
+            ("val",),
+            _T,
+            "+1/(2 r_Q) = +max_k sigma2_k/delta_k^2 (sign-corrected)",
+            FAMILY_TRAJECTORY,
+            from_r_q=_half_reciprocal,
+        ),
+        Candidate(
+            "rq_negated",
+            "rq_negated/1",
+            rq_negated,
+            ("val",),
+            _T,
+            "-r_Q (sign-corrected)",
+            FAMILY_TRAJECTORY,
+            from_r_q=_negate,
+        ),
+        Candidate(
+            "rq_train",
+            "rq_train/1",
+            rq_train,
+            ("train",),
+            _T,
+            "r_Q on training-sample losses",
+            FAMILY_TRAJECTORY,
+            from_r_q=_identity,
+        ),
+        Candidate(
+            "gap_std_final",
+            "gap_std_final/1",
+            gap_std_final,
+            ("val", "train"),
+            _F,
+            "-(mean L_val - mean L_tr)/s_pooled at the final checkpoint",
+            FAMILY_GAP,
+        ),
+        Candidate(
+            "gap_std_ratio_fp",
+            "gap_std_ratio_fp/1",
+            gap_std_ratio_fp,
+            ("val", "train", "val_fp", "train_fp"),
+            _F,
+            "-d_Q/d_FP at the final checkpoint (nan if d_FP <= 0)",
+            FAMILY_GAP,
+        ),
+        Candidate(
+            "gap_std_traj",
+            "gap_std_traj/1",
+            gap_std_traj,
+            ("val", "train"),
+            _T,
+            "-(1/K) sum_k d_k over all K checkpoints",
+            FAMILY_GAP,
+        ),
+        Candidate(
+            "yeom_01",
+            "yeom_01/1",
+            yeom_01,
+            ("val", "train"),
+            _F,
+            "1 - (err_val - err_tr), err = mean 1[L > ln 2], final checkpoint",
+            FAMILY_GAP,
+        ),
+        Candidate(
+            "yeom_ce_clip",
+            "yeom_ce_clip/1",
+            yeom_ce_clip,
+            ("val", "train"),
+            _F,
+            "1 - (mean min(L_val,B) - mean min(L_tr,B))/B, B = ln 100, final checkpoint",
+            FAMILY_GAP,
+        ),
+        Candidate(
+            "ks_loss",
+            "ks_loss/1",
+            ks_loss,
+            ("val", "train"),
+            _F,
+            "1 - sup_t |F_tr(t) - F_val(t)| of final-checkpoint losses",
+            FAMILY_GAP,
+        ),
+        Candidate(
+            "auc_loss",
+            "auc_loss/1",
+            auc_loss,
+            ("val", "train"),
+            _F,
+            "2 - 2 P(L_val > L_tr) (ties 1/2), final checkpoint",
+            FAMILY_GAP,
+        ),
+        Candidate(
+            "tv_gauss_margin",
+            "tv_gauss_margin/1",
+            tv_gauss_margin,
+            ("val", "train"),
+            _F,
+            "1 - TV(N(mu_tr,s_tr^2), N(mu_val,s_val^2)) of phi = -log(expm1(L)), final checkpoint",
+            FAMILY_GAP,
+        ),
+        Candidate(
+            "qdistortion_angle",
+            "qdistortion_angle/1",
+            qdistortion_angle,
+            ("theta_q_final", "theta_final"),
+            _P,
+            "1 - cos(Q(theta_T), theta_T)  [CONTROL, data-free]",
+            FAMILY_CONTROL,
+        ),
+        Candidate(
+            "qflip_late",
+            "qflip_late/1",
+            qflip_late,
+            ("theta_q_traj",),
+            _P,
+            "-mean_{last 10 pairs} frac(Q(theta_k) != Q(theta_k-1))  [CONTROL, trajectory-only]",
+            FAMILY_CONTROL,
+        ),
+    ]
+}
+"""The pre-registered candidates, in the order of the tables (docs/science.md section 8)."""
+
+
+def evaluate_candidates(inputs: Mapping[str, Any], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Every candidate in `names` (default: all) on one set of inputs: {name: values [...]}.
+
+    inputs: arrays named as in `Candidate.inputs` (all with the same leading batch shape). Candidates of
+    the r_Q family share one `r_q_runs` per input array; the result equals calling each function (tested)."""
+    names = list(CANDIDATES) if names is None else list(names)
+    r_q_cache: dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        c = CANDIDATES[name]
+        if c.from_r_q is not None:
+            key = c.inputs[0]
+            if key not in r_q_cache:
+                r_q_cache[key] = r_q_runs(inputs[key])
+            out[name] = c.from_r_q(r_q_cache[key])
+        else:
+            out[name] = np.asarray(c.function(**{a: inputs[a] for a in c.inputs}), dtype=np.float64)
+    return out
+
+
+# ---- from a loss table -------------------------------------------------------------------------------------
+
+REASON_PARAMETERS = "needs the model parameters (a data-free control): computable on the synthetic protocol only"
+REASON_NAN = "the formula is undefined for this run (nan), e.g. r_Q with fewer than 2 distinct points or d_FP <= 0"
+
+
+def _wide(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
+    """(checkpoints [K] ascending, losses [K, n], checkpoints dropped because they miss a sample)."""
+    if rows.empty:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, 0)), 0
+    wide = rows.pivot(index="checkpoint", columns="sample_id", values="loss").sort_index()
+    complete = wide.dropna(axis=0, how="any")
+    return complete.index.to_numpy(dtype=np.int64), complete.to_numpy(dtype=np.float64), len(wide) - len(complete)
+
+
+@dataclass
+class _RunLosses:
+    val_ckpts: np.ndarray
+    val: np.ndarray
+    train_ckpts: np.ndarray
+    train: np.ndarray
+    dropped: int
+
+
+def _run_losses(block: pd.DataFrame | None) -> _RunLosses:
+    if block is None:
+        block = pd.DataFrame(columns=["checkpoint", "sample_id", "loss", "split", "member"])
+    vc, v, dv = _wide(block[block["split"] == "val"])
+    members = block[(block["split"] == "pool") & block["member"].astype(bool)]
+    tc, t, dt = _wide(members)
+    return _RunLosses(vc, v, tc, t, dv + dt)
+
+
+def _final_rows(x: _RunLosses) -> tuple[np.ndarray, np.ndarray] | str:
+    """(val [1, n_val], train [1, n_train]) at the run's final checkpoint, or the reason they are missing."""
+    if x.val_ckpts.size == 0:
+        return "no held-out (val) rows for this run and quantizer"
+    final = x.val_ckpts[-1]
+    where = np.flatnonzero(x.train_ckpts == final)
+    if where.size == 0:
+        return f"no member pool rows at the final checkpoint {int(final)}"
+    return x.val[-1:], x.train[where[0] : where[0] + 1]
+
+
+def _candidate_inputs(c: Candidate, x: _RunLosses, fp: _RunLosses | None, reference: str | None) -> dict | str:
+    """The keyword arguments of candidate `c` for one (run, quantizer), or the reason it cannot be computed."""
+    if c.checkpoints == CHECKPOINTS_PARAMETERS:
+        return REASON_PARAMETERS
+    if x.val_ckpts.size == 0:
+        return "no held-out (val) rows for this run and quantizer"
+    if c.checkpoints == CHECKPOINTS_FINAL:
+        rows = _final_rows(x)
+        if isinstance(rows, str):
+            return rows
+        args = {"val": rows[0], "train": rows[1]}
+        if "val_fp" in c.inputs:
+            if fp is None:
+                return (
+                    "no full-precision reference quantizer in the table"
+                    if reference is None
+                    else f"no rows of the reference quantizer {reference!r} for this run"
+                )
+            fp_rows = _final_rows(fp)
+            if isinstance(fp_rows, str):
+                return f"reference quantizer {reference!r}: {fp_rows}"
+            if fp.val_ckpts[-1] != x.val_ckpts[-1]:
+                return (
+                    f"the reference quantizer's final checkpoint {int(fp.val_ckpts[-1])} differs from this "
+                    f"quantizer's {int(x.val_ckpts[-1])}"
+                )
+            args.update(val_fp=fp_rows[0], train_fp=fp_rows[1])
+        return args
+    # trajectory candidates: every checkpoint of the run's held-out trajectory
+    if "train" not in c.inputs:
+        return {"val": x.val}
+    missing = np.setdiff1d(x.val_ckpts, x.train_ckpts)
+    if missing.size:
+        have = x.train_ckpts.tolist()
+        return (
+            f"needs training-sample losses at every checkpoint of the trajectory ({x.val_ckpts.size} checkpoints); "
+            f"member pool rows exist at checkpoint(s) {have if len(have) <= 5 else have[:5] + ['...']} only "
+            "(llmaudit's scorer scores the pool at each run's final checkpoint only)"
+        )
+    idx = np.searchsorted(x.train_ckpts, x.val_ckpts)
+    train = x.train[idx]
+    return {"val": x.val, "train": train} if "val" in c.inputs else {"train": train}
+
+
+def _aggregate(values: np.ndarray, *, n_boot: int, confidence: float, seed: int) -> dict[str, Any]:
+    finite = np.isfinite(values)
+    low, high = bootstrap_mean_interval(values, n_boot=n_boot, confidence=confidence, seed=seed)
+    return {
+        "mean": finite_mean(values),
+        "ci_low": low,
+        "ci_high": high,
+        "n_runs": int(values.size),
+        "n_finite": int(finite.sum()),
+        "n_nonfinite": int((~finite).sum()),
+        "n_nan": int(np.isnan(values).sum()),
+    }
+
+
+def candidates_from_table(
+    df: pd.DataFrame,
+    *,
+    reference_quantizer: str | None = None,
+    quantizers: Iterable[str] | None = None,
+    names: Iterable[str] | None = None,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every candidate for every (run, quantizer) of a loss table, aggregated per quantizer.
+
+    Mapping (fixed with the pre-registration): held-out = the rows of split "val" along the run's trajectory
+    (checkpoints ascending, the last = the released model); training samples = the rows of split "pool" with
+    member = True for that run, at every checkpoint where such rows exist; full precision = the
+    `reference_quantizer` (default: the table's full-precision quantizer, `full_precision_reference`) of
+    the same run. Rows of the base model (run = -1) are skipped; a checkpoint that misses a sample is
+    dropped (counted). A candidate that needs what the table lacks is nan with the reason, never
+    approximated: in llmaudit's run stores the pool is scored at each run's final checkpoint only, so the
+    candidates that need training-sample losses at every checkpoint (rq_train, gap_std_traj) are nan there,
+    and the parameter controls are nan in every table.
+
+    Per quantizer and candidate: mean over the runs with a finite value, percentile bootstrap interval of
+    that mean over runs (`n_boot`, `seed`), and the counts of finite and non-finite runs. Returns a
+    JSON-ready dict: protocol, reference_quantizer, runs, quantizers, candidates (description, computable,
+    reason, per_quantizer) and per_run (values and reasons)."""
+    names = list(CANDIDATES) if names is None else list(names)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise ValueError(f"unknown candidate(s) {unknown}; available: {list(CANDIDATES)}.")
+    table = df[df["run"] != REFERENCE_RUN]
+    runs = sorted(int(r) for r in table["run"].unique())
+    present = sorted(str(q) for q in table["quantizer"].unique())
+    quantizers = present if quantizers is None else [str(q) for q in quantizers]
+    reference = reference_quantizer if reference_quantizer is not None else full_precision_reference(present)
+    blocks = {(int(r), str(q)): g for (r, q), g in table.groupby(["run", "quantizer"], sort=False)}
+
+    per_run: list[dict[str, Any]] = []
+    values = {n: {q: np.full(len(runs), math.nan) for q in quantizers} for n in names}
+    reasons: dict[str, dict[str, Counter]] = {n: {q: Counter() for q in quantizers} for n in names}
+    for i, run in enumerate(runs):
+        fp = _run_losses(blocks[run, reference]) if reference is not None and (run, reference) in blocks else None
+        for q in quantizers:
+            x = _run_losses(blocks.get((run, q)))
+            entry: dict[str, Any] = {
+                "run": run,
+                "quantizer": q,
+                "val_checkpoints": x.val_ckpts.tolist(),
+                "train_checkpoints": x.train_ckpts.tolist(),
+                "n_val": int(x.val.shape[1]) if x.val.size else 0,
+                "n_train": int(x.train.shape[1]) if x.train.size else 0,
+                "checkpoints_dropped": x.dropped,
+                "values": {},
+                "reasons": {},
+            }
+            for n in names:
+                args = _candidate_inputs(CANDIDATES[n], x, fp, reference)
+                value, reason = math.nan, None
+                if isinstance(args, str):
+                    reason = args
+                else:
+                    try:
+                        value = float(CANDIDATES[n].function(**args))
+                    except ValueError as exc:
+                        reason = f"not computable: {exc}"
+                    else:
+                        if math.isnan(value):
+                            reason = REASON_NAN
+                values[n][q][i] = value
+                entry["values"][n] = value
+                if reason is not None:
+                    entry["reasons"][n] = reason
+                    reasons[n][q][reason] += 1
+            per_run.append(entry)
+
+    candidates: dict[str, Any] = {}
+    for n in names:
+        per_q = {}
+        for q in quantizers:
+            agg = _aggregate(values[n][q], n_boot=n_boot, confidence=confidence, seed=seed)
+            agg["values"] = values[n][q].tolist()
+            agg["reasons"] = dict(reasons[n][q])
+            per_q[q] = agg
+        computable = any(per_q[q]["n_finite"] > 0 for q in quantizers)
+        all_reasons = sum((reasons[n][q] for q in quantizers), Counter())
+        candidates[n] = {
+            **CANDIDATES[n].describe(),
+            "computable": computable,
+            "reason": None if computable else (all_reasons.most_common(1)[0][0] if all_reasons else "no runs"),
+            "per_quantizer": per_q,
+        }
+    return {
+        "protocol": {
+            "orientation": ORIENTATION,
+            "held_out": "split 'val' rows of the run, every checkpoint (ascending; the last = the released model)",
+            "training_samples": "split 'pool' rows with member = True for the run, at every checkpoint where they exist",
+            "full_precision": "the reference quantizer's rows of the same run",
+            "skipped": f"run {REFERENCE_RUN} (the base model)",
+            "aggregation": "per quantizer: mean over runs with a finite value; percentile bootstrap of that mean over "
+            "runs; non-finite runs counted",
+            "n_boot": n_boot,
+            "confidence": confidence,
+            "seed": seed,
+            "preregistration": PREREGISTRATION,
+        },
+        "reference_quantizer": reference,
+        "runs": runs,
+        "quantizers": quantizers,
+        "candidates": candidates,
+        "per_run": per_run,
+    }

@@ -1,0 +1,201 @@
+"""A user's own training or held-out file (JSONL, JSON or parquet) as llmaudit records.
+
+Each row is mapped by the fields it has, the common supervised fine-tuning formats:
+
+    input, output (, task)          SMolInstruct's fields: chat, as llmaudit's own data
+    text                            a plain text: format "text" (every token after the first scored)
+    prompt, completion (strings)    TRL's prompt-completion format: format "raw" (completion scored)
+    prompt, completion (messages)   TRL's conversational prompt-completion: format "chat"
+    messages                        TRL's conversational format: format "chat", the final assistant turn
+                                    scored, the messages before it kept as `prompt_messages`
+
+`record_format` other than "auto" forces how rows are rendered: "chat" puts prompt/completion (or
+input/output) strings through the model's chat template, "raw" concatenates them as plain text, "text"
+treats prompt + completion (or input + output) as one text. Sample ids come from the content
+(`validate_record`), so the same text in a training and a held-out file gets the same id; a malformed row
+fails with the file and line (row) and what each format needs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from llmaudit.data.records import DataError, validate_record
+
+INPUT_FORMATS = ("auto", "chat", "raw", "text")
+
+IMPORT_SPLIT = "import"
+"""The `split` field of imported records (SMolInstruct's split does not apply); part of their ids."""
+
+ACCEPTED = (
+    "each row needs one of: 'messages' (a list of {role, content} ending with the assistant's turn), "
+    "'prompt' + 'completion' (strings, or lists of messages), 'text', or 'input' + 'output'"
+)
+
+
+def read_rows(path: str | Path) -> list[tuple[str, Any]]:
+    """(where, row) of every row of a JSONL, JSON (a list of objects) or parquet file, where = 'FILE:LINE'
+    (JSONL) or 'FILE: row N' (1-based)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist (or is not a file).")
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path} is not a readable parquet file ({exc}).") from None
+        return [(f"{path}: row {i}", row) for i, row in enumerate(rows, 1)]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not UTF-8 text: pass a JSONL, JSON or parquet file.") from None
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+        return [(f"{path}: row {i}", row) for i, row in enumerate(rows, 1)]
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"{path}:{lineno}", json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg}); each line must be one record.") from None
+    return out
+
+
+def read_user_records(path: str | Path, *, record_format: str = "auto") -> tuple[list[dict], int]:
+    """The records of a user's file, in file order, each id once, and how many duplicate rows (same
+    content, hence same sample id) were dropped."""
+    if record_format not in INPUT_FORMATS:
+        raise DataError(f"format {record_format!r} is not one of {list(INPUT_FORMATS)}.")
+    records: dict[str, dict] = {}
+    duplicates = 0
+    for where, row in read_rows(path):
+        rec = row_to_record(row, where, record_format=record_format)
+        seen = records.get(rec["sample_id"])
+        if seen is not None:
+            if _content(seen) != _content(rec):
+                raise DataError(
+                    f"{where}: sample id {rec['sample_id']!r} is used by two different records; ids must be unique."
+                )
+            duplicates += 1
+            continue
+        records[rec["sample_id"]] = rec
+    if not records:
+        raise DataError(f"data file {path} holds no records.")
+    return list(records.values()), duplicates
+
+
+def _content(rec: dict) -> tuple:
+    return tuple(rec.get(k) for k in ("task", "input", "output", "format", "prompt_messages"))
+
+
+def row_to_record(row: Any, where: str, *, record_format: str = "auto") -> dict:
+    """One row of a user's file as a validated llmaudit record (see the module docstring)."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: a record must be a JSON object, got {type(row).__name__}; {ACCEPTED}.")
+    task = row.get("task") if isinstance(row.get("task"), str) and row.get("task") else None
+    sample_id = row.get("sample_id") if isinstance(row.get("sample_id"), str) and row.get("sample_id") else None
+    if "messages" in row:
+        rec = _from_messages(row["messages"], where, record_format)
+        task = task or "messages"
+    elif "prompt" in row and "completion" in row:
+        rec = _from_prompt_completion(row["prompt"], row["completion"], where, record_format)
+        task = task or "prompt-completion"
+    elif "text" in row:
+        if record_format not in ("auto", "text"):
+            raise DataError(
+                f"{where}: a 'text' record has no prompt and response to render as {record_format!r}; "
+                "use --format auto (or text)."
+            )
+        if not isinstance(row["text"], str) or not row["text"]:
+            raise DataError(f"{where}: field 'text' must be a non-empty string.")
+        rec = {"input": "", "output": row["text"], "format": "text"}
+        task = task or "text"
+    elif "input" in row and "output" in row:
+        if record_format in ("auto", "chat"):
+            # SMolInstruct's fields, exactly as llmaudit's own data (a missing task is filled in); auto
+            # keeps a record's own format fields (an llmaudit data file read back), chat drops them.
+            drop = ("format", "prompt_messages") if record_format == "chat" else ()
+            base = {k: v for k, v in row.items() if k not in drop}
+            base["task"] = task or "input-output"
+            return validate_record(base, where)
+        rec = _from_strings(row["input"], row["output"], where, record_format)
+        task = task or "input-output"
+    else:
+        raise DataError(f"{where}: unrecognised record with fields {sorted(row)[:8]}; {ACCEPTED}.")
+    rec.update(task=task, split=IMPORT_SPLIT)
+    if sample_id:
+        rec["sample_id"] = sample_id
+    return validate_record(rec, where)
+
+
+def _from_strings(prompt: Any, completion: Any, where: str, record_format: str) -> dict:
+    if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
+        raise DataError(f"{where}: prompt/input and completion/output must be strings (the completion non-empty).")
+    if record_format == "text":
+        return {"input": "", "output": prompt + completion, "format": "text"}
+    if record_format == "chat":
+        if not prompt:
+            raise DataError(f"{where}: an empty prompt cannot be put through a chat template; use --format raw.")
+        return {"input": prompt, "output": completion}
+    if not prompt:
+        return {"input": "", "output": completion, "format": "text"}
+    return {"input": prompt, "output": completion, "format": "raw"}
+
+
+def _from_prompt_completion(prompt: Any, completion: Any, where: str, record_format: str) -> dict:
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return _from_strings(prompt, completion, where, "raw" if record_format == "auto" else record_format)
+    if isinstance(prompt, list) and isinstance(completion, list):
+        return _from_messages(prompt + completion, where, record_format)
+    raise DataError(
+        f"{where}: 'prompt' and 'completion' must both be strings or both be lists of messages "
+        f"(got {type(prompt).__name__} and {type(completion).__name__})."
+    )
+
+
+def _from_messages(messages: Any, where: str, record_format: str) -> dict:
+    if record_format in ("raw", "text"):
+        raise DataError(
+            f"{where}: a conversational record (messages) is rendered through the chat template; "
+            f"--format {record_format} needs prompt/completion strings. Use --format auto (or chat)."
+        )
+    if not isinstance(messages, list) or len(messages) < 2:
+        raise DataError(f"{where}: 'messages' must be a list of at least two {{role, content}} messages.")
+    clean = [_message(m, where, i) for i, m in enumerate(messages)]
+    if clean[-1]["role"] != "assistant":
+        raise DataError(
+            f"{where}: the last message has role {clean[-1]['role']!r}; the final turn must be the assistant's "
+            "(the response that is scored)."
+        )
+    if not clean[-1]["content"]:
+        raise DataError(f"{where}: the final assistant message is empty.")
+    prompt = clean[:-1]
+    return {
+        "input": prompt[-1]["content"],
+        "output": clean[-1]["content"],
+        "format": "chat",
+        "prompt_messages": json.dumps(prompt, ensure_ascii=False),
+    }
+
+
+def _message(message: Any, where: str, index: int) -> dict[str, str]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise DataError(f"{where}: message {index} must be an object with a 'role' and a 'content'.")
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise DataError(f"{where}: message {index} holds non-text content parts; only text can be audited.")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise DataError(f"{where}: message {index}'s content must be a string.")
+    return {"role": message["role"], "content": content}

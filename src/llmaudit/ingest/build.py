@@ -1,0 +1,498 @@
+"""`llmaudit import`: a run store made from a fine-tune the user trained themselves.
+
+Inputs: the base model (every spelling `model.name` takes), one training output directory per run
+(`llmaudit.ingest.checkpoints`), each run's training file and one held-out file (`llmaudit.data.formats`).
+
+The store it writes is an ordinary one (`llmaudit score` and `llmaudit report` work on it unchanged):
+
+    pool        every run's training records + a deterministic half of the held-out records (non-members
+                of every run); membership of run r = "the record is in run r's training file"
+    val         the other held-out half (r_Q's trajectory losses and utility; never trained on)
+    manifest    imported = {runs: [{source, train_file, train_sha256, checkpoints: [{step, path, format,
+                files: {name: sha256}}], trainer, notes}], heldout_file, heldout_sha256, record_format, trainer};
+                the checkpoints stay where the training wrote them (scoring checks their digests)
+
+Everything is checked before anything is written: checkpoints found and holding safetensors weights, an
+adapter (or full model) that loads onto the base, no record both in a training file and in the held-out
+file (a member cannot be a non-member), no other experiment in the output directory. Pickles a trainer
+leaves (optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin) are never opened.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llmaudit.common.io import atomic_write_text
+from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
+from llmaudit.common.runtime import configure_threads
+from llmaudit.config import ExperimentConfig, RecipeError, apply_overrides, config_from_dict
+from llmaudit.data.formats import read_user_records
+from llmaudit.data.records import dataset_fingerprint, record_fingerprint, record_format, records_to_jsonl
+from llmaudit.data.tokenize import format_record
+from llmaudit.ingest.checkpoints import Checkpoint, ImportInputError, TrainingOutput, find_checkpoints, weight_shapes
+from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.models.layers import count_parameters
+from llmaudit.models.loading import (
+    import_gptqmodel_quietly,
+    load_base_model,
+    load_checkpoint_model,
+    load_tokenizer,
+    model_source,
+)
+from llmaudit.store.run_store import RunStore, StoreError, file_digest
+
+MIN_HELDOUT = 4
+"""Held-out records needed: 2 for validation and 2 non-members in the pool."""
+
+SET_BY_IMPORT = {
+    "name": "--name",
+    "output_dir": "--out",
+    "model.name": "--base",
+    "data.source": "the import (local files)",
+    "data.path": "--train",
+    "data.pool_size": "the files (and --max-train / --max-heldout)",
+    "data.val_size": "the held-out file (and --max-heldout)",
+    "data.seed": "--seed",
+    "data.max_length": "the longest record (in tokens)",
+    "train.runs": "the training directories (TRAINING_DIR and --runs)",
+    "train.member_fraction": "the files",
+}
+"""Config keys the import sets from its inputs: an override of them is refused (the option to use instead)."""
+
+
+@dataclass
+class ImportResult:
+    """What `import_training` found and wrote."""
+
+    store: RunStore
+    cfg: ExperimentConfig
+    runs: list[TrainingOutput]
+    pool_size: int
+    val_size: int
+    n_train: list[int]
+    created: bool = True
+    notes: list[str] = field(default_factory=list)
+    parameters: dict[str, int] = field(default_factory=dict)
+
+
+def _rank(seed: int, purpose: str, sample_id: str) -> str:
+    """A deterministic pseudo-random sort key of a sample (independent of file order)."""
+    return hashlib.sha256(f"{seed}:{purpose}:{sample_id}".encode()).hexdigest()
+
+
+def import_training(
+    training_dirs: Sequence[str | Path],
+    *,
+    base: str,
+    train_files: Sequence[str | Path],
+    heldout_file: str | Path,
+    out: str | Path,
+    name: str | None = None,
+    record_format_option: str = "auto",
+    max_train: int | None = None,
+    max_heldout: int | None = None,
+    seed: int = 0,
+    overrides: Sequence[str] = (),
+    trust_remote_code: bool = False,
+    echo: Callable[[str], Any] = print,
+) -> ImportResult:
+    """Check the inputs and write the run store (see the module docstring). Raises a UserError (one line
+    naming the file or directory and the fix) before writing anything when an input cannot be used."""
+    dirs = [Path(d).expanduser() for d in training_dirs]
+    files = [Path(f).expanduser().resolve() for f in train_files]
+    heldout_path = Path(heldout_file).expanduser().resolve()
+    out = Path(out).expanduser()
+    _check_arguments(dirs, files, max_train, max_heldout)
+    if len(files) == 1 and len(dirs) > 1:
+        files = files * len(dirs)
+
+    # 1. The training outputs: checkpoints with safetensors weights (no digest yet, no model loaded).
+    runs = [find_checkpoints(d) for d in dirs]
+    _check_out_dir(out, runs)
+    for run, output in enumerate(runs):
+        echo(f"[import] run {run}: {len(output.checkpoints)} checkpoint(s) in {output.source}")
+
+    # 2. The data: every file read and mapped, no record both trained on and held out.
+    per_file: dict[Path, tuple[list[dict], int]] = {}
+    for path in dict.fromkeys([*files, heldout_path]):
+        per_file[path] = read_user_records(path, record_format=record_format_option)
+    train_sets = [per_file[f][0] for f in files]
+    heldout = per_file[heldout_path][0]
+    _check_overlap(train_sets, files, heldout, heldout_path)
+    pool, val, masks, data_notes = _draw(train_sets, heldout, max_train, max_heldout, seed)
+    duplicates = {str(p): n for p, (_, n) in per_file.items() if n}
+    if duplicates:
+        data_notes.append(f"duplicate rows dropped (same content, same sample id): {duplicates}")
+
+    cfg = _config(out, name, base, files, runs, pool, val, masks, seed, overrides, trust_remote_code)
+    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
+
+    # 3. The model: the tokenizer renders every record, every distinct checkpoint shape loads onto the base.
+    source = model_source(cfg.model, echo=echo)
+    tok = load_tokenizer(cfg.model)
+    longest = _check_tokenization(tok, pool + val, cfg)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_length": max(16, longest)})})
+    store = RunStore(out)
+    if store.exists():
+        return _existing(store, cfg, pool, val, runs, masks, echo)
+    parameters = _check_models(cfg, runs, echo)
+
+    # 4. Digests of every checkpoint's defining files, then the store (data files first, the manifest last).
+    echo("[import] recording the checkpoints' sha256 digests ...")
+    imported = _imported_block(runs, files, heldout_path, record_format_option)
+    data_info = _data_block(files, heldout_path, train_sets, heldout, pool, val, record_format_option, seed)
+    data_info.update(max_train=max_train, max_heldout=max_heldout)
+    atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(pool))
+    atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(val))
+    manifest = store.create(cfg, data_info, masks, imported=imported, model_source=source.to_dict())
+    manifest["parameters"] = parameters
+    store.write_manifest(manifest)
+    notes = data_notes + [n for r in runs for n in r.notes]
+    return ImportResult(store, cfg, runs, len(pool), len(val), [int(x) for x in masks.sum(1)], True, notes, parameters)
+
+
+def _check_arguments(dirs: list[Path], files: list[Path], max_train: int | None, max_heldout: int | None) -> None:
+    if not dirs:
+        raise ImportInputError("no training output directory given: pass TRAINING_DIR (and --runs DIR for more runs).")
+    if len(files) not in (1, len(dirs)):
+        raise ImportInputError(
+            f"{len(dirs)} training directories but {len(files)} --train files: give one --train FILE per run, "
+            "in the same order as the directories (or one file that every run trained on)."
+        )
+    for option, value in (("--max-train", max_train), ("--max-heldout", max_heldout)):
+        if value is not None and value < 1:
+            raise ImportInputError(f"{option} must be a positive number of records; got {value}.")
+    resolved = [d.resolve() for d in dirs]
+    if len(set(resolved)) != len(resolved):
+        raise ImportInputError(f"a training directory is given twice ({[str(d) for d in dirs]}); one per run.")
+
+
+def _check_out_dir(out: Path, runs: list[TrainingOutput]) -> None:
+    target = out.resolve()
+    for output in runs:
+        inside = [output.source, *(c.path for c in output.checkpoints)]
+        if any(target == p or p in target.parents for p in inside):
+            raise ImportInputError(
+                f"--out {out} is inside the training output {output.source}; choose a new directory for the run store."
+            )
+
+
+def _check_overlap(train_sets: list[list[dict]], files: list[Path], heldout: list[dict], heldout_path: Path) -> None:
+    """A record in a training file and in the held-out file would be a member and a non-member at once."""
+    trained: dict[str, str] = {}
+    trained_ids: dict[str, str] = {}
+    for records in train_sets:
+        for rec in records:
+            trained.setdefault(record_fingerprint(rec), rec["sample_id"])
+            trained_ids.setdefault(rec["sample_id"], record_fingerprint(rec))
+    both = [rec["sample_id"] for rec in heldout if record_fingerprint(rec) in trained]
+    if both:
+        names = ", ".join(str(f) for f in dict.fromkeys(files))
+        raise ImportInputError(
+            f"{len(both)} record(s) of the held-out file {heldout_path} are also in the training file(s) {names} "
+            f"(same content): {both[:5]}{' ...' if len(both) > 5 else ''}. A member cannot be a non-member: "
+            "remove them from the held-out file (or pass a held-out file the model never trained on)."
+        )
+    clash = [r["sample_id"] for r in heldout if r["sample_id"] in trained_ids]
+    if clash:
+        raise ImportInputError(
+            f"sample id(s) {clash[:5]} of the held-out file {heldout_path} name other records in the training "
+            "file(s); sample ids must be unique across the files (drop the sample_id field to use content ids)."
+        )
+
+
+def _draw(
+    train_sets: list[list[dict]], heldout: list[dict], max_train: int | None, max_heldout: int | None, seed: int
+) -> tuple[list[dict], list[dict], np.ndarray, list[str]]:
+    """(pool, val, membership [runs, pool], notes): the deterministic pool/val split of the records."""
+    notes: list[str] = []
+    union: dict[str, dict] = {}
+    for records in train_sets:
+        for rec in records:
+            union.setdefault(rec["sample_id"], rec)
+    train = list(union.values())
+    if max_train is not None and len(train) > max_train:
+        train = sorted(train, key=lambda r: _rank(seed, "train", r["sample_id"]))[:max_train]
+        notes.append(f"--max-train {max_train}: {max_train} of {len(union)} training records audited")
+    held = list(heldout)
+    if max_heldout is not None and len(held) > max_heldout:
+        held = sorted(held, key=lambda r: _rank(seed, "heldout", r["sample_id"]))[:max_heldout]
+        notes.append(f"--max-heldout {max_heldout}: {max_heldout} of {len(heldout)} held-out records used")
+    if len(held) < MIN_HELDOUT:
+        raise ImportInputError(
+            f"the held-out file has {len(held)} usable record(s); at least {MIN_HELDOUT} are needed "
+            "(half are non-members in the pool, half validation samples)."
+        )
+    held = sorted(held, key=lambda r: _rank(seed, "split", r["sample_id"]))
+    half = len(held) // 2
+    pool = sorted(train + held[:half], key=lambda r: _rank(seed, "pool", r["sample_id"]))
+    val = held[half:]
+    member_fps = [{record_fingerprint(r) for r in records} for records in train_sets]
+    pool_fps = [record_fingerprint(r) for r in pool]
+    masks = np.array([[fp in fps for fp in pool_fps] for fps in member_fps], dtype=bool)
+    empty = [r for r, row in enumerate(masks) if not row.any()]
+    if empty:
+        raise ImportInputError(
+            f"run(s) {empty} have no training record in the audited pool (--max-train {max_train} drew none of "
+            "them); raise --max-train."
+        )
+    return pool, val, masks, notes
+
+
+def _config(
+    out: Path,
+    name: str | None,
+    base: str,
+    files: list[Path],
+    runs: list[TrainingOutput],
+    pool: list[dict],
+    val: list[dict],
+    masks: np.ndarray,
+    seed: int,
+    overrides: Sequence[str],
+    trust_remote_code: bool,
+) -> ExperimentConfig:
+    """The store's experiment config: what the inputs say, plus the user's overrides of everything else."""
+    for text in overrides:
+        key = text.split("=", 1)[0].strip()
+        forced = [k for k in SET_BY_IMPORT if k == key or k.startswith(key + ".")]
+        if forced:
+            raise RecipeError(
+                f"override {text!r}: {forced[0]} is set by {SET_BY_IMPORT[forced[0]]} in `llmaudit import`."
+            )
+    trainers = [r.trainer for r in runs]
+    fraction = min(max(round(float(masks.mean()), 6), 1e-6), 1 - 1e-6)
+    train: dict[str, Any] = {"runs": len(runs), "member_fraction": fraction, "seed": seed}
+    epochs = [_epochs(t) for t in trainers]
+    train["epochs"] = max([e for e in epochs if e is not None], default=1)
+    sizes = [t["train_batch_size"] for t in trainers if isinstance(t.get("train_batch_size"), int)]
+    if sizes and min(sizes) >= 1:
+        train["batch_size"] = max(sizes)
+    rates = [t["learning_rate"]["max"] for t in trainers if "learning_rate" in t]
+    if rates and max(rates) > 0:
+        train["lr"] = float(max(rates))
+    raw: dict[str, Any] = {
+        "name": name or out.resolve().name,
+        "output_dir": str(out),
+        "model": {"name": base},
+        "data": {"source": "local", "path": str(files[0]), "pool_size": len(pool), "val_size": len(val), "seed": seed},
+        "lora": _lora(trainers),
+        "train": train,
+    }
+    raw = apply_overrides(raw, list(overrides))
+    if trust_remote_code:
+        raw.setdefault("model", {})["trust_remote_code"] = True
+    if not name and not is_safe_name(str(raw.get("name"))):
+        raise RecipeError(
+            f"the experiment name defaults to the --out directory's name {raw.get('name')!r}, which is not a valid "
+            f"name ({SAFE_NAME_RULE}); pass --name NAME."
+        )
+    cfg = config_from_dict(raw, source="(llmaudit import + overrides)")
+    # Once more through JSON, as the store reads it back: defaults such as lora.alpha = 16 (an int in a float
+    # field, not validated) become what validation makes of them, so the identity hash matches on reading.
+    return config_from_dict(json.loads(cfg.model_dump_json()), source="(llmaudit import + overrides)")
+
+
+def _epochs(trainer: dict) -> int | None:
+    value = trainer.get("num_train_epochs")
+    if isinstance(value, (int, float)) and value >= 1:
+        return int(math.ceil(value))
+    value = trainer.get("epoch")
+    if isinstance(value, (int, float)) and value > 0:
+        return max(1, int(math.ceil(value)))
+    return None
+
+
+def _lora(trainers: list[dict]) -> dict[str, Any]:
+    """LoRA settings from the first adapter_config.json (LoraSettings' fields where valid)."""
+    adapter = next((t["adapter"] for t in trainers if t.get("adapter")), None)
+    if not adapter:
+        return {}
+    out: dict[str, Any] = {}
+    if isinstance(adapter.get("r"), int) and adapter["r"] >= 1:
+        out["r"] = adapter["r"]
+    if isinstance(adapter.get("lora_alpha"), (int, float)) and adapter["lora_alpha"] > 0:
+        out["alpha"] = float(adapter["lora_alpha"])
+    if isinstance(adapter.get("lora_dropout"), (int, float)) and 0 <= adapter["lora_dropout"] < 1:
+        out["dropout"] = float(adapter["lora_dropout"])
+    modules = adapter.get("target_modules")
+    if isinstance(modules, str):
+        out["target_modules"] = [modules]
+    elif isinstance(modules, list) and all(isinstance(m, str) for m in modules):
+        out["target_modules"] = sorted(modules)
+    return out
+
+
+def _existing(
+    store: RunStore,
+    cfg: ExperimentConfig,
+    pool: list[dict],
+    val: list[dict],
+    runs: list[TrainingOutput],
+    masks: np.ndarray,
+    echo,
+) -> ImportResult:
+    """An output directory that already holds a store: the same import (nothing to do) or a refusal."""
+    store.check_identity(cfg)  # another experiment: refused, naming what differs
+    manifest = store.manifest()
+    data = manifest.get("data", {})
+    imported = manifest.get("imported") or {}
+    same = (
+        data.get("fingerprint") == dataset_fingerprint(pool + val)
+        and manifest["membership"]["masks"] == ["".join("1" if m else "0" for m in row) for row in masks]
+        and [[c.get("path") for c in r.get("checkpoints", [])] for r in imported.get("runs", [])]
+        == [[str(c.path) for c in r.checkpoints] for r in runs]
+    )
+    if not same:
+        raise StoreError(
+            f"output directory {store.root} already holds a run store of other data or checkpoints "
+            f"(experiment {manifest.get('name')!r}); choose a new --out or delete that directory."
+        )
+    echo(f"[import] {store.root} already holds this import; nothing to do")
+    recorded = store.config()
+    return ImportResult(
+        store,
+        recorded,
+        runs,
+        len(pool),
+        len(val),
+        [int(x) for x in masks.sum(1)],
+        False,
+        [],
+        dict(manifest.get("parameters") or {}),
+    )
+
+
+def _check_tokenization(tok: Any, records: list[dict], cfg: ExperimentConfig) -> int:
+    """Every record renders with the base model's tokenizer (and scores at least one token); the longest."""
+    longest = 0
+    for rec in records:
+        try:
+            ids, mask, _ = format_record(tok, rec, include_prompt=cfg.data.include_prompt_in_loss)
+        except Exception as exc:  # a chat template that rejects the messages, a tokenizer error
+            raise ImportInputError(
+                f"record {rec['sample_id']!r} (format {record_format(rec)}) cannot be tokenised by {cfg.model.name}'s "
+                f"tokenizer ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                "check --format and the record."
+            ) from None
+        if not any(mask[1:]):
+            raise ImportInputError(f"record {rec['sample_id']!r} has no token to score (an empty response).")
+        longest = max(longest, len(ids))
+    return longest
+
+
+def _check_models(cfg: ExperimentConfig, runs: list[TrainingOutput], echo) -> dict[str, int]:
+    """Load the base and, for every distinct (kind, weight shapes) among the checkpoints, one checkpoint onto
+    it (`load_checkpoint_model` refuses a shape mismatch); returns the parameter counts for the manifest."""
+    device = torch.device("cpu")
+    echo(f"[import] loading the base model {cfg.model.name} to check that the checkpoints fit it ...")
+    base = load_base_model(cfg.model, device, dtype=torch.bfloat16)  # half the memory: only shapes matter here
+    import_gptqmodel_quietly()  # peft imports it when it wraps a model in LoRA layers
+    model_total = count_parameters(base).total
+    checked: dict[tuple, Checkpoint] = {}
+    adapter_sizes = []
+    for output in runs:
+        for ckpt in output.checkpoints:
+            shapes = weight_shapes(ckpt)
+            if ckpt.kind == "lora":
+                adapter_sizes.append(sum(math.prod(s) for s in shapes.values()))
+            key = (ckpt.kind, tuple(sorted(shapes.items())))
+            if key in checked:
+                continue
+            model = load_checkpoint_model(base, ckpt.path, device)
+            del model
+            gc.collect()
+            checked[key] = ckpt
+    del base
+    gc.collect()
+    echo(f"[import] {len(checked)} distinct checkpoint shape(s) load onto the base model")
+    trainable = max(adapter_sizes) if adapter_sizes else model_total
+    return {"adapter_trainable": int(trainable), "model_total": int(model_total)}
+
+
+def _imported_block(runs: list[TrainingOutput], files: list[Path], heldout: Path, fmt: str) -> dict[str, Any]:
+    digests: dict[Path, str] = {}
+
+    def sha(path: Path) -> str:
+        if path not in digests:
+            digests[path] = file_digest(path)
+        return digests[path]
+
+    return {
+        "runs": [
+            {
+                "source": str(output.source),
+                "train_file": str(path),
+                "train_sha256": sha(path),
+                "checkpoints": [c.record() for c in output.checkpoints],
+                "trainer": output.trainer,
+                "notes": output.notes,
+            }
+            for output, path in zip(runs, files, strict=True)
+        ],
+        "heldout_file": str(heldout),
+        "heldout_sha256": sha(heldout),
+        "record_format": fmt,
+        "trainer": runs[0].trainer,
+    }
+
+
+def _data_block(
+    files: list[Path],
+    heldout_path: Path,
+    train_sets: list[list[dict]],
+    heldout: list[dict],
+    pool: list[dict],
+    val: list[dict],
+    fmt: str,
+    seed: int,
+) -> dict[str, Any]:
+    n_train_distinct = len({r["sample_id"] for records in train_sets for r in records})
+    return {
+        "route": "import",
+        "source": "local",
+        "path": str(files[0]),
+        "hub_id": None,
+        "tasks": sorted({r["task"] for r in pool + val}),
+        "train_files": [str(f) for f in files],
+        "heldout_file": str(heldout_path),
+        "record_format": fmt,
+        "formats": sorted({record_format(r) for r in pool + val}),
+        "n_available": n_train_distinct + len(heldout),
+        "n_usable": len(pool) + len(val),
+        "n_train_records": [len(records) for records in train_sets],
+        "n_heldout_records": len(heldout),
+        "seed": seed,
+        "fingerprint": dataset_fingerprint(pool + val),
+        "pool_ids": [r["sample_id"] for r in pool],
+        "val_ids": [r["sample_id"] for r in val],
+    }
+
+
+def describe_import(result: ImportResult) -> list[str]:
+    """The lines `llmaudit import` prints: what was found and written."""
+    lines = []
+    for run, output in enumerate(result.runs):
+        kinds = "/".join(sorted({c.kind for c in output.checkpoints}))
+        steps = [c.step for c in output.checkpoints]
+        lines.append(
+            f"run {run}: {len(steps)} {kinds} checkpoint(s), steps {steps}, {result.n_train[run]} member(s) in the "
+            f"pool ({output.source})"
+        )
+    members_any = result.store.membership().any(axis=0).sum() if result.store.exists() else None
+    lines.append(
+        f"pool: {result.pool_size} records ({members_any} trained on by some run, the rest held out); "
+        f"validation: {result.val_size} held-out records"
+    )
+    lines += [f"note: {n}" for n in result.notes]
+    return lines

@@ -1,0 +1,39 @@
+"""`llmaudit import` end to end: the run store from the user's training outputs (`llmaudit.ingest`), then
+the blind baseline on its pool (`llmaudit.analyze.blind`), printed and kept in results/blind_baseline.json."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from llmaudit.analyze.blind import blind_baseline_for_pool
+from llmaudit.common.io import atomic_write_json, read_json
+from llmaudit.ingest.build import ImportResult, describe_import, import_training
+
+
+def run_import(*args: Any, seed: int = 0, echo: Callable[[str], Any] = print, **kwargs: Any) -> ImportResult:
+    """`import_training(*args, seed=seed, **kwargs)`, then the blind baseline, reporting each step."""
+    result = import_training(*args, seed=seed, echo=echo, **kwargs)
+    store = result.store
+    for line in describe_import(result):
+        echo(f"[import] {line}")
+    path = store.results_dir / "blind_baseline.json"
+    if result.created or not path.exists():
+        echo("[import] blind baseline (text-only classifier of members vs non-members, no model) ...")
+        blind = blind_baseline_for_pool(store.read_records("pool"), store.membership(), seed=seed)
+        atomic_write_json(path, blind)
+    else:
+        blind = read_json(path, what="blind baseline")
+    for entry in blind["per_run"]:
+        if entry["auroc"] is None:
+            echo(f"[import] blind baseline, run {entry['run']}: not measured ({entry['reason']})")
+        else:
+            echo(
+                f"[import] blind baseline, run {entry['run']}: AUROC {entry['auroc']:.3f} "
+                f"[{entry['ci_low']:.3f}, {entry['ci_high']:.3f}] ({entry['n_in']} members vs {entry['n_out']} "
+                f"non-members, {entry['folds']}-fold)"
+            )
+    if blind.get("warning"):
+        echo(f"[import] WARNING: {blind['warning']}")
+    echo(f"[import] wrote {store.root}; next: `llmaudit score {store.root}` then `llmaudit report {store.root}`")
+    return result
