@@ -123,3 +123,41 @@ def test_score_shards_wait_for_every_run(tiny_cfg):
     assert [store.run_done(r) for r in range(3)] == [True, False, True]
     with pytest.raises(ValueError, match=r"runs \[1\] .* not finished"):
         score(tiny_cfg, store, shard=(0, 2), progress=False, echo=lambda *_: None)
+
+
+def test_lora_fine_tuning_leaves_a_membership_signal(tiny_cfg):
+    """Members' losses fall below non-members' after fine-tuning, in every run, by a clear margin: the
+    signal every attack and indicator measures exists at all (and the base model shows none)."""
+    from llmaudit.config import load_recipe
+    from llmaudit.score.stage import score
+    from llmaudit.store.losstable import read_loss_table
+
+    cfg = load_recipe(
+        "demo-cpu",
+        [
+            *TINY_OVERRIDES,
+            "score.quantizers=[fp32]",
+            "train.epochs=8",
+            "train.lr=0.01",
+            "lora.r=8",
+            f"output_dir={tiny_cfg.output_dir}",
+        ],
+    )
+    store = finetune(cfg, progress=False, echo=lambda *a: None)
+    score(cfg, store, progress=False, echo=lambda *a: None)
+    table = read_loss_table(store.scores_dir)
+    pool = table[table["split"] == "pool"]
+    gaps = []
+    for run in range(cfg.train.runs):
+        final = pool[(pool["run"] == run)]
+        final = final[final["checkpoint"] == final["checkpoint"].max()]
+        gaps.append(final.loc[~final["member"], "loss"].mean() - final.loc[final["member"], "loss"].mean())
+    base = pool[pool["run"] == -1].set_index("sample_id")["loss"]
+    masks = store.membership()
+    ids = store.manifest()["data"]["pool_ids"]
+    base_gaps = [
+        base[[i for i, m in zip(ids, row) if not m]].mean() - base[[i for i, m in zip(ids, row) if m]].mean()
+        for row in masks
+    ]
+    assert min(gaps) > 0.02, gaps
+    assert max(abs(g) for g in base_gaps) < min(gaps) / 2, (base_gaps, gaps)

@@ -30,6 +30,7 @@ from llmaudit.store.run_store import RunStore
 from tests.conftest import write_store_from_table
 
 N_POOL, N_VAL, RUNS, STEPS, N_TOK = 24, 12, 6, (10, 20, 30), 6
+PLANTED = 7  # one pool sample that every run which trains on it memorises far more than the others
 # quantizer: (member loss shift at the final checkpoint, extra loss, bits, size in bytes)
 QUANTIZERS = {"fp32": (0.8, 0.0, 32.0, 4000), "uniform-5": (0.4, 0.05, 5.0, 700), "sign": (0.0, 2.0, 1.0, 200)}
 
@@ -76,7 +77,10 @@ def _loss_rows(rng, membership):
                 for split, n in (("pool", N_POOL), ("val", N_VAL)):
                     for j in range(n):
                         member = split == "pool" and bool(membership[run, j])
-                        loss = difficulty[split][j] + extra + drift - shift * member * (k + 1) / len(STEPS)
+                        # the planted sample: its members' final loss falls to about 0.05 nats (memorised)
+                        planted = difficulty["pool"][PLANTED] + extra + drift - 0.05
+                        exposed = planted if (split == "pool" and j == PLANTED) else shift
+                        loss = difficulty[split][j] + extra + drift - exposed * member * (k + 1) / len(STEPS)
                         add(run, step, q, split, j, loss + rng.normal(0, 0.05), member)
     return validate_loss_table(pd.DataFrame(rows))
 
@@ -108,21 +112,11 @@ def _make_store(root):
     return cfg, store, pool + val
 
 
-def _with_vulnerable_samples(result):
-    """What analysis should record (the key the report reads): per attack, top samples by id and score."""
-    result = copy.deepcopy(result)
-    ref = result["reference_quantizer"]
-    for entry in result["attacks"]["quantizers"][ref]["attacks"].values():
-        entry["vulnerable_samples"] = [{"sample_id": f"synthetic/pool/{j:04d}", "score": 5.0 - j} for j in range(5)]
-    return result
-
-
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     cfg, store, records = _make_store(root)
     result = analyze(cfg, store, echo=lambda *a, **k: None)
-    result = _with_vulnerable_samples(result)
     paths = write_report(store, result)
     outputs = {
         kind: Path(p).read_text(encoding="utf-8") for kind, p in paths.items() if kind in ("json", "markdown", "html")
@@ -217,13 +211,13 @@ def test_no_sample_text_in_any_output_by_default(experiment):
     # the most vulnerable samples are listed by id and score only
     report = json.loads(experiment["outputs"]["json"])
     vs = report["vulnerable_samples"]
-    assert vs["available"] and not vs["include_samples"] and vs["attack"] in {"loss", "ref", "lira_offline"}
-    assert [s["sample_id"] for s in vs["samples"]] == [f"synthetic/pool/{j:04d}" for j in range(5)]
+    assert vs["available"] and not vs["include_samples"] and vs["attack"] == "lira_offline"
+    # found by the analysis itself: the planted sample is the most exposed one, by a margin
+    planted = f"synthetic/pool/{PLANTED:04d}"
+    assert vs["samples"][0]["sample_id"] == planted
+    assert vs["samples"][0]["score"] > 1.3 * vs["samples"][1]["score"] > 0
     assert all(set(s) == {"rank", "sample_id", "score"} for s in vs["samples"])
-    assert (
-        "synthetic/pool/0000" in experiment["outputs"]["markdown"]
-        and "synthetic/pool/0000" in experiment["outputs"]["html"]
-    )
+    assert planted in experiment["outputs"]["markdown"] and planted in experiment["outputs"]["html"]
 
 
 def test_include_samples_adds_the_text_and_the_schema_forbids_it_otherwise(experiment, tmp_path):
@@ -232,9 +226,10 @@ def test_include_samples_adds_the_text_and_the_schema_forbids_it_otherwise(exper
     paths = write_report(RunStore(root), experiment["result"], include_samples=True)
     report = json.loads(Path(paths["json"]).read_text())
     first = report["vulnerable_samples"]["samples"][0]
-    assert first["text"] == "\n".join([_record("pool", 0)["input"], _record("pool", 0)["output"]])
-    assert _record("pool", 0)["output"] in Path(paths["markdown"]).read_text()
-    assert _record("pool", 0)["output"] in Path(paths["html"]).read_text()
+    planted = _record("pool", PLANTED)
+    assert first["text"] == "\n".join([planted["input"], planted["output"]])
+    assert planted["output"] in Path(paths["markdown"]).read_text()
+    assert planted["output"] in Path(paths["html"]).read_text()
     # a report that claims include_samples=False but carries text is rejected
     report["include_samples"] = False
     with pytest.raises(ReportSchemaError):

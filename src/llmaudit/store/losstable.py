@@ -126,7 +126,6 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
     bad_names = sorted({q for q in df["quantizer"].unique() if not is_safe_name(q)})
     if bad_names:
         raise LossTableError(f"{source}: quantizer name(s) {bad_names[:3]} are not allowed: use {SAFE_NAME_RULE}.")
-    _check_token_columns(df, source)
     nonfinite = ~np.isfinite(df["loss"].to_numpy())
     if nonfinite.any():
         rows = df.loc[nonfinite, ["run", "checkpoint", "quantizer"]].drop_duplicates().head(5)
@@ -135,6 +134,7 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
             f"{rows.to_dict('records')}. A quantized model that diverges cannot be scored; drop that "
             "quantizer or check the checkpoint."
         )
+    _check_token_columns(df, source)
     _check_duplicates(df, source)
     return df
 

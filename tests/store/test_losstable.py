@@ -1,0 +1,100 @@
+"""Every branch of loss-table validation: each bad table is refused with a message naming what is wrong."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmaudit.store.losstable import LossTableError, read_loss_table, validate_loss_table, write_loss_table
+
+
+def table(**changes) -> pd.DataFrame:
+    rows = []
+    for j in range(4):
+        tl = np.array([1.0, 2.0, 3.0]) * (j + 1) / 4
+        rows.append(
+            dict(
+                run=0,
+                checkpoint=10,
+                quantizer="fp32",
+                sample_id=f"s{j}",
+                split="pool" if j < 2 else "val",
+                member=j == 0,
+                loss=float(tl.mean()),
+                n_tokens=3,
+                token_losses=tl,
+                token_vocab_mean=-np.ones(3),
+                token_vocab_std=np.ones(3),
+                zlib_bytes=20 + j,
+            )
+        )
+    df = pd.DataFrame(rows)
+    for fn in changes.values():
+        df = fn(df)
+    return df
+
+
+def set_at(col, row, value):
+    def fn(df):
+        df = df.copy()
+        df[col] = df[col].astype(object)
+        df.at[row, col] = value
+        return df
+
+    return fn
+
+
+def test_a_valid_table_round_trips(tmp_path):
+    path = write_loss_table(table(), tmp_path / "t.parquet")
+    back = read_loss_table(path)
+    assert len(back) == 4 and back["loss"].tolist() == pytest.approx(table()["loss"].tolist())
+    assert back["member"].dtype == bool
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"x": lambda df: df.drop(columns=["token_losses"])}, "missing column"),
+        ({"x": set_at("loss", 0, "abc")}, "non-numbers"),
+        ({"x": set_at("member", 1, 5)}, "must be boolean"),
+        ({"x": set_at("split", 1, "train")}, "unknown split"),
+        ({"x": set_at("member", 2, True)}, "'val' row is marked member=True"),
+        ({"x": set_at("n_tokens", 0, 4)}, "len(token_losses)=3 but n_tokens=4"),
+        ({"x": lambda df: df.assign(n_tokens=0, token_losses=[np.zeros(0)] * 4)}, "at least one scored token"),
+        ({"x": set_at("loss", 3, np.inf)}, "non-finite loss"),
+        ({"x": set_at("token_losses", 1, np.array([1.0, np.nan, 2.0]))}, "token_losses hold 1 non-finite or negative"),
+        ({"x": set_at("token_losses", 1, np.array([1.0, -1.0, 2.0]))}, "non-finite or negative"),
+        ({"x": set_at("loss", 1, 9.0)}, "is not the mean of 'token_losses'"),
+        ({"x": set_at("token_vocab_std", 0, np.array([1.0, -0.5, 1.0]))}, "'token_vocab_std' holds 1 invalid"),
+        ({"x": set_at("token_vocab_mean", 0, np.array([np.nan, 1.0, 1.0]))}, "'token_vocab_mean' holds 1 invalid"),
+        ({"x": set_at("token_vocab_mean", 0, np.array([1.0, 1.0]))}, "one value per scored token"),
+        ({"x": set_at("zlib_bytes", 0, 0)}, "positive byte counts"),
+        ({"x": lambda df: pd.concat([df, df.iloc[:1]], ignore_index=True)}, "duplicate"),
+        ({"x": set_at("quantizer", 0, "../x")}, "not allowed"),
+    ],
+)
+def test_each_bad_table_is_refused(change, message):
+    with pytest.raises(LossTableError) as err:
+        validate_loss_table(table(**change), source="my.parquet")
+    assert message in str(err.value) and "my.parquet" in str(err.value)
+
+
+def test_unreadable_and_missing_files_name_the_file(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(LossTableError, match="bad.parquet: not a readable parquet file"):
+        read_loss_table(bad)
+    with pytest.raises(LossTableError, match="does not exist"):
+        read_loss_table(tmp_path / "none.parquet")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LossTableError, match="no \\*.parquet files"):
+        read_loss_table(tmp_path / "empty")
+
+
+def test_a_directory_of_tables_is_checked_file_by_file(tmp_path):
+    write_loss_table(table(), tmp_path / "a.parquet")
+    other = table(x=lambda df: df.assign(run=1))
+    write_loss_table(other, tmp_path / "b.parquet")
+    assert len(read_loss_table(tmp_path)) == 8
+    write_loss_table(table(), tmp_path / "c.parquet")  # the same rows as a.parquet
+    with pytest.raises(LossTableError, match="duplicate"):
+        read_loss_table(tmp_path)
