@@ -217,6 +217,9 @@ class ScoreConfig(_Section):
     """Store per-token mean/std of log p under the model's next-token distribution (Min-K%++)."""
     score_base: bool = True
     """Score the base model once on pool and validation (reference attack, memorization)."""
+    pool_trajectory: bool = False
+    """Also score the pool (training members and non-members) at every checkpoint, not only the final one:
+    trajectory indicators of members (gap_std_traj, rq_train) need it. About doubles the scoring work."""
     trajectory: Literal["all", "final"] = "all"
     """Checkpoints scored on the validation set: all (r_Q needs the trajectory) or the final one only."""
 
@@ -256,6 +259,11 @@ class ReportConfig(_Section):
     """Criterion: r_Q must be at least this (0 disables)."""
     max_utility_loss: float = Field(0.10, ge=0)
     """Criterion: relative increase of validation loss vs full precision must stay below this."""
+    indicator: str = "gap_std_final"
+    """The candidate attack-free indicator shown beside the published r_Q (docs/science.md section 8)."""
+    min_indicator: float | None = None
+    """Criterion on that indicator (higher = more secure), applied only when the indicator passed its
+    validation; None disables it."""
     min_runs: int = Field(5, ge=1)
     """A criterion estimated from fewer fine-tuning runs than this is NOT MEASURED, never PASS."""
 

@@ -1,5 +1,6 @@
 """common.stats: the shared intervals and the guarded Spearman, against hand-computed values."""
 
+import itertools
 import math
 
 import numpy as np
@@ -51,7 +52,14 @@ def test_spearman_matches_scipy_on_finite_pairs_and_refuses_degenerate_input():
     y = [2.0, 1.0, 4.0, 3.0, 7.0]
     res = spearman(x, y)
     want = stats.spearmanr(x[:4], y[:4])
-    assert res.n == 4 and res.rho == pytest.approx(want.statistic) and res.p_value == pytest.approx(want.pvalue)
+    # the p-value enumerates the 4! pairings: |rho| >= 0.6 in 10 of the 24
+    exact = np.mean(
+        [
+            abs(stats.spearmanr(x[:4], np.array(y[:4])[list(p)]).statistic) >= abs(want.statistic) - 1e-12
+            for p in itertools.permutations(range(4))
+        ]
+    )
+    assert res.n == 4 and res.rho == pytest.approx(want.statistic) and res.p_value == pytest.approx(exact)
     assert res.to_dict("n_quantizers") == {"rho": res.rho, "p_value": res.p_value, "n_quantizers": 4}
     constant = spearman([1, 2, 3], [5, 5, 5])
     assert constant.rho is None and "distinct" in constant.reason
@@ -60,3 +68,11 @@ def test_spearman_matches_scipy_on_finite_pairs_and_refuses_degenerate_input():
     assert math.isnan(spearman_rho([1, 2, 3], [1, 1, 1]))
     with pytest.raises(ValueError, match="paired"):
         spearman([1, 2, 3], [1, 2])
+
+
+def test_spearman_p_value_is_exact_for_few_pairs_and_never_the_t_approximation():
+    perfect = spearman([1, 2, 3, 4, 5], [2, 4, 6, 8, 10])
+    assert perfect.p_value == pytest.approx(2 / 120)  # only the identity and its reverse are as extreme
+    assert stats.spearmanr([1, 2, 3, 4, 5], [2, 4, 6, 8, 10]).pvalue < 1e-10  # what the approximation says
+    many = spearman(np.arange(13), np.arange(13)[::-1])
+    assert 0 < many.p_value < 1e-3

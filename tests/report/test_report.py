@@ -279,6 +279,7 @@ def _row(
         "best_attack": {"name": "loss", "value": tpr, "ci": t["ci"], "reliable": reliable},
         "utility": {"relative_change": rel, "relative_change_ci": list(rel_ci), "n_runs": n_runs},
         "r_q": {"mean": r_q, "ci": list(r_q_ci), "n_finite": n_runs, "n_undefined": 0},
+        "r_q_status": "passed",  # the mechanics of the criterion, as if r_Q had passed its validation
     }
 
 
@@ -307,6 +308,28 @@ def test_unreliable_estimates_and_too_few_runs_are_not_measured():
     crit = next(c for c in cl["per_quantizer"]["leaky-unreliable"]["criteria"] if c["id"] == "attack_tpr")
     assert crit["status"] == NOT_MEASURED and "exceeds the limit" in crit["reason"]
     assert release_checklist(grid, TH | {"min_r_q": 0.0})["per_quantizer"]["fp"]["criteria"][1]["status"] == "DISABLED"
+
+
+def test_only_a_validated_indicator_drives_a_criterion():
+    """r_Q as it stands (its validation failed) cannot clear or fail a quantizer; neither can an unvalidated
+    candidate; a candidate that passed is judged like any estimate."""
+    row = _row("fp", tpr=0.01, tpr_ci=(0.0, 0.02), ref=True) | {"r_q_status": "failed"}
+    crit = {c["id"]: c for c in release_checklist([row], TH)["per_quantizer"]["fp"]["criteria"]}
+    assert crit["r_q"]["status"] == NOT_MEASURED and "'failed'" in crit["r_q"]["reason"]
+    assert crit["indicator"]["status"] == "DISABLED"  # min_indicator unset
+    ind = {"name": "gap_std_final", "mean": -0.1, "ci": [-0.15, -0.05], "n_finite": 6}
+    for status, want in (("not validated", NOT_MEASURED), ("passed", PASS)):
+        row["indicator"] = ind | {"status": status}
+        crit = {
+            c["id"]: c
+            for c in release_checklist([row], TH | {"min_indicator": -0.2})["per_quantizer"]["fp"]["criteria"]
+        }
+        assert crit["indicator"]["status"] == want, crit["indicator"]
+    row["indicator"] = ind | {"status": "passed", "mean": -0.5, "ci": [-0.6, -0.4]}
+    crit = {
+        c["id"]: c for c in release_checklist([row], TH | {"min_indicator": -0.2})["per_quantizer"]["fp"]["criteria"]
+    }
+    assert crit["indicator"]["status"] == FAIL
 
 
 def test_demo_sized_experiment_cannot_clear_tpr_at_one_percent(experiment):

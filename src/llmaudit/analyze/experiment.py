@@ -17,6 +17,7 @@ from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.indicator import indicator_from_table
+from llmaudit.analyze.indicators import candidates_from_table, validation_of
 from llmaudit.analyze.memorization import memorization_from_table
 from llmaudit.analyze.utility import trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
@@ -126,6 +127,31 @@ def _experiment_block(cfg: ExperimentConfig, store: RunStore, manifest: dict) ->
     }
 
 
+def _indicators(
+    cfg: ExperimentConfig, table: pd.DataFrame, quantizers: list[str], reference: str, n_boot: int
+) -> dict[str, Any]:
+    """Every candidate indicator per quantizer (means over runs with intervals), with its recorded
+    validation status; the per-run values stay in results/indicators_candidates.json."""
+    full = candidates_from_table(
+        table, reference_quantizer=reference, quantizers=quantizers, n_boot=n_boot, seed=cfg.attack.seed
+    )
+    if cfg.report.indicator not in full["candidates"]:
+        raise AnalysisError(
+            f"report.indicator={cfg.report.indicator!r} is not a candidate; choose one of {sorted(full['candidates'])}."
+        )
+    out = {"primary": cfg.report.indicator, "reference_quantizer": full.get("reference_quantizer"), "candidates": {}}
+    for name, entry in full["candidates"].items():
+        per_q = {
+            q: {k: v for k, v in agg.items() if k not in ("values",)}
+            for q, agg in (entry.get("per_quantizer") or {}).items()
+        }
+        out["candidates"][name] = {k: v for k, v in entry.items() if k != "per_quantizer"} | {
+            "per_quantizer": per_q,
+            "validation": validation_of(name),
+        }
+    return out
+
+
 def _blind_baseline(store: RunStore, manifest: dict, cfg: ExperimentConfig) -> dict[str, Any]:
     """The blind baseline of the store's pool (reused from results/blind_baseline.json when it was
     computed on the same data and membership, e.g. by `llmaudit import`)."""
@@ -176,6 +202,8 @@ def analyze(
             n_boot=n_boot,
             seed=cfg.attack.seed,
         )
+    echo("[analyze] candidate indicators ...")
+    indicators = _indicators(cfg, table, quantizers, reference, n_boot)
     echo("[analyze] blind baseline ...")
     blind = _blind_baseline(store, manifest, cfg)
     result = {
@@ -192,6 +220,7 @@ def analyze(
         "attacks": attacks,
         "memorization": memorization,
         "blind_baseline": blind,
+        "indicators": indicators,
         "thresholds": cfg.report.model_dump(),
     }
     for name in ("indicator", "attacks", "memorization"):

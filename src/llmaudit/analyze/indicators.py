@@ -35,10 +35,12 @@ silently.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -746,3 +748,17 @@ def candidates_from_table(
         "candidates": candidates,
         "per_run": per_run,
     }
+
+
+VALIDATION_FILE = Path(__file__).with_name("indicator_validation.json")
+
+
+def validation_registry() -> dict[str, Any]:
+    """The recorded validation of every candidate (status passed / failed / not validated, with the
+    numbers behind it), shipped with llmaudit and written from `llmaudit validate indicators`."""
+    return json.loads(VALIDATION_FILE.read_text(encoding="utf-8"))
+
+
+def validation_of(name: str) -> dict[str, Any]:
+    entry = validation_registry()["candidates"].get(name)
+    return entry or {"status": "not validated", "why": "no recorded validation"}

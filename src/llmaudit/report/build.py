@@ -8,10 +8,11 @@ from typing import Any
 
 from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.io import to_strict_json
+from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
 from llmaudit.report.policy import checklist_tpr, recommend, release_checklist, thresholds_of
 
-REPORT_SCHEMA_VERSION = 2
+REPORT_SCHEMA_VERSION = 3
 
 VULNERABLE_TOP_K = 20
 
@@ -146,8 +147,45 @@ def blind_summary(blind: dict[str, Any] | None, grid: list[dict[str, Any]]) -> d
     }
 
 
+def indicators_summary(result: dict[str, Any], grid: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The published r_Q and the candidate indicators side by side: per quantizer the mean over runs with
+    its interval, each indicator's validation status, and its agreement with the attacks on THIS grid
+    (Spearman against the best attack's AUROC across quantizers, expected sign negative)."""
+    ind = result.get("indicators")
+    if not ind:
+        return None
+    best = {r["quantizer"]: (r.get("best_attack_by_auroc") or {}).get("value") for r in grid}
+    order = [r["quantizer"] for r in grid]
+    shown = []
+    for name, c in ind["candidates"].items():
+        per_q = c.get("per_quantizer") or {}
+        values = {q: finite_or_none((per_q.get(q) or {}).get("mean")) for q in order}
+        cis = {
+            q: interval_or_none((per_q.get(q) or {}).get("ci_low"), (per_q.get(q) or {}).get("ci_high")) for q in order
+        }
+        pairs = [(values[q], best[q]) for q in order if values[q] is not None and best[q] is not None]
+        corr = spearman([a for a, _ in pairs], [b for _, b in pairs]).to_dict("n_quantizers")
+        validation = c.get("validation") or {}
+        shown.append(
+            {
+                "name": name,
+                "version": c.get("version"),
+                "family": c.get("family"),
+                "formula": c.get("formula"),
+                "computable": bool(c.get("computable")),
+                "reason": c.get("reason"),
+                "status": validation.get("status", "not validated"),
+                "synthetic_spearman": finite_or_none((validation.get("synthetic") or {}).get("mean_spearman")),
+                "values": values,
+                "ci": cis,
+                "agreement": indicator_agreement({"auroc": corr}, None, label=name) if c.get("computable") else None,
+            }
+        )
+    return {"primary": ind.get("primary"), "indicators": shown}
+
+
 def indicator_agreement(
-    r_q_vs_best: dict[str, Any], per_attack: dict[str, Any] | None, *, alpha: float = 0.05
+    r_q_vs_best: dict[str, Any], per_attack: dict[str, Any] | None, *, alpha: float = 0.05, label: str = "r_Q"
 ) -> dict[str, Any]:
     """Does r_Q rank the quantizers the way the attacks do? r_Q claims "higher = more secure", so the
     expected sign of Spearman(r_Q, attack success) is NEGATIVE. The verdict states the observed sign
@@ -183,14 +221,14 @@ def indicator_agreement(
     else:
         verdict = "no relation"
     sentence = (
-        f"Across {head.get('n_quantizers')} quantizers, Spearman(r_Q, best-attack AUROC) = {rho:+.2f} (p = {p:.2g}): "
-        f"observed sign {observed}, expected negative (higher r_Q = more secure), so r_Q {verdict}"
+        f"Across {head.get('n_quantizers')} quantizers, Spearman({label}, best-attack AUROC) = {rho:+.2f} (p = {p:.2g}): "
+        f"observed sign {observed}, expected negative (higher {label} = more secure), so {label} {verdict}"
         + (
             " the attacks: it ranks quantizers as MORE secure where attacks are STRONGER"
             if observed == "positive"
             else ""
         )
-        + f"; by attack: {signs['negative']} negative, {signs['positive']} positive."
+        + (f"; by attack: {signs['negative']} negative, {signs['positive']} positive." if any(signs.values()) else ".")
     )
     return out | {"observed_sign": observed, "verdict": verdict, "sentence": sentence}
 
@@ -262,6 +300,7 @@ def build_report(
         "memorization": _memorization_summary(result.get("memorization"), [r["quantizer"] for r in grid]),
         "not_scored": result.get("not_scored") or {},
         "blind_baseline": blind_summary(result.get("blind_baseline"), grid),
+        "indicators": indicators_summary(result, grid),
         "vulnerable_samples": vulnerable_samples_summary(
             result, grid, include_samples=include_samples, records=sample_records
         ),

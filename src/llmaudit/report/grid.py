@@ -62,6 +62,23 @@ def _ordered_quantizers(result: dict[str, Any]) -> list[str]:
     return ([ref] if ref in qs else []) + [q for q in qs if q != ref]
 
 
+def _primary_indicator(result: dict[str, Any], quantizer: str) -> dict[str, Any] | None:
+    """The report's candidate indicator for one quantizer: name, mean over runs, interval, status."""
+    ind = result.get("indicators") or {}
+    name = ind.get("primary")
+    entry = (ind.get("candidates") or {}).get(name)
+    if not entry:
+        return None
+    agg = (entry.get("per_quantizer") or {}).get(quantizer) or {}
+    return {
+        "name": name,
+        "mean": finite_or_none(agg.get("mean")),
+        "ci": interval_or_none(agg.get("ci_low"), agg.get("ci_high")),
+        "n_finite": agg.get("n_finite"),
+        "status": (entry.get("validation") or {}).get("status", "not validated"),
+    }
+
+
 def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
     rq = (result.get("indicator") or {}).get("per_quantizer") or {}
@@ -112,6 +129,10 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "n_undefined": agg.get("n_undefined"),
                 "n_infinite": agg.get("n_infinite"),
             },
+            "r_q_status": (((result.get("indicators") or {}).get("candidates") or {}).get("rq_published") or {})
+            .get("validation", {})
+            .get("status", "not validated"),
+            "indicator": _primary_indicator(result, q),
             "n_models": n_models,
             "attacks": attacks,
             "skipped_attacks": dict(att_block.get("skipped") or {}),

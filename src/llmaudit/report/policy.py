@@ -83,6 +83,7 @@ def worst(statuses: Iterable[str]) -> str:
 def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
     th = dict(result.get("thresholds") or {})
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
+    th.setdefault("min_indicator", None)
     return th
 
 
@@ -147,11 +148,49 @@ def _r_q_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     }
     if limit <= 0:
         return out | {"status": DISABLED, "reason": "min_r_q = 0 disables this criterion"}
+    if row.get("r_q_status", "not validated") != "passed":
+        return out | {
+            "status": NOT_MEASURED,
+            "reason": f"r_Q's validation status is '{row.get('r_q_status', 'not validated')}' (docs/science.md section 8): "
+            "only an indicator that passed validation may drive a criterion",
+        }
     n_finite = r["n_finite"] or 0
     why = f"{n_finite} runs with a finite r_Q < min_runs {min_runs}"
     if r["n_undefined"]:
         why += f" ({r['n_undefined']} undefined)"
     return out | judge(r["mean"], r["ci"], limit=limit, kind="min", measured=n_finite >= min_runs, why_not=why)
+
+
+def _indicator_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+    """The validated attack-free indicator (report.indicator) >= report.min_indicator."""
+    ind = row.get("indicator") or {}
+    limit, min_runs = th.get("min_indicator"), int(th["min_runs"])
+    out = {
+        "id": "indicator",
+        "description": f"{ind.get('name')} (mean over runs, higher = more secure) >= limit",
+        "threshold": limit,
+        "comparison": ">=",
+        "value": ind.get("mean"),
+        "ci": ind.get("ci"),
+        "reliable": (ind.get("n_finite") or 0) >= min_runs,
+    }
+    if limit is None:
+        return out | {"status": DISABLED, "reason": "report.min_indicator is not set"}
+    if ind.get("status") != "passed":
+        return out | {
+            "status": NOT_MEASURED,
+            "reason": f"{ind.get('name')} has validation status '{ind.get('status')}': only an indicator that passed "
+            "validation may drive a criterion",
+        }
+    n = ind.get("n_finite") or 0
+    return out | judge(
+        ind.get("mean"),
+        ind.get("ci"),
+        limit=float(limit),
+        kind="min",
+        measured=n >= min_runs,
+        why_not=f"{n} runs < min_runs {min_runs}",
+    )
 
 
 def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
@@ -183,9 +222,15 @@ def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) ->
     """Per quantizer: every criterion with its status, and the overall status (rules: module doc)."""
     th = dict(thresholds)
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
+    th.setdefault("min_indicator", None)
     per_q = {}
     for row in grid:
-        criteria = [_attack_tpr_criterion(row, th), _r_q_criterion(row, th), _utility_criterion(row, th)]
+        criteria = [
+            _attack_tpr_criterion(row, th),
+            _r_q_criterion(row, th),
+            _indicator_criterion(row, th),
+            _utility_criterion(row, th),
+        ]
         per_q[row["quantizer"]] = {"overall": worst(c["status"] for c in criteria), "criteria": criteria}
     return {"thresholds": th, "rules": CHECKLIST_RULES, "per_quantizer": per_q}
 
@@ -193,7 +238,10 @@ def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) ->
 CHECKLIST_RULES = [
     "attack_tpr: the highest per-sample-calibrated pooled TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr; "
     "each attack is judged on its own, the criterion takes the worst verdict.",
-    "r_q: r_Q (mean over runs) must be >= min_r_q; min_r_q = 0 disables it (DISABLED).",
+    "r_q: r_Q (mean over runs) must be >= min_r_q; min_r_q = 0 disables it (DISABLED). Like every indicator, it "
+    "drives the checklist only if it passed validation (docs/science.md section 8); otherwise NOT MEASURED.",
+    "indicator: the validated attack-free indicator (report.indicator, higher = more secure) must be >= "
+    "min_indicator; unset disables it; an indicator that did not pass validation is NOT MEASURED.",
     "utility: the relative increase of validation loss over full precision must be <= max_utility_loss.",
     "NOT MEASURED: the estimate is unreliable (fewer than 10/alpha non-members, fewer than min_runs runs, no finite value, "
     "or no interval). An unreliable estimate is never PASS.",

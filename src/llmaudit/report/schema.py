@@ -266,9 +266,9 @@ REPORT_SCHEMA: dict[str, Any] = {
             "type": "object",
             "required": ["id", "description", "threshold", "comparison", "status", "reason", "value", "ci"],
             "properties": {
-                "id": {"enum": ["attack_tpr", "r_q", "utility"]},
+                "id": {"enum": ["attack_tpr", "r_q", "indicator", "utility"]},
                 "description": {"type": "string"},
-                "threshold": {"type": "number"},
+                "threshold": _NUM,
                 "comparison": {"enum": ["<=", ">="]},
                 "status": _STATUS,
                 "reason": {"type": "string"},

@@ -201,6 +201,13 @@ def _summary_section(report: dict[str, Any]) -> Section:
     agreement = report.get("indicator_agreement") or {}
     if agreement.get("sentence"):
         paras.append(f"**r_Q against the attacks: {agreement['verdict']}.** {lit(agreement['sentence'])}")
+    summary = report.get("indicators") or {}
+    primary = next((i for i in summary.get("indicators") or [] if i["name"] == summary.get("primary")), None)
+    if primary and primary.get("agreement"):
+        paras.append(
+            f"**{lit(primary['name'])} (candidate indicator, validation {lit(primary['status'])}) against the attacks: "
+            f"{lit(primary['agreement']['verdict'])}.** {lit(primary['agreement']['sentence'])}"
+        )
     if report.get("not_scored"):
         paras.append(
             f"**Left out, not completely scored yet:** {lit(report['not_scored'])} (`llmaudit score` finishes them)."
@@ -224,6 +231,7 @@ def _checklist_section(report: dict[str, Any]) -> Section:
                 Cell(v["overall"], status=v["overall"]),
                 _criterion_cell(crit["attack_tpr"]),
                 _criterion_cell(crit["r_q"]),
+                _criterion_cell(crit["indicator"]),
                 _criterion_cell(crit["utility"]),
             ]
         )
@@ -233,7 +241,7 @@ def _checklist_section(report: dict[str, Any]) -> Section:
         if bad:
             reasons.append(f"{code(q)}: " + "; ".join(bad))
     table = Table(
-        ["quantizer", "overall", "attack TPR at 1% FPR", "r_Q", "utility (val loss vs ref)"],
+        ["quantizer", "overall", "attack TPR at 1% FPR", "r_Q", "indicator", "utility (val loss vs ref)"],
         rows,
         highlight_first=report["grid"][0]["is_reference"],
     )
@@ -443,6 +451,50 @@ def _correlation_section(report: dict[str, Any]) -> Section:
     return Section("r_Q against attack success", paras, tables, anchor="correlation")
 
 
+def _indicators_section(report: dict[str, Any]) -> Section | None:
+    """The published r_Q and the candidate indicators side by side, with their validation status."""
+    summary = report.get("indicators")
+    if not summary:
+        return None
+    shown = [i for i in summary["indicators"] if i["computable"]]
+    primary = summary.get("primary")
+    order = ["rq_published", primary] + [i["name"] for i in shown if i["name"] not in ("rq_published", primary)]
+    columns = [i for name in dict.fromkeys(order) for i in shown if i["name"] == name]
+    header = ["quantizer"] + [f"{i['name']} ({i['status']})" for i in columns]
+    rows = [
+        [Cell(r["quantizer"], code=True)]
+        + [_v(i["values"].get(r["quantizer"]), i["ci"].get(r["quantizer"]), 4) for i in columns]
+        for r in report["grid"]
+    ]
+    paras = [
+        "Attack-free indicators (higher = more secure), means over runs with 95% intervals, each with its validation "
+        "status from `llmaudit validate indicators` (docs/science.md section 8): `rq_published` is the indicator paper's "
+        f"r_Q; {code(primary)} is this report's candidate. Only an indicator that passed validation may drive a checklist "
+        "criterion. The agreement lines test each one against the attacks of this grid (expected sign: negative)."
+    ]
+    bullets = []
+    for i in columns:
+        syn = (
+            f"synthetic Spearman vs MIS {fmt_num(i['synthetic_spearman'], 2)}; "
+            if i["synthetic_spearman"] is not None
+            else ""
+        )
+        agree = (i.get("agreement") or {}).get("sentence") or "not comparable"
+        bullets.append(
+            f"{code(i['name'])} ({lit(i['version'])}, {lit(i['family'])}): validation {lit(i['status'])}; {syn}{lit(agree)}"
+        )
+    for i in summary["indicators"]:
+        if not i["computable"]:
+            bullets.append(f"{code(i['name'])}: not computable from this store ({lit(i['reason'])}).")
+    return Section(
+        "Attack-free indicators",
+        paras,
+        [Table(header, rows, highlight_first=report["grid"][0]["is_reference"])],
+        bullets=bullets,
+        anchor="indicators",
+    )
+
+
 def _memorization_section(report: dict[str, Any]) -> Section | None:
     mem = report.get("memorization")
     if not mem:
@@ -567,6 +619,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
         _attacks_section(report),
         _definitions_section(report),
         _correlation_section(report),
+        _indicators_section(report),
         _memorization_section(report),
         _samples_section(report),
         _provenance_section(report),

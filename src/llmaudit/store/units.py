@@ -15,7 +15,7 @@ class Unit:
     run: int  # REFERENCE_RUN for the base model
     step: int
     quantizer: str
-    final: bool  # the final checkpoint is also scored on the pool (attacks)
+    final: bool  # the unit also scores the pool: a run's final checkpoint (attacks), or every one with score.pool_trajectory
 
 
 def grid_units(cfg: ExperimentConfig, steps_per_run: dict[int, list[int]]) -> list[Unit]:
@@ -29,7 +29,9 @@ def grid_units(cfg: ExperimentConfig, steps_per_run: dict[int, list[int]]) -> li
     for run in sorted(steps_per_run):
         steps = sorted(steps_per_run[run])
         chosen = steps if cfg.score.trajectory == "all" else steps[-1:]
-        units += [Unit(run, step, q, step == steps[-1]) for step in chosen for q in quantizers]
+        units += [
+            Unit(run, step, q, step == steps[-1] or cfg.score.pool_trajectory) for step in chosen for q in quantizers
+        ]
     return units
 
 
