@@ -24,14 +24,22 @@ per wall second and per process CPU second; "CPU of peak" divides FLOPs per CPU 
 measure that other processes on a shared CPU disturb much less than wall time (OpenMP spin-waiting
 counts as CPU time, so with several threads it understates the rate).
 
-Peak memory: each method once more in a fresh Python process (the same model and samples, built from the
-same seed), so that no other method's allocations or allocator caches are counted or reused. On Linux
-the kernel's high-water mark of resident memory (VmHWM) is reset just before the method
+Peak memory on CPU: each method once more in a fresh Python process (the same model and samples, built
+from the same seed), so that no other method's allocations or allocator caches are counted or reused. On
+Linux the kernel's high-water mark of resident memory (VmHWM) is reset just before the method
 (/proc/self/clear_refs) and read after it; the figure is that peak minus the RSS before the method, i.e.
 the memory the method itself needs on top of the model. Elsewhere a psutil thread samples RSS every 2 ms.
-On GPU: torch.cuda.max_memory_allocated minus the allocation before. Unless --no-scaling, the probes are
-repeated with twice the vocabulary and with twice the maximum length, to show which method's memory
-grows with length x vocabulary.
+On GPU: each method once more in this process, torch.cuda.max_memory_allocated (its peak reset just
+before the method) minus the allocation before, i.e. the live tensors the method needs on top of the
+model; the caching allocator's reserve is not counted. Unless --no-scaling, the probes are repeated (in
+fresh processes) with twice the vocabulary and with twice the maximum length, to show which method's
+memory grows with length x vocabulary. --memory in-process measures CPU memory in this process too (quick,
+rough: after the other methods, whose freed memory the allocator may reuse); --memory fresh, GPU memory in
+fresh processes.
+
+--json PATH writes every figure above (per method: seconds, tokens/s, ratio, share of peak, peak memory,
+max loss differences) for scripts such as benchmarks/gpu_check.py. --dtype float32 runs a GPU in float32
+(the tests compare the engine with the naive loop to 1e-5 that way; bf16 results differ by bf16 rounding).
 
 Targets (issue 4): CPU ratio >= 3 and >= 50% of matmul peak; GPU ratio >= 10 and >= 40% of bf16
 roofline; losses identical to 1e-5; engine peak memory independent of batch x length x vocab.
@@ -76,6 +84,9 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         max_position_embeddings=max(2048, args.max_len),
         tie_word_embeddings=False,
     )
+    if device.type == "cuda":  # random initialisation on the GPU itself: seconds, not a minute, at 0.5 B parameters
+        with torch.device(device):
+            return Qwen2ForCausalLM(config).to(dtype=dtype).eval()
     return Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
 
 
@@ -255,7 +266,11 @@ def probe_memory(method: str, args: argparse.Namespace, **changes: int) -> tuple
     """Peak memory of one method, run once in a fresh process (this script with --memory-probe)."""
     argv = [sys.executable, os.path.abspath(__file__), "--memory-probe", method]
     for key, value in {**vars(args), **changes}.items():
-        if key in ("memory_probe", "no_naive", "no_scaling", "repeats", "peak_n") or value is None or value is False:
+        if (
+            key in ("memory_probe", "json", "no_naive", "no_scaling", "repeats", "peak_n")
+            or value is None
+            or value is False
+        ):
             continue
         flag = "--" + key.replace("_", "-")
         argv += [flag] if value is True else [flag, str(value)]
@@ -265,6 +280,18 @@ def probe_memory(method: str, args: argparse.Namespace, **changes: int) -> tuple
         raise RuntimeError(f"memory probe {method} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     result = json.loads(lines[-1])
     return int(result["peak_bytes"]), result["live_bytes"], str(result["how"])
+
+
+def peak_memory_here(fn: Callable[[], Any], device: torch.device) -> tuple[int, int | None, str]:
+    """Peak memory of one method in this process. GPU: torch.cuda.max_memory_allocated, reset just before,
+    above the allocation before (the other methods' tensors are freed by then; cached blocks do not count).
+    CPU (--memory in-process, a quick look only): as PeakMemory measures it, but after the other methods, whose
+    freed memory the C allocator may hand back to this one."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    with PeakMemory(device) as mem:
+        fn()
+    return mem.peak_bytes, mem.live_bytes, mem.how + ("" if device.type == "cuda" else ", in process")
 
 
 def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int, tries: int = 5) -> tuple[float, float]:
@@ -308,7 +335,10 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, Any, lis
     )
     if args.token_budget is None:
         args.token_budget = 16384 if device.type == "cuda" else 2048
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, args.dtype)
     return device, dtype, build_model(args, device, dtype), make_examples(args)
 
 
@@ -353,6 +383,19 @@ def main(argv: list[str] | None = None) -> None:
         "--peak-n", type=int, default=None, help="matmul size for the peak (default 2048 CPU, 8192 GPU)"
     )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="model dtype (auto: bfloat16 on GPU, float32 on CPU)",
+    )
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--memory",
+        default="auto",
+        choices=["auto", "fresh", "in-process"],
+        help="peak memory per method: in fresh processes (auto on CPU) or in this process (auto on GPU)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loop (engine numbers only)")
     parser.add_argument(
@@ -403,32 +446,62 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         method_fn(name, model, warm, device, args)()
     timings = timed_rounds(methods, device, args.repeats)
-    memory = {name: probe_memory(name, args) for name in names}
+    if args.memory == "in-process" or (args.memory == "auto" and device.type == "cuda"):
+        memory = {name: peak_memory_here(methods[name], device) for name in names}
+    else:
+        memory = {name: probe_memory(name, args) for name in names}
 
     naive = timings["naive"][0] if "naive" in timings else None
     t_ref, c_ref = (timings["naive"][1], timings["naive"][2]) if naive is not None else (None, None)
+    rows: dict[str, dict[str, Any]] = {}
+    for name in names:
+        result, t, c = timings[name]
+        rows[name] = {
+            "wall_s": t,
+            "cpu_s": c,
+            "tokens_per_s": all_tokens / t,
+            "ratio": t_ref / t if t_ref else None,
+            "cpu_ratio": c_ref / c if c_ref else None,
+            "of_peak": flops / t / peak_flops,
+            "cpu_of_peak": flops / c / peak_flops_cpu,
+            "peak_bytes": memory[name][0],
+            "live_bytes": memory[name][1],
+            "max_dloss": None,
+            "max_dtoken": None,
+        }
+        if naive is not None and name != "naive":
+            rows[name]["max_dloss"] = max(
+                (
+                    abs(float(a.astype(np.float64).mean()) - float(b.astype(np.float64).mean()))
+                    for a, b in zip(result, naive)
+                    if len(b)
+                ),
+                default=0.0,
+            )
+            rows[name]["max_dtoken"] = max(
+                (float(np.abs(a - b).max(initial=0.0)) for a, b in zip(result, naive)), default=0.0
+            )
     print()
     print(
         f"{'method':<24} {'wall s':>7} {'CPU s':>7} {'tokens/s':>9} {'ratio':>6} {'CPU ratio':>9} {'live MiB':>8} {'RSS MiB':>7} "
         f"{'of peak':>7} {'CPU of peak':>11} {'max |dloss|':>11} {'max |dtoken|':>12}"
     )
-    for name in names:
-        result, t, c = timings[name]
-        sd = td = "-"
-        if naive is not None and name != "naive":
-            sd = f"{max(abs(float(a.astype(np.float64).mean()) - float(b.astype(np.float64).mean())) for a, b in zip(result, naive)):.1e}"
-            td = f"{max(float(np.abs(a - b).max()) for a, b in zip(result, naive)):.1e}"
-        ratio = f"{t_ref / t:.2f}" if t_ref else "-"
-        c_ratio = f"{c_ref / c:.2f}" if c_ref else "-"
+    for name, r in rows.items():
+        sd = "-" if r["max_dloss"] is None else f"{r['max_dloss']:.1e}"
+        td = "-" if r["max_dtoken"] is None else f"{r['max_dtoken']:.1e}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        c_ratio = "-" if r["cpu_ratio"] is None else f"{r['cpu_ratio']:.2f}"
         print(
-            f"{name:<24} {t:7.2f} {c:7.2f} {all_tokens / t:9.0f} {ratio:>6} {c_ratio:>9} {_mib(memory[name][1]):>8} {_mib(memory[name][0]):>7} "
-            f"{flops / t / peak_flops:7.0%} {flops / c / peak_flops_cpu:11.0%} {sd:>11} {td:>12}"
+            f"{name:<24} {r['wall_s']:7.2f} {r['cpu_s']:7.2f} {r['tokens_per_s']:9.0f} {ratio:>6} {c_ratio:>9} "
+            f"{_mib(r['live_bytes']):>8} {_mib(r['peak_bytes']):>7} {r['of_peak']:7.0%} {r['cpu_of_peak']:11.0%} {sd:>11} {td:>12}"
         )
     print("(ratio, of peak: wall time; CPU ratio, CPU of peak: process CPU time, less sensitive to other load)")
     if device.type == "cuda":
         print(
-            "(live MiB = RSS MiB: torch.cuda.max_memory_allocated above the allocation before, each method in a fresh process)"
+            "(live MiB = RSS MiB: torch.cuda.max_memory_allocated, reset before each method, above the allocation before it)"
         )
+    elif memory[names[0]][2].endswith("in process"):
+        print("(memory measured in this process after the timed rounds (--memory in-process): a rough look only)")
     else:
         print(
             f"(each method in a fresh process, above the memory in use before it; live MiB: peak of the C heap in use"
@@ -436,6 +509,7 @@ def main(argv: list[str] | None = None) -> None:
             " the allocator's caches and fragmentation)"
         )
 
+    scaling: dict[str, dict[str, list[int | None]]] = {}
     if not args.no_scaling:
         print("\npeak live MiB / RSS MiB as the workload grows (fresh process per cell):")
         cells = {
@@ -447,12 +521,36 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             row = [memory[name] if not change else probe_memory(name, args, **change) for change in cells.values()]
             print(f"{name:<24} " + " ".join(f"{f'{_mib(live)} / {_mib(rss)}':>18}" for rss, live, _ in row))
+            scaling[name] = {label: [rss, live] for label, (rss, live, _) in zip(cells, row)}
 
     target_ratio, target_frac = (10, 0.40) if device.type == "cuda" else (3, 0.50)
     print(
         f"\ntargets on {device.type}: ratio >= {target_ratio}, >= {target_frac:.0%} of matmul peak, max |dloss| <= 1e-5"
         f"; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
+    if args.json:
+        report = {
+            "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "dtype": str(dtype).removeprefix("torch."),
+            "torch": torch.__version__,
+            "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params_body": params_body},
+            "samples": len(examples),
+            "tokens": all_tokens,
+            "scored_tokens": scored,
+            "flops": flops,
+            "matmul_peak_flops": peak_flops,
+            "matmul_peak_flops_cpu": peak_flops_cpu,
+            "token_budget": args.token_budget,
+            "head_chunk": args.head_chunk,
+            "repeats": args.repeats,
+            "memory_how": memory[names[0]][2],
+            "methods": rows,
+            "scaling": scaling,
+            "targets": {"ratio": target_ratio, "of_peak": target_frac},
+        }
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

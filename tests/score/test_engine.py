@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from llmaudit.score import engine as scoring
-from llmaudit.score.engine import TokenScores, head_scores, length_sorted_batches, score_examples, weights_digest
+from llmaudit.score.engine import (
+    TokenScores,
+    bounded_head_scores,
+    head_block_bytes,
+    head_scores,
+    length_sorted_batches,
+    score_examples,
+    weights_digest,
+)
 
 VOCAB = 512
 PAD_ID = 0
@@ -234,6 +242,177 @@ def test_head_scores_large_logits_against_float64():
         assert (nll.double() + logp.gather(1, targets[:, None]).squeeze(1)).abs().max() <= 1e-5 * scale
         assert (m.double() - mean).abs().max() <= 1e-5 * scale
         assert (s.double() - std).abs().max() <= 1e-5 * scale
+
+
+# ------------------------------------------------------------------------------------- bounded head (GPU path)
+
+
+def _random_head(vocab: int, dtype: torch.dtype, bias: bool, seed: int = 11, scale: float = 0.5):
+    gen = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(48, vocab, bias=bias)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, 48, generator=gen) * scale)
+        if bias:
+            head.bias.copy_(torch.randn(vocab, generator=gen) * scale)
+    h = torch.randn(29, 48, generator=gen)
+    targets = torch.randint(0, vocab, (29,), generator=gen)
+    return head.to(dtype).requires_grad_(False), h.to(dtype), targets
+
+
+class _Spy:
+    """Records the [rows, columns] blocks the two head paths are asked for."""
+
+    def __init__(self, monkeypatch):
+        self.blocks: list[tuple[str, int, int]] = []
+        full, tiled = scoring._full_head_scores, scoring._vocab_tiled_head_scores
+
+        def spy_full(head, h, targets, *, vocab_stats):
+            self.blocks.append(("full", h.shape[0], head.out_features))
+            return full(head, h, targets, vocab_stats=vocab_stats)
+
+        def spy_tiled(head, h, targets, *, vocab_stats, vocab_tile):
+            self.blocks.append(("tiled", h.shape[0], vocab_tile))
+            return tiled(head, h, targets, vocab_stats=vocab_stats, vocab_tile=vocab_tile)
+
+        monkeypatch.setattr(scoring, "_full_head_scores", spy_full)
+        monkeypatch.setattr(scoring, "_vocab_tiled_head_scores", spy_tiled)
+
+
+@pytest.mark.parametrize("vocab_stats", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bounded_head_equals_the_full_path(vocab_stats, bias, dtype, monkeypatch):
+    """The GPU head path in vocabulary tiles (forced on CPU with a small byte budget) gives the full-vocabulary
+    path's numbers to float rounding, for tiles that divide the vocabulary or not, down to one column; in bf16
+    too, since each tile's logits are rounded like the whole head's output and the target's logit is read from
+    them. The budget holds: every block it asks for costs at most max_bytes."""
+    vocab = 1000
+    head, h, targets = _random_head(vocab, dtype, bias)
+    full = scoring._full_head_scores(head, h, targets, vocab_stats=vocab_stats)
+    assert full[0].min() > 0.5  # far from uniform: losses of several nats
+    spy = _Spy(monkeypatch)
+    per_column = head_block_bytes(29, 1, dtype, vocab_stats=vocab_stats)
+    cases = ((1, 1), (7, 7), (255, 255), (333, 256), (999, 896))  # whole 128s from 256 on
+    if dtype == torch.bfloat16:  # a thousand one-column bf16 matmuls take a CPU 20 s
+        cases = cases[1:]
+    for columns, tile in cases:
+        budget = columns * per_column
+        spy.blocks.clear()
+        out = bounded_head_scores(head, h, targets, vocab_stats=vocab_stats, max_bytes=budget)
+        assert spy.blocks == [("tiled", 29, tile)]
+        assert all(head_block_bytes(r, c, dtype, vocab_stats=vocab_stats) <= budget for _, r, c in spy.blocks)
+        for got, want in zip(out, full):
+            if want is None:
+                assert got is None
+            else:
+                assert got.dtype == torch.float32 and got.shape == (29,)
+                assert (got - want).abs().max() < 1e-5, (tile, got, want)
+    spy.blocks.clear()
+    whole = bounded_head_scores(head, h, targets, vocab_stats=vocab_stats, max_bytes=vocab * per_column)
+    assert spy.blocks == [("full", 29, vocab)]  # everything fits: the fused full path itself
+    assert all(torch.equal(a, b) for a, b in zip(whole, full) if b is not None)
+
+
+def test_bounded_head_large_logits_against_float64():
+    """Logits spread over hundreds of nats, one column per tile: the tile merge against float64."""
+    head, h, targets = _random_head(53, torch.float32, True, seed=3, scale=30.0)
+    logp = torch.log_softmax(head(h).double(), dim=-1)
+    p = logp.exp()
+    mean = (p * logp).sum(1)
+    std = (p * (logp - mean[:, None]).square()).sum(1).sqrt()
+    nll, m, s = bounded_head_scores(head, h, targets, vocab_stats=True, max_bytes=1)
+    scale = logp.abs().amax().item()
+    assert (nll.double() + logp.gather(1, targets[:, None]).squeeze(1)).abs().max() <= 1e-5 * scale
+    assert (m.double() - mean).abs().max() <= 1e-5 * scale
+    assert (s.double() - std).abs().max() <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("vocab_stats", [False, True])
+def test_bounded_head_rows_for_a_quantized_head(model, vocab_stats, monkeypatch):
+    """A head that is not a plain nn.Linear cannot be sliced by vocabulary: it is called on blocks of rows,
+    each within the budget (at least one row), through score_examples' own dispatch (head_logits_bytes), and
+    the scores equal the naive loop's."""
+
+    class WrappedHead(torch.nn.Linear):
+        pass
+
+    wrapped = copy.deepcopy(model)
+    old = wrapped.get_output_embeddings()
+    head = WrappedHead(old.in_features, old.out_features, bias=False)
+    head.weight = old.weight
+    wrapped.set_output_embeddings(head)
+    examples = _examples(seed=8)
+    naive = _naive(model, examples)
+    spy = _Spy(monkeypatch)
+    per_row = head_block_bytes(1, VOCAB, torch.float32, vocab_stats=vocab_stats)
+    for rows in (1, 3, 16):
+        spy.blocks.clear()
+        scores = score_examples(
+            wrapped,
+            examples,
+            pad_id=PAD_ID,
+            head_chunk=16,
+            vocab_stats=vocab_stats,
+            head_logits_bytes=rows * per_row,
+        )
+        assert spy.blocks and {kind for kind, _, _ in spy.blocks} == {"full"}
+        assert max(r for _, r, _ in spy.blocks) == rows
+        assert _max_diff(scores, naive) <= 1e-5
+        if vocab_stats:
+            assert _max_diff(scores, naive, "vocab_mean", "mean") <= 1e-5
+            assert _max_diff(scores, naive, "vocab_std", "std") <= 1e-5
+
+
+def test_default_budget_bounds_a_large_vocabulary(monkeypatch):
+    """At Qwen2.5's vocabulary and the default head_chunk (1024 positions) in bf16, the default budget splits
+    the vocabulary into tiles whose blocks fit in HEAD_LOGITS_BYTES; full logits would need about 2.2 GiB."""
+    seen = []
+    monkeypatch.setattr(
+        scoring,
+        "_vocab_tiled_head_scores",
+        lambda head, h, targets, *, vocab_stats, vocab_tile: seen.append(vocab_tile),
+    )
+    head = torch.nn.Linear(8, 151936, bias=False, device="meta", dtype=torch.bfloat16)
+    h = torch.empty(1024, 8, device="meta", dtype=torch.bfloat16)
+    bounded_head_scores(head, h, torch.empty(1024, dtype=torch.long, device="meta"), vocab_stats=True)
+    (tile,) = seen
+    assert head_block_bytes(1024, 151936, torch.bfloat16, vocab_stats=True) > 2 * 2**30
+    assert head_block_bytes(1024, tile, torch.bfloat16, vocab_stats=True) <= scoring.HEAD_LOGITS_BYTES
+    assert tile % 128 == 0 and tile * 9 > 151936  # ten tiles or fewer
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("vocab_stats", [False, True])
+def test_gpu_head_memory_is_bounded(vocab_stats):
+    """On CUDA at Qwen2.5's vocabulary: the default budget's peak (torch.cuda.max_memory_allocated above what
+    was allocated before) stays under HEAD_LOGITS_BYTES, where the full path needs gigabytes; the tiled numbers
+    equal the full path's (float32 head: to 1e-4; bf16 head: to two bf16 steps of the largest logit, as a slice
+    of the weight may round a logit one step away from the whole matmul)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    vocab, hidden, rows = 151936, 896, 1024
+    for dtype in (torch.bfloat16, torch.float32):
+        head = torch.nn.Linear(hidden, vocab, bias=False, device="cuda", dtype=dtype).requires_grad_(False)
+        head.weight.normal_(0, 0.05, generator=gen)
+        h = torch.randn(rows, hidden, device="cuda", dtype=dtype, generator=gen)
+        targets = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
+        largest = float(head(h[:64]).abs().max())  # also allocates the matmul's workspace before the measurement
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        tiled = bounded_head_scores(head, h, targets, vocab_stats=vocab_stats)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        assert peak <= scoring.HEAD_LOGITS_BYTES + (16 << 20), peak / 2**20
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        full = scoring._full_head_scores(head, h, targets, vocab_stats=vocab_stats)
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_allocated() - before > 4 * scoring.HEAD_LOGITS_BYTES
+        tol = 2 * 2**-7 * largest if dtype == torch.bfloat16 else 1e-4
+        for got, want in zip(tiled, full):
+            if want is not None:
+                assert (got - want).abs().max() <= tol, (dtype, (got - want).abs().max(), tol)
 
 
 def test_samples_without_scored_tokens(model):
