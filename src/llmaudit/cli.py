@@ -27,6 +27,7 @@ from llmaudit.common.io import read_json, to_json
 from llmaudit.common.runtime import env_threads, set_threads
 from llmaudit.finetune.runs import finetune as do_finetune
 from llmaudit.jobs.importing import run_import
+from llmaudit.jobs.local import score_in_processes
 from llmaudit.jobs.plan import format_plan, make_plan
 from llmaudit.jobs.status import format_status, stage_status
 from llmaudit.jobs.submit import submit as do_submit
@@ -128,7 +129,10 @@ def score(
     moved aside and scored again; several processes may score one store at once (units are locked)."""
     target, overrides = split_recipe_args(list(args or []))
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
-    do_score(cfg, store, shard=parse_shard(shard), progress=_progress(no_progress), deep_verify=deep_verify)
+    if cfg.score.processes > 1 and shard is None:
+        score_in_processes(cfg, store, echo=typer.echo, deep_verify=deep_verify)
+    else:
+        do_score(cfg, store, shard=parse_shard(shard), progress=_progress(no_progress), deep_verify=deep_verify)
 
 
 @app.command()
@@ -226,7 +230,10 @@ def audit(
     cfg = config_from_recipe(recipe, overrides, out)
     progress = _progress(no_progress)
     store = do_finetune(cfg, progress=progress)
-    do_score(cfg, store, progress=progress)
+    if cfg.score.processes > 1:
+        score_in_processes(cfg, store, echo=typer.echo)
+    else:
+        do_score(cfg, store, progress=progress)
     result = analyze(cfg, store)
     paths = write_report(store, result)
     typer.echo("")

@@ -213,6 +213,10 @@ class ScoreConfig(_Section):
     """CPU scoring: batches scored concurrently by this many threads, the torch threads shared among them;
     null = one per available core ($LLMAUDIT_THREADS caps it), at most one per batch. 1 = one batch at a
     time with all threads inside each op. Memory grows with the workers (one batch each)."""
+    processes: int = Field(1, ge=1)
+    """Processes that score this store at once on this machine (`llmaudit score` and `audit`): units are
+    claimed with file locks, so they share the work; the CPU cores are divided among them. Quantizers whose
+    work is single-threaded Python (GPTQ, HQQ) finish sooner with 2 processes on a 2-core CPU than with 1."""
     vocab_stats: bool = True
     """Store per-token mean/std of log p under the model's next-token distribution (Min-K%++)."""
     score_base: bool = True

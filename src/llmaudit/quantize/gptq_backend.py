@@ -136,7 +136,7 @@ class GPTQQuantizer(Quantizer):
             damp_percent=self.options["damp_percent"],
             dynamic=self._dynamic_exclusions(model),
         )
-        with tempfile.TemporaryDirectory(prefix="llmaudit-gptq-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="llmaudit-gptq-") as tmp, _quiet(os.path.join(tmp, "gptqmodel.log")):
             source, packed = os.path.join(tmp, "source"), os.path.join(tmp, "quantized")
             model.save_pretrained(source)
             # GPTQModel.load always loads a tokenizer from the model directory; without tokenizer files
@@ -161,6 +161,39 @@ class GPTQQuantizer(Quantizer):
         if self.resolved_mode == "real":
             return quantized
         return dequantize_gptq_layers(quantized, self.compute_dtype)
+
+
+@contextlib.contextmanager
+def _quiet(log_path: str):
+    """gptqmodel prints its progress bars and INFO lines to stdout for every quantization (and accelerate
+    warns about untied weights): send them to a file, and add its tail to any error. LLMAUDIT_LOG shows
+    them."""
+    if os.environ.get("LLMAUDIT_LOG"):
+        yield
+        return
+    import logging
+
+    noisy = [logging.getLogger(n) for n in ("accelerate", "accelerate.utils.modeling", "gptqmodel")]
+    levels = [lg.level for lg in noisy]
+    for lg in noisy:
+        lg.setLevel(logging.ERROR)
+    try:
+        with (
+            open(log_path, "w", encoding="utf-8") as sink,
+            contextlib.redirect_stdout(sink),
+            contextlib.redirect_stderr(sink),
+        ):
+            try:
+                yield
+            except Exception as exc:
+                sink.flush()
+                tail = Path(log_path).read_text(encoding="utf-8", errors="replace")[-1500:]
+                raise QuantizationError(
+                    f"gptqmodel failed ({type(exc).__name__}: {exc}); its last output: {tail}"
+                ) from exc
+    finally:
+        for lg, level in zip(noisy, levels, strict=True):
+            lg.setLevel(level)
 
 
 @contextlib.contextmanager

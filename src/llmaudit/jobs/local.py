@@ -1,0 +1,47 @@
+"""Several local processes on one stage: `score.processes` scoring processes share one store's units
+(each unit is claimed with a file lock), the machine's cores divided among them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from llmaudit.common.errors import UserError
+from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads
+from llmaudit.config import ExperimentConfig
+from llmaudit.store.run_store import RunStore
+
+
+def score_in_processes(
+    cfg: ExperimentConfig, store: RunStore, *, echo=print, deep_verify: bool = False
+) -> dict[str, Any]:
+    """Run `cfg.score.processes` `llmaudit score RUN_DIR` processes at once and wait for them all."""
+    n = cfg.score.processes
+    threads = max(1, (env_threads() or available_cores()) // n)
+    # the same score settings in every child (JSON is YAML), one process each
+    overrides = [f"score.{k}={json.dumps(v)}" for k, v in cfg.score.model_dump(mode="json").items() if k != "processes"]
+    command = [
+        sys.executable,
+        "-m",
+        "llmaudit.cli",
+        "score",
+        str(store.root),
+        *overrides,
+        "score.processes=1",
+        "--no-progress",
+    ]
+    command += ["--deep-verify"] * deep_verify + ["--trust-remote-code"] * cfg.model.trust_remote_code
+    env = dict(os.environ, **{THREADS_ENV: str(threads)})
+    echo(f"[score] {n} scoring processes with {threads} thread(s) each share the units of {store.root}")
+    t0 = time.time()
+    procs = [subprocess.Popen(command, env=env) for _ in range(n)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise UserError(
+            f"{sum(1 for c in codes if c)} of {n} scoring processes failed (exit codes {codes}); their errors are above. Run the same command again: finished units are kept."
+        )
+    return {"processes": n, "seconds": time.time() - t0}
