@@ -112,3 +112,29 @@ def write_store_from_table(root, cfg, pool, val, membership, table, *, parameter
         rows = unit if final else unit[unit["split"] == "val"]
         write_loss_table(rows.reset_index(drop=True), store.unit_path(int(run), int(step), str(q)))
     return store
+
+
+def run_cli(args, env=None):
+    """`llmaudit ARGS` in this process through the console entry point; (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    import sys
+
+    from llmaudit import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    old_argv, old_env = sys.argv, dict(os.environ)
+    sys.argv = ["llmaudit", *[str(a) for a in args]]
+    os.environ.update(env or {})
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main()
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+    finally:
+        sys.argv = old_argv
+        os.environ.clear()
+        os.environ.update(old_env)
+    return code, out.getvalue(), err.getvalue()

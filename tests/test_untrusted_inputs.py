@@ -18,7 +18,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from llmaudit import cli
 from llmaudit.config import config_from_dict, load_recipe
 from llmaudit.finetune.runs import finetune
 from llmaudit.report.build import build_report
@@ -26,7 +25,7 @@ from llmaudit.report.markdown import render_markdown
 from llmaudit.score.stage import score
 from llmaudit.store.run_store import RunStore, content_digest
 from llmaudit.store.worklog import read_work
-from tests.conftest import TINY_OVERRIDES
+from tests.conftest import TINY_OVERRIDES, run_cli
 
 QUANTIZERS = ["fp32", "uniform-4", "sign"]
 
@@ -90,29 +89,6 @@ class Work:
     def unit(self, run: int = 0, step: int | None = None, quantizer: str = "fp32") -> Path:
         step = step if step is not None else self.store.checkpoints(run)[-1]
         return self.store.unit_path(run, step, quantizer)
-
-
-def run_cli(args: list[str], env: dict | None = None) -> tuple[int, str, str]:
-    """`llmaudit ARGS` in this process through the console entry point; (exit code, stdout, stderr)."""
-    import contextlib
-    import io
-
-    out, err = io.StringIO(), io.StringIO()
-    old_argv, old_env = sys.argv, dict(os.environ)
-    sys.argv = ["llmaudit", *args]
-    os.environ.update(env or {})
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                cli.main()
-            except SystemExit as exc:
-                code = int(exc.code or 0)
-    finally:
-        sys.argv = old_argv
-        os.environ.clear()
-        os.environ.update(old_env)
-    return code, out.getvalue(), err.getvalue()
 
 
 def tree_digest(root: Path) -> dict[str, str]:

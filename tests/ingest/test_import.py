@@ -7,7 +7,6 @@ pickles a trainer leaves beside its checkpoints never run.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import pickle
@@ -18,13 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmaudit import cli
 from llmaudit.config import load_recipe
 from llmaudit.data.chem import generate_records
 from llmaudit.data.records import dataset_fingerprint
 from llmaudit.store.integrity import verify_store
 from llmaudit.store.run_store import RunStore, file_digest
-from tests.conftest import TINY_OVERRIDES
+from tests.conftest import TINY_OVERRIDES, run_cli
 
 BASE = "builtin:tiny-qwen2"
 BUILTIN = [o for o in TINY_OVERRIDES if o.startswith("model.builtin.")]
@@ -53,23 +51,6 @@ def watch_opens():
         yield _OPENED
     finally:
         _OPENED = None
-
-
-def run_cli(args: list[str]) -> tuple[int, str, str]:
-    """`llmaudit ARGS` in this process through the console entry point; (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    old_argv = sys.argv
-    sys.argv = ["llmaudit", *[str(a) for a in args]]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                cli.main()
-            except SystemExit as exc:
-                code = int(exc.code or 0)
-    finally:
-        sys.argv = old_argv
-    return code, out.getvalue(), err.getvalue()
 
 
 def refused(code: int, err: str, *needles: str) -> None:

@@ -20,8 +20,12 @@ from llmaudit.validate.synthetic.protocol import run_dataset
 # ---- synthetic protocol -----------------------------------------------------------------------------------
 
 
+# quick mode's shape (2 data sets x 40 runs) on smaller classifiers, so the test takes seconds, not minutes
+SMALL = ("dim=16", "n_train=24", "n_val=60", "n_boot=20", "disc_hidden=8")
+
+
 def test_quick_mode_end_to_end_and_cache(tmp_path):
-    res = vi.validate_indicators_command(tmp_path, quick=True, stores=[], log=lambda s: None)
+    res = vi.validate_indicators_command(tmp_path, quick=True, overrides=SMALL, stores=[], log=lambda s: None)
     syn = res["synthetic"]
     assert syn["quick"] and syn["datasets"] == ["k6-s1.5", "k6-s3"]
     assert syn["config"]["n_runs"] == 40 and syn["k_runs"] == [5, 10, 15, 30]
@@ -43,7 +47,7 @@ def test_quick_mode_end_to_end_and_cache(tmp_path):
     assert "QUICK mode" in md and "| rq_published | trajectory-only | rq_published/1 |" in md
     assert {p.name for p in (tmp_path / "cache").iterdir()} == {"k6-s1.5.npz", "k6-s3.npz"}
     again = vi.synthetic_validation(
-        load_config(None, list(vi.QUICK_OVERRIDES)), cache_dir=tmp_path / "cache", quick=True, log=lambda s: None
+        load_config(None, [*vi.QUICK_OVERRIDES, *SMALL]), cache_dir=tmp_path / "cache", quick=True, log=lambda s: None
     )
     assert all(again["cached"].values())
     assert again["candidates"]["ks_loss"]["per_dataset"] == syn["candidates"]["ks_loss"]["per_dataset"]

@@ -67,9 +67,9 @@ class Correlation:
         return out
 
 
-def spearman(x, y, *, min_n: int = 3) -> Correlation:
+def spearman(x, y, *, min_n: int = 3, p_value: bool = True) -> Correlation:
     """Spearman's rho (scipy, ties averaged) over the pairs where both values are finite, with a
-    permutation p-value (`spearman_p_value`).
+    permutation p-value (`spearman_p_value`; None when p_value=False, for bootstrap loops that need rho only).
 
     Undefined (rho None, with the reason) with fewer than `min_n` pairs or when either side is constant:
     a rank correlation of 2 points, or of a constant, says nothing."""
@@ -82,7 +82,7 @@ def spearman(x, y, *, min_n: int = 3) -> Correlation:
     if n < min_n or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
         return Correlation(None, None, n, f"needs >= {min_n} pairs with distinct values")
     rho = float(stats.spearmanr(x[ok], y[ok]).statistic)
-    return Correlation(rho, spearman_p_value(x[ok], y[ok]), n)
+    return Correlation(rho, spearman_p_value(x[ok], y[ok]) if p_value else None, n)
 
 
 EXACT_UP_TO = 8
@@ -120,6 +120,6 @@ def spearman_p_value(x, y) -> float:
 
 
 def spearman_rho(x, y, *, min_n: int = 3) -> float:
-    """`spearman(x, y).rho` as a float, nan when undefined."""
-    rho = spearman(x, y, min_n=min_n).rho
+    """`spearman(x, y).rho` as a float, nan when undefined (no p-value computed)."""
+    rho = spearman(x, y, min_n=min_n, p_value=False).rho
     return math.nan if rho is None else rho

@@ -60,6 +60,8 @@ class ModelSource:
     sha256: str | None = None
     gguf_file_type: str | None = None
     """The GGUF quantization of the original weights (e.g. Q4_1), which the full-precision copy inherits."""
+    gguf_tensor_types: dict[str, int] | None = None
+    """Tensors per GGUF type (e.g. {"Q4_1": 210, "Q8_0": 1, "F32": 61}: the output head may differ)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -121,6 +123,21 @@ def gguf_file_type(path: Path) -> str | None:
     return re.sub(r"^(MOSTLY_|ALL_)", "", name)
 
 
+def gguf_tensor_types(path: Path) -> dict[str, int] | None:
+    """How many tensors of each GGUF type the file holds (e.g. {"Q4_1": 210, "Q8_0": 1, "F32": 61})."""
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        counts: dict[str, int] = {}
+        for tensor in reader.tensors:
+            name = gguf.GGMLQuantizationType(int(tensor.tensor_type)).name
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+    except Exception:  # the counts are provenance, never a reason to fail
+        return None
+
+
 def resolve_model_source(name: str, *, builtin_prefix: str = "builtin:") -> ModelSource:
     """Classify a model spelling (no download, no conversion)."""
     if name.startswith(builtin_prefix):
@@ -163,7 +180,15 @@ def materialize_gguf(source: ModelSource, *, echo=None) -> ModelSource:
     record = read_json(record_path, what="converted-model record", fix=f"delete {target} to convert the model again.")
     if record.get("sha256") != digest:
         raise ModelError(f"{target} does not hold {gguf_path} (digest differs); delete it to convert again.")
-    return ModelSource(source.spelling, "gguf", str(target), str(gguf_path), digest, record.get("gguf_file_type"))
+    return ModelSource(
+        source.spelling,
+        "gguf",
+        str(target),
+        str(gguf_path),
+        digest,
+        record.get("gguf_file_type"),
+        record.get("gguf_tensor_types"),
+    )
 
 
 def _convert_gguf(gguf_path: Path, target: Path, digest: str, *, echo=None) -> None:
@@ -202,6 +227,7 @@ def _convert_gguf(gguf_path: Path, target: Path, digest: str, *, echo=None) -> N
                 "gguf_file": str(gguf_path),
                 "sha256": digest,
                 "gguf_file_type": gguf_file_type(gguf_path),
+                "gguf_tensor_types": gguf_tensor_types(gguf_path),
                 "dequantized_to": "float32",
                 "converter": "transformers.from_pretrained(gguf_file=...)",
                 "cache_version": GGUF_CACHE_VERSION,

@@ -215,8 +215,14 @@ def _summary_section(report: dict[str, Any]) -> Section:
     source = prov.get("model_source") or {}
     if source.get("gguf_file_type"):
         paras.append(
-            f"The base weights were dequantized from GGUF {lit(source['gguf_file_type'])} ({code(Path(source.get('gguf_file', '')).name)}): "
-            "the full-precision reference already sits on that grid, which quantizers aligned with it reproduce exactly."
+            f"The base weights were dequantized from GGUF {lit(source['gguf_file_type'])} ({code(Path(source.get('gguf_file', '')).name)}"
+            + (
+                f"; tensors: {lit(', '.join(f'{n} {k}' for k, n in source['gguf_tensor_types'].items()))}"
+                if source.get("gguf_tensor_types")
+                else ""
+            )
+            + "): the full-precision reference already sits on that grid, which a quantizer aligned with it reproduces, "
+            "rounding the fine-tuning back toward the base (docs/science.md section 3)."
         )
     return Section("Summary", paras, anchor="summary")
 

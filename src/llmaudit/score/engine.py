@@ -67,6 +67,26 @@ def cpu_vocab_tile(rows: int, vocab: int) -> int:
     return min(vocab, max(1, per_tile // (4 * rows)))
 
 
+def merge_tiles(
+    stats: torch.Tensor, target_logit: torch.Tensor, *, vocab_stats: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Per-tile statistics [2 or 4, tiles, C] (max, sum of exp(x - max), and with vocab_stats the
+    p-weighted mean and variance of x) merged over the tiles: log-sum-exp, and the law of total variance
+    (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once). Returns the NLL of the
+    targets and, with vocab_stats, the mean and std of log p under the model's distribution."""
+    top = stats[0].amax(0)
+    weights = stats[1] * torch.exp(stats[0] - top)  # [tiles, C]: each tile's share of the mass
+    total = weights.sum(0)
+    lse = top + total.log()
+    nll = lse - target_logit
+    if not vocab_stats:
+        return nll, None, None
+    tile_mean, tile_var = stats[2], stats[3]
+    mean = (weights * tile_mean).sum(0) / total
+    spread = (weights * (tile_var + (tile_mean - mean).square())).sum(0)  # within + between tiles
+    return nll, mean - lse, (spread / total).clamp_min(0).sqrt()
+
+
 @torch.no_grad()
 def head_scores(
     head: torch.nn.Linear, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, vocab_tile: int
@@ -117,17 +137,7 @@ def head_scores(
         x.sub_(mean[:, None])
         torch.sum(torch.mul(w.mul_(x), x, out=scratch), 1, out=stats[3, t]).div_(w_sum)
         mean.add_(m)
-    top = stats[0].amax(0)
-    weights = stats[1] * torch.exp(stats[0] - top)  # [tiles, C]: each tile's share of the mass
-    total = weights.sum(0)
-    lse = top + total.log()
-    nll = lse - target_logit
-    if not vocab_stats:
-        return nll, None, None
-    tile_mean, tile_var = stats[2], stats[3]
-    mean = (weights * tile_mean).sum(0) / total
-    spread = (weights * (tile_var + (tile_mean - mean).square())).sum(0)  # within + between tiles
-    return nll, mean - lse, (spread / total).clamp_min(0).sqrt()
+    return merge_tiles(stats, target_logit, vocab_stats=vocab_stats)
 
 
 # Bytes of logits, and of the same-sized temporaries made from them, that one head call may hold at once
@@ -243,17 +253,7 @@ def _vocab_tiled_head_scores(
         stats[3, t].copy_(torch.linalg.vecdot(w.mul_(x), x)).div_(w_sum)
         mean.add_(m)
         del w
-    top = stats[0].amax(0)
-    weights = stats[1] * torch.exp(stats[0] - top)  # [tiles, C]: each tile's share of the mass
-    total = weights.sum(0)
-    lse = top + total.log()
-    nll = lse - target_logit
-    if not vocab_stats:
-        return nll, None, None
-    tile_mean, tile_var = stats[2], stats[3]
-    mean = (weights * tile_mean).sum(0) / total
-    spread = (weights * (tile_var + (tile_mean - mean).square())).sum(0)  # within + between tiles
-    return nll, mean - lse, (spread / total).clamp_min(0).sqrt()
+    return merge_tiles(stats, target_logit, vocab_stats=vocab_stats)
 
 
 def plain_modules(model: Any) -> bool:
@@ -303,6 +303,9 @@ def _score_batch(
             parts.append(bounded_head_scores(head, h_c, t_c, vocab_stats=vocab_stats, max_bytes=head_logits_bytes))
     none = [torch.zeros(0)]  # a batch of one-token samples has no scored position
     nll_np = torch.cat([p[0] for p in parts] or none).cpu().numpy()
+    # A negative log-likelihood is >= 0; a token the model is sure of (p ~ 1) can come out at -1e-7 from
+    # float rounding of logsumexp - logit. Clamp that rounding, never a real value.
+    np.maximum(nll_np, 0.0, out=nll_np)
     mu_np = torch.cat([p[1] for p in parts] or none).cpu().numpy() if vocab_stats else None
     sd_np = torch.cat([p[2] for p in parts] or none).cpu().numpy() if vocab_stats else None
     out, offset = [], 0

@@ -11,6 +11,7 @@ is ever scored twice; every unit scored is appended to scores/worklog.jsonl.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from llmaudit.common.errors import UserError
-from llmaudit.common.io import atomic_write_json
+from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.common.runtime import pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.records import record_text
@@ -85,6 +86,29 @@ def _record_quantizer(store: RunStore, quantizer: Quantizer, qmodel: Any) -> Non
             "options": quantizer.options,
         },
     )
+
+
+def check_recorded_options(store: RunStore, quantizers: dict[str, Quantizer]) -> None:
+    """A quantizer name means one set of options in a store: its units scored earlier must not be mixed
+    with units scored under other options (the report would show them as one quantizer)."""
+    for name, q in quantizers.items():
+        path = store.quantizer_info_path(name)
+        if not path.exists():
+            continue
+        recorded = read_json(path, what="quantizer record").get("options") or {}
+        mine = {k: v for k, v in q.options.items() if k != "device"}
+        theirs = {k: v for k, v in recorded.items() if k != "device"}
+        if _jsonable(mine) != _jsonable(theirs):
+            diff = sorted(k for k in set(mine) | set(theirs) if _jsonable(mine.get(k)) != _jsonable(theirs.get(k)))
+            raise StoreError(
+                f"{name} was scored in {store.root} with other options ({', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}; "
+                f"now {', '.join(f'{k}={mine.get(k)!r}' for k in diff)}): keep the recorded options, or score into a new run "
+                "directory; mixing them would report two quantizers as one."
+            )
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
 
 
 def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Quantizer]:
@@ -240,6 +264,7 @@ def score(
     {"units", "scored", "taken_by_others", "seconds"}."""
     device = pick_device(cfg.score.device)
     quantizers = check_quantizers(cfg, device)
+    check_recorded_options(store, quantizers)
     store.update_config(cfg)
     mine, todo = _todo(cfg, store, shard, deep=deep_verify, echo=echo)
     echo(

@@ -157,12 +157,17 @@ def _first_bad_row(df: pd.DataFrame, bad_tokens: np.ndarray, offsets: np.ndarray
     return df.iloc[row][["run", "checkpoint", "quantizer", "sample_id"]].to_dict()
 
 
+NEGATIVE_TOLERANCE = 1e-4
+"""A token NLL is >= 0; tables written by other tools may carry float rounding of about -1e-7 for tokens
+with p ~ 1 (llmaudit clamps it), so only values below -1e-4 are refused."""
+
+
 def _check_token_columns(df: pd.DataFrame, source: str) -> None:
     """Per-token values: finite non-negative NLLs whose mean is the row's loss; finite vocabulary statistics
     (std >= 0); positive zlib lengths. A NaN hidden in token_losses would change min-k% and Min-K%++."""
     flat = _flat(df["token_losses"], source, "token_losses")
     offsets = np.concatenate([[0], np.cumsum(df["n_tokens"].to_numpy())])[:-1]
-    bad = ~np.isfinite(flat) | (flat < 0)
+    bad = ~np.isfinite(flat) | (flat < -NEGATIVE_TOLERANCE)
     if bad.any():
         raise LossTableError(
             f"{source}: token_losses hold {int(bad.sum())} non-finite or negative value(s), first at "
@@ -202,7 +207,7 @@ def to_arrow(df: pd.DataFrame) -> pa.Table:
 
 def write_loss_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Validate and write atomically as parquet."""
-    df = validate_loss_table(df)
+    df = validate_loss_table(df, source=str(path))
     buf = io.BytesIO()
     pq.write_table(to_arrow(df), buf, compression="zstd")
     return atomic_write_bytes(path, buf.getvalue())
