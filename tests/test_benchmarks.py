@@ -206,3 +206,17 @@ def test_gpu_check_helpers(tmp_path):
         assert found is not None and found.name == gc.SMOLLM2_GGUF and found.stat().st_size > 50 * 2**20
     else:
         assert found is None
+
+
+def test_bench_plan_settings_are_valid_recipes_and_the_demo_is_among_them():
+    """benchmarks/bench_plan.py times real audits (minutes): here only its settings, so it cannot rot unseen."""
+    from llmaudit.config import load_recipe
+
+    spec = importlib.util.spec_from_file_location("bench_plan", SCRIPT.with_name("bench_plan.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.SETTINGS["demo"] == ["demo-cpu"]
+    cfgs = {name: load_recipe(args[0], args[1:]) for name, args in mod.SETTINGS.items()}
+    demo = cfgs["demo"]
+    assert cfgs["more-runs"].train.runs > demo.train.runs
+    assert set(demo.score.quantizers) < set(cfgs["more-quantizers"].score.quantizers)

@@ -43,6 +43,7 @@ def test_registry_is_complete_and_consistent():
         "tv_gauss_margin",
         "qdistortion_angle",
         "qflip_late",
+        "heldout_loss_control",
     ]
     for name, c in ind.CANDIDATES.items():
         assert c.name == name and c.version == f"{name}/1"
@@ -56,6 +57,11 @@ def test_registry_is_complete_and_consistent():
         "qdistortion_angle",
         "qflip_late",
     }
+    assert [n for n, c in ind.CANDIDATES.items() if c.family in ind.CONTROL_FAMILIES] == [
+        "qdistortion_angle",
+        "qflip_late",
+        "heldout_loss_control",
+    ]
     # the pre-registered hyper-parameters
     assert math.log(2) == ind.YEOM01_THRESHOLD and math.log(100) == ind.YEOM_CE_BOUND
     assert ind.MARGIN_LOSS_CLIP == (1e-6, 30.0) and ind.TV_GRID == 4001 and ind.QFLIP_LAST == 10 and ind.DDOF == 1
@@ -160,6 +166,9 @@ def test_controls_by_hand():
     assert float(ind.qflip_late(long)) == 0.0
     long[-1, 0] = 2.0  # one of 4 parameters changes in the last pair: -(1/4)/10
     assert float(ind.qflip_late(long)) == pytest.approx(-0.025)
+    # the damage control: the mean held-out loss of the last row only; [2, 2, 2] runs -> [2]
+    assert float(ind.heldout_loss_control(VAL)) == 3.0
+    assert ind.heldout_loss_control(np.stack([VAL, VAL + 1.0])).tolist() == [3.0, 4.0]
 
 
 def test_orientation_higher_is_more_secure():

@@ -11,6 +11,7 @@ from llmaudit.common.stats import (
     bootstrap_mean_interval,
     finite_mean,
     finite_values,
+    partial_spearman,
     percentile_interval,
     spearman,
     spearman_rho,
@@ -76,3 +77,27 @@ def test_spearman_p_value_is_exact_for_few_pairs_and_never_the_t_approximation()
     assert stats.spearmanr([1, 2, 3, 4, 5], [2, 4, 6, 8, 10]).pvalue < 1e-10  # what the approximation says
     many = spearman(np.arange(13), np.arange(13)[::-1])
     assert 0 < many.p_value < 1e-3
+
+
+def test_partial_spearman_is_the_textbook_formula_on_spearman_rhos():
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=12)
+    x, y = z + rng.normal(size=12), z + rng.normal(size=12)
+
+    def rho(a, b):
+        return stats.spearmanr(a, b).statistic
+
+    want = (rho(x, y) - rho(x, z) * rho(y, z)) / math.sqrt((1 - rho(x, z) ** 2) * (1 - rho(y, z) ** 2))
+    got = partial_spearman(x, y, z)
+    assert got.rho == pytest.approx(want, rel=1e-10) and got.n == 12
+    t = want * math.sqrt(9 / (1 - want * want))
+    assert got.p_value == pytest.approx(2 * stats.t.sf(abs(t), 9), rel=1e-8)
+    # non-finite triples are dropped; too few, or x fully explained by z: undefined with the reason
+    x_nan = x.copy()
+    x_nan[0] = math.nan
+    assert partial_spearman(x_nan, y, z).n == 11
+    assert partial_spearman(x[:3], y[:3], z[:3]).rho is None
+    lin = partial_spearman(2 * z, y, z)
+    assert lin.rho is None and "control" in lin.reason
+    with pytest.raises(ValueError, match="paired"):
+        partial_spearman(x, y, z[:5])

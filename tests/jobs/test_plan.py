@@ -39,3 +39,22 @@ def test_plan_for_a_named_gpu_uses_its_published_peak(tiny_cfg):
     ratio = h100["throughput"]["score_tokens_per_s"] / a100["throughput"]["score_tokens_per_s"]
     assert abs(ratio - 989 / 312) < 1e-9
     assert h100["estimate"]["parallel_total_s"] < h100["estimate"]["total_s"]
+
+
+def test_offline_plan_of_a_hub_recipe_prices_the_published_shape(monkeypatch, tmp_path):
+    """No hub here: the Qwen2.5 recipe is priced from the model's published shape, with the stand-in
+    tokenizer and offline records, and the plan says so."""
+    from llmaudit.config import load_recipe
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_recipe(
+        "qwen2.5-0.5b-smolinstruct",
+        ["data.pool_size=64", "data.val_size=16", "train.runs=2", "score.quantizers=[bf16, gptq-4]"],
+    )
+    plan = make_plan(cfg, device="h100", jobs=2, echo=lambda *a: None)
+    assert 490e6 < plan["workload"]["model_parameters"] < 500e6  # Qwen2.5-0.5B: 494M with tied embeddings
+    assert len(plan["assumptions"]) == 1 and "published shape" in plan["assumptions"][0]
+    assert plan["workload"]["runs"] == 2 and plan["workload"]["gptq_calibrations"] > 0
+    text = format_plan(plan)
+    assert "assumption      Qwen/Qwen2.5-0.5B-Instruct or its data could not be reached" in text

@@ -380,3 +380,24 @@ def test_markdown_is_compact_and_keeps_per_run_detail_in_json_only(experiment):
     assert "![r_Q per quantizer with 95% intervals](plots/r_q_intervals.png)" in md
     summary = render_markdown(report, only=("summary", "checklist"))
     assert "## Release checklist" in summary and "## Quantizer grid" not in summary
+
+
+def test_indicator_lines_carry_the_registry_status_and_the_damage_caveat(experiment):
+    """Each indicator's status and its beyond-damage answer come from the shipped registry; the summary warns
+    when the primary indicator did not track the attacks beyond damage on the validation grid."""
+    from llmaudit.analyze.indicators import validation_of
+    from llmaudit.report.view import DAMAGE_CAVEAT
+
+    report = json.loads(experiment["outputs"]["json"])
+    summary = report["indicators"]
+    primary = next(i for i in summary["indicators"] if i["name"] == summary["primary"])
+    recorded = validation_of(primary["name"])
+    assert primary["status"] == recorded["status"]
+    assert primary["beyond_damage"] == recorded["beyond_damage"]["answer"]
+    caveat = " ".join(DAMAGE_CAVEAT.split())
+    for answer, shown in (("yes", False), ("not measured", False), ("no", True)):
+        changed = copy.deepcopy(report)
+        for i in changed["indicators"]["indicators"]:
+            i["beyond_damage"] = answer
+        summary_md = render_markdown(changed, only=("summary",))
+        assert (caveat.split(":")[0] in " ".join(summary_md.split())) == shown, answer

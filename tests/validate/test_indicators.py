@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from llmaudit.analyze.indicators import CANDIDATES, REASON_PARAMETERS
+from llmaudit.analyze.indicators import CANDIDATES, CONTROL_FAMILIES, REASON_PARAMETERS
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.store.losstable import write_loss_table
 from llmaudit.validate import indicators as vi
@@ -40,7 +41,12 @@ def test_quick_mode_end_to_end_and_cache(tmp_path):
     pub, neg = syn["candidates"]["rq_published"], syn["candidates"]["rq_negated"]
     assert neg["mean_spearman"] == pytest.approx(-pub["mean_spearman"])
     # quick mode never counts; no store: every candidate is "not validated"
-    assert {s["status"] for s in res["status"].values()} == {"not validated"}
+    # (controls are never eligible: "control", with what the rule alone would say)
+    for name, s in res["status"].items():
+        if CANDIDATES[name].family in CONTROL_FAMILIES:
+            assert s["status"] == "control" and s["rule_outcome"] == "not validated", name
+        else:
+            assert s["status"] == "not validated", name
     saved = read_json(tmp_path / "indicators.json")
     assert saved["status"]["rq_published"]["criteria"]["synthetic"]["status"] == "not measured"
     md = (tmp_path / "indicators.md").read_text()
@@ -186,6 +192,12 @@ def test_store_validation_on_a_hand_made_store(store_dir):
     assert traj["spearman_vs_auroc"]["ref"]["rho"] is None
     assert res["candidates"]["qflip_late"]["reason"] == REASON_PARAMETERS
     assert res["candidates"]["rq_published"]["computable"]  # the held-out trajectory is there
+    # the damage control: mean held-out loss at the final checkpoint, rising with j by 0.01 per quantizer
+    dmg = res["candidates"]["heldout_loss_control"]["means"]
+    assert [dmg[q] for q in QUANTIZERS] == pytest.approx([2.1 + 0.01 * j for j in range(5)])
+    # gap and damage rise together here: once damage is partialled out, nothing is left to correlate
+    part = gap["partial_vs_auroc_given_damage"]
+    assert set(part) == {"ref", "lira_offline"} and part["ref"]["rho"] is None
 
 
 def test_store_validation_from_a_table_and_without_result(store_dir):
@@ -205,7 +217,11 @@ def test_store_validation_from_a_table_and_without_result(store_dir):
 def test_validation_status_rule():
     synth = {
         "quick": False,
-        "candidates": {"gap_std_final": {"mean_spearman": 0.93}, "rq_published": {"mean_spearman": -0.80}},
+        "candidates": {
+            "gap_std_final": {"mean_spearman": 0.93},
+            "rq_published": {"mean_spearman": -0.80},
+            "heldout_loss_control": {"mean_spearman": 0.95},
+        },
     }
 
     def store(rho, p, attack="ref", computable=True):
@@ -214,7 +230,7 @@ def test_validation_status_rule():
             "reported": True,
             "candidates": {
                 n: {"computable": computable, "spearman_vs_auroc": {attack: {"rho": rho, "p_value": p}}}
-                for n in ("gap_std_final", "rq_published")
+                for n in ("gap_std_final", "rq_published", "heldout_loss_control")
             },
         }
 
@@ -229,6 +245,9 @@ def test_validation_status_rule():
     assert status("gap_std_final", []) == "not validated"
     assert status("gap_std_final", [store(None, None)]) == "not validated"
     assert status("rq_published", [store(-0.9, 0.001)]) == "failed"  # synthetic < 0.86
+    # a control meets the rule and still is never eligible
+    ctrl = vi.validation_status("heldout_loss_control", {"synthetic": synth, "stores": [store(-0.9, 0.001)]})
+    assert ctrl["status"] == "control" and ctrl["rule_outcome"] == "passed"
     assert status("gap_std_final", [store(-0.9, 0.001)], syn={**synth, "quick": True}) == "not validated"
     full = vi.validation_status("gap_std_final", {"synthetic": synth, "stores": [store(-0.9, 0.001)]})
     assert full["criteria"]["synthetic"] == {
@@ -258,3 +277,51 @@ def test_default_stores_are_the_real_model_recipes_stores(tmp_path, monkeypatch)
     for recipe in vi.REAL_MODEL_RECIPES:
         (tmp_path / "llmaudit-out" / recipe / "scores").mkdir(parents=True)
     assert vi.default_stores() == [tmp_path / "llmaudit-out" / r for r in vi.REAL_MODEL_RECIPES]
+
+
+def test_the_shipped_registry_follows_the_pass_rule_from_its_own_numbers():
+    """Every status in llmaudit/analyze/indicator_validation.json (what reports print) is what the pass rule
+    gives on the numbers recorded beside it, for the current candidate versions."""
+    from llmaudit.analyze.indicators import validation_registry
+
+    reg = validation_registry()
+    assert set(reg["candidates"]) == set(CANDIDATES)
+    for name, entry in reg["candidates"].items():
+        assert entry["version"] == CANDIDATES[name].version, name
+        syn = entry["synthetic"]
+        results = {
+            "synthetic": None
+            if syn is None
+            else {"quick": syn["quick"], "candidates": {name: {"mean_spearman": syn["mean_spearman"]}}},
+            "stores": [
+                {
+                    "source": e["store"],
+                    "reported": True,
+                    "candidates": {
+                        name: {"spearman_vs_auroc": {e["attack"]: {"rho": e["rho"], "p_value": e["p_value"]}}}
+                    },
+                }
+                for e in entry["real"]["evidence"]
+            ],
+        }
+        assert vi.validation_status(name, results)["status"] == entry["status"], name
+    # only a passed candidate may drive a checklist criterion; a control never passes
+    for name, entry in reg["candidates"].items():
+        if CANDIDATES[name].family in CONTROL_FAMILIES:
+            assert entry["status"] == "control", name
+
+
+def test_registry_from_results_records_status_numbers_and_the_damage_check(store_dir, tmp_path):
+    res = vi.validate_indicators_command(tmp_path / "out", synthetic=False, stores=[store_dir], log=lambda s: None)
+    reg = read_json(tmp_path / "out" / "registry.json")
+    assert reg == json.loads(
+        json.dumps(vi.registry_from_results(res, measured=reg["measured"], command=reg["command"]))
+    )
+    assert reg["command"] == f"llmaudit validate indicators --out {tmp_path / 'out'} --store {store_dir} --no-synthetic"
+    gap = reg["candidates"]["gap_std_final"]
+    assert gap["status"] == "not validated" and gap["synthetic"] is None
+    assert gap["real"]["status"] == "passed" and len(gap["real"]["evidence"]) == 2
+    # the hand-made store's gap rises with its damage: nothing is left once damage is partialled out
+    assert gap["beyond_damage"]["answer"] == "not measured"
+    assert reg["real_stores"] == [{"source": str(store_dir), "quantizers": QUANTIZERS, "runs": [0, 1]}]
+    assert reg["candidates"]["heldout_loss_control"]["status"] == "control"

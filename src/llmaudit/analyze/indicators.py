@@ -71,7 +71,10 @@ ORIENTATION = "higher = more secure"
 FAMILY_TRAJECTORY = "trajectory-only"
 FAMILY_GAP = "member vs held-out"
 FAMILY_CONTROL = "control (no data)"
-FAMILIES = (FAMILY_TRAJECTORY, FAMILY_GAP, FAMILY_CONTROL)
+FAMILY_DAMAGE = "control (held-out loss)"
+FAMILIES = (FAMILY_TRAJECTORY, FAMILY_GAP, FAMILY_CONTROL, FAMILY_DAMAGE)
+CONTROL_FAMILIES = (FAMILY_CONTROL, FAMILY_DAMAGE)
+"""Controls are measured beside the candidates to show what the validation can tell apart; never eligible."""
 
 PREREGISTRATION = {
     "fixed_at": "2026-11-30T16:39:14Z",
@@ -325,6 +328,16 @@ def qflip_late(theta_q_traj: Any) -> np.ndarray:
     return -changed[..., -QFLIP_LAST:].mean(-1)
 
 
+def heldout_loss_control(val: Any) -> np.ndarray:
+    """CONTROL (held-out losses only, no membership): the mean held-out loss at the final checkpoint, i.e.
+    how much the quantizer damages the model. Added after the first real-model run (not pre-registered) to
+    ask whether a candidate tracks the attacks beyond damage: a quantizer that destroys the model also
+    destroys every attack, so damage alone ranks quantizers by attack AUROC.
+
+    val [..., K, n_val] (last row) -> [...]."""
+    return _f64(val)[..., -1, :].mean(-1)
+
+
 # ---- registry -----------------------------------------------------------------------------------------
 
 CHECKPOINTS_TRAJECTORY = "trajectory"
@@ -510,6 +523,15 @@ CANDIDATES: dict[str, Candidate] = {
             "-mean_{last 10 pairs} frac(Q(theta_k) != Q(theta_k-1))  [CONTROL, trajectory-only]",
             FAMILY_CONTROL,
         ),
+        Candidate(
+            "heldout_loss_control",
+            "heldout_loss_control/1",
+            heldout_loss_control,
+            ("val",),
+            _F,
+            "mean L_val at the final checkpoint  [CONTROL, damage; added after the real-model run]",
+            FAMILY_DAMAGE,
+        ),
     ]
 }
 """The pre-registered candidates, in the order of the tables (docs/science.md section 8)."""
@@ -585,6 +607,8 @@ def _candidate_inputs(c: Candidate, x: _RunLosses, fp: _RunLosses | None, refere
         return REASON_PARAMETERS
     if x.val_ckpts.size == 0:
         return "no held-out (val) rows for this run and quantizer"
+    if c.checkpoints == CHECKPOINTS_FINAL and "train" not in c.inputs:
+        return {"val": x.val[-1:]}
     if c.checkpoints == CHECKPOINTS_FINAL:
         rows = _final_rows(x)
         if isinstance(rows, str):

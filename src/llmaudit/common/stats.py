@@ -119,6 +119,36 @@ def spearman_p_value(x, y) -> float:
     return float(min(1.0, res.pvalue))
 
 
+def partial_spearman(x, y, z, *, min_n: int = 4) -> Correlation:
+    """Spearman's rho of x and y with z partialled out: the Pearson correlation of the residuals of rank(x)
+    and rank(y) after a least-squares line on rank(z) (ranks with ties averaged, over the triples where all
+    three are finite); two-sided p-value from Student's t with n - 3 degrees of freedom.
+
+    Undefined (rho None) with fewer than `min_n` triples or when a residual is constant."""
+    a = [np.asarray(v, dtype=np.float64).ravel() for v in (x, y, z)]
+    if not a[0].shape == a[1].shape == a[2].shape:
+        raise ValueError(f"partial_spearman needs paired samples; got {[v.size for v in a]} values.")
+    ok = np.isfinite(a[0]) & np.isfinite(a[1]) & np.isfinite(a[2])
+    n = int(ok.sum())
+    if n < min_n:
+        return Correlation(None, None, n, f"needs >= {min_n} triples")
+    rx, ry, rz = (stats.rankdata(v[ok]) for v in a)
+    design = np.column_stack([np.ones(n), rz])
+
+    def resid(v):
+        return v - design @ np.linalg.lstsq(design, v, rcond=None)[0]
+
+    ex, ey = resid(rx), resid(ry)
+    if np.ptp(ex) < 1e-12 or np.ptp(ey) < 1e-12:
+        return Correlation(None, None, n, "constant once the control is partialled out")
+    rho = float(np.clip(np.corrcoef(ex, ey)[0, 1], -1.0, 1.0))
+    df = n - 3
+    if abs(rho) >= 1.0:
+        return Correlation(rho, 0.0, n)
+    t = rho * math.sqrt(df / (1.0 - rho * rho))
+    return Correlation(rho, float(2.0 * stats.t.sf(abs(t), df)), n)
+
+
 def spearman_rho(x, y, *, min_n: int = 3) -> float:
     """`spearman(x, y).rho` as a float, nan when undefined (no p-value computed)."""
     rho = spearman(x, y, min_n=min_n, p_value=False).rho

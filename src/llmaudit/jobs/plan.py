@@ -503,4 +503,5 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append(
             f"  with {e['jobs']} parallel jobs: about {_duration(e['parallel_total_s'])} (each job loads the model once)"
         )
+    lines += [f"  assumption      {a}" for a in plan.get("assumptions") or []]
     return "\n".join(lines)

@@ -128,15 +128,15 @@ class GPTQQuantizer(Quantizer):
         from gptqmodel.nn_modules.qlinear import BaseQuantLinear
 
         expected = {name for name, _ in target_modules(model, self.options["modules"])}
-        config = QuantizeConfig(
-            bits=self.nbits,
-            group_size=self.options["group_size"],
-            desc_act=self.options["desc_act"],
-            sym=self.options["sym"],
-            damp_percent=self.options["damp_percent"],
-            dynamic=self._dynamic_exclusions(model),
-        )
         with tempfile.TemporaryDirectory(prefix="llmaudit-gptq-") as tmp, _quiet(os.path.join(tmp, "gptqmodel.log")):
+            config = QuantizeConfig(  # logs an INFO line on construction: inside _quiet
+                bits=self.nbits,
+                group_size=self.options["group_size"],
+                desc_act=self.options["desc_act"],
+                sym=self.options["sym"],
+                damp_percent=self.options["damp_percent"],
+                dynamic=self._dynamic_exclusions(model),
+            )
             source, packed = os.path.join(tmp, "source"), os.path.join(tmp, "quantized")
             model.save_pretrained(source)
             # GPTQModel.load always loads a tokenizer from the model directory; without tokenizer files

@@ -175,6 +175,7 @@ def indicators_summary(result: dict[str, Any], grid: list[dict[str, Any]]) -> di
                 "computable": bool(c.get("computable")),
                 "reason": c.get("reason"),
                 "status": validation.get("status", "not validated"),
+                "beyond_damage": (validation.get("beyond_damage") or {}).get("answer", "not measured"),
                 "synthetic_spearman": finite_or_none((validation.get("synthetic") or {}).get("mean_spearman")),
                 "values": values,
                 "ci": cis,

@@ -207,6 +207,7 @@ def _summary_section(report: dict[str, Any]) -> Section:
         paras.append(
             f"**{lit(primary['name'])} (candidate indicator, validation {lit(primary['status'])}) against the attacks: "
             f"{lit(primary['agreement']['verdict'])}.** {lit(primary['agreement']['sentence'])}"
+            + (DAMAGE_CAVEAT if primary.get("beyond_damage") == "no" else "")
         )
     if report.get("not_scored"):
         paras.append(
@@ -457,6 +458,13 @@ def _correlation_section(report: dict[str, Any]) -> Section:
     return Section("r_Q against attack success", paras, tables, anchor="correlation")
 
 
+DAMAGE_CAVEAT = (
+    " On the validation grid it did not track the attacks beyond damage: with the held-out loss partialled out, "
+    "its correlation with the attacks was not significant (docs/science.md section 8), so on a grid whose "
+    "quantizers differ mostly in how much they damage the model it says what the utility column says."
+)
+
+
 def _indicators_section(report: dict[str, Any]) -> Section | None:
     """The published r_Q and the candidate indicators side by side, with their validation status."""
     summary = report.get("indicators")
@@ -488,6 +496,7 @@ def _indicators_section(report: dict[str, Any]) -> Section | None:
         agree = (i.get("agreement") or {}).get("sentence") or "not comparable"
         bullets.append(
             f"{code(i['name'])} ({lit(i['version'])}, {lit(i['family'])}): validation {lit(i['status'])}; {syn}{lit(agree)}"
+            + (DAMAGE_CAVEAT if i.get("beyond_damage") == "no" else "")
         )
     for i in summary["indicators"]:
         if not i["computable"]:

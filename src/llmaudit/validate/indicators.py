@@ -41,6 +41,7 @@ import torch
 from llmaudit.analyze.indicator import ranking_stability
 from llmaudit.analyze.indicators import (
     CANDIDATES,
+    CONTROL_FAMILIES,
     ORIENTATION,
     PREREGISTRATION,
     candidates_from_table,
@@ -48,7 +49,7 @@ from llmaudit.analyze.indicators import (
 )
 from llmaudit.common.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from llmaudit.common.runtime import torch_threads
-from llmaudit.common.stats import percentile_interval, spearman, spearman_rho
+from llmaudit.common.stats import partial_spearman, percentile_interval, spearman, spearman_rho
 from llmaudit.config import RecipeError, load_recipe
 from llmaudit.store.losstable import read_loss_table
 from llmaudit.store.run_store import RunStore
@@ -75,6 +76,9 @@ PASS_SYNTHETIC_MEAN_SPEARMAN = 0.86
 """Pass rule, synthetic part: mean Spearman against the MIS at least the value the indicator paper reports."""
 PASS_P_VALUE = 0.05
 """Pass rule, real part: significance level of the Spearman test against an attack's AUROC."""
+DAMAGE_CONTROL = "heldout_loss_control"
+"""The damage control partialled out of every candidate's real-model correlation (an extra column, not part of
+the pre-registered pass rule)."""
 REAL_MODEL_RECIPES = ("smollm2-135m-cpu", "qwen2.5-0.5b-smolinstruct")
 """The shipped real-model recipes whose run stores (default output directories) are validated by default
 when they exist: the 2-core CPU audit of SmolLM2-135M-Instruct and the indicator paper's Qwen2.5 grid."""
@@ -475,9 +479,12 @@ def store_validation(
         reference = reference if reference is not None else res.get("reference_quantizer")
     if reference is not None and reference not in set(table["quantizer"].astype(str)):
         reference = None
+    if names is not None and DAMAGE_CONTROL not in names:
+        names = [*names, DAMAGE_CONTROL]  # the partial correlations below need it
     cand = candidates_from_table(
         table, reference_quantizer=reference, quantizers=quantizers, names=names, n_boot=n_boot, seed=seed
     )
+    damage = {q: e["mean"] for q, e in cand["candidates"][DAMAGE_CONTROL]["per_quantizer"].items()}
     aurocs = _aurocs(res) if res is not None else {}
     attacks = [a for a in SHOWN_ATTACKS if a in aurocs] + sorted(a for a in aurocs if a not in SHOWN_ATTACKS)
     out_c: dict[str, Any] = {}
@@ -491,6 +498,12 @@ def store_validation(
             d["significant_negative"] = c.rho is not None and c.p_value < PASS_P_VALUE and c.rho < 0
             d["significant_positive"] = c.rho is not None and c.p_value < PASS_P_VALUE and c.rho > 0
             corr[a] = d
+        partial = {}
+        for a in (x for x in GROUND_TRUTH_ATTACKS if x in aurocs):
+            qs = [q for q in cand["quantizers"] if q in aurocs[a]]
+            partial[a] = partial_spearman(
+                [means[q] for q in qs], [aurocs[a][q] for q in qs], [damage.get(q, math.nan) for q in qs]
+            ).to_dict("n_quantizers")
         out_c[n] = {
             **{k: entry[k] for k in ("name", "version", "family", "checkpoints", "formula", "orientation")},
             "computable": entry["computable"],
@@ -498,6 +511,7 @@ def store_validation(
             "means": means,
             "n_finite": {q: e["n_finite"] for q, e in entry["per_quantizer"].items()},
             "spearman_vs_auroc": corr,
+            "partial_vs_auroc_given_damage": partial,
         }
     return {
         "kind": "store",
@@ -578,6 +592,9 @@ def validation_status(name: str, results: Mapping[str, Any]) -> dict[str, Any]:
         crit_real["status"] = "passed" if neg and not pos else "failed"
     states = (crit_syn["status"], crit_real["status"])
     status = "failed" if "failed" in states else "passed" if states == ("passed", "passed") else "not validated"
+    if name in CANDIDATES and CANDIDATES[name].family in CONTROL_FAMILIES:
+        # a control is measured with the same rule to show what the rule can tell apart; never eligible
+        return {"status": "control", "rule_outcome": status, "criteria": {"synthetic": crit_syn, "real": crit_real}}
     return {"status": status, "criteria": {"synthetic": crit_syn, "real": crit_real}}
 
 
@@ -603,6 +620,9 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             if a in st["attacks"]:
                 gt = "" if a in GROUND_TRUTH_ATTACKS else " (not ground truth)"
                 head.append(f"store {i + 1}: rho (p) vs {a} AUROC{gt}")
+        for a in GROUND_TRUTH_ATTACKS:
+            if a in st["attacks"]:
+                head.append(f"extra, store {i + 1}: partial rho (p) vs {a} AUROC given held-out loss")
     head.append("status")
     lines = [
         "# Candidate attack-free indicators (docs/science.md section 8)",
@@ -653,7 +673,19 @@ def markdown_table(results: Mapping[str, Any]) -> str:
                     row.append("-")
                 else:
                     row.append(f"{corr['rho']:+.2f} ({corr['p_value']:.2g})")
-        row.append(results.get("status", {}).get(name, {}).get("status", "-"))
+            for a in GROUND_TRUTH_ATTACKS:
+                if a not in st["attacks"]:
+                    continue
+                part = (e or {}).get("partial_vs_auroc_given_damage", {}).get(a)
+                if e is None or not e["computable"]:
+                    row.append("not computable")
+                elif part is None or part.get("rho") is None:
+                    row.append("-")
+                else:
+                    row.append(f"{part['rho']:+.2f} ({part['p_value']:.2g})")
+        state = results.get("status", {}).get(name, {})
+        outcome = state.get("rule_outcome")
+        row.append(state.get("status", "-") + (f" (the rule alone: {outcome})" if outcome else ""))
         lines.append("| " + " | ".join(row) + " |")
     lines += [
         "",
@@ -662,6 +694,12 @@ def markdown_table(results: Mapping[str, Any]) -> str:
         + " or ".join(GROUND_TRUTH_ATTACKS)
         + ", none significantly positive. 'not computable': the store lacks the inputs (e.g. training-sample losses "
         "at every checkpoint) or the candidate is a data-free control needing parameters.",
+        "",
+        "Controls (family 'control ...') go through the same rule and are never eligible: they show what the rule "
+        f"can tell apart. The extra partial columns remove the damage control ({DAMAGE_CONTROL}, the mean held-out "
+        "loss) from both sides: a quantizer that destroys the model destroys every attack too, so a candidate that "
+        "tracks leakage beyond damage keeps a negative partial rho. They are not part of the pre-registered rule "
+        "(Student's t p-value, n - 3 degrees of freedom).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -701,5 +739,89 @@ def validate_indicators_command(
     results["files"] = {
         "json": str(atomic_write_json(out / "indicators.json", results)),
         "markdown": str(atomic_write_text(out / "indicators.md", markdown_table(results))),
+        "registry": str(
+            atomic_write_json(
+                out / "registry.json",
+                registry_from_results(
+                    results,
+                    command=" ".join(
+                        ["llmaudit validate indicators", "--out", str(out)]
+                        + [f"--store {s['source']}" for s in results["stores"]]
+                        + (["--quick"] if quick else [])
+                        + (["--no-synthetic"] if not synthetic else [])
+                        + list(overrides)
+                    ),
+                ),
+            )
+        ),
     }
     return results
+
+
+def beyond_damage(name: str, results: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether candidate `name` tracks the ground-truth attacks beyond the damage control on the real stores:
+    "yes" when some partial Spearman (damage partialled out) is significantly negative and none significantly
+    positive, "no" when they are measured and none is significantly negative, "not measured" otherwise."""
+    ev = []
+    for st in results.get("stores") or []:
+        entry = (st.get("candidates") or {}).get(name) or {}
+        if not st.get("reported") or not entry.get("computable"):
+            continue
+        for a, c in (entry.get("partial_vs_auroc_given_damage") or {}).items():
+            if c.get("rho") is not None:
+                ev.append({"store": st["source"], "attack": a, "rho": c["rho"], "p_value": c["p_value"]})
+    if not ev:
+        return {"answer": "not measured", "evidence": ev}
+    neg = any(e["rho"] < 0 and e["p_value"] < PASS_P_VALUE for e in ev)
+    pos = any(e["rho"] > 0 and e["p_value"] < PASS_P_VALUE for e in ev)
+    return {"answer": "yes" if neg and not pos else "no", "evidence": ev}
+
+
+def registry_from_results(
+    results: Mapping[str, Any], *, measured: str | None = None, command: str | None = None
+) -> dict[str, Any]:
+    """The registry llmaudit ships (`llmaudit/analyze/indicator_validation.json`, read by every report) from
+    the results of a full `validate_indicators_command`: per candidate its status and the numbers behind it,
+    and whether it tracks the attacks beyond damage (an extra, outside the pass rule)."""
+    synth = results.get("synthetic") or {}
+    cfg = synth.get("config") or {}
+    out: dict[str, Any] = {
+        "about": "Validation status of every candidate attack-free indicator (docs/science.md section 8), written "
+        "by `llmaudit validate indicators` (file registry.json of its output directory). A report labels each "
+        "indicator with its status; only a 'passed' indicator may drive a checklist criterion.",
+        "measured": measured or time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": command,
+        "synthetic_protocol": (
+            None
+            if not synth
+            else f"{len(synth.get('datasets', []))} data sets x {cfg.get('n_runs')} runs"
+            + (" (QUICK mode: does not count)" if synth.get("quick") else "")
+        ),
+        "real_stores": [
+            {"source": st["source"], "quantizers": st["quantizers"], "runs": st["runs"]}
+            for st in results.get("stores") or []
+            if st.get("reported")
+        ],
+        "candidates": {},
+    }
+    for name, c in CANDIDATES.items():
+        state = (results.get("status") or {}).get(name) or validation_status(name, results)
+        s = (synth.get("candidates") or {}).get(name)
+        real = dict(state["criteria"]["real"])
+        out["candidates"][name] = {
+            "status": state["status"],
+            **({"rule_outcome": state["rule_outcome"]} if "rule_outcome" in state else {}),
+            "version": c.version,
+            "family": c.family,
+            "synthetic": None
+            if s is None
+            else {
+                "mean_spearman": s["mean_spearman"],
+                "boot_sd": s["boot_sd"],
+                f"stability_{STATUS_K_RUNS}": s["stability"].get(str(STATUS_K_RUNS)),
+                "quick": bool(synth.get("quick")),
+            },
+            "real": real,
+            "beyond_damage": beyond_damage(name, results),
+        }
+    return out
