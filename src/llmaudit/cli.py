@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import typer
@@ -62,8 +64,6 @@ QUIET_LOGGERS = ("torchao", "bitsandbytes", "torch.utils._pytree")
 
 
 def _setup() -> None:
-    import warnings
-
     # Deprecation chatter from transformers/peft internals says nothing about the user's audit.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -223,8 +223,6 @@ def audit(
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
     """finetune, score and report in order. `llmaudit audit` alone runs the CPU demo (a few minutes)."""
-    import time
-
     t0 = time.time()
     recipe, overrides = split_recipe_args(list(args or []))
     cfg = config_from_recipe(recipe, overrides, out)

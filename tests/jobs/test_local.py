@@ -15,5 +15,7 @@ def test_two_local_processes_score_every_unit_once(tiny_cfg):
     assert result["processes"] == 2 and "2 scoring processes" in lines[0]
     done = [(w["run"], w["step"], w["quantizer"]) for w in read_work(store.worklog_path)]
     assert sorted(done) == sorted((u.run, u.step, u.quantizer) for u in plan_units(cfg, store))
+    # the store keeps the user's setting, not the children's
+    assert store.manifest()["config"]["score"]["processes"] == 2
     status = stage_status(store)
     assert not status["score"]["missing"] and not status["score"]["invalid"]

@@ -20,7 +20,7 @@ from llmaudit.analyze.experiment import analyze
 from llmaudit.common.io import atomic_write_json, to_strict_json
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.pool import membership_masks
-from llmaudit.report.build import build_report
+from llmaudit.report.build import build_report, indicator_agreement
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, recommend, release_checklist
 from llmaudit.report.schema import REPORT_SCHEMA, ReportSchemaError, validate_report
@@ -401,3 +401,35 @@ def test_indicator_lines_carry_the_registry_status_and_the_damage_caveat(experim
             i["beyond_damage"] = answer
         summary_md = render_markdown(changed, only=("summary",))
         assert (caveat.split(":")[0] in " ".join(summary_md.split())) == shown, answer
+
+
+@pytest.mark.parametrize(
+    ("rho", "p", "verdict", "tail"),
+    [
+        (-0.9, 0.001, "agrees", "so r_Q agrees with the attacks; by attack: 2 negative, 1 positive."),
+        (-0.3, 0.4, "leans the expected way (not significant)", "(not significant); by attack"),
+        (
+            0.9,
+            0.001,
+            "contradicts",
+            "so r_Q contradicts the attacks: it ranks quantizers as MORE secure where the attacks are STRONGER; by",
+        ),
+        (
+            0.3,
+            0.4,
+            "leans the opposite way (not significant)",
+            "(not significant): it tends to rank quantizers as more secure where the attacks are stronger; by",
+        ),
+    ],
+)
+def test_indicator_agreement_states_the_observed_sign_against_the_expected_one(rho, p, verdict, tail):
+    per_attack = {"attacks": {a: {"auroc": {"rho": v}} for a, v in (("loss", -0.5), ("ref", -0.2), ("zlib", 0.1))}}
+    out = indicator_agreement({"auroc": {"rho": rho, "p_value": p, "n_quantizers": 9}}, per_attack)
+    assert out["verdict"] == verdict
+    assert out["observed_sign"] == ("negative" if rho < 0 else "positive")
+    assert out["attacks_by_sign"] == {"negative": 2, "positive": 1}
+    assert out["sentence"].startswith(
+        f"Across 9 quantizers, Spearman(r_Q, best-attack AUROC) = {rho:+.2f} (p = {p:.2g})"
+    )
+    assert tail in out["sentence"]
+    assert "(not significant) the attacks" not in out["sentence"]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.stats import rankdata
 
 from llmaudit.data.records import record_text
 
@@ -58,8 +59,6 @@ def _pipeline(seed: int) -> Any:
 
 def _auroc(scores_in: np.ndarray, scores_out: np.ndarray) -> float:
     """P(score_in > score_out) + 0.5 P(equal): the Mann-Whitney form of the AUROC (ties count half)."""
-    from scipy.stats import rankdata
-
     ranks = rankdata(np.concatenate([scores_in, scores_out]))
     n_in, n_out = scores_in.size, scores_out.size
     return float((ranks[:n_in].sum() - n_in * (n_in + 1) / 2) / (n_in * n_out))

@@ -128,6 +128,39 @@ def merge_identical_points(losses: Any, *, atol: float = 0.0) -> list[list[int]]
     return groups
 
 
+def _rq_result(
+    arr: np.ndarray,
+    groups: list[list[int]],
+    order: np.ndarray,
+    means: np.ndarray,
+    r: float,
+    status: str,
+    delta: tuple[float, ...],
+    sigma2: tuple[float, ...],
+    profile: tuple[float, ...],
+    argmax_k: int | None,
+    ddof: int,
+    atol: float,
+) -> RQResult:
+    """The `RQResult` of `r_q_details` from its sorted points (groups, order, means) and the computed
+    per-point tuples, converted to plain Python numbers."""
+    return RQResult(
+        r_q=r,
+        status=status,
+        n_checkpoints=arr.shape[0],
+        n_points=len(order),
+        groups=tuple(tuple(g) for g in groups),
+        order=tuple(int(i) for i in order),
+        means=tuple(float(m) for m in means),
+        delta=delta,
+        sigma2=sigma2,
+        profile=profile,
+        argmax_k=argmax_k,
+        ddof=ddof,
+        atol=float(atol),
+    )
+
+
 def r_q_details(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> RQResult:
     """Algorithm 2 of the indicator paper (docs/science.md section 2, steps 2-4) with full diagnostics.
 
@@ -148,20 +181,8 @@ def r_q_details(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> RQResult:
     if n_points < 2 or arr.shape[1] - ddof <= 0:
         status = STATUS_UNDEFINED if n_points < 2 else f"undefined: n - ddof <= 0 (n = {arr.shape[1]})"
         zeros = (0.0,) * n_points
-        return RQResult(
-            r_q=math.nan,
-            status=status,
-            n_checkpoints=arr.shape[0],
-            n_points=n_points,
-            groups=tuple(tuple(g) for g in groups),
-            order=tuple(int(i) for i in order),
-            means=tuple(float(m) for m in means),
-            delta=zeros,
-            sigma2=zeros,
-            profile=(math.nan,) * n_points,
-            argmax_k=None,
-            ddof=ddof,
-            atol=float(atol),
+        return _rq_result(
+            arr, groups, order, means, math.nan, status, zeros, zeros, (math.nan,) * n_points, None, ddof, atol
         )
 
     delta = means - means[0]
@@ -181,20 +202,19 @@ def r_q_details(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> RQResult:
     else:
         r, status = 0.5 / worst, STATUS_OK
     argmax_k = None if status == STATUS_INFINITE else int(order[1 + int(np.argmax(ratio))])
-    return RQResult(
-        r_q=float(r),
-        status=status,
-        n_checkpoints=arr.shape[0],
-        n_points=n_points,
-        groups=tuple(tuple(g) for g in groups),
-        order=tuple(int(i) for i in order),
-        means=tuple(float(m) for m in means),
-        delta=tuple(float(d) for d in delta),
-        sigma2=tuple(float(s) for s in sigma2),
-        profile=(math.nan, *(float(p) for p in profile)),
-        argmax_k=argmax_k,
-        ddof=ddof,
-        atol=float(atol),
+    return _rq_result(
+        arr,
+        groups,
+        order,
+        means,
+        float(r),
+        status,
+        tuple(float(d) for d in delta),
+        tuple(float(s) for s in sigma2),
+        (math.nan, *(float(p) for p in profile)),
+        argmax_k,
+        ddof,
+        atol,
     )
 
 
@@ -414,6 +434,53 @@ def indicator_from_table(
     runs = sorted(int(r) for r in table["run"].unique())
     quantizers = sorted(str(q) for q in table["quantizer"].unique())
 
+    per_run, values, variant_values = _score_blocks(table, runs, quantizers, split, ddof, atol, variants)
+    per_quantizer = _aggregate_per_quantizer(values, variant_values, n_boot=n_boot, confidence=confidence, seed=seed)
+    if subset_sizes is None:
+        subset_sizes = sorted({k for k in DEFAULT_SUBSET_SIZES if k < len(runs)} | {len(runs)})
+    stability = ranking_stability(values, subset_sizes, n_resamples=n_resamples, seed=seed)
+
+    return {
+        "protocol": _indicator_protocol(split, ddof, atol, variants, n_boot, confidence, n_resamples, seed),
+        "runs": runs,
+        "quantizers": quantizers,
+        "per_run": per_run,
+        "per_quantizer": per_quantizer,
+        "stability": stability,
+    }
+
+
+def _run_entry(
+    block: pd.DataFrame, run: int, quantizer: str, split: str, ddof: int, atol: float, variants: Sequence[str]
+) -> dict[str, Any]:
+    """The `per_run` entry of one (run, quantizer) block of `indicator_from_table`: `r_q_details` of its
+    losses [K, n] with row indices translated into checkpoint steps, plus each variant's value."""
+    checkpoints, sample_ids, losses = loss_matrix(block, run=run, quantizer=quantizer, split=split)
+    try:
+        res = r_q_details(losses, ddof=ddof, atol=atol)
+    except ValueError as exc:
+        raise ValueError(f"run={run}, quantizer={quantizer!r}: {exc}") from exc
+    entry = {"run": run, "quantizer": quantizer, "n_samples": len(sample_ids), **res.to_dict()}
+    # Translate row indices into the table's checkpoint steps, which is what a reader needs.
+    entry["checkpoints"] = [int(c) for c in checkpoints]
+    entry["groups_checkpoints"] = [[int(checkpoints[j]) for j in g] for g in res.groups]
+    entry["argmax_checkpoint"] = None if res.argmax_k is None else int(checkpoints[res.argmax_k])
+    for v in variants:
+        entry[f"variant_{v}"] = VARIANTS[v](losses, ddof=ddof, atol=atol)
+    return entry
+
+
+def _score_blocks(
+    table: pd.DataFrame,
+    runs: list[int],
+    quantizers: list[str],
+    split: str,
+    ddof: int,
+    atol: float,
+    variants: Sequence[str],
+) -> tuple[list[dict[str, Any]], dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]:
+    """r_Q of every (run, quantizer) of `table`: (per_run entries, {quantizer: [R] r_Q},
+    {variant: {quantizer: [R] values}}); a pair without rows is a "missing: ..." entry, nan in the arrays."""
     per_run: list[dict[str, Any]] = []
     values: dict[str, np.ndarray] = {q: np.full(len(runs), math.nan) for q in quantizers}
     variant_values = {v: {q: np.full(len(runs), math.nan) for q in quantizers} for v in variants}
@@ -431,62 +498,66 @@ def indicator_from_table(
                     }
                 )
                 continue
-            checkpoints, sample_ids, losses = loss_matrix(blocks[run, q], run=run, quantizer=q, split=split)
-            try:
-                res = r_q_details(losses, ddof=ddof, atol=atol)
-            except ValueError as exc:
-                raise ValueError(f"run={run}, quantizer={q!r}: {exc}") from exc
-            values[q][i] = res.r_q
-            entry = {"run": run, "quantizer": q, "n_samples": len(sample_ids), **res.to_dict()}
-            # Translate row indices into the table's checkpoint steps, which is what a reader needs.
-            entry["checkpoints"] = [int(c) for c in checkpoints]
-            entry["groups_checkpoints"] = [[int(checkpoints[j]) for j in g] for g in res.groups]
-            entry["argmax_checkpoint"] = None if res.argmax_k is None else int(checkpoints[res.argmax_k])
+            entry = _run_entry(blocks[run, q], run, q, split, ddof, atol, variants)
+            values[q][i] = entry["r_q"]
             for v in variants:
-                variant_values[v][q][i] = entry[f"variant_{v}"] = VARIANTS[v](losses, ddof=ddof, atol=atol)
+                variant_values[v][q][i] = entry[f"variant_{v}"]
             per_run.append(entry)
+    return per_run, values, variant_values
 
+
+def _aggregate_per_quantizer(
+    values: Mapping[str, np.ndarray],
+    variant_values: Mapping[str, Mapping[str, np.ndarray]],
+    *,
+    n_boot: int,
+    confidence: float,
+    seed: int,
+) -> dict[str, dict[str, Any]]:
+    """`aggregate_r_q` of r_Q and of each variant per quantizer, then each quantizer's rank by mean r_Q."""
     per_quantizer: dict[str, dict[str, Any]] = {}
-    for q in quantizers:
+    for q in values:
         per_quantizer[q] = {"r_q": aggregate_r_q(values[q], n_boot=n_boot, confidence=confidence, seed=seed)}
-        for v in variants:
+        for v in variant_values:
             per_quantizer[q][f"variant_{v}"] = aggregate_r_q(
                 variant_values[v][q], n_boot=n_boot, confidence=confidence, seed=seed
             )
-    ranks = rank_quantizers({q: per_quantizer[q]["r_q"]["mean"] for q in quantizers})
-    for q in quantizers:
+    ranks = rank_quantizers({q: per_quantizer[q]["r_q"]["mean"] for q in values})
+    for q in values:
         per_quantizer[q]["rank"] = ranks[q]
+    return per_quantizer
 
-    if subset_sizes is None:
-        subset_sizes = sorted({k for k in DEFAULT_SUBSET_SIZES if k < len(runs)} | {len(runs)})
-    stability = ranking_stability(values, subset_sizes, n_resamples=n_resamples, seed=seed)
 
+def _indicator_protocol(
+    split: str,
+    ddof: int,
+    atol: float,
+    variants: Sequence[str],
+    n_boot: int,
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+) -> dict[str, Any]:
+    """The `protocol` block of `indicator_from_table`: the estimator, its conventions and the parameters used."""
     return {
-        "protocol": {
-            "estimator": ESTIMATOR,
-            "formula": "r_Q = 1/2 * [max_{k>=2} Var_j(L[k]-L[1]) / (m[k]-m[1])^2]^{-1}",
-            "split": split,
-            "ddof": ddof,
-            "merge_rule": ("rows with max_j |L[a,j]-L[b,j]| <= atol are one quantized point (greedy, row order)"),
-            "merge_atol": atol,
-            "sort": "ascending mean loss; stable for ties",
-            "edge_cases": {
-                "equal_means": "r_Q = 0.0",
-                "all_sigma2_zero": "r_Q = +inf",
-                "fewer_than_2_points": "r_Q = nan (undefined), counted in n_undefined",
-            },
-            "aggregation": "mean/std/bootstrap percentile CI over finite runs; median over defined runs",
-            "rank_by": "r_q mean (rank 1 = highest r_Q = most secure; ties averaged)",
-            "reference_run_skipped": REFERENCE_RUN,
-            "variants": list(variants),
-            "n_boot": n_boot,
-            "confidence": confidence,
-            "n_resamples": n_resamples,
-            "seed": seed,
+        "estimator": ESTIMATOR,
+        "formula": "r_Q = 1/2 * [max_{k>=2} Var_j(L[k]-L[1]) / (m[k]-m[1])^2]^{-1}",
+        "split": split,
+        "ddof": ddof,
+        "merge_rule": ("rows with max_j |L[a,j]-L[b,j]| <= atol are one quantized point (greedy, row order)"),
+        "merge_atol": atol,
+        "sort": "ascending mean loss; stable for ties",
+        "edge_cases": {
+            "equal_means": "r_Q = 0.0",
+            "all_sigma2_zero": "r_Q = +inf",
+            "fewer_than_2_points": "r_Q = nan (undefined), counted in n_undefined",
         },
-        "runs": runs,
-        "quantizers": quantizers,
-        "per_run": per_run,
-        "per_quantizer": per_quantizer,
-        "stability": stability,
+        "aggregation": "mean/std/bootstrap percentile CI over finite runs; median over defined runs",
+        "rank_by": "r_q mean (rank 1 = highest r_Q = most secure; ties averaged)",
+        "reference_run_skipped": REFERENCE_RUN,
+        "variants": list(variants),
+        "n_boot": n_boot,
+        "confidence": confidence,
+        "n_resamples": n_resamples,
+        "seed": seed,
     }

@@ -661,6 +661,114 @@ def _aggregate(values: np.ndarray, *, n_boot: int, confidence: float, seed: int)
     }
 
 
+def _candidate_value(
+    c: Candidate, x: _RunLosses, fp: _RunLosses | None, reference: str | None
+) -> tuple[float, str | None]:
+    """(value, reason) of candidate `c` for one (run, quantizer): nan with the reason when the table lacks its
+    inputs, the formula rejects them (ValueError) or the formula is undefined (nan); reason None otherwise."""
+    args = _candidate_inputs(c, x, fp, reference)
+    value, reason = math.nan, None
+    if isinstance(args, str):
+        reason = args
+    else:
+        try:
+            value = float(c.function(**args))
+        except ValueError as exc:
+            reason = f"not computable: {exc}"
+        else:
+            if math.isnan(value):
+                reason = REASON_NAN
+    return value, reason
+
+
+def _per_run_entry(run: int, quantizer: str, x: _RunLosses) -> dict[str, Any]:
+    """The `per_run` entry of one (run, quantizer) before its candidates are scored (empty values/reasons)."""
+    return {
+        "run": run,
+        "quantizer": quantizer,
+        "val_checkpoints": x.val_ckpts.tolist(),
+        "train_checkpoints": x.train_ckpts.tolist(),
+        "n_val": int(x.val.shape[1]) if x.val.size else 0,
+        "n_train": int(x.train.shape[1]) if x.train.size else 0,
+        "checkpoints_dropped": x.dropped,
+        "values": {},
+        "reasons": {},
+    }
+
+
+def _score_runs(
+    blocks: Mapping[tuple[int, str], pd.DataFrame],
+    runs: list[int],
+    quantizers: list[str],
+    names: list[str],
+    reference: str | None,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, np.ndarray]], dict[str, dict[str, Counter]]]:
+    """Every candidate for every (run, quantizer) block: (per_run entries, values {name: {quantizer: [R]}},
+    reasons {name: {quantizer: Counter of the reasons of the nan runs}})."""
+    per_run: list[dict[str, Any]] = []
+    values = {n: {q: np.full(len(runs), math.nan) for q in quantizers} for n in names}
+    reasons: dict[str, dict[str, Counter]] = {n: {q: Counter() for q in quantizers} for n in names}
+    for i, run in enumerate(runs):
+        fp = _run_losses(blocks[run, reference]) if reference is not None and (run, reference) in blocks else None
+        for q in quantizers:
+            x = _run_losses(blocks.get((run, q)))
+            entry = _per_run_entry(run, q, x)
+            for n in names:
+                value, reason = _candidate_value(CANDIDATES[n], x, fp, reference)
+                values[n][q][i] = value
+                entry["values"][n] = value
+                if reason is not None:
+                    entry["reasons"][n] = reason
+                    reasons[n][q][reason] += 1
+            per_run.append(entry)
+    return per_run, values, reasons
+
+
+def _candidate_summary(
+    name: str,
+    quantizers: list[str],
+    values: Mapping[str, np.ndarray],
+    reasons: Mapping[str, Counter],
+    *,
+    n_boot: int,
+    confidence: float,
+    seed: int,
+) -> dict[str, Any]:
+    """One candidate's entry of `candidates_from_table`: its description, whether any run is finite, the most
+    common reason otherwise, and per quantizer the aggregate over runs (`_aggregate`) with values and reasons."""
+    per_q = {}
+    for q in quantizers:
+        agg = _aggregate(values[q], n_boot=n_boot, confidence=confidence, seed=seed)
+        agg["values"] = values[q].tolist()
+        agg["reasons"] = dict(reasons[q])
+        per_q[q] = agg
+    computable = any(per_q[q]["n_finite"] > 0 for q in quantizers)
+    all_reasons = sum((reasons[q] for q in quantizers), Counter())
+    return {
+        **CANDIDATES[name].describe(),
+        "computable": computable,
+        "reason": None if computable else (all_reasons.most_common(1)[0][0] if all_reasons else "no runs"),
+        "per_quantizer": per_q,
+    }
+
+
+def _table_protocol(n_boot: int, confidence: float, seed: int) -> dict[str, Any]:
+    """The `protocol` block of `candidates_from_table`: the fixed mapping from a loss table to the inputs."""
+    return {
+        "orientation": ORIENTATION,
+        "held_out": "split 'val' rows of the run, every checkpoint (ascending; the last = the released model)",
+        "training_samples": "split 'pool' rows with member = True for the run, at every checkpoint where they exist",
+        "full_precision": "the reference quantizer's rows of the same run",
+        "skipped": f"run {REFERENCE_RUN} (the base model)",
+        "aggregation": "per quantizer: mean over runs with a finite value; percentile bootstrap of that mean over "
+        "runs; non-finite runs counted",
+        "n_boot": n_boot,
+        "confidence": confidence,
+        "seed": seed,
+        "preregistration": PREREGISTRATION,
+    }
+
+
 def candidates_from_table(
     df: pd.DataFrame,
     *,
@@ -698,74 +806,13 @@ def candidates_from_table(
     reference = reference_quantizer if reference_quantizer is not None else full_precision_reference(present)
     blocks = {(int(r), str(q)): g for (r, q), g in table.groupby(["run", "quantizer"], sort=False)}
 
-    per_run: list[dict[str, Any]] = []
-    values = {n: {q: np.full(len(runs), math.nan) for q in quantizers} for n in names}
-    reasons: dict[str, dict[str, Counter]] = {n: {q: Counter() for q in quantizers} for n in names}
-    for i, run in enumerate(runs):
-        fp = _run_losses(blocks[run, reference]) if reference is not None and (run, reference) in blocks else None
-        for q in quantizers:
-            x = _run_losses(blocks.get((run, q)))
-            entry: dict[str, Any] = {
-                "run": run,
-                "quantizer": q,
-                "val_checkpoints": x.val_ckpts.tolist(),
-                "train_checkpoints": x.train_ckpts.tolist(),
-                "n_val": int(x.val.shape[1]) if x.val.size else 0,
-                "n_train": int(x.train.shape[1]) if x.train.size else 0,
-                "checkpoints_dropped": x.dropped,
-                "values": {},
-                "reasons": {},
-            }
-            for n in names:
-                args = _candidate_inputs(CANDIDATES[n], x, fp, reference)
-                value, reason = math.nan, None
-                if isinstance(args, str):
-                    reason = args
-                else:
-                    try:
-                        value = float(CANDIDATES[n].function(**args))
-                    except ValueError as exc:
-                        reason = f"not computable: {exc}"
-                    else:
-                        if math.isnan(value):
-                            reason = REASON_NAN
-                values[n][q][i] = value
-                entry["values"][n] = value
-                if reason is not None:
-                    entry["reasons"][n] = reason
-                    reasons[n][q][reason] += 1
-            per_run.append(entry)
-
-    candidates: dict[str, Any] = {}
-    for n in names:
-        per_q = {}
-        for q in quantizers:
-            agg = _aggregate(values[n][q], n_boot=n_boot, confidence=confidence, seed=seed)
-            agg["values"] = values[n][q].tolist()
-            agg["reasons"] = dict(reasons[n][q])
-            per_q[q] = agg
-        computable = any(per_q[q]["n_finite"] > 0 for q in quantizers)
-        all_reasons = sum((reasons[n][q] for q in quantizers), Counter())
-        candidates[n] = {
-            **CANDIDATES[n].describe(),
-            "computable": computable,
-            "reason": None if computable else (all_reasons.most_common(1)[0][0] if all_reasons else "no runs"),
-            "per_quantizer": per_q,
-        }
+    per_run, values, reasons = _score_runs(blocks, runs, quantizers, names, reference)
+    candidates = {
+        n: _candidate_summary(n, quantizers, values[n], reasons[n], n_boot=n_boot, confidence=confidence, seed=seed)
+        for n in names
+    }
     return {
-        "protocol": {
-            "orientation": ORIENTATION,
-            "held_out": "split 'val' rows of the run, every checkpoint (ascending; the last = the released model)",
-            "training_samples": "split 'pool' rows with member = True for the run, at every checkpoint where they exist",
-            "full_precision": "the reference quantizer's rows of the same run",
-            "skipped": f"run {REFERENCE_RUN} (the base model)",
-            "aggregation": "per quantizer: mean over runs with a finite value; percentile bootstrap of that mean over "
-            "runs; non-finite runs counted",
-            "n_boot": n_boot,
-            "confidence": confidence,
-            "seed": seed,
-            "preregistration": PREREGISTRATION,
-        },
+        "protocol": _table_protocol(n_boot, confidence, seed),
         "reference_quantizer": reference,
         "runs": runs,
         "quantizers": quantizers,

@@ -343,6 +343,31 @@ def _check_count(name: str, value: int | None) -> int | None:
     return int(value)
 
 
+def _per_run_rows(samples: pd.DataFrame, adapter_params: int | None, model_params: int | None) -> list[dict[str, Any]]:
+    """One row per (quantizer, run) of the per-sample memorization, sorted: its checkpoint and `_per_run_row`."""
+    per_run: list[dict[str, Any]] = []
+    for (quantizer, run), sub in samples.groupby(["quantizer", "run"], sort=True):
+        per_run.append(
+            {"quantizer": quantizer, "run": int(run), "checkpoint": int(sub["checkpoint"].iloc[0])}
+            | _per_run_row(sub, adapter_params, model_params)
+        )
+    return per_run
+
+
+def _per_quantizer_intervals(per_run_frame: pd.DataFrame, *, n_boot: int, seed: int) -> dict[str, Any]:
+    """Per quantizer: its runs and, for each of `AGGREGATED_METRICS`, `interval_over_runs` over those runs."""
+    per_quantizer: dict[str, Any] = {}
+    for quantizer, sub in per_run_frame.groupby("quantizer", sort=True):
+        per_quantizer[str(quantizer)] = {
+            "runs": [int(r) for r in sub["run"]],
+            **{
+                metric: interval_over_runs(sub[metric].to_numpy(), n_boot=n_boot, seed=seed)
+                for metric in AGGREGATED_METRICS
+            },
+        }
+    return per_quantizer
+
+
 def memorization_from_table(
     df: pd.DataFrame,
     *,
@@ -372,25 +397,8 @@ def memorization_from_table(
     if not capacity_bits_per_param > 0:
         raise ValueError(f"capacity_bits_per_param={capacity_bits_per_param!r}: must be > 0.")
     samples, ref_description, notes = per_sample_memorization(df, reference=reference)
-
-    per_run: list[dict[str, Any]] = []
-    for (quantizer, run), sub in samples.groupby(["quantizer", "run"], sort=True):
-        per_run.append(
-            {"quantizer": quantizer, "run": int(run), "checkpoint": int(sub["checkpoint"].iloc[0])}
-            | _per_run_row(sub, adapter_params, model_params)
-        )
-    per_run_frame = pd.DataFrame(per_run)
-
-    per_quantizer: dict[str, Any] = {}
-    for quantizer, sub in per_run_frame.groupby("quantizer", sort=True):
-        per_quantizer[str(quantizer)] = {
-            "runs": [int(r) for r in sub["run"]],
-            **{
-                metric: interval_over_runs(sub[metric].to_numpy(), n_boot=n_boot, seed=seed)
-                for metric in AGGREGATED_METRICS
-            },
-        }
-
+    per_run = _per_run_rows(samples, adapter_params, model_params)
+    per_quantizer = _per_quantizer_intervals(pd.DataFrame(per_run), n_boot=n_boot, seed=seed)
     result = {
         "definition": DEFINITION,
         "reference": ref_description,

@@ -168,6 +168,64 @@ def _chunk(n_boot: int, width: int, budget: int = 2_000_000) -> int:
     return max(1, min(n_boot, budget // max(width, 1)))
 
 
+def _resampling_units(
+    labels: np.ndarray, groups, stratified: bool, n_rows: int
+) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """(unit of each row [n], number of units, stratum of each unit or None) of `bootstrap_ci`: a row is its
+    own unit without groups; with `stratified`, a unit's stratum is its label (a group must be one class)."""
+    if groups is None:
+        unit_of_row = np.arange(n_rows)
+    else:
+        _, unit_of_row = np.unique(np.asarray(groups).ravel(), return_inverse=True)
+        if unit_of_row.size != n_rows:
+            raise ValueError("groups must have one entry per score.")
+    n_units = int(unit_of_row.max()) + 1
+    if stratified:
+        if groups is not None:
+            unit_label = np.zeros(n_units)
+            np.add.at(unit_label, unit_of_row, labels.astype(float))
+            unit_size = np.bincount(unit_of_row, minlength=n_units)
+            if not np.all((unit_label == 0) | (unit_label == unit_size)):
+                raise ValueError("stratified=True needs every group to be all members or all non-members.")
+            strata = unit_label > 0
+        else:
+            strata = labels
+    else:
+        strata = None
+    return unit_of_row, n_units, strata
+
+
+def _bootstrap_stats(
+    scores: np.ndarray,
+    labels: np.ndarray,
+    unit_of_row: np.ndarray,
+    n_units: int,
+    strata: np.ndarray | None,
+    fprs: Sequence[float],
+    n_boot: int,
+    seed: int,
+) -> list[dict]:
+    """`_weighted_roc_stats` of `n_boot` resamples of the units, drawn in chunks from one generator (`seed`):
+    the list of the chunks' results, in draw order."""
+    # distinct score values, descending; sparse maps unit -> weight of members / non-members per group
+    _, group_of_row = np.unique(-scores, return_inverse=True)
+    n_groups = int(group_of_row.max()) + 1
+    shape = (n_units, n_groups)
+    # float32 holds these integer counts exactly (< 2^24) and halves the memory traffic
+    to_pos = sp.csc_matrix((labels.astype(np.float32), (unit_of_row, group_of_row)), shape=shape)
+    to_neg = sp.csc_matrix(((~labels).astype(np.float32), (unit_of_row, group_of_row)), shape=shape)
+    pos_cols = np.unique(group_of_row[labels])
+    rng = np.random.default_rng(seed)
+    parts: list[dict] = []
+    step = _chunk(n_boot, n_groups + n_units)
+    for start in range(0, n_boot, step):
+        counts = _resample_counts(rng, n_units, min(step, n_boot - start), strata).astype(np.float32)
+        pos_w = np.asarray(counts @ to_pos)
+        neg_w = np.asarray(counts @ to_neg)
+        parts.append(_weighted_roc_stats(pos_w, neg_w, fprs, pos_cols))
+    return parts
+
+
 def bootstrap_ci(
     scores,
     labels,
@@ -189,41 +247,8 @@ def bootstrap_ci(
     scores, labels = _prepare(scores, labels)
     if stratified is None:
         stratified = groups is None
-    if groups is None:
-        unit_of_row = np.arange(scores.size)
-    else:
-        _, unit_of_row = np.unique(np.asarray(groups).ravel(), return_inverse=True)
-        if unit_of_row.size != scores.size:
-            raise ValueError("groups must have one entry per score.")
-    n_units = int(unit_of_row.max()) + 1
-    if stratified:
-        if groups is not None:
-            unit_label = np.zeros(n_units)
-            np.add.at(unit_label, unit_of_row, labels.astype(float))
-            unit_size = np.bincount(unit_of_row, minlength=n_units)
-            if not np.all((unit_label == 0) | (unit_label == unit_size)):
-                raise ValueError("stratified=True needs every group to be all members or all non-members.")
-            strata = unit_label > 0
-        else:
-            strata = labels
-    else:
-        strata = None
-    # distinct score values, descending; sparse maps unit -> weight of members / non-members per group
-    _, group_of_row = np.unique(-scores, return_inverse=True)
-    n_groups = int(group_of_row.max()) + 1
-    shape = (n_units, n_groups)
-    # float32 holds these integer counts exactly (< 2^24) and halves the memory traffic
-    to_pos = sp.csc_matrix((labels.astype(np.float32), (unit_of_row, group_of_row)), shape=shape)
-    to_neg = sp.csc_matrix(((~labels).astype(np.float32), (unit_of_row, group_of_row)), shape=shape)
-    pos_cols = np.unique(group_of_row[labels])
-    rng = np.random.default_rng(seed)
-    parts: list[dict] = []
-    step = _chunk(n_boot, n_groups + n_units)
-    for start in range(0, n_boot, step):
-        counts = _resample_counts(rng, n_units, min(step, n_boot - start), strata).astype(np.float32)
-        pos_w = np.asarray(counts @ to_pos)
-        neg_w = np.asarray(counts @ to_neg)
-        parts.append(_weighted_roc_stats(pos_w, neg_w, fprs, pos_cols))
+    unit_of_row, n_units, strata = _resampling_units(labels, groups, stratified, scores.size)
+    parts = _bootstrap_stats(scores, labels, unit_of_row, n_units, strata, fprs, n_boot, seed)
     joined = {
         "auroc": np.concatenate([p["auroc"] for p in parts]),
         "average_precision": np.concatenate([p["average_precision"] for p in parts]),
@@ -330,6 +355,89 @@ def calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = T_CUTOFF):
     return float(thr) if thr.ndim == 0 else thr
 
 
+def _ci_block(ci: dict, n_boot: int, confidence: float, seed: int) -> dict:
+    """The "ci" entry of `pooled_calibrated` and `per_sample_tpr`: per-level intervals and how they were drawn."""
+    return {
+        "tpr_at_fpr": ci,
+        "n_boot": int(n_boot),
+        "confidence": float(confidence),
+        "seed": int(seed),
+        "method": "percentile bootstrap",
+        "resampling": "samples",
+    }
+
+
+def _calibrated_level(
+    z: np.ndarray, members: np.ndarray, finite: np.ndarray, n_ref, alpha: float, t_cutoff: float
+) -> tuple[np.ndarray, dict]:
+    """One FPR level of `pooled_calibrated`: (per-sample counts [4, N]: in above, in, out above, out; the level's
+    entry: pooled TPR and realised FPR at the calibrated threshold, the threshold, its kind, reliability)."""
+    thr = calibrated_threshold(alpha, n_ref, t_cutoff)
+    with np.errstate(invalid="ignore"):
+        above = finite & (z >= thr)
+    sums = np.stack(
+        [
+            (members & above).sum(0),
+            (members & finite).sum(0),
+            (~members & above).sum(0),
+            (~members & finite).sum(0),
+        ]
+    ).astype(np.float64)  # [4, N] per-sample counts: in above, in, out above, out
+    n_in, n_out = sums[1].sum(), sums[3].sum()
+    thr_arr = np.asarray(thr)
+    entry = {
+        "tpr": float(sums[0].sum() / n_in) if n_in else float("nan"),
+        "realised_fpr": float(sums[2].sum() / n_out) if n_out else float("nan"),
+        "threshold": float(thr_arr) if thr_arr.ndim == 0 else _spread(thr_arr[finite]),
+        "threshold_kind": "normal"
+        if n_ref is None or np.all(n_ref[finite] >= t_cutoff)
+        else f"student-t where n_ref < {t_cutoff:g}",
+        "reliable": is_reliable(n_out, alpha),
+        "min_negatives": int(np.ceil(10 / alpha - 1e-9)),
+    }
+    return sums, entry
+
+
+def _calibrated_ci(
+    z: np.ndarray,
+    members: np.ndarray,
+    finite: np.ndarray,
+    per_alpha_sums: dict[str, np.ndarray],
+    with_roc: bool,
+    *,
+    n_boot: int,
+    seed: int,
+    confidence: float,
+) -> dict:
+    """The "ci" entry of `pooled_calibrated`: samples resampled with all their models (one generator, `seed`)
+    for the TPR and realised FPR of each level; with `with_roc`, also `bootstrap_ci` of the pooled z's AUROC
+    and average precision (groups = samples, its own generator from the same seed)."""
+    rng = np.random.default_rng(seed)
+    ci = {}
+    counts = _resample_counts(rng, z.shape[1], n_boot)  # [B, N]: samples resampled with all models
+    for key, sums in per_alpha_sums.items():
+        boot = counts @ sums.T  # [B, 4]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ci[key] = {
+                "tpr": _percentile(boot[:, 0] / boot[:, 1], confidence),
+                "realised_fpr": _percentile(boot[:, 2] / boot[:, 3], confidence),
+            }
+    out = _ci_block(ci, n_boot, confidence, seed)
+    if with_roc:
+        sample_index = np.broadcast_to(np.arange(z.shape[1]), z.shape)
+        roc_ci = bootstrap_ci(
+            z[finite],
+            members[finite],
+            fprs=(),
+            n_boot=n_boot,
+            confidence=confidence,
+            seed=seed,
+            groups=sample_index[finite],
+        )
+        out["roc"] = {"auroc": roc_ci["auroc"], "average_precision": roc_ci["average_precision"]}
+    return out
+
+
 def pooled_calibrated(
     z,
     members,
@@ -355,30 +463,9 @@ def pooled_calibrated(
     at: dict = {}
     per_alpha_sums = {}
     for alpha in alphas:
-        thr = calibrated_threshold(alpha, n_ref, t_cutoff)
-        with np.errstate(invalid="ignore"):
-            above = finite & (z >= thr)
-        sums = np.stack(
-            [
-                (members & above).sum(0),
-                (members & finite).sum(0),
-                (~members & above).sum(0),
-                (~members & finite).sum(0),
-            ]
-        ).astype(np.float64)  # [4, N] per-sample counts: in above, in, out above, out
-        per_alpha_sums[fpr_key(alpha)] = sums
-        n_in, n_out = sums[1].sum(), sums[3].sum()
-        thr_arr = np.asarray(thr)
-        at[fpr_key(alpha)] = {
-            "tpr": float(sums[0].sum() / n_in) if n_in else float("nan"),
-            "realised_fpr": float(sums[2].sum() / n_out) if n_out else float("nan"),
-            "threshold": float(thr_arr) if thr_arr.ndim == 0 else _spread(thr_arr[finite]),
-            "threshold_kind": "normal"
-            if n_ref is None or np.all(n_ref[finite] >= t_cutoff)
-            else f"student-t where n_ref < {t_cutoff:g}",
-            "reliable": is_reliable(n_out, alpha),
-            "min_negatives": int(np.ceil(10 / alpha - 1e-9)),
-        }
+        per_alpha_sums[fpr_key(alpha)], at[fpr_key(alpha)] = _calibrated_level(
+            z, members, finite, n_ref, alpha, t_cutoff
+        )
     result = {
         "evaluation": "pooled_calibrated",
         "n_models": int(z.shape[0]),
@@ -394,37 +481,38 @@ def pooled_calibrated(
         roc = roc_metrics(z[finite], members[finite], alphas)
         result["roc"] = {"auroc": roc["auroc"], "average_precision": roc["average_precision"]}
     if n_boot > 0:
-        rng = np.random.default_rng(seed)
-        ci = {}
-        counts = _resample_counts(rng, z.shape[1], n_boot)  # [B, N]: samples resampled with all models
-        for key, sums in per_alpha_sums.items():
-            boot = counts @ sums.T  # [B, 4]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                ci[key] = {
-                    "tpr": _percentile(boot[:, 0] / boot[:, 1], confidence),
-                    "realised_fpr": _percentile(boot[:, 2] / boot[:, 3], confidence),
-                }
-        result["ci"] = {
-            "tpr_at_fpr": ci,
-            "n_boot": int(n_boot),
-            "confidence": float(confidence),
-            "seed": int(seed),
-            "method": "percentile bootstrap",
-            "resampling": "samples",
-        }
-        if "roc" in result:
-            sample_index = np.broadcast_to(np.arange(z.shape[1]), z.shape)
-            roc_ci = bootstrap_ci(
-                z[finite],
-                members[finite],
-                fprs=(),
-                n_boot=n_boot,
-                confidence=confidence,
-                seed=seed,
-                groups=sample_index[finite],
-            )
-            result["ci"]["roc"] = {"auroc": roc_ci["auroc"], "average_precision": roc_ci["average_precision"]}
+        result["ci"] = _calibrated_ci(
+            z, members, finite, per_alpha_sums, "roc" in result, n_boot=n_boot, seed=seed, confidence=confidence
+        )
     return result
+
+
+def _per_sample_level(
+    scores: np.ndarray,
+    is_in: np.ndarray,
+    is_out: np.ndarray,
+    out_sorted: np.ndarray,
+    used: np.ndarray,
+    alpha: float,
+) -> tuple[np.ndarray, dict]:
+    """One FPR level of `per_sample_tpr`: (TPR_j [N], nan for unused samples; the level's entry: mean TPR and
+    realised FPR over the used samples, reliability). is_in, is_out [M, N]: finite in- / out-entries;
+    out_sorted [M, N]: each sample's out-scores descending, -inf padded; used [N]: samples with both."""
+    n_in = is_in.sum(0)
+    n_out = is_out.sum(0)
+    cols = np.arange(scores.shape[1])
+    k = np.floor(alpha * n_out + 1e-9).astype(int)
+    thr = np.where(k < n_out, out_sorted[np.minimum(k, scores.shape[0] - 1), cols], -np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpr_j = np.where(used, (is_in & (scores > thr)).sum(0) / np.maximum(n_in, 1), np.nan)
+        fpr_j = np.where(used, (is_out & (scores > thr)).sum(0) / np.maximum(n_out, 1), np.nan)
+    entry = {
+        "tpr": float(np.nanmean(tpr_j)) if used.any() else float("nan"),
+        "realised_fpr": float(np.nanmean(fpr_j)) if used.any() else float("nan"),
+        "reliable": bool(used.any() and is_reliable(int(n_out[used].min()), alpha)),
+        "min_negatives": int(np.ceil(10 / alpha - 1e-9)),
+    }
+    return tpr_j, entry
 
 
 def per_sample_tpr(
@@ -452,22 +540,12 @@ def per_sample_tpr(
     n_out = is_out.sum(0)
     used = (n_in > 0) & (n_out > 0)
     out_sorted = -np.sort(-np.where(is_out, scores, -np.inf), axis=0)  # descending, -inf padding at the end
-    cols = np.arange(scores.shape[1])
     at = {}
     per_alpha = {}
     for alpha in alphas:
-        k = np.floor(alpha * n_out + 1e-9).astype(int)
-        thr = np.where(k < n_out, out_sorted[np.minimum(k, scores.shape[0] - 1), cols], -np.inf)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpr_j = np.where(used, (is_in & (scores > thr)).sum(0) / np.maximum(n_in, 1), np.nan)
-            fpr_j = np.where(used, (is_out & (scores > thr)).sum(0) / np.maximum(n_out, 1), np.nan)
-        per_alpha[fpr_key(alpha)] = tpr_j
-        at[fpr_key(alpha)] = {
-            "tpr": float(np.nanmean(tpr_j)) if used.any() else float("nan"),
-            "realised_fpr": float(np.nanmean(fpr_j)) if used.any() else float("nan"),
-            "reliable": bool(used.any() and is_reliable(int(n_out[used].min()), alpha)),
-            "min_negatives": int(np.ceil(10 / alpha - 1e-9)),
-        }
+        per_alpha[fpr_key(alpha)], at[fpr_key(alpha)] = _per_sample_level(
+            scores, is_in, is_out, out_sorted, used, alpha
+        )
     result = {
         "evaluation": "per_sample",
         "n_models": int(scores.shape[0]),
@@ -483,14 +561,7 @@ def per_sample_tpr(
         for key, tpr_j in per_alpha.items():
             with np.errstate(invalid="ignore", divide="ignore"):
                 ci[key] = {"tpr": _percentile(counts @ tpr_j[used] / counts.sum(1), confidence)}
-        result["ci"] = {
-            "tpr_at_fpr": ci,
-            "n_boot": int(n_boot),
-            "confidence": float(confidence),
-            "seed": int(seed),
-            "method": "percentile bootstrap",
-            "resampling": "samples",
-        }
+        result["ci"] = _ci_block(ci, n_boot, confidence, seed)
     return result
 
 

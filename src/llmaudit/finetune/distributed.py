@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -9,8 +10,6 @@ import torch
 
 def launched_processes() -> int:
     """How many processes a launcher (accelerate launch, torchrun) started for this job; 1 when run plainly."""
-    import os
-
     try:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:

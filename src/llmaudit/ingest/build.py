@@ -123,16 +123,9 @@ def import_training(
         echo(f"[import] run {run}: {len(output.checkpoints)} checkpoint(s) in {output.source}")
 
     # 2. The data: every file read and mapped, no record both trained on and held out.
-    per_file: dict[Path, tuple[list[dict], int]] = {}
-    for path in dict.fromkeys([*files, heldout_path]):
-        per_file[path] = read_user_records(path, record_format=record_format_option)
-    train_sets = [per_file[f][0] for f in files]
-    heldout = per_file[heldout_path][0]
-    _check_overlap(train_sets, files, heldout, heldout_path)
-    pool, val, masks, data_notes = _draw(train_sets, heldout, max_train, max_heldout, seed)
-    duplicates = {str(p): n for p, (_, n) in per_file.items() if n}
-    if duplicates:
-        data_notes.append(f"duplicate rows dropped (same content, same sample id): {duplicates}")
+    train_sets, heldout, pool, val, masks, data_notes = _read_data(
+        files, heldout_path, record_format_option, max_train, max_heldout, seed
+    )
 
     cfg = _config(out, name, base, files, runs, pool, val, masks, seed, overrides, trust_remote_code)
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
@@ -152,13 +145,51 @@ def import_training(
     imported = _imported_block(runs, files, heldout_path, record_format_option)
     data_info = _data_block(files, heldout_path, train_sets, heldout, pool, val, record_format_option, seed)
     data_info.update(max_train=max_train, max_heldout=max_heldout)
-    atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(pool))
-    atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(val))
-    manifest = store.create(cfg, data_info, masks, imported=imported, model_source=source.to_dict())
-    manifest["parameters"] = parameters
-    store.write_manifest(manifest)
+    _write_store(store, cfg, pool, val, masks, data_info, imported, source.to_dict(), parameters)
     notes = data_notes + [n for r in runs for n in r.notes]
     return ImportResult(store, cfg, runs, len(pool), len(val), [int(x) for x in masks.sum(1)], True, notes, parameters)
+
+
+def _read_data(
+    files: list[Path],
+    heldout_path: Path,
+    record_format_option: str,
+    max_train: int | None,
+    max_heldout: int | None,
+    seed: int,
+) -> tuple[list[list[dict]], list[dict], list[dict], list[dict], np.ndarray, list[str]]:
+    """(training records per run, held-out records, pool, val, membership [runs, pool], notes): every file read
+    once and mapped, no record both trained on and held out (`_check_overlap`), the pool/val split (`_draw`)."""
+    per_file: dict[Path, tuple[list[dict], int]] = {}
+    for path in dict.fromkeys([*files, heldout_path]):
+        per_file[path] = read_user_records(path, record_format=record_format_option)
+    train_sets = [per_file[f][0] for f in files]
+    heldout = per_file[heldout_path][0]
+    _check_overlap(train_sets, files, heldout, heldout_path)
+    pool, val, masks, data_notes = _draw(train_sets, heldout, max_train, max_heldout, seed)
+    duplicates = {str(p): n for p, (_, n) in per_file.items() if n}
+    if duplicates:
+        data_notes.append(f"duplicate rows dropped (same content, same sample id): {duplicates}")
+    return train_sets, heldout, pool, val, masks, data_notes
+
+
+def _write_store(
+    store: RunStore,
+    cfg: ExperimentConfig,
+    pool: list[dict],
+    val: list[dict],
+    masks: np.ndarray,
+    data_info: dict[str, Any],
+    imported: dict[str, Any],
+    source: dict[str, Any],
+    parameters: dict[str, int],
+) -> None:
+    """The store's files: the data files first, the manifest (with the parameter counts) last."""
+    atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(pool))
+    atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(val))
+    manifest = store.create(cfg, data_info, masks, imported=imported, model_source=source)
+    manifest["parameters"] = parameters
+    store.write_manifest(manifest)
 
 
 def _check_arguments(dirs: list[Path], files: list[Path], max_train: int | None, max_heldout: int | None) -> None:

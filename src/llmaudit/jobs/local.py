@@ -19,11 +19,13 @@ from llmaudit.store.run_store import RunStore
 def score_in_processes(
     cfg: ExperimentConfig, store: RunStore, *, echo=print, deep_verify: bool = False
 ) -> dict[str, Any]:
-    """Run `cfg.score.processes` `llmaudit score RUN_DIR` processes at once and wait for them all."""
+    """Run `cfg.score.processes` `llmaudit score RUN_DIR --shard 0/1` processes at once and wait for them all.
+    Each child scores the whole grid (shard 0 of 1; the unit locks share it out) with the same settings,
+    `score.processes` included, so the store keeps recording the setting the user chose."""
     n = cfg.score.processes
     threads = max(1, (env_threads() or available_cores()) // n)
-    # the same score settings in every child (JSON is YAML), one process each
-    overrides = [f"score.{k}={json.dumps(v)}" for k, v in cfg.score.model_dump(mode="json").items() if k != "processes"]
+    # the same score settings in every child (JSON is YAML); --shard keeps a child from starting processes
+    overrides = [f"score.{k}={json.dumps(v)}" for k, v in cfg.score.model_dump(mode="json").items()]
     command = [
         sys.executable,
         "-m",
@@ -31,7 +33,8 @@ def score_in_processes(
         "score",
         str(store.root),
         *overrides,
-        "score.processes=1",
+        "--shard",
+        "0/1",
         "--no-progress",
     ]
     command += ["--deep-verify"] * deep_verify + ["--trust-remote-code"] * cfg.model.trust_remote_code

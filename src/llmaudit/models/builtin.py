@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +110,6 @@ def build_builtin_model(cfg: ModelConfig, root: Path) -> Path:
     short = cfg.name[len(BUILTIN_PREFIX) :]
     records = generate_records(SUPPORTED_TASKS, b.pretrain_samples, seed=b.seed, stream="pretrain")
     corpus = [r["input"] + "\n" + r["output"] for r in records]
-    import sys
-    import time
-
     t0 = time.time()
     print(
         f"[model] building the built-in base model {cfg.name} once (tokenizer + pre-training); cached in {root}",

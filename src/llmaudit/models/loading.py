@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib.util
+import io
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,11 +53,6 @@ def import_gptqmodel_quietly() -> None:
     captured instead of printed. peft imports it whenever it wraps a model in LoRA layers, so without this
     every fine-tuning and scoring job opens with a screen of text about GPU kernels. LLMAUDIT_LOG set: the
     banner is shown. An import that fails still raises, with its output attached."""
-    import contextlib
-    import importlib.util
-    import io
-    import sys
-
     if "gptqmodel" in sys.modules or os.environ.get("LLMAUDIT_LOG") or importlib.util.find_spec("gptqmodel") is None:
         return
     captured = io.StringIO()

@@ -20,14 +20,18 @@ not installed): through `importlib.util.find_spec(...).submodule_search_location
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import re
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from filelock import FileLock
 
@@ -157,8 +161,6 @@ def resolve_model_source(name: str, *, builtin_prefix: str = "builtin:") -> Mode
 
 
 def _file_sha256(path: Path) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(1 << 22):
@@ -205,10 +207,11 @@ def _convert_gguf(gguf_path: Path, target: Path, digest: str, *, echo=None) -> N
     if echo:
         echo(f"[model] converting {gguf_path.name} to full precision once; cached in {target}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-        )
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        with _gguf_progress_bar_as_configured():
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+            )
+            tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{gguf_path} could not be read as a GGUF model ({first}).") from None
@@ -236,6 +239,18 @@ def _convert_gguf(gguf_path: Path, target: Path, digest: str, *, echo=None) -> N
         )
     if echo:
         echo(f"[model] converted in {time.time() - t0:.0f}s")
+
+
+def _gguf_progress_bar_as_configured():
+    """transformers' GGUF reader draws its tensor bar with a plain tqdm that ignores its own
+    `disable_progress_bar()`; when the user turned transformers' bars off (`--no-progress`), that bar is
+    turned off too."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    if hf_logging.is_progress_bar_enabled() or not hasattr(gguf_utils, "tqdm"):
+        return nullcontext()
+    return patch.object(gguf_utils, "tqdm", partial(gguf_utils.tqdm, disable=True))
 
 
 def source_record(path: str | Path) -> dict[str, Any] | None:

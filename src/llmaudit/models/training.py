@@ -10,9 +10,10 @@ batch), so DDP's gradient average equals the single-process gradient of the glob
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,92 @@ def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int) -> li
     return [order[i : i + batch_size] for i in range(0, n_examples, batch_size)]
 
 
+def _lr_scheduler(optimizer: torch.optim.Optimizer, schedule: str, total: int) -> Any:
+    """The learning-rate schedule over `total` steps: "cosine" decay to 0, otherwise constant."""
+    if schedule == "cosine":
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+        )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+
+
+def _resume(optimizer: torch.optim.Optimizer, scheduler: Any, resume: dict | None) -> int:
+    """Restore the optimizer and fast-forward the schedule to the resumed step; the step to start at (0: none)."""
+    if not resume:
+        return 0
+    optimizer.load_state_dict(resume["optimizer"])
+    start = int(resume["step"])
+    with warnings.catch_warnings():
+        # Fast-forwarding the schedule to the resumed step: no optimizer step is missing, so torch's
+        # "scheduler.step() before optimizer.step()" warning does not apply.
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        for _ in range(start):
+            scheduler.step()
+    return start
+
+
+def _pending_steps(
+    n_examples: int, batch_size: int, seed: int, start: int, epochs: int
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(epoch, step number once done, example indices) of every step from `start` on, in training order."""
+    spe = steps_per_epoch(n_examples, batch_size)
+    for epoch in range(start // spe, epochs):
+        batches = epoch_batches(n_examples, batch_size, seed, epoch)
+        for b_idx, batch in enumerate(batches):
+            if epoch * spe + b_idx < start:
+                continue
+            yield epoch, epoch * spe + b_idx + 1, batch
+
+
+def _run_steps(
+    model: Any,
+    n_examples: int,
+    optimizer: Any,
+    take_step: Callable[[np.ndarray], tuple[float, int, int]],
+    *,
+    start: int,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    desc: str,
+    show_progress: bool,
+    save_at: set[int] | None,
+    on_save: Callable[[TrainState, Any], None] | None,
+) -> TrainState:
+    """The loop both train_epochs paths share: take_step(batch) -> (loss, real tokens, padded tokens) for every
+    pending step, with progress and checkpoints after each; the model is in train mode during, eval after."""
+    spe = steps_per_epoch(n_examples, batch_size)
+    model.train()
+    state = TrainState(step=start, epoch=start // spe, last_loss=float("nan"))
+    bar = tqdm(total=spe * epochs, initial=start, desc=desc, disable=not show_progress, leave=False, mininterval=1.0)
+    for epoch, step, batch in _pending_steps(n_examples, batch_size, seed, start, epochs):
+        loss, tokens, padded = take_step(batch)
+        state = TrainState(step, epoch, loss, state.tokens + tokens, state.padded_tokens + padded)
+        _after_step(state, bar, model, optimizer, save_at, on_save)
+    bar.close()
+    model.eval()
+    return state
+
+
+def _plain_step(
+    model: Any,
+    examples: Sequence[TrainExample],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    pad_id: int,
+    device: torch.device | str,
+    batch: np.ndarray,
+) -> tuple[float, int, int]:
+    """One single-process optimizer step on `batch`: (its mean NLL, real tokens, padded tokens)."""
+    ids, attn, mask = collate([examples[i] for i in batch], pad_id, device)
+    loss = batch_mean_nll(model, ids, attn, mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return float(loss.detach()), int(attn.sum()), ids.numel()
+
+
 def train_epochs(
     model: Any,
     examples: Sequence[TrainExample],
@@ -128,69 +215,52 @@ def train_epochs(
     process (it decides who writes) with the bare `model`. None (the default): the plain one-process loop."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    spe = steps_per_epoch(len(examples), batch_size)
-    total = spe * epochs
-    if schedule == "cosine":
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
-        )
-    else:
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    start = 0
-    if resume:
-        optimizer.load_state_dict(resume["optimizer"])
-        start = int(resume["step"])
-        with warnings.catch_warnings():
-            # Fast-forwarding the schedule to the resumed step: no optimizer step is missing, so torch's
-            # "scheduler.step() before optimizer.step()" warning does not apply.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-            for _ in range(start):
-                scheduler.step()
+    scheduler = _lr_scheduler(optimizer, schedule, steps_per_epoch(len(examples), batch_size) * epochs)
+    start = _resume(optimizer, scheduler, resume)
+    loop = dict(  # the loop's settings, the same for both paths
+        start=start, epochs=epochs, batch_size=batch_size, seed=seed, desc=desc, save_at=save_at, on_save=on_save
+    )
     if accelerator is not None and accelerator.num_processes > 1:
         try:
             return _train_epochs_ddp(
-                model,
-                examples,
-                accelerator,
-                optimizer,
-                scheduler,
-                start=start,
-                epochs=epochs,
-                batch_size=batch_size,
-                seed=seed,
-                pad_id=pad_id,
-                desc=desc,
-                save_at=save_at,
-                on_save=on_save,
-                progress=progress,
+                model, examples, accelerator, optimizer, scheduler, pad_id=pad_id, progress=progress, **loop
             )
         finally:
             accelerator.free_memory()  # drop accelerate's references to this run's model and optimizer
-    model.train()
-    state = TrainState(step=start, epoch=start // spe, last_loss=float("nan"))
-    bar = tqdm(total=total, initial=start, desc=desc, disable=not progress, leave=False, mininterval=1.0)
-    for epoch in range(start // spe, epochs):
-        batches = epoch_batches(len(examples), batch_size, seed, epoch)
-        for b_idx, batch in enumerate(batches):
-            if epoch * spe + b_idx < start:
-                continue
-            ids, attn, mask = collate([examples[i] for i in batch], pad_id, device)
-            loss = batch_mean_nll(model, ids, attn, mask)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            state = TrainState(
-                epoch * spe + b_idx + 1,
-                epoch,
-                float(loss.detach()),
-                state.tokens + int(attn.sum()),
-                state.padded_tokens + ids.numel(),
-            )
-            _after_step(state, bar, model, optimizer, save_at, on_save)
-    bar.close()
-    model.eval()
-    return state
+    take_step = functools.partial(_plain_step, model, examples, optimizer, scheduler, pad_id, device)
+    return _run_steps(model, len(examples), optimizer, take_step, show_progress=progress, **loop)
+
+
+def _ddp_step(
+    ddp: Any,
+    accelerator: Any,
+    optimizer: Any,
+    scheduler: Any,
+    examples: Sequence[TrainExample],
+    pad_id: int,
+    batch: np.ndarray,
+) -> tuple[float, int, int]:
+    """One data-parallel optimizer step on the global `batch`: (its mean NLL over all processes, real tokens,
+    padded tokens of the whole global batch)."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    # Collate the whole global batch (same padding width as one process), then keep this process's rows.
+    ids, attn, mask = collate([examples[i] for i in batch], pad_id, "cpu")
+    n_global = int(mask[:, 1:].sum())
+    tokens, padded = int(attn.sum()), ids.numel()
+    lo, hi = local_rows(len(batch), rank, world)
+    scale = world / n_global
+    if hi == lo:  # fewer rows than processes: run one row with weight 0 so DDP's all-reduce still happens
+        lo, hi, scale = 0, 1, 0.0
+    ids, attn, mask = (t[lo:hi].to(accelerator.device) for t in (ids, attn, mask))
+    loss, nll_sum = ddp(ids, attn, mask, scale)
+    optimizer.zero_grad(set_to_none=True)
+    accelerator.backward(loss)
+    optimizer.step()
+    scheduler.step()
+    if scale == 0.0:
+        nll_sum = torch.zeros_like(nll_sum)
+    global_nll = accelerator.reduce(nll_sum, reduction="sum")
+    return float(global_nll) / n_global, tokens, padded
 
 
 def _train_epochs_ddp(
@@ -213,45 +283,19 @@ def _train_epochs_ddp(
     """The loop of train_epochs, data parallel: same global batches, same steps, same checkpoints.
 
     The scheduler stays on the bare optimizer (accelerate's scheduler wrapper would step it once per process)."""
-    world, rank = accelerator.num_processes, accelerator.process_index
-    device = accelerator.device
-    spe = steps_per_epoch(len(examples), batch_size)
-    total = spe * epochs
     ddp, optimizer = accelerator.prepare(_SliceNLL(model), optimizer)
-    model.train()
-    state = TrainState(step=start, epoch=start // spe, last_loss=float("nan"))
-    bar = tqdm(
-        total=total,
-        initial=start,
+    take_step = functools.partial(_ddp_step, ddp, accelerator, optimizer, scheduler, examples, pad_id)
+    return _run_steps(
+        model,
+        len(examples),
+        optimizer,
+        take_step,
+        start=start,
+        epochs=epochs,
+        batch_size=batch_size,
+        seed=seed,
         desc=desc,
-        disable=not (progress and accelerator.is_main_process),
-        leave=False,
-        mininterval=1.0,
+        show_progress=progress and accelerator.is_main_process,
+        save_at=save_at,
+        on_save=on_save,
     )
-    for epoch in range(start // spe, epochs):
-        batches = epoch_batches(len(examples), batch_size, seed, epoch)
-        for b_idx, batch in enumerate(batches):
-            if epoch * spe + b_idx < start:
-                continue
-            # Collate the whole global batch (same padding width as one process), then keep this process's rows.
-            ids, attn, mask = collate([examples[i] for i in batch], pad_id, "cpu")
-            n_global = int(mask[:, 1:].sum())
-            tokens, padded = state.tokens + int(attn.sum()), state.padded_tokens + ids.numel()
-            lo, hi = local_rows(len(batch), rank, world)
-            scale = world / n_global
-            if hi == lo:  # fewer rows than processes: run one row with weight 0 so DDP's all-reduce still happens
-                lo, hi, scale = 0, 1, 0.0
-            ids, attn, mask = (t[lo:hi].to(device) for t in (ids, attn, mask))
-            loss, nll_sum = ddp(ids, attn, mask, scale)
-            optimizer.zero_grad(set_to_none=True)
-            accelerator.backward(loss)
-            optimizer.step()
-            scheduler.step()
-            if scale == 0.0:
-                nll_sum = torch.zeros_like(nll_sum)
-            global_nll = accelerator.reduce(nll_sum, reduction="sum")
-            state = TrainState(epoch * spe + b_idx + 1, epoch, float(global_nll) / n_global, tokens, padded)
-            _after_step(state, bar, model, optimizer, save_at, on_save)
-    bar.close()
-    model.eval()
-    return state

@@ -17,6 +17,51 @@ REPORT_SCHEMA_VERSION = 3
 VULNERABLE_TOP_K = 20
 
 
+def _recorded_samples(
+    block: dict[str, Any], row: dict[str, Any] | None
+) -> tuple[str | None, list[dict] | None, str | None]:
+    """(attack, samples, score definition) recorded for the reference quantizer (block: its attacks block of the
+    result, row: its grid row): the samples of its best attack that recorded some, else the quantizer's own list."""
+    order = (
+        sorted((row or {}).get("attacks", {}), key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0))
+        if row
+        else []
+    )
+    attack, samples, definition = None, None, None
+    for name in order:
+        vs = ((block.get("attacks") or {}).get(name) or {}).get("vulnerable_samples")
+        if vs:
+            attack, samples = name, vs
+            break
+    if samples is None and block.get("vulnerable_samples"):
+        vs = block["vulnerable_samples"]
+        if isinstance(vs, dict):
+            attack, samples, definition = vs.get("attack"), vs.get("samples") or [], vs.get("score_definition")
+        else:
+            samples = vs
+    return attack, samples, definition
+
+
+def _top_samples(
+    samples: list[dict], *, include_samples: bool, records: list[dict] | None, top_k: int
+) -> list[dict[str, Any]]:
+    """The top_k samples by score (highest first, missing scores last), ranked from 1, with their text from
+    `records` when include_samples."""
+    by_id = {str(r.get("sample_id")): r for r in (records or [])} if include_samples else {}
+    ranked = sorted(
+        samples,
+        key=lambda s: -(finite_or_none(s.get("score")) if finite_or_none(s.get("score")) is not None else -math.inf),
+    )
+    items = []
+    for rank, s in enumerate(ranked[:top_k], start=1):
+        item = {"rank": rank, "sample_id": str(s["sample_id"]), "score": finite_or_none(s.get("score"))}
+        if include_samples:
+            rec = by_id.get(item["sample_id"])
+            item["text"] = None if rec is None else "\n".join(str(rec.get(k, "")) for k in ("input", "output"))
+        items.append(item)
+    return items
+
+
 def vulnerable_samples_summary(
     result: dict[str, Any],
     grid: list[dict[str, Any]],
@@ -36,23 +81,7 @@ def vulnerable_samples_summary(
     ref = result.get("reference_quantizer")
     block = ((result.get("attacks") or {}).get("quantizers") or {}).get(ref) or {}
     row = next((r for r in grid if r["quantizer"] == ref), None)
-    order = (
-        sorted((row or {}).get("attacks", {}), key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0))
-        if row
-        else []
-    )
-    attack, samples, definition = None, None, None
-    for name in order:
-        vs = ((block.get("attacks") or {}).get(name) or {}).get("vulnerable_samples")
-        if vs:
-            attack, samples = name, vs
-            break
-    if samples is None and block.get("vulnerable_samples"):
-        vs = block["vulnerable_samples"]
-        if isinstance(vs, dict):
-            attack, samples, definition = vs.get("attack"), vs.get("samples") or [], vs.get("score_definition")
-        else:
-            samples = vs
+    attack, samples, definition = _recorded_samples(block, row)
     out: dict[str, Any] = {
         "quantizer": ref,
         "attack": attack,
@@ -67,17 +96,7 @@ def vulnerable_samples_summary(
             "(result['attacks']['quantizers'][Q]['attacks'][ATTACK]['vulnerable_samples'])"
         )
         return out
-    by_id = {str(r.get("sample_id")): r for r in (records or [])} if include_samples else {}
-    ranked = sorted(
-        samples,
-        key=lambda s: -(finite_or_none(s.get("score")) if finite_or_none(s.get("score")) is not None else -math.inf),
-    )
-    for rank, s in enumerate(ranked[:top_k], start=1):
-        item = {"rank": rank, "sample_id": str(s["sample_id"]), "score": finite_or_none(s.get("score"))}
-        if include_samples:
-            rec = by_id.get(item["sample_id"])
-            item["text"] = None if rec is None else "\n".join(str(rec.get(k, "")) for k in ("input", "output"))
-        out["samples"].append(item)
+    out["samples"].extend(_top_samples(samples, include_samples=include_samples, records=records, top_k=top_k))
     out["note"] = (
         "sample text included (--include-samples)"
         if include_samples
@@ -221,14 +240,14 @@ def indicator_agreement(
         verdict = "contradicts" if significant else "leans the opposite way (not significant)"
     else:
         verdict = "no relation"
+    consequence = {
+        "agrees": " with the attacks",
+        "contradicts": " the attacks: it ranks quantizers as MORE secure where the attacks are STRONGER",
+        "leans the opposite way (not significant)": ": it tends to rank quantizers as more secure where the attacks are stronger",
+    }.get(verdict, "")
     sentence = (
         f"Across {head.get('n_quantizers')} quantizers, Spearman({label}, best-attack AUROC) = {rho:+.2f} (p = {p:.2g}): "
-        f"observed sign {observed}, expected negative (higher {label} = more secure), so {label} {verdict}"
-        + (
-            " the attacks: it ranks quantizers as MORE secure where attacks are STRONGER"
-            if observed == "positive"
-            else ""
-        )
+        f"observed sign {observed}, expected negative (higher {label} = more secure), so {label} {verdict}{consequence}"
         + (f"; by attack: {signs['negative']} negative, {signs['positive']} positive." if any(signs.values()) else ".")
     )
     return out | {"observed_sign": observed, "verdict": verdict, "sentence": sentence}

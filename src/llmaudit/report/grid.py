@@ -79,6 +79,71 @@ def _primary_indicator(result: dict[str, Any], quantizer: str) -> dict[str, Any]
     }
 
 
+def _utility_row(util: dict[str, Any]) -> dict[str, Any]:
+    """A quantizer's utility: validation loss, its change vs the reference (with intervals), task metrics."""
+    return {
+        "val_loss": finite_or_none(util.get("val_loss")),
+        "val_loss_ci": (util.get("val_loss_ci") and interval_or_none(*util["val_loss_ci"])) or None,
+        "relative_change": finite_or_none(util.get("relative_change")),
+        "relative_change_ci": (util.get("relative_change_ci") and interval_or_none(*util["relative_change_ci"]))
+        or None,
+        "n_runs": util.get("n_runs"),
+        "task_metrics": {
+            name: {
+                "value": finite_or_none(m.get("value")),
+                "ci": interval_or_none(*(m.get("ci") or [None, None])),
+                "higher_is_better": m.get("higher_is_better"),
+            }
+            for name, m in (util.get("task_metrics") or {}).items()
+        },
+    }
+
+
+def _r_q_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """A quantizer's r_Q over runs (entry: its block of the indicator's per_quantizer): mean, interval, rank, counts."""
+    agg = entry.get("r_q") or {}
+    return {
+        "mean": finite_or_none(agg.get("mean")),
+        "ci": interval_or_none(agg.get("ci_low"), agg.get("ci_high")),
+        "std": finite_or_none(agg.get("std")),
+        "median": finite_or_none(agg.get("median")),
+        "rank": finite_or_none(entry.get("rank")),
+        "n_runs": agg.get("n_runs"),
+        "n_finite": agg.get("n_finite"),
+        "n_undefined": agg.get("n_undefined"),
+        "n_infinite": agg.get("n_infinite"),
+    }
+
+
+def _r_q_status(result: dict[str, Any]) -> str:
+    """The validation status of the published r_Q indicator."""
+    return (
+        (((result.get("indicators") or {}).get("candidates") or {}).get("rq_published") or {})
+        .get("validation", {})
+        .get("status", "not validated")
+    )
+
+
+def _best_attacks(attacks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the attack with the highest calibrated TPR at 1% FPR, the one with the highest AUROC); None where none has one."""
+    best_by_tpr, best_by_auroc = None, None
+    by_tpr = [(n, checklist_tpr(a)) for n, a in attacks.items() if checklist_tpr(a)["tpr"] is not None]
+    if by_tpr:
+        name, t = max(by_tpr, key=lambda item: item[1]["tpr"])
+        best_by_tpr = {
+            "name": name,
+            "metric": "tpr_at_1pct_fpr_calibrated",
+            "value": t["tpr"],
+            "ci": t["ci"],
+            "reliable": t["reliable"],
+        }
+    by_auroc = [(n, a) for n, a in attacks.items() if a["auroc"] is not None]
+    if by_auroc:
+        name, a = max(by_auroc, key=lambda item: item[1]["auroc"])
+        best_by_auroc = {"name": name, "metric": "auroc", "value": a["auroc"], "ci": a["auroc_ci"]}
+    return best_by_tpr, best_by_auroc
+
+
 def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
     rq = (result.get("indicator") or {}).get("per_quantizer") or {}
@@ -88,72 +153,31 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for q in _ordered_quantizers(result):
         info = result["quantizer_info"].get(q, {})
-        util = result["utility"].get(q, {})
-        agg = (rq.get(q) or {}).get("r_q") or {}
         att_block = per_q_attacks.get(q) or {}
         n_models = att_block.get("n_models")
         size = finite_or_none(info.get("model_size_bytes"))
         attacks = {name: attack_summary(a, n_models) for name, a in (att_block.get("attacks") or {}).items()}
-        row = {
-            "quantizer": q,
-            "is_reference": q == ref,
-            "family": info.get("family"),
-            "bits": finite_or_none(info.get("bits")),
-            "effective_bits": finite_or_none(info.get("effective_bits")),
-            "model_size_bytes": size,
-            "size_vs_reference": size / ref_size if size is not None and ref_size else None,
-            "utility": {
-                "val_loss": finite_or_none(util.get("val_loss")),
-                "val_loss_ci": (util.get("val_loss_ci") and interval_or_none(*util["val_loss_ci"])) or None,
-                "relative_change": finite_or_none(util.get("relative_change")),
-                "relative_change_ci": (util.get("relative_change_ci") and interval_or_none(*util["relative_change_ci"]))
-                or None,
-                "n_runs": util.get("n_runs"),
-                "task_metrics": {
-                    name: {
-                        "value": finite_or_none(m.get("value")),
-                        "ci": interval_or_none(*(m.get("ci") or [None, None])),
-                        "higher_is_better": m.get("higher_is_better"),
-                    }
-                    for name, m in (util.get("task_metrics") or {}).items()
-                },
-            },
-            "r_q": {
-                "mean": finite_or_none(agg.get("mean")),
-                "ci": interval_or_none(agg.get("ci_low"), agg.get("ci_high")),
-                "std": finite_or_none(agg.get("std")),
-                "median": finite_or_none(agg.get("median")),
-                "rank": finite_or_none((rq.get(q) or {}).get("rank")),
-                "n_runs": agg.get("n_runs"),
-                "n_finite": agg.get("n_finite"),
-                "n_undefined": agg.get("n_undefined"),
-                "n_infinite": agg.get("n_infinite"),
-            },
-            "r_q_status": (((result.get("indicators") or {}).get("candidates") or {}).get("rq_published") or {})
-            .get("validation", {})
-            .get("status", "not validated"),
-            "indicator": _primary_indicator(result, q),
-            "n_models": n_models,
-            "attacks": attacks,
-            "skipped_attacks": dict(att_block.get("skipped") or {}),
-            "best_attack": None,
-            "best_attack_by_auroc": None,
-        }
-        by_tpr = [(n, checklist_tpr(a)) for n, a in attacks.items() if checklist_tpr(a)["tpr"] is not None]
-        if by_tpr:
-            name, t = max(by_tpr, key=lambda item: item[1]["tpr"])
-            row["best_attack"] = {
-                "name": name,
-                "metric": "tpr_at_1pct_fpr_calibrated",
-                "value": t["tpr"],
-                "ci": t["ci"],
-                "reliable": t["reliable"],
+        best_by_tpr, best_by_auroc = _best_attacks(attacks)
+        rows.append(
+            {
+                "quantizer": q,
+                "is_reference": q == ref,
+                "family": info.get("family"),
+                "bits": finite_or_none(info.get("bits")),
+                "effective_bits": finite_or_none(info.get("effective_bits")),
+                "model_size_bytes": size,
+                "size_vs_reference": size / ref_size if size is not None and ref_size else None,
+                "utility": _utility_row(result["utility"].get(q, {})),
+                "r_q": _r_q_row(rq.get(q) or {}),
+                "r_q_status": _r_q_status(result),
+                "indicator": _primary_indicator(result, q),
+                "n_models": n_models,
+                "attacks": attacks,
+                "skipped_attacks": dict(att_block.get("skipped") or {}),
+                "best_attack": best_by_tpr,
+                "best_attack_by_auroc": best_by_auroc,
             }
-        by_auroc = [(n, a) for n, a in attacks.items() if a["auroc"] is not None]
-        if by_auroc:
-            name, a = max(by_auroc, key=lambda item: item[1]["auroc"])
-            row["best_attack_by_auroc"] = {"name": name, "metric": "auroc", "value": a["auroc"], "ci": a["auroc_ci"]}
-        rows.append(row)
+        )
     return rows
 
 

@@ -21,10 +21,8 @@ def _fmt_interval(stat: Mapping[str, Any]) -> str:
     return text
 
 
-def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> str:
-    """The report section: a summary table with one row per quantizer (mean over runs [95% interval]),
-    a per-run table for each quantizer, and the capacity view."""
-    h = "#" * heading_level
+def _summary_lines(result: Mapping[str, Any], h: str) -> list[str]:
+    """The heading, what the numbers mean, and the table with one row per quantizer (mean over runs [interval])."""
     ref = result["reference"]
     lines = [
         f"{h} Memorization in bits",
@@ -50,6 +48,12 @@ def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> st
             f"{_fmt_interval(q['member_bits_per_adapter_param'])} | "
             f"{_fmt_interval(q['member_bits_per_model_param'])} |"
         )
+    return lines
+
+
+def _per_run_lines(result: Mapping[str, Any], h: str) -> list[str]:
+    """One table per quantizer with a row per run."""
+    lines: list[str] = []
     for quantizer in result["per_quantizer"]:
         lines += [
             "",
@@ -65,8 +69,12 @@ def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> st
                 f"{fmt_sig(r['member_total_bits'], missing='–')} | {fmt_sig(r['member_mean_bits'], missing='–')} | "
                 f"{fmt_sig(r['nonmember_mean_bits'], missing='–')} | {fmt_sig(r['excess_member_bits'], missing='–')} |"
             )
-    cap = result["capacity"]
-    lines += [
+    return lines
+
+
+def _capacity_lines(cap: Mapping[str, Any], h: str) -> list[str]:
+    """The capacity view: per-run information vs capacity, the capacities, and the extrapolation if any."""
+    lines = [
         "",
         f"{h}# Membership vs capacity",
         "",
@@ -94,6 +102,14 @@ def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> st
             f"{ex['capacity_source']} capacity, dataset size in {ex['dataset_size_unit']}: predicted "
             f"membership F1 {preds}. {ex['warning']}",
         ]
+    return lines
+
+
+def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> str:
+    """The report section: a summary table with one row per quantizer (mean over runs [95% interval]),
+    a per-run table for each quantizer, and the capacity view."""
+    h = "#" * heading_level
+    lines = _summary_lines(result, h) + _per_run_lines(result, h) + _capacity_lines(result["capacity"], h)
     if result.get("notes"):
         lines += ["", *(f"- Note: {n}" for n in result["notes"])]
     return "\n".join(lines) + "\n"

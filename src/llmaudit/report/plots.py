@@ -326,8 +326,6 @@ def render_all(report: dict[str, Any]) -> dict[str, bytes]:
 def plot_roc_loglog(results: Mapping, path: str | Path) -> list[Path]:
     """One log-log ROC PNG per quantizer: offline LiRA (calibrated) and the best other attack (naive and
     calibrated), with the chance line. Files: PATH_STEM_<quantizer>.png next to `path`."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")

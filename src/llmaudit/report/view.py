@@ -309,17 +309,17 @@ def _grid_section(report: dict[str, Any]) -> Section:
     )
 
 
-def _attacks_section(report: dict[str, Any]) -> Section:
-    grid = report["grid"]
-    names = list(dict.fromkeys(n for r in grid for n in r["attacks"]))
+def _tpr_cell(att: dict | None, evaluation: str, alpha_key: str) -> Cell:
+    """An attack's TPR at one FPR under one evaluation, with its interval; n/a when not measured."""
+    t = ((att or {}).get("low_fpr") or {}).get(evaluation, {}).get(alpha_key)
+    if not t:
+        return Cell("n/a")
+    return _v(t["tpr"], t["ci"], unreliable=not t["reliable"])
+
+
+def _attack_tables(grid: list[dict[str, Any]], names: list[str]) -> list[Table]:
+    """Quantizers x attacks: pooled AUROC, then calibrated TPR at the checklist's FPR."""
     key = fpr_key(CHECKLIST_FPR)
-
-    def tpr_cell(att: dict | None, evaluation: str, alpha_key: str) -> Cell:
-        t = ((att or {}).get("low_fpr") or {}).get(evaluation, {}).get(alpha_key)
-        if not t:
-            return Cell("n/a")
-        return _v(t["tpr"], t["ci"], unreliable=not t["reliable"])
-
     auroc_rows = [
         [Cell(r["quantizer"], code=True)]
         + [
@@ -333,16 +333,21 @@ def _attacks_section(report: dict[str, Any]) -> Section:
     tpr_rows = [
         [Cell(r["quantizer"], code=True)]
         + [
-            tpr_cell(r["attacks"].get(n), "pooled_calibrated", key) if n in r["attacks"] else Cell("skipped")
+            _tpr_cell(r["attacks"].get(n), "pooled_calibrated", key) if n in r["attacks"] else Cell("skipped")
             for n in names
         ]
         for r in grid
     ]
     first_is_ref = bool(grid) and grid[0]["is_reference"]
-    tables = [
+    return [
         Table(["AUROC (pooled)"] + names, auroc_rows, highlight_first=first_is_ref),
         Table(["TPR at 1% FPR (calibrated)"] + names, tpr_rows, highlight_first=first_is_ref),
     ]
+
+
+def _lira_table(grid: list[dict[str, Any]], names: list[str]) -> Table | None:
+    """The LiRA attacks under every evaluation (naive, calibrated, per-sample, 0.1% FPR); None without LiRA."""
+    key = fpr_key(CHECKLIST_FPR)
     lira = [n for n in ("lira_offline", "lira_online") if n in names]
     lira_rows = []
     for r in grid:
@@ -353,37 +358,30 @@ def _attacks_section(report: dict[str, Any]) -> Section:
                     Cell(r["quantizer"], code=True),
                     Cell(n),
                     _v(att["auroc"], att["auroc_ci"]),
-                    tpr_cell(att, "pooled_naive", key),
-                    tpr_cell(att, "pooled_calibrated", key),
-                    tpr_cell(att, "per_sample", key),
-                    tpr_cell(att, "pooled_calibrated", fpr_key(0.001)),
+                    _tpr_cell(att, "pooled_naive", key),
+                    _tpr_cell(att, "pooled_calibrated", key),
+                    _tpr_cell(att, "per_sample", key),
+                    _tpr_cell(att, "pooled_calibrated", fpr_key(0.001)),
                 ]
             )
-    if lira_rows:
-        tables.append(
-            Table(
-                [
-                    "quantizer",
-                    "LiRA",
-                    "AUROC",
-                    "TPR@1% naive",
-                    "TPR@1% calibrated",
-                    "TPR@1% per-sample avg",
-                    "TPR@0.1% calibrated",
-                ],
-                lira_rows,
-            )
-        )
-    skipped = sorted(
-        {f"{code(n)} on {code(r['quantizer'])}: {lit(why)}" for r in grid for n, why in r["skipped_attacks"].items()}
+    if not lira_rows:
+        return None
+    return Table(
+        [
+            "quantizer",
+            "LiRA",
+            "AUROC",
+            "TPR@1% naive",
+            "TPR@1% calibrated",
+            "TPR@1% per-sample avg",
+            "TPR@0.1% calibrated",
+        ],
+        lira_rows,
     )
-    bullets = [f"skipped {s}" for s in skipped]
-    paras = [
-        "Every attack on every quantizer's final checkpoints, each run in turn as the target (leave-one-out references). "
-        "AUROC pooled over targets; TPR at 1% FPR with per-sample calibration (the pooled-naive TPR overstates risk, docs/science.md section 4), "
-        "95% bootstrap intervals in brackets; † = unreliable (fewer than 10/alpha non-members). Loss-based attacks on models that did not "
-        "overfit are often near chance: an interval containing 0.5 AUROC means no measurable leakage by that attack, not proof of privacy.",
-    ]
+
+
+def _blind_baseline_paragraph(report: dict[str, Any]) -> str | None:
+    """The text-only (no model) baseline's AUROC and the attacks that do not beat it; None when not in the report."""
     blind = report.get("blind_baseline") or {}
     if blind.get("highest"):
         top = blind["highest"]
@@ -397,9 +395,32 @@ def _attacks_section(report: dict[str, Any]) -> Section:
             if weak
             else "Every attack's AUROC exceeds its upper bound."
         )
-        paras.append(text)
-    elif blind.get("reason"):
-        paras.append(f"Blind baseline not measured: {lit(blind['reason'])}.")
+        return text
+    if blind.get("reason"):
+        return f"Blind baseline not measured: {lit(blind['reason'])}."
+    return None
+
+
+def _attacks_section(report: dict[str, Any]) -> Section:
+    grid = report["grid"]
+    names = list(dict.fromkeys(n for r in grid for n in r["attacks"]))
+    tables = _attack_tables(grid, names)
+    lira = _lira_table(grid, names)
+    if lira is not None:
+        tables.append(lira)
+    skipped = sorted(
+        {f"{code(n)} on {code(r['quantizer'])}: {lit(why)}" for r in grid for n, why in r["skipped_attacks"].items()}
+    )
+    bullets = [f"skipped {s}" for s in skipped]
+    paras = [
+        "Every attack on every quantizer's final checkpoints, each run in turn as the target (leave-one-out references). "
+        "AUROC pooled over targets; TPR at 1% FPR with per-sample calibration (the pooled-naive TPR overstates risk, docs/science.md section 4), "
+        "95% bootstrap intervals in brackets; † = unreliable (fewer than 10/alpha non-members). Loss-based attacks on models that did not "
+        "overfit are often near chance: an interval containing 0.5 AUROC means no measurable leakage by that attack, not proof of privacy.",
+    ]
+    blind = _blind_baseline_paragraph(report)
+    if blind is not None:
+        paras.append(blind)
     return Section("Membership inference attacks", paras, tables, bullets=bullets, anchor="attacks")
 
 

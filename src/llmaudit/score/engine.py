@@ -5,7 +5,7 @@ under one model, fast and in bounded memory. Pure computation: no files, no conf
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -322,6 +322,28 @@ def _score_batch(
     return out
 
 
+def _worker_count(model: Any, device: torch.device, n_batches: int, cpu_workers: int | None) -> int:
+    """Threads that score whole batches at once (see score_examples): on CPU `cpu_workers` (None: one per
+    available core), at most one per batch; 1 on GPU, for a single batch, and for models with non-stock layers."""
+    workers = 1
+    if device.type == "cpu" and n_batches > 1:
+        workers = min(cpu_workers or cpu_parallelism(), n_batches)
+        if workers > 1 and not plain_modules(model):
+            workers = 1
+    return workers
+
+
+def _in_input_order(
+    n_examples: int, batches: list[list[int]], results: Iterable[list[TokenScores]]
+) -> list[TokenScores]:
+    """The scores of length-sorted `batches` (results: one list per batch, in batch order) put back in input order."""
+    out: list[TokenScores | None] = [None] * n_examples
+    for batch, scores in zip(batches, results):
+        for i, s in zip(batch, scores):
+            out[i] = s
+    return out  # type: ignore[return-value]
+
+
 @torch.inference_mode()
 def score_examples(
     model: Any,
@@ -352,11 +374,7 @@ def score_examples(
     decoder, head = decoder_and_head(model)
     device = torch.device(device)
     batches = length_sorted_batches([len(ids) for ids, _ in examples], token_budget)
-    workers = 1
-    if device.type == "cpu" and len(batches) > 1:
-        workers = min(cpu_workers or cpu_parallelism(), len(batches))
-        if workers > 1 and not plain_modules(model):
-            workers = 1
+    workers = _worker_count(model, device, len(batches), cpu_workers)
 
     def run(batch: list[int]) -> list[TokenScores]:
         with torch.inference_mode():  # thread-local: worker threads enter it themselves
@@ -379,11 +397,7 @@ def score_examples(
             ThreadPoolExecutor(workers, thread_name_prefix="llmaudit-score") as pool,
         ):
             results = list(pool.map(run, batches))
-    out: list[TokenScores | None] = [None] * len(examples)
-    for batch, scores in zip(batches, results):
-        for i, s in zip(batch, scores):
-            out[i] = s
-    return out  # type: ignore[return-value]
+    return _in_input_order(len(examples), batches, results)
 
 
 def weights_digest(model: Any) -> str:

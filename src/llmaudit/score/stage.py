@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -251,6 +252,36 @@ def unit_name(unit: Unit) -> str:
     return f"{'base' if unit.run < 0 else f'run {unit.run}'}/step {unit.step}/{unit.quantizer}"
 
 
+def _score_claimed_unit(
+    inputs: _Inputs, unit: Unit, path: Path, loaded: tuple[tuple[int, int] | None, Any]
+) -> tuple[tuple[int, int] | None, Any]:
+    """Score a unit this process has claimed into `path` (under its running marker) and log it in the worklog.
+
+    loaded: ((run, step), model) of the model the previous unit used, reused when this unit is on the same
+    checkpoint; returns the pair this unit used."""
+    store = inputs.store
+    model_key, model = loaded
+    with running_marker(unit_marker_path(store, unit.run, unit.step, unit.quantizer)):
+        start = time.time()
+        if model_key != (unit.run, unit.step):
+            model = inputs.base if unit.run == REFERENCE_RUN else _checkpoint_model(inputs, unit.run, unit.step)
+            model_key = (unit.run, unit.step)
+        write_loss_table(score_unit(inputs, unit, model), path)
+        append_work(
+            store.worklog_path,
+            {
+                "stage": "score",
+                "run": unit.run,
+                "step": unit.step,
+                "quantizer": unit.quantizer,
+                "samples": len(unit_examples(inputs.val, inputs.pool, unit)),
+                "tokens": sum(len(e.input_ids) for e in unit_examples(inputs.val, inputs.pool, unit)),
+                "seconds": round(time.time() - start, 3),
+            },
+        )
+    return model_key, model
+
+
 def score(
     cfg: ExperimentConfig,
     store: RunStore,
@@ -277,7 +308,7 @@ def score(
     masks, pool_ids, val_ids = inputs.masks, [e.sample_id for e in inputs.pool], [e.sample_id for e in inputs.val]
     t0, scored, others = time.time(), 0, []
     bar = tqdm(total=len(todo), desc="scoring", disable=not progress, mininterval=1.0)
-    model_key, model = None, None
+    loaded: tuple[tuple[int, int] | None, Any] = (None, None)  # ((run, step), model) of the last unit
     for unit in todo:
         path = store.unit_path(unit.run, unit.step, unit.quantizer)
         with claim(store.lock_path("units", *path.relative_to(store.scores_dir).with_suffix("").parts)) as mine_now:
@@ -285,25 +316,8 @@ def score(
                 others.append(unit)  # another process holds it, or finished it since we looked
                 bar.update(1)
                 continue
-            with running_marker(unit_marker_path(store, unit.run, unit.step, unit.quantizer)):
-                start = time.time()
-                if model_key != (unit.run, unit.step):
-                    model = inputs.base if unit.run == REFERENCE_RUN else _checkpoint_model(inputs, unit.run, unit.step)
-                    model_key = (unit.run, unit.step)
-                write_loss_table(score_unit(inputs, unit, model), path)
-                append_work(
-                    store.worklog_path,
-                    {
-                        "stage": "score",
-                        "run": unit.run,
-                        "step": unit.step,
-                        "quantizer": unit.quantizer,
-                        "samples": len(unit_examples(inputs.val, inputs.pool, unit)),
-                        "tokens": sum(len(e.input_ids) for e in unit_examples(inputs.val, inputs.pool, unit)),
-                        "seconds": round(time.time() - start, 3),
-                    },
-                )
-                scored += 1
+            loaded = _score_claimed_unit(inputs, unit, path, loaded)
+            scored += 1
         bar.update(1)
     bar.close()
     seconds = time.time() - t0

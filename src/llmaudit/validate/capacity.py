@@ -253,6 +253,92 @@ def measure_capacity(
     }
 
 
+def _check_capacity_args(
+    seq_len: int, vocab_size: int, n_sequences: Sequence[int] | None, data_over_capacity: Sequence[float]
+) -> None:
+    """Reject settings with no meaningful answer (a one-symbol vocabulary, empty sequences, ratios <= 0)."""
+    if vocab_size < 2 or seq_len < 1:
+        raise ValueError(f"vocab_size={vocab_size}, seq_len={seq_len}: need vocab_size >= 2 and seq_len >= 1.")
+    if n_sequences is None and not all(r > 0 for r in data_over_capacity):
+        raise ValueError(f"data_over_capacity={list(data_over_capacity)}: every ratio must be > 0.")
+
+
+def _sequence_counts(
+    params: int, n_sequences: Sequence[int] | None, data_over_capacity: Sequence[float], bits_per_sequence: float
+) -> list[int]:
+    """Data set sizes of one model: `n_sequences` when given, else each ratio x the nominal capacity
+    (params x DEFAULT_BITS_PER_PARAM bits) in whole sequences, at least one."""
+    if n_sequences is not None:
+        return [int(n) for n in n_sequences]
+    return [max(1, math.ceil(r * params * DEFAULT_BITS_PER_PARAM / bits_per_sequence)) for r in data_over_capacity]
+
+
+def _print_progress(row: dict[str, Any], n: int) -> None:
+    """One console line per measurement."""
+    print(
+        f"[capacity] {row['model']} ({row['params']} params) N={n}: "
+        f"{row['memorized_bits']:.0f} of {row['true_entropy_bits']:.0f} bits, "
+        f"{row['bits_per_param']:.2f} bits/param, {row['steps']} steps "
+        f"({'saturated' if row['saturated'] else 'step cap'}), {row['wall_s']:.0f} s",
+        flush=True,
+    )
+
+
+def _size_summary(size: TinyGPTSize, params: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A size's capacity estimate: its largest memorised total over the data sets."""
+    best = max(rows, key=lambda r: r["memorized_bits"])
+    return {
+        "model": size.label,
+        "params": params,
+        "capacity_bits": best["memorized_bits"],
+        "bits_per_param": best["bits_per_param"],
+        "at_n_sequences": best["n_sequences"],
+        # The model stored (nearly) all the data held: the data, not the model, was the
+        # limit, and the estimate is only a lower bound on the capacity.
+        "data_limited": best["memorized_bits"] >= 0.95 * best["true_entropy_bits"],
+        "all_saturated": all(r["saturated"] for r in rows),
+    }
+
+
+def _measure_size(
+    size: TinyGPTSize,
+    n_sequences: Sequence[int] | None,
+    data_over_capacity: Sequence[float],
+    train_kw: dict[str, Any],
+    progress: bool,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """All measurements of one model size (`measure_capacity` with `train_kw` per data set size) and
+    the size's summary."""
+    seq_len, vocab_size = train_kw["seq_len"], train_kw["vocab_size"]
+    params = count_parameters(build_tiny_gpt(size, vocab_size=vocab_size, seq_len=seq_len, seed=train_kw["seed"])).total
+    counts = _sequence_counts(params, n_sequences, data_over_capacity, seq_len * math.log2(vocab_size))
+    rows = []
+    for n in counts:
+        row = measure_capacity(size, n, **train_kw)
+        rows.append(row)
+        if progress:
+            _print_progress(row, n)
+    return rows, _size_summary(size, params, rows)
+
+
+def _capacity_settings(
+    parsed: Sequence[TinyGPTSize],
+    data_over_capacity: Sequence[float],
+    n_sequences: Sequence[int] | None,
+    train_kw: dict[str, Any],
+    num_threads: int | None,
+) -> dict[str, Any]:
+    """The settings block of the capacity results (the data set sizes: ratios or explicit counts)."""
+    return {
+        "sizes": [s.label for s in parsed],
+        "data_over_capacity": None if n_sequences is not None else list(data_over_capacity),
+        "n_sequences": None if n_sequences is None else [int(n) for n in n_sequences],
+        **train_kw,
+        "num_threads": num_threads,
+        "torch": torch.__version__,
+    }
+
+
 def capacity_command(
     out: str | os.PathLike = Path("llmaudit-out/capacity.json"),
     *,
@@ -280,83 +366,31 @@ def capacity_command(
     the data hold more than the model can store). Writes JSON (and markdown if asked); returns it."""
 
     parsed = [TinyGPTSize.parse(s) for s in sizes]
-    if vocab_size < 2 or seq_len < 1:
-        raise ValueError(f"vocab_size={vocab_size}, seq_len={seq_len}: need vocab_size >= 2 and seq_len >= 1.")
-    if n_sequences is None and not all(r > 0 for r in data_over_capacity):
-        raise ValueError(f"data_over_capacity={list(data_over_capacity)}: every ratio must be > 0.")
-    bits_per_sequence = seq_len * math.log2(vocab_size)
+    _check_capacity_args(seq_len, vocab_size, n_sequences, data_over_capacity)
+    # the arguments of `measure_capacity`, in the order the settings record them
+    train_kw = {
+        "seq_len": seq_len,
+        "vocab_size": vocab_size,
+        "lr": lr,
+        "max_steps": max_steps,
+        "window": window,
+        "min_rel_gain": min_rel_gain,
+        "cooldown_steps": cooldown_steps,
+        "seed": seed,
+        "device": device,
+    }
     started = time.perf_counter()
     measurements = []
     summary = []
     with torch_threads(num_threads):
         for size in parsed:
-            params = count_parameters(build_tiny_gpt(size, vocab_size=vocab_size, seq_len=seq_len, seed=seed)).total
-            counts = (
-                [int(n) for n in n_sequences]
-                if n_sequences is not None
-                else [
-                    max(1, math.ceil(r * params * DEFAULT_BITS_PER_PARAM / bits_per_sequence))
-                    for r in data_over_capacity
-                ]
-            )
-            rows = []
-            for n in counts:
-                row = measure_capacity(
-                    size,
-                    n,
-                    seq_len=seq_len,
-                    vocab_size=vocab_size,
-                    lr=lr,
-                    max_steps=max_steps,
-                    window=window,
-                    min_rel_gain=min_rel_gain,
-                    cooldown_steps=cooldown_steps,
-                    seed=seed,
-                    device=device,
-                )
-                rows.append(row)
-                if progress:
-                    print(
-                        f"[capacity] {row['model']} ({row['params']} params) N={n}: "
-                        f"{row['memorized_bits']:.0f} of {row['true_entropy_bits']:.0f} bits, "
-                        f"{row['bits_per_param']:.2f} bits/param, {row['steps']} steps "
-                        f"({'saturated' if row['saturated'] else 'step cap'}), {row['wall_s']:.0f} s",
-                        flush=True,
-                    )
+            rows, size_summary = _measure_size(size, n_sequences, data_over_capacity, train_kw, progress)
             measurements += rows
-            best = max(rows, key=lambda r: r["memorized_bits"])
-            summary.append(
-                {
-                    "model": size.label,
-                    "params": params,
-                    "capacity_bits": best["memorized_bits"],
-                    "bits_per_param": best["bits_per_param"],
-                    "at_n_sequences": best["n_sequences"],
-                    # The model stored (nearly) all the data held: the data, not the model, was the
-                    # limit, and the estimate is only a lower bound on the capacity.
-                    "data_limited": best["memorized_bits"] >= 0.95 * best["true_entropy_bits"],
-                    "all_saturated": all(r["saturated"] for r in rows),
-                }
-            )
+            summary.append(size_summary)
     result = {
         "experiment": "capacity on uniform random tokens (Morris et al. 2025, section 3)",
         "estimator": "sum over sequences of max(0, S*log2(V) - H(x | model)): mem_U, uniform reference",
-        "settings": {
-            "sizes": [s.label for s in parsed],
-            "data_over_capacity": None if n_sequences is not None else list(data_over_capacity),
-            "n_sequences": None if n_sequences is None else [int(n) for n in n_sequences],
-            "seq_len": seq_len,
-            "vocab_size": vocab_size,
-            "lr": lr,
-            "max_steps": max_steps,
-            "window": window,
-            "min_rel_gain": min_rel_gain,
-            "cooldown_steps": cooldown_steps,
-            "seed": seed,
-            "device": device,
-            "num_threads": num_threads,
-            "torch": torch.__version__,
-        },
+        "settings": _capacity_settings(parsed, data_over_capacity, n_sequences, train_kw, num_threads),
         "reference_bits_per_param": DEFAULT_BITS_PER_PARAM,
         "summary": summary,
         "measurements": measurements,

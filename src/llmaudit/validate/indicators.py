@@ -155,6 +155,74 @@ def _cache_key(cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float, 
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
+def _cached_arrays(
+    path: Path, key: str, ds_name: str, names: list[str], quantizers: list[str]
+) -> dict[str, Any] | None:
+    """The arrays of `synthetic_dataset_arrays` from its cache file `path`, or None when the file is missing or
+    was written for another key (configuration or candidate versions)."""
+    if not path.exists():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        if str(z["key"]) != key:
+            return None
+        return {
+            "name": ds_name,
+            "values": z["values"],
+            "mis": z["mis"],
+            "correct": z["correct"],
+            "candidates": names,
+            "quantizers": quantizers,
+            "timing_s": json.loads(str(z["timing"])),
+            "cached": True,
+        }
+
+
+def _save_arrays(path: Path, key: str, arrays: Mapping[str, Any]) -> None:
+    """Write the arrays of `synthetic_dataset_arrays` to its cache file `path` under `key` (atomically)."""
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        key=np.array(key),
+        values=arrays["values"],
+        mis=arrays["mis"],
+        correct=arrays["correct"],
+        candidates=np.array(arrays["candidates"]),
+        quantizers=np.array(arrays["quantizers"]),
+        timing=np.array(json.dumps(arrays["timing_s"])),
+    )
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _candidate_values(
+    w: torch.Tensor,
+    b: torch.Tensor,
+    data: dict[str, torch.Tensor],
+    cfg: SyntheticConfig,
+    names: list[str],
+    quantizers: list[str],
+) -> np.ndarray:
+    """values [C, Q, R]: every candidate of `names` per quantizer and run, from the trajectory checkpoints
+    w [K, R, C, d], b [K, R, C] (quantized per quantizer; full precision for the *_fp and theta_final inputs)."""
+    fp = _trajectory_inputs(None, w, b, data, cfg)
+    values = np.full((len(names), len(quantizers), w.shape[1]), math.nan)
+    for qi, q in enumerate(quantizers):
+        x = _trajectory_inputs(q, w, b, data, cfg)
+        inputs = {
+            "val": x["val"],
+            "train": x["train"],
+            "val_fp": fp["val"],
+            "train_fp": fp["train"],
+            "theta_q_final": x["theta"][:, -1],
+            "theta_final": fp["theta"][:, -1],
+            "theta_q_traj": x["theta"],
+        }
+        for ci, v in enumerate(evaluate_candidates(inputs, names).values()):
+            values[ci, qi] = v
+        del x, inputs
+    del fp
+    return values
+
+
 def synthetic_dataset_arrays(
     cfg: SyntheticConfig,
     ds_index: int,
@@ -175,20 +243,10 @@ def synthetic_dataset_arrays(
     ds_name = f"k{k_modes}-s{sigma:g}"
     key = _cache_key(cfg, ds_index, k_modes, sigma, names)
     path = None if cache_dir is None else Path(cache_dir) / f"{ds_name}.npz"
-    if path is not None and path.exists():
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["key"]) == key:
-                log(f"[{ds_index + 1}] {ds_name}: cached ({path})")
-                return {
-                    "name": ds_name,
-                    "values": z["values"],
-                    "mis": z["mis"],
-                    "correct": z["correct"],
-                    "candidates": names,
-                    "quantizers": quantizers,
-                    "timing_s": json.loads(str(z["timing"])),
-                    "cached": True,
-                }
+    cached = None if path is None else _cached_arrays(path, key, ds_name, names, quantizers)
+    if cached is not None:
+        log(f"[{ds_index + 1}] {ds_name}: cached ({path})")
+        return cached
     t0 = time.perf_counter()
     data = make_dataset(cfg, ds_index, k_modes, sigma)
     R = cfg.n_runs
@@ -200,24 +258,7 @@ def synthetic_dataset_arrays(
 
     t1 = time.perf_counter()
     e0 = cfg.rq_first_epoch
-    w, b = traj_w[e0:], traj_b[e0:]
-    fp = _trajectory_inputs(None, w, b, data, cfg)
-    values = np.full((len(names), len(quantizers), R), math.nan)
-    for qi, q in enumerate(quantizers):
-        x = _trajectory_inputs(q, w, b, data, cfg)
-        inputs = {
-            "val": x["val"],
-            "train": x["train"],
-            "val_fp": fp["val"],
-            "train_fp": fp["train"],
-            "theta_q_final": x["theta"][:, -1],
-            "theta_final": fp["theta"][:, -1],
-            "theta_q_traj": x["theta"],
-        }
-        for ci, v in enumerate(evaluate_candidates(inputs, names).values()):
-            values[ci, qi] = v
-        del x, inputs
-    del fp
+    values = _candidate_values(traj_w[e0:], traj_b[e0:], data, cfg, names, quantizers)
     t_cand = time.perf_counter() - t1
 
     t2 = time.perf_counter()
@@ -239,18 +280,7 @@ def synthetic_dataset_arrays(
         "cached": False,
     }
     if path is not None:
-        buf = io.BytesIO()
-        np.savez(
-            buf,
-            key=np.array(key),
-            values=values,
-            mis=out["mis"],
-            correct=out["correct"],
-            candidates=np.array(names),
-            quantizers=np.array(quantizers),
-            timing=np.array(json.dumps(timing)),
-        )
-        atomic_write_bytes(path, buf.getvalue())
+        _save_arrays(path, key, out)
     return out
 
 
@@ -296,6 +326,101 @@ def _dpi_pairs(series: Sequence[np.ndarray], quantizers: Sequence[str]) -> dict[
     }
 
 
+def _dataset_statistics(
+    cfg: SyntheticConfig,
+    ds_index: int,
+    k_modes: int,
+    sigma: float,
+    names: list[str],
+    cache_dir: Path | None,
+    k_runs: Sequence[int],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """One data set of `synthetic_validation`: its arrays (`synthetic_dataset_arrays`), the candidates' means
+    over runs [C, Q], their Spearman with the MIS [C], the bootstrap rhos [C, n_boot] (the same generator seed
+    for every candidate), the rank stability per candidate and the non-finite run counts [C, Q]."""
+    with torch_threads(cfg.threads or None):
+        arrays = synthetic_dataset_arrays(cfg, ds_index, k_modes, sigma, names=names, cache_dir=cache_dir, log=log)
+    means = _finite_means(arrays["values"])  # [C, Q]
+    ds = {"name": arrays["name"], "k_modes": k_modes, "sigma": sigma, "mis": arrays["mis"], "means": means}
+    ds["rho"] = np.array([spearman_rho(means[c], arrays["mis"]) for c in range(len(names))])
+    ds["boots"] = np.stack(
+        [
+            boot_spearman(
+                arrays["values"][c],
+                arrays["correct"],
+                cfg.n_boot,
+                np.random.default_rng(derive_seed(cfg.seed, ds_index, "indicators-boot")),
+            )
+            for c in range(len(names))
+        ]
+    )  # [C, n_boot]
+    stab_seed = derive_seed(cfg.seed, ds_index, "indicators-stab")
+    ds["stability"] = [_stability(arrays["values"][c], arrays["mis"], k_runs, stab_seed) for c in range(len(names))]
+    ds["n_nonfinite"] = (~np.isfinite(arrays["values"])).sum(-1)  # [C, Q]
+    ds["timing_s"] = arrays["timing_s"]
+    ds["cached"] = arrays["cached"]
+    return ds
+
+
+def _synthetic_summary(
+    name: str,
+    c: int,
+    per_ds: Sequence[Mapping[str, Any]],
+    mis_all: np.ndarray,
+    quantizers: Sequence[str],
+    confidence: float,
+) -> dict[str, Any]:
+    """Candidate `name` (row `c` of every data set's arrays) over the data sets of `synthetic_validation`: mean,
+    bootstrap sd and interval, min and max of the per-data-set Spearman, stability, and the two extras."""
+    ds_names = [d["name"] for d in per_ds]
+    rhos = np.array([d["rho"][c] for d in per_ds])
+    boots = np.nanmean(np.stack([d["boots"][c] for d in per_ds]), axis=0)
+    cells = np.concatenate([d["means"][c] for d in per_ds])
+    pooled = spearman(cells, mis_all)
+    stab_keys = per_ds[0]["stability"][c][0].keys()
+    return {
+        **CANDIDATES[name].describe(),
+        "mean_spearman": float(np.nanmean(rhos)) if np.isfinite(rhos).any() else math.nan,
+        "boot_sd": float(np.nanstd(boots)) if np.isfinite(boots).any() else math.nan,
+        "boot_ci": list(percentile_interval(boots, confidence)),
+        "per_dataset": dict(zip(ds_names, rhos.tolist())),
+        "min": float(np.nanmin(rhos)) if np.isfinite(rhos).any() else math.nan,
+        "max": float(np.nanmax(rhos)) if np.isfinite(rhos).any() else math.nan,
+        "stability": {k: float(np.nanmean([d["stability"][c][0][k] for d in per_ds])) for k in stab_keys},
+        "stability_vs_mis": {k: float(np.nanmean([d["stability"][c][1][k] for d in per_ds])) for k in stab_keys},
+        "extra_pooled_spearman": pooled.to_dict("n_cells"),
+        "extra_dpi_pairs": _dpi_pairs([d["means"][c] for d in per_ds], quantizers),
+        "n_nonfinite_runs": int(sum(d["n_nonfinite"][c].sum() for d in per_ds)),
+        "means": {d["name"]: dict(zip(quantizers, d["means"][c].tolist())) for d in per_ds},
+    }
+
+
+def _synthetic_protocol(cfg: SyntheticConfig) -> dict[str, Any]:
+    """The `protocol` block of `synthetic_validation`: what is compared with what, and how."""
+    return {
+        "protocol": "docs/science.md section 5 (data, classifier, quantizers, baseline MIS as in "
+        "`llmaudit validate synthetic`, same seeds); candidates of docs/science.md section 8",
+        "trajectory": f"checkpoints of epochs {cfg.rq_first_epoch}..{cfg.epochs}; the last = the released model",
+        "inputs": "val: per-sample cross-entropy on the data set's validation points; train: on the run's own "
+        "training samples; *_fp: unquantized checkpoints; theta: flattened (quantized) weight and bias",
+        "comparison": "per data set: Spearman (ties averaged) over the quantizers between the candidate's mean "
+        "over its finite runs and the MIS; mean over data sets",
+        "spread": f"bootstrap ({cfg.n_boot} resamples) of candidate runs and MIS test runs (discriminator fixed), "
+        "the same resamples for every candidate; per-data-set rhos averaged per resample; sd and percentile CI",
+        "stability": f"{STABILITY_RESAMPLES} random subsets of k runs (without replacement) per k; mean Spearman of "
+        "the subset ranking with the all-runs ranking (`stability`) and with the MIS (`stability_vs_mis`)",
+        "extra_pooled_spearman": "EXTRA: Spearman over all (data set, quantizer) cells of candidate means vs MIS: "
+        "an indicator of leakage must also follow the MIS across data sets",
+        "extra_dpi_pairs": "EXTRA: share of the pairs (coarser, finer) of the nested chain "
+        + " <= ".join(DPI_CHAIN)
+        + " in which the candidate ranks the coarser quantizer at least as secure (ties 1/2), over data sets; "
+        "the true MIS satisfies every pair (data-processing inequality)",
+        "orientation": ORIENTATION,
+        "preregistration": PREREGISTRATION,
+    }
+
+
 def synthetic_validation(
     cfg: SyntheticConfig,
     *,
@@ -317,83 +442,20 @@ def synthetic_validation(
     quantizers = list(cfg.quantizers)
     grid = [(k, s) for k in cfg.k_modes for s in cfg.sigmas]
     t0 = time.perf_counter()
-    per_ds = []
-    for i, (k, s) in enumerate(grid):
-        with torch_threads(cfg.threads or None):
-            arrays = synthetic_dataset_arrays(
-                cfg, i, k, s, names=names, cache_dir=None if cache_dir is None else Path(cache_dir), log=log
-            )
-        means = _finite_means(arrays["values"])  # [C, Q]
-        ds = {"name": arrays["name"], "k_modes": k, "sigma": s, "mis": arrays["mis"], "means": means}
-        ds["rho"] = np.array([spearman_rho(means[c], arrays["mis"]) for c in range(len(names))])
-        ds["boots"] = np.stack(
-            [
-                boot_spearman(
-                    arrays["values"][c],
-                    arrays["correct"],
-                    cfg.n_boot,
-                    np.random.default_rng(derive_seed(cfg.seed, i, "indicators-boot")),
-                )
-                for c in range(len(names))
-            ]
-        )  # [C, n_boot]
-        stab_seed = derive_seed(cfg.seed, i, "indicators-stab")
-        ds["stability"] = [_stability(arrays["values"][c], arrays["mis"], k_runs, stab_seed) for c in range(len(names))]
-        ds["n_nonfinite"] = (~np.isfinite(arrays["values"])).sum(-1)  # [C, Q]
-        ds["timing_s"] = arrays["timing_s"]
-        ds["cached"] = arrays["cached"]
-        per_ds.append(ds)
+    per_ds = [
+        _dataset_statistics(cfg, i, k, s, names, None if cache_dir is None else Path(cache_dir), k_runs, log)
+        for i, (k, s) in enumerate(grid)
+    ]
     wall = time.perf_counter() - t0
 
     ds_names = [d["name"] for d in per_ds]
     mis_all = np.concatenate([d["mis"] for d in per_ds])
-    candidates: dict[str, Any] = {}
-    for c, n in enumerate(names):
-        rhos = np.array([d["rho"][c] for d in per_ds])
-        boots = np.nanmean(np.stack([d["boots"][c] for d in per_ds]), axis=0)
-        cells = np.concatenate([d["means"][c] for d in per_ds])
-        pooled = spearman(cells, mis_all)
-        stab_keys = per_ds[0]["stability"][c][0].keys()
-        candidates[n] = {
-            **CANDIDATES[n].describe(),
-            "mean_spearman": float(np.nanmean(rhos)) if np.isfinite(rhos).any() else math.nan,
-            "boot_sd": float(np.nanstd(boots)) if np.isfinite(boots).any() else math.nan,
-            "boot_ci": list(percentile_interval(boots, cfg.confidence)),
-            "per_dataset": dict(zip(ds_names, rhos.tolist())),
-            "min": float(np.nanmin(rhos)) if np.isfinite(rhos).any() else math.nan,
-            "max": float(np.nanmax(rhos)) if np.isfinite(rhos).any() else math.nan,
-            "stability": {k: float(np.nanmean([d["stability"][c][0][k] for d in per_ds])) for k in stab_keys},
-            "stability_vs_mis": {k: float(np.nanmean([d["stability"][c][1][k] for d in per_ds])) for k in stab_keys},
-            "extra_pooled_spearman": pooled.to_dict("n_cells"),
-            "extra_dpi_pairs": _dpi_pairs([d["means"][c] for d in per_ds], quantizers),
-            "n_nonfinite_runs": int(sum(d["n_nonfinite"][c].sum() for d in per_ds)),
-            "means": {d["name"]: dict(zip(quantizers, d["means"][c].tolist())) for d in per_ds},
-        }
+    candidates = {n: _synthetic_summary(n, c, per_ds, mis_all, quantizers, cfg.confidence) for c, n in enumerate(names)}
     return {
         "kind": "synthetic",
         "quick": quick,
         "config": cfg.model_dump(mode="json"),
-        "protocol": {
-            "protocol": "docs/science.md section 5 (data, classifier, quantizers, baseline MIS as in "
-            "`llmaudit validate synthetic`, same seeds); candidates of docs/science.md section 8",
-            "trajectory": f"checkpoints of epochs {cfg.rq_first_epoch}..{cfg.epochs}; the last = the released model",
-            "inputs": "val: per-sample cross-entropy on the data set's validation points; train: on the run's own "
-            "training samples; *_fp: unquantized checkpoints; theta: flattened (quantized) weight and bias",
-            "comparison": "per data set: Spearman (ties averaged) over the quantizers between the candidate's mean "
-            "over its finite runs and the MIS; mean over data sets",
-            "spread": f"bootstrap ({cfg.n_boot} resamples) of candidate runs and MIS test runs (discriminator fixed), "
-            "the same resamples for every candidate; per-data-set rhos averaged per resample; sd and percentile CI",
-            "stability": f"{STABILITY_RESAMPLES} random subsets of k runs (without replacement) per k; mean Spearman of "
-            "the subset ranking with the all-runs ranking (`stability`) and with the MIS (`stability_vs_mis`)",
-            "extra_pooled_spearman": "EXTRA: Spearman over all (data set, quantizer) cells of candidate means vs MIS: "
-            "an indicator of leakage must also follow the MIS across data sets",
-            "extra_dpi_pairs": "EXTRA: share of the pairs (coarser, finer) of the nested chain "
-            + " <= ".join(DPI_CHAIN)
-            + " in which the candidate ranks the coarser quantizer at least as secure (ties 1/2), over data sets; "
-            "the true MIS satisfies every pair (data-processing inequality)",
-            "orientation": ORIENTATION,
-            "preregistration": PREREGISTRATION,
-        },
+        "protocol": _synthetic_protocol(cfg),
         "datasets": ds_names,
         "quantizers": quantizers,
         "k_runs": [int(k) for k in k_runs if k <= cfg.n_runs],
@@ -451,6 +513,58 @@ def _aurocs(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _store_selection(
+    table: pd.DataFrame, res: Mapping[str, Any] | None, reference_quantizer: str | None
+) -> tuple[list[str] | None, str | None]:
+    """(quantizers, reference quantizer) of `store_validation`: the result's quantizers present in the table
+    (None = all), the argument's reference, else the result's; None when the table lacks it."""
+    quantizers = None
+    reference = reference_quantizer
+    if res is not None:
+        present = set(table["quantizer"].astype(str))
+        quantizers = [str(q) for q in res.get("quantizers", []) if str(q) in present] or None
+        reference = reference if reference is not None else res.get("reference_quantizer")
+    if reference is not None and reference not in set(table["quantizer"].astype(str)):
+        reference = None
+    return quantizers, reference
+
+
+def _candidate_vs_attacks(
+    entry: Mapping[str, Any],
+    quantizers: Sequence[str],
+    aurocs: Mapping[str, Mapping[str, float]],
+    attacks: Sequence[str],
+    damage: Mapping[str, float],
+) -> dict[str, Any]:
+    """One candidate of `store_validation`: its means per quantizer (from its `candidates_from_table` entry),
+    Spearman against each attack's AUROC with the significance flags, and the partial Spearman against each
+    ground-truth attack given the damage control."""
+    means = {q: e["mean"] for q, e in entry["per_quantizer"].items()}
+    corr = {}
+    for a in attacks:
+        qs = [q for q in quantizers if q in aurocs[a]]
+        c = spearman([means[q] for q in qs], [aurocs[a][q] for q in qs])
+        d = c.to_dict("n_quantizers")
+        d["significant_negative"] = c.rho is not None and c.p_value < PASS_P_VALUE and c.rho < 0
+        d["significant_positive"] = c.rho is not None and c.p_value < PASS_P_VALUE and c.rho > 0
+        corr[a] = d
+    partial = {}
+    for a in (x for x in GROUND_TRUTH_ATTACKS if x in aurocs):
+        qs = [q for q in quantizers if q in aurocs[a]]
+        partial[a] = partial_spearman(
+            [means[q] for q in qs], [aurocs[a][q] for q in qs], [damage.get(q, math.nan) for q in qs]
+        ).to_dict("n_quantizers")
+    return {
+        **{k: entry[k] for k in ("name", "version", "family", "checkpoints", "formula", "orientation")},
+        "computable": entry["computable"],
+        "reason": entry["reason"],
+        "means": means,
+        "n_finite": {q: e["n_finite"] for q, e in entry["per_quantizer"].items()},
+        "spearman_vs_auroc": corr,
+        "partial_vs_auroc_given_damage": partial,
+    }
+
+
 def store_validation(
     source: RunStore | str | Path | pd.DataFrame,
     result: Mapping[str, Any] | str | Path | None = None,
@@ -471,14 +585,7 @@ def store_validation(
     present in the result is correlated. Without a result the candidates are computed and no correlation is
     (reported = False, with the reason)."""
     table, res, label, missing = _load_source(source, result)
-    quantizers = None
-    reference = reference_quantizer
-    if res is not None:
-        present = set(table["quantizer"].astype(str))
-        quantizers = [str(q) for q in res.get("quantizers", []) if str(q) in present] or None
-        reference = reference if reference is not None else res.get("reference_quantizer")
-    if reference is not None and reference not in set(table["quantizer"].astype(str)):
-        reference = None
+    quantizers, reference = _store_selection(table, res, reference_quantizer)
     if names is not None and DAMAGE_CONTROL not in names:
         names = [*names, DAMAGE_CONTROL]  # the partial correlations below need it
     cand = candidates_from_table(
@@ -487,32 +594,10 @@ def store_validation(
     damage = {q: e["mean"] for q, e in cand["candidates"][DAMAGE_CONTROL]["per_quantizer"].items()}
     aurocs = _aurocs(res) if res is not None else {}
     attacks = [a for a in SHOWN_ATTACKS if a in aurocs] + sorted(a for a in aurocs if a not in SHOWN_ATTACKS)
-    out_c: dict[str, Any] = {}
-    for n, entry in cand["candidates"].items():
-        means = {q: e["mean"] for q, e in entry["per_quantizer"].items()}
-        corr = {}
-        for a in attacks:
-            qs = [q for q in cand["quantizers"] if q in aurocs[a]]
-            c = spearman([means[q] for q in qs], [aurocs[a][q] for q in qs])
-            d = c.to_dict("n_quantizers")
-            d["significant_negative"] = c.rho is not None and c.p_value < PASS_P_VALUE and c.rho < 0
-            d["significant_positive"] = c.rho is not None and c.p_value < PASS_P_VALUE and c.rho > 0
-            corr[a] = d
-        partial = {}
-        for a in (x for x in GROUND_TRUTH_ATTACKS if x in aurocs):
-            qs = [q for q in cand["quantizers"] if q in aurocs[a]]
-            partial[a] = partial_spearman(
-                [means[q] for q in qs], [aurocs[a][q] for q in qs], [damage.get(q, math.nan) for q in qs]
-            ).to_dict("n_quantizers")
-        out_c[n] = {
-            **{k: entry[k] for k in ("name", "version", "family", "checkpoints", "formula", "orientation")},
-            "computable": entry["computable"],
-            "reason": entry["reason"],
-            "means": means,
-            "n_finite": {q: e["n_finite"] for q, e in entry["per_quantizer"].items()},
-            "spearman_vs_auroc": corr,
-            "partial_vs_auroc_given_damage": partial,
-        }
+    out_c = {
+        n: _candidate_vs_attacks(entry, cand["quantizers"], aurocs, attacks, damage)
+        for n, entry in cand["candidates"].items()
+    }
     return {
         "kind": "store",
         "source": label,
@@ -602,11 +687,8 @@ def _f(x: Any, fmt: str) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
-def markdown_table(results: Mapping[str, Any]) -> str:
-    """indicators.md: one row per candidate."""
-    synth = results.get("synthetic")
-    stores = [s for s in results.get("stores") or [] if s.get("reported")]
-    k = str(STATUS_K_RUNS)
+def _table_head(synth: Mapping[str, Any] | None, stores: Sequence[Mapping[str, Any]], k: str) -> list[str]:
+    """The column names of indicators.md: the candidate, the synthetic columns, each reported store's columns."""
     head = ["candidate", "family", "version"]
     if synth:
         head += [
@@ -624,6 +706,11 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             if a in st["attacks"]:
                 head.append(f"extra, store {i + 1}: partial rho (p) vs {a} AUROC given held-out loss")
     head.append("status")
+    return head
+
+
+def _table_preamble(results: Mapping[str, Any], synth: Mapping[str, Any] | None) -> list[str]:
+    """The lines of indicators.md above the table: title, orientation, the synthetic protocol, the stores."""
     lines = [
         "# Candidate attack-free indicators (docs/science.md section 8)",
         "",
@@ -647,47 +734,51 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             )
         else:
             lines.append(f"Store {st['source']}: not used ({st.get('reason')}).")
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, c in CANDIDATES.items():
-        row = [name, c.family, c.version]
-        if synth:
-            s = synth["candidates"].get(name)
-            if s is None:
-                row += ["-"] * 4
-            else:
-                row += [
-                    f"{_f(s['mean_spearman'], '+.2f')} +- {_f(s['boot_sd'], '.2f')}",
-                    _f(s["stability"].get(k), ".2f"),
-                    _f(s["extra_pooled_spearman"]["rho"], "+.2f"),
-                    _f(s["extra_dpi_pairs"]["share"], ".2f"),
-                ]
-        for st in stores:
-            e = st["candidates"].get(name)
-            for a in SHOWN_ATTACKS:
-                if a not in st["attacks"]:
-                    continue
-                corr = (e or {}).get("spearman_vs_auroc", {}).get(a)
-                if e is None or not e["computable"]:
-                    row.append("not computable")
-                elif corr is None or corr.get("rho") is None:
-                    row.append("-")
-                else:
-                    row.append(f"{corr['rho']:+.2f} ({corr['p_value']:.2g})")
-            for a in GROUND_TRUTH_ATTACKS:
-                if a not in st["attacks"]:
-                    continue
-                part = (e or {}).get("partial_vs_auroc_given_damage", {}).get(a)
-                if e is None or not e["computable"]:
-                    row.append("not computable")
-                elif part is None or part.get("rho") is None:
-                    row.append("-")
-                else:
-                    row.append(f"{part['rho']:+.2f} ({part['p_value']:.2g})")
-        state = results.get("status", {}).get(name, {})
-        outcome = state.get("rule_outcome")
-        row.append(state.get("status", "-") + (f" (the rule alone: {outcome})" if outcome else ""))
-        lines.append("| " + " | ".join(row) + " |")
-    lines += [
+    return lines
+
+
+def _synthetic_cells(s: Mapping[str, Any] | None, k: str) -> list[str]:
+    """A candidate's synthetic cells of indicators.md ("-" when the candidate was not run)."""
+    if s is None:
+        return ["-"] * 4
+    return [
+        f"{_f(s['mean_spearman'], '+.2f')} +- {_f(s['boot_sd'], '.2f')}",
+        _f(s["stability"].get(k), ".2f"),
+        _f(s["extra_pooled_spearman"]["rho"], "+.2f"),
+        _f(s["extra_dpi_pairs"]["share"], ".2f"),
+    ]
+
+
+def _store_cells(e: Mapping[str, Any] | None, st: Mapping[str, Any]) -> list[str]:
+    """A candidate's cells of indicators.md for one reported store: rho (p) per shown attack, then the partial
+    rho (p) per ground-truth attack; "not computable" or "-" where there is no number."""
+    row = []
+    for a in SHOWN_ATTACKS:
+        if a not in st["attacks"]:
+            continue
+        corr = (e or {}).get("spearman_vs_auroc", {}).get(a)
+        if e is None or not e["computable"]:
+            row.append("not computable")
+        elif corr is None or corr.get("rho") is None:
+            row.append("-")
+        else:
+            row.append(f"{corr['rho']:+.2f} ({corr['p_value']:.2g})")
+    for a in GROUND_TRUTH_ATTACKS:
+        if a not in st["attacks"]:
+            continue
+        part = (e or {}).get("partial_vs_auroc_given_damage", {}).get(a)
+        if e is None or not e["computable"]:
+            row.append("not computable")
+        elif part is None or part.get("rho") is None:
+            row.append("-")
+        else:
+            row.append(f"{part['rho']:+.2f} ({part['p_value']:.2g})")
+    return row
+
+
+def _table_footer() -> list[str]:
+    """The lines of indicators.md below the table: the pass rule and what the controls and extras mean."""
+    return [
         "",
         f"Pass rule: synthetic mean rho >= {PASS_SYNTHETIC_MEAN_SPEARMAN} (full protocol) AND on a real store a "
         f"significantly negative rho (p < {PASS_P_VALUE}) against the AUROC of "
@@ -701,6 +792,27 @@ def markdown_table(results: Mapping[str, Any]) -> str:
         "tracks leakage beyond damage keeps a negative partial rho. They are not part of the pre-registered rule "
         "(Student's t p-value, n - 3 degrees of freedom).",
     ]
+
+
+def markdown_table(results: Mapping[str, Any]) -> str:
+    """indicators.md: one row per candidate."""
+    synth = results.get("synthetic")
+    stores = [s for s in results.get("stores") or [] if s.get("reported")]
+    k = str(STATUS_K_RUNS)
+    head = _table_head(synth, stores, k)
+    lines = _table_preamble(results, synth)
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, c in CANDIDATES.items():
+        row = [name, c.family, c.version]
+        if synth:
+            row += _synthetic_cells(synth["candidates"].get(name), k)
+        for st in stores:
+            row += _store_cells(st["candidates"].get(name), st)
+        state = results.get("status", {}).get(name, {})
+        outcome = state.get("rule_outcome")
+        row.append(state.get("status", "-") + (f" (the rule alone: {outcome})" if outcome else ""))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += _table_footer()
     return "\n".join(lines) + "\n"
 
 

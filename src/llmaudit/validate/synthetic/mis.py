@@ -92,6 +92,130 @@ def _disc_init(Q: int, d: int, P: int, hidden: int, g: torch.Generator) -> dict[
     }
 
 
+def _flat_adam(
+    init: dict[str, torch.Tensor], lr: float
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.optim.Optimizer]:
+    """All parameters of all discriminators in ONE flat buffer, their gradients in another: returns
+    views prm (parameters) and grd (gradients, written by the backward pass) shaped as `init`, and one
+    Adam over the buffer (the fused kernel where torch has one), which updates everything at once."""
+    names = list(init)
+    sizes = [init[k].numel() for k in names]
+    flat = torch.cat([init[k].reshape(-1) for k in names]).requires_grad_(True)
+    gflat = torch.zeros_like(flat, requires_grad=False)
+    with torch.no_grad():
+        prm = dict(zip(names, (t.view(init[k].shape) for t, k in zip(flat.split(sizes), names))))
+        grd = dict(zip(names, (t.view(init[k].shape) for t, k in zip(gflat.split(sizes), names))))
+    flat.grad = gflat
+    try:
+        opt = torch.optim.Adam([flat], lr=lr, fused=True)
+    except (RuntimeError, ValueError):
+        opt = torch.optim.Adam([flat], lr=lr)
+    return prm, grd, opt
+
+
+def _batched_train_rows(pre: dict[str, Any], train_runs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The training rows in the batched trainer's layout: run_of_row [N] (index into th [Q, Rtr, P]),
+    xy [N, d+1], loss [N, Q], target [N]."""
+    Q, m, d = pre["Q"], pre["m"], pre["d"]
+    n_tr = len(train_runs) * m
+    loss_tr = pre["loss_s"][:, train_runs].reshape(Q, n_tr)
+    return {
+        "run_of_row": torch.arange(len(train_runs)).repeat_interleave(m),
+        "th": pre["theta_s"][:, train_runs].contiguous(),
+        "xy": pre["xy"][train_runs].reshape(n_tr, d + 1),
+        "loss": loss_tr.T.contiguous(),
+        "target": pre["member"][train_runs].reshape(n_tr),
+    }
+
+
+def _batched_forward(
+    prm: dict[str, torch.Tensor],
+    run_of_row: torch.Tensor,
+    xy_rows: torch.Tensor,
+    loss_rows: torch.Tensor,
+    th_runs: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Forward pass of the Q discriminators on B rows (loss_rows [B, Q], th_runs [Q, R', P] indexed by
+    run_of_row [B]). Returns logits [Q, B] and, for the backward pass, the ReLU activations a [B, Q, H],
+    the theta rows of the batch's runs th_u [Q, R'', P], each row's index into them and their number.
+
+    Activations are laid out [B, Q, H] (row-major over the Q*hidden columns of w_xy), so the
+    shared-input products are plain [B, d+1] x [d+1, Q*H] matmuls without transposed copies."""
+    Q, _, hidden = prm["w_th"].shape
+    uniq, inv = torch.unique(run_of_row, return_inverse=True)
+    th_u = th_runs[:, uniq]  # [Q, R', P]
+    h_th = torch.bmm(th_u, prm["w_th"]).transpose(0, 1).reshape(-1, Q * hidden)  # [R', Q*H]
+    h = torch.addmm(h_th.index_select(0, inv), xy_rows, prm["w_xy"]).view(-1, Q, hidden)  # [B, Q, H]
+    h.addcmul_(loss_rows[..., None], prm["w_l"]).add_(prm["b1"])
+    a = h.clamp_min_(0)  # relu in place: a > 0 <=> h > 0
+    logits = torch.bmm(a.transpose(0, 1), prm["w2"][..., None]).squeeze(-1).add_(prm["b2"][:, None])  # [Q, B]
+    return logits, a, th_u, inv, uniq.numel()
+
+
+def _batched_fit(
+    prm: dict[str, torch.Tensor],
+    grd: dict[str, torch.Tensor],
+    opt: torch.optim.Optimizer,
+    rows: dict[str, torch.Tensor],
+    perms: Sequence[torch.Tensor],
+    batch_size: int,
+) -> None:
+    """Mini-batch training of the Q discriminators (in place, under no_grad): the written-out backward
+    pass of mean BCE per quantizer into grd, then one Adam step over the flat buffer per batch."""
+    Q, _, hidden = prm["w_th"].shape
+    n_tr = len(rows["target"])
+    for perm in perms:
+        for s in range(0, n_tr, batch_size):
+            idx = perm[s : s + batch_size]
+            B = idx.numel()
+            xy_b, loss_b, t_b = rows["xy"][idx], rows["loss"][idx], rows["target"][idx]
+            logits, a, th_u, inv, nu = _batched_forward(prm, rows["run_of_row"][idx], xy_b, loss_b, rows["th"])
+            # d(sum_q mean_b BCE_q)/d logit = (sigmoid(logit) - target) / B, per quantizer
+            gl = (torch.sigmoid(logits) - t_b).div_(B)  # [Q, B]
+            a_t = a.transpose(0, 1)  # [Q, B, H] view
+            torch.bmm(gl[:, None, :], a_t, out=grd["w2"][:, None, :])
+            torch.sum(gl, 1, out=grd["b2"])
+            dh = (a > 0).to(a.dtype).mul_(gl.T[..., None]).mul_(prm["w2"])  # [B, Q, H]
+            torch.sum(dh, 0, out=grd["b1"])
+            torch.bmm(loss_b.T[:, None, :], dh.transpose(0, 1), out=grd["w_l"][:, None, :])
+            torch.mm(xy_b.T, dh.view(B, Q * hidden), out=grd["w_xy"])
+            dh_u = torch.zeros(nu, Q, hidden).index_add_(0, inv, dh)
+            torch.bmm(th_u.transpose(1, 2), dh_u.transpose(0, 1), out=grd["w_th"])
+            opt.step()  # elementwise: exact per discriminator
+
+
+def _batched_score(
+    prm: dict[str, torch.Tensor], pre: dict[str, Any], rows: dict[str, torch.Tensor], test_runs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """correct [Q, len(test_runs)] (fraction of correctly classified test rows per run, threshold 0.5)
+    and train_acc [Q] (over the training rows, in chunks of 8192 rows)."""
+    Q, m, d = pre["Q"], pre["m"], pre["d"]
+    te = test_runs
+    n_te = len(te) * m
+    logits = _batched_forward(
+        prm,
+        torch.arange(len(te)).repeat_interleave(m),
+        pre["xy"][te].reshape(n_te, d + 1),
+        pre["loss_s"][:, te].reshape(Q, n_te).T,
+        pre["theta_s"][:, te],
+    )[0]
+    correct = ((logits > 0).float() == pre["member"][te].reshape(n_te)).float().reshape(Q, len(te), m).mean(-1)
+    run_of_row, xy, loss, th, target = rows["run_of_row"], rows["xy"], rows["loss"], rows["th"], rows["target"]
+    train_acc = torch.cat(
+        [
+            (
+                (
+                    _batched_forward(prm, run_of_row[s : s + 8192], xy[s : s + 8192], loss[s : s + 8192], th)[0] > 0
+                ).float()
+                == target[s : s + 8192]
+            ).float()
+            for s in range(0, len(target), 8192)
+        ],
+        1,
+    ).mean(-1)
+    return correct, train_acc
+
+
 def train_discriminators(
     feats: list[dict[str, torch.Tensor]],
     train_runs: torch.Tensor,
@@ -138,82 +262,11 @@ def train_discriminators(
     init = _disc_init(Q, d, P, hidden, g)
     n_tr = len(train_runs) * m
     perms = [torch.randperm(n_tr, generator=g) for _ in range(epochs)]  # same draws as one per epoch
-    names = list(init)
-    sizes = [init[k].numel() for k in names]
-    # all parameters of all discriminators live in ONE flat buffer (prm: views into it), their
-    # gradients in another: one Adam (fused kernel where torch has one) updates everything at once.
-    flat = torch.cat([init[k].reshape(-1) for k in names]).requires_grad_(True)
-    gflat = torch.zeros_like(flat, requires_grad=False)
-    with torch.no_grad():
-        prm = dict(zip(names, (t.view(init[k].shape) for t, k in zip(flat.split(sizes), names))))
-        grd = dict(zip(names, (t.view(init[k].shape) for t, k in zip(gflat.split(sizes), names))))
-    flat.grad = gflat
-    try:
-        opt = torch.optim.Adam([flat], lr=lr, fused=True)
-    except (RuntimeError, ValueError):
-        opt = torch.optim.Adam([flat], lr=lr)
-
-    row_run = torch.arange(len(train_runs)).repeat_interleave(m)
-    th_tr = pre["theta_s"][:, train_runs].contiguous()  # [Q, Rtr, P]
-    xy_trs = pre["xy"][train_runs].reshape(n_tr, d + 1)
-    loss_tr = pre["loss_s"][:, train_runs].reshape(Q, n_tr)
-    target_tr = pre["member"][train_runs].reshape(n_tr)
-
-    # Activations are laid out [B, Q, H] (row-major over the Q*hidden columns of w_xy), so the
-    # shared-input products are plain [B, d+1] x [d+1, Q*H] matmuls without transposed copies.
-    def forward(run_of_row: torch.Tensor, xy_rows: torch.Tensor, loss_rows: torch.Tensor, th_runs: torch.Tensor):
-        # loss_rows [B, Q]
-        uniq, inv = torch.unique(run_of_row, return_inverse=True)
-        th_u = th_runs[:, uniq]  # [Q, R', P]
-        h_th = torch.bmm(th_u, prm["w_th"]).transpose(0, 1).reshape(-1, Q * hidden)  # [R', Q*H]
-        h = torch.addmm(h_th.index_select(0, inv), xy_rows, prm["w_xy"]).view(-1, Q, hidden)  # [B, Q, H]
-        h.addcmul_(loss_rows[..., None], prm["w_l"]).add_(prm["b1"])
-        a = h.clamp_min_(0)  # relu in place: a > 0 <=> h > 0
-        logits = torch.bmm(a.transpose(0, 1), prm["w2"][..., None]).squeeze(-1).add_(prm["b2"][:, None])  # [Q, B]
-        return logits, a, th_u, inv, uniq.numel()
-
-    loss_tr_t = loss_tr.T.contiguous()  # [n_tr, Q]
+    prm, grd, opt = _flat_adam(init, lr)
+    rows = _batched_train_rows(pre, train_runs)
     with torch_threads(threads), torch.no_grad():
-        for e in range(epochs):
-            perm = perms[e]
-            for s in range(0, n_tr, batch_size):
-                idx = perm[s : s + batch_size]
-                B = idx.numel()
-                xy_b, loss_b, t_b = xy_trs[idx], loss_tr_t[idx], target_tr[idx]
-                logits, a, th_u, inv, nu = forward(row_run[idx], xy_b, loss_b, th_tr)
-                # d(sum_q mean_b BCE_q)/d logit = (sigmoid(logit) - target) / B, per quantizer
-                gl = (torch.sigmoid(logits) - t_b).div_(B)  # [Q, B]
-                a_t = a.transpose(0, 1)  # [Q, B, H] view
-                torch.bmm(gl[:, None, :], a_t, out=grd["w2"][:, None, :])
-                torch.sum(gl, 1, out=grd["b2"])
-                dh = (a > 0).to(a.dtype).mul_(gl.T[..., None]).mul_(prm["w2"])  # [B, Q, H]
-                torch.sum(dh, 0, out=grd["b1"])
-                torch.bmm(loss_b.T[:, None, :], dh.transpose(0, 1), out=grd["w_l"][:, None, :])
-                torch.mm(xy_b.T, dh.view(B, Q * hidden), out=grd["w_xy"])
-                dh_u = torch.zeros(nu, Q, hidden).index_add_(0, inv, dh)
-                torch.bmm(th_u.transpose(1, 2), dh_u.transpose(0, 1), out=grd["w_th"])
-                opt.step()  # elementwise: exact per discriminator
-        te = test_runs
-        n_te = len(te) * m
-        logits = forward(
-            torch.arange(len(te)).repeat_interleave(m),
-            pre["xy"][te].reshape(n_te, d + 1),
-            pre["loss_s"][:, te].reshape(Q, n_te).T,
-            pre["theta_s"][:, te],
-        )[0]
-        correct = ((logits > 0).float() == pre["member"][te].reshape(n_te)).float().reshape(Q, len(te), m).mean(-1)
-        train_acc = torch.cat(
-            [
-                (
-                    (
-                        forward(row_run[s : s + 8192], xy_trs[s : s + 8192], loss_tr_t[s : s + 8192], th_tr)[0] > 0
-                    ).float()
-                    == target_tr[s : s + 8192]
-                ).float()
-                for s in range(0, n_tr, 8192)
-            ],
-            1,
-        ).mean(-1)
+        _batched_fit(prm, grd, opt, rows, perms, batch_size)
+        correct, train_acc = _batched_score(prm, pre, rows, test_runs)
     out: dict[str, Any] = {"correct": correct.numpy(), "train_acc": train_acc.numpy()}
     if return_state:
         out["params"] = {k: v.clone() for k, v in prm.items()}
@@ -221,6 +274,43 @@ def train_discriminators(
         out["perms"] = perms
         out["prepared"] = pre
     return out
+
+
+def _reference_rows(pre: dict[str, Any], q: int, runs: torch.Tensor) -> torch.Tensor:
+    """Materialised rows [x, y, theta, loss] of quantizer q for `runs`: [len(runs) * m, d + 1 + P + 1]."""
+    m, d, P = pre["m"], pre["d"], pre["P"]
+    n = len(runs) * m
+    th = pre["theta_s"][q, runs][:, None, :].expand(-1, m, -1).reshape(n, P)
+    return torch.cat([pre["xy"][runs].reshape(n, d + 1), th, pre["loss_s"][q, runs].reshape(n, 1)], 1)
+
+
+def _reference_net(
+    pre: dict[str, Any], q: int, init: dict[str, torch.Tensor], hidden: int
+) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    """Linear(d + 1 + P + 1, hidden) and Linear(hidden, 1) holding slice q of the batched init."""
+    d, P = pre["d"], pre["P"]
+    l1, l2 = torch.nn.Linear(d + 1 + P + 1, hidden), torch.nn.Linear(hidden, 1)
+    with torch.no_grad():
+        l1.weight.copy_(
+            torch.cat([init["w_xy"][:, q * hidden : (q + 1) * hidden], init["w_th"][q], init["w_l"][q][None]]).T
+        )
+        l1.bias.copy_(init["b1"][q])
+        l2.weight.copy_(init["w2"][q][None])
+        l2.bias.copy_(init["b2"][q][None])
+    return l1, l2
+
+
+def _reference_params(l1: torch.nn.Linear, l2: torch.nn.Linear, d: int, P: int) -> dict[str, torch.Tensor]:
+    """The reference network's parameters in the batched layout (one discriminator's slice)."""
+    w1 = l1.weight.T
+    return {
+        "w_xy": w1[: d + 1],
+        "w_th": w1[d + 1 : d + 1 + P],
+        "w_l": w1[-1],
+        "b1": l1.bias.clone(),
+        "w2": l2.weight[0].clone(),
+        "b2": l2.bias[0].clone(),
+    }
 
 
 def train_discriminator_reference(
@@ -240,24 +330,11 @@ def train_discriminator_reference(
     [x, y, theta, loss], mean BCE, torch.optim.Adam, autograd; the same initial parameters (slice q
     of the batched init) and the same row order per epoch. Returns its parameters in the batched
     layout (slice q) and correct / train_acc."""
-    m, d, P = pre["m"], pre["d"], pre["P"]
-
-    def rows(runs: torch.Tensor) -> torch.Tensor:
-        n = len(runs) * m
-        th = pre["theta_s"][q, runs][:, None, :].expand(-1, m, -1).reshape(n, P)
-        return torch.cat([pre["xy"][runs].reshape(n, d + 1), th, pre["loss_s"][q, runs].reshape(n, 1)], 1)
-
-    l1, l2 = torch.nn.Linear(d + 1 + P + 1, hidden), torch.nn.Linear(hidden, 1)
-    with torch.no_grad():
-        l1.weight.copy_(
-            torch.cat([init["w_xy"][:, q * hidden : (q + 1) * hidden], init["w_th"][q], init["w_l"][q][None]]).T
-        )
-        l1.bias.copy_(init["b1"][q])
-        l2.weight.copy_(init["w2"][q][None])
-        l2.bias.copy_(init["b2"][q][None])
+    m = pre["m"]
+    l1, l2 = _reference_net(pre, q, init, hidden)
     net = torch.nn.Sequential(l1, torch.nn.ReLU(), l2)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
-    x_tr, t_tr = rows(train_runs), pre["member"][train_runs].reshape(-1)
+    x_tr, t_tr = _reference_rows(pre, q, train_runs), pre["member"][train_runs].reshape(-1)
     for perm in perms:
         for s in range(0, len(perm), batch_size):
             idx = perm[s : s + batch_size]
@@ -266,7 +343,7 @@ def train_discriminator_reference(
             loss.backward()
             opt.step()
     with torch.no_grad():
-        te_logits = net(rows(test_runs)).squeeze(-1)
+        te_logits = net(_reference_rows(pre, q, test_runs)).squeeze(-1)
         correct = (
             ((te_logits > 0).float() == pre["member"][test_runs].reshape(-1))
             .float()
@@ -274,16 +351,59 @@ def train_discriminator_reference(
             .mean(-1)
         )
         train_acc = ((net(x_tr).squeeze(-1) > 0).float() == t_tr).float().mean()
-        w1 = l1.weight.T
-        params = {
-            "w_xy": w1[: d + 1],
-            "w_th": w1[d + 1 : d + 1 + P],
-            "w_l": w1[-1],
-            "b1": l1.bias.clone(),
-            "w2": l2.weight[0].clone(),
-            "b2": l2.bias[0].clone(),
-        }
+        params = _reference_params(l1, l2, pre["d"], pre["P"])
     return {"params": params, "correct": correct.numpy(), "train_acc": float(train_acc)}
+
+
+def _autograd_forward(
+    params: dict[str, torch.Tensor],
+    use_bf16: bool,
+    run_of_row: torch.Tensor,
+    xy_rows: torch.Tensor,
+    loss_rows: torch.Tensor,
+    th_runs: torch.Tensor,
+) -> torch.Tensor:
+    """Forward pass of the autograd trainer: run_of_row [B] indexes th_runs [Q, R', P]; xy_rows [B, d+1];
+    loss_rows [Q, B] -> logits [Q, B]. The two first-layer matmuls run under bfloat16 autocast if asked."""
+    Q, _, hidden = params["w_th"].shape
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+        h_xy = (xy_rows @ params["w_xy"]).reshape(-1, Q, hidden).transpose(0, 1)  # [Q, B, H]
+        # theta is constant within a run: project each run of the batch once, then gather per row.
+        uniq, inv = torch.unique(run_of_row, return_inverse=True)
+        h_th = torch.bmm(th_runs[:, uniq], params["w_th"])  # [Q, R', H]
+    h = h_xy.float() + h_th.float()[:, inv] + loss_rows[..., None] * params["w_l"][:, None] + params["b1"][:, None]
+    return (torch.relu(h) * params["w2"][:, None]).sum(-1) + params["b2"][:, None]
+
+
+def _autograd_score(
+    params: dict[str, torch.Tensor],
+    use_bf16: bool,
+    pre: dict[str, Any],
+    rows: dict[str, torch.Tensor],
+    test_runs: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """correct [Q, len(test_runs)] and train_acc [Q] of the autograd trainer's discriminators."""
+    Q, m, d = pre["Q"], pre["m"], pre["d"]
+    with torch.no_grad():
+        th_te = pre["theta_s"][:, test_runs]
+        n_te = len(test_runs) * m
+        logits = _autograd_forward(
+            params,
+            use_bf16,
+            torch.arange(len(test_runs)).repeat_interleave(m),
+            pre["xy"][test_runs].reshape(n_te, d + 1),
+            pre["loss_s"][:, test_runs].reshape(Q, n_te),
+            th_te,
+        )
+        correct = (
+            ((logits > 0).float() == pre["member"][test_runs].reshape(n_te))
+            .float()
+            .reshape(Q, len(test_runs), m)
+            .mean(-1)
+        )
+        train_logits = _autograd_forward(params, use_bf16, rows["run_of_row"], rows["xy"], rows["loss"], rows["th"])
+        train_acc = ((train_logits > 0).float() == rows["target"]).float().mean(-1)
+    return correct, train_acc
 
 
 def _train_discriminators_autograd(
@@ -309,54 +429,31 @@ def _train_discriminators_autograd(
     g = seeded_generator(seed, "disc")
     pre = _disc_prepare(feats, train_runs, test_runs)
     Q, m, d, P = pre["Q"], pre["m"], pre["d"], pre["P"]
-    theta_s, loss_s, xy_all, member = pre["theta_s"], pre["loss_s"], pre["xy"], pre["member"]
     params = _disc_init(Q, d, P, hidden, g)
     for p in params.values():
         p.requires_grad_(True)
     opt = torch.optim.Adam(params.values(), lr=lr)
     use_bf16 = dtype == "bfloat16"
-
-    def forward(
-        run_of_row: torch.Tensor, xy_rows: torch.Tensor, loss_rows: torch.Tensor, th_runs: torch.Tensor
-    ) -> torch.Tensor:
-        # run_of_row [B] indexes th_runs [Q, R', P]; xy_rows [B, d+1]; loss_rows [Q, B] -> logits [Q, B]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            h_xy = (xy_rows @ params["w_xy"]).reshape(-1, Q, hidden).transpose(0, 1)  # [Q, B, H]
-            # theta is constant within a run: project each run of the batch once, then gather per row.
-            uniq, inv = torch.unique(run_of_row, return_inverse=True)
-            h_th = torch.bmm(th_runs[:, uniq], params["w_th"])  # [Q, R', H]
-        h = h_xy.float() + h_th.float()[:, inv] + loss_rows[..., None] * params["w_l"][:, None] + params["b1"][:, None]
-        return (torch.relu(h) * params["w2"][:, None]).sum(-1) + params["b2"][:, None]
-
     n_tr = len(train_runs) * m
-    row_run = torch.arange(len(train_runs)).repeat_interleave(m)
-    th_tr = theta_s[:, train_runs]
-    xy_trs = xy_all[train_runs].reshape(n_tr, d + 1)
-    loss_tr = loss_s[:, train_runs].reshape(Q, n_tr)
-    target_tr = member[train_runs].reshape(n_tr)
+    rows = {
+        "run_of_row": torch.arange(len(train_runs)).repeat_interleave(m),
+        "th": pre["theta_s"][:, train_runs],
+        "xy": pre["xy"][train_runs].reshape(n_tr, d + 1),
+        "loss": pre["loss_s"][:, train_runs].reshape(Q, n_tr),  # [Q, N]
+        "target": pre["member"][train_runs].reshape(n_tr),
+    }
     for _ in range(epochs):
         perm = torch.randperm(n_tr, generator=g)
         for s in range(0, n_tr, batch_size):
             idx = perm[s : s + batch_size]
-            logits = forward(row_run[idx], xy_trs[idx], loss_tr[:, idx], th_tr)
-            bce = F.binary_cross_entropy_with_logits(logits, target_tr[idx].expand(Q, -1), reduction="mean") * Q
+            logits = _autograd_forward(
+                params, use_bf16, rows["run_of_row"][idx], rows["xy"][idx], rows["loss"][:, idx], rows["th"]
+            )
+            bce = F.binary_cross_entropy_with_logits(logits, rows["target"][idx].expand(Q, -1), reduction="mean") * Q
             opt.zero_grad(set_to_none=True)
             bce.backward()
             opt.step()
-    with torch.no_grad():
-        th_te = theta_s[:, test_runs]
-        n_te = len(test_runs) * m
-        logits = forward(
-            torch.arange(len(test_runs)).repeat_interleave(m),
-            xy_all[test_runs].reshape(n_te, d + 1),
-            loss_s[:, test_runs].reshape(Q, n_te),
-            th_te,
-        )
-        correct = (
-            ((logits > 0).float() == member[test_runs].reshape(n_te)).float().reshape(Q, len(test_runs), m).mean(-1)
-        )
-        train_logits = forward(row_run, xy_trs, loss_tr, th_tr)
-        train_acc = ((train_logits > 0).float() == target_tr).float().mean(-1)
+    correct, train_acc = _autograd_score(params, use_bf16, pre, rows, test_runs)
     return {"correct": correct.numpy(), "train_acc": train_acc.numpy()}
 
 

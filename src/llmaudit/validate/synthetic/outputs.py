@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,7 @@ def markdown_report(res: dict[str, Any]) -> str:
 
 
 def write_plots(res: dict[str, Any], out: Path) -> list[Path]:
-    import io
-
-    import matplotlib
+    import matplotlib  # heavy: only when plots are written
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import platform
 import sys
@@ -69,44 +70,57 @@ def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-def run_dataset(
-    cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float, log: Callable[[str], None] = print
-) -> dict[str, Any]:
-    """Train the runs of one data set and compute r_Q (published + variants), MIS and stability."""
-    t0 = time.perf_counter()
-    names = list(cfg.quantizers)
-    data = make_dataset(cfg, ds_index, k_modes, sigma)
-    R = cfg.n_runs
-    seeds = [derive_seed(cfg.seed, ds_index, "init", r) for r in range(R)]
+def _train_runs(
+    cfg: SyntheticConfig, ds_index: int, data: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train the cfg.n_runs linear classifiers of one data set; returns their trajectories (one
+    checkpoint per epoch, epoch 0 = the initialisation): weights [E+1, R, C, d], biases [E+1, R, C]."""
+    seeds = [derive_seed(cfg.seed, ds_index, "init", r) for r in range(cfg.n_runs)]
     w0, b0 = init_linear(seeds, cfg.dim)
-    traj_w, traj_b = train_batched(
-        data["x_train"], data["y_train"], w0, b0, data["order"], lr=cfg.lr, batch_size=cfg.batch_size
-    )
-    t_train = time.perf_counter() - t0
-    w_fin, b_fin = traj_w[-1], traj_b[-1]
+    return train_batched(data["x_train"], data["y_train"], w0, b0, data["order"], lr=cfg.lr, batch_size=cfg.batch_size)
+
+
+def _classifier_summary(w_fin: torch.Tensor, b_fin: torch.Tensor, data: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Full-precision facts of the final classifiers: validation accuracy, mean train and val loss."""
     with torch.no_grad():
         acc_val = (per_sample_losses(w_fin, b_fin, data["x_val"], data["y_val"]) < math.log(2)).float().mean().item()
         train_loss = per_sample_losses(w_fin, b_fin, data["x_train"], data["y_train"]).mean().item()
         val_loss = per_sample_losses(w_fin, b_fin, data["x_val"], data["y_val"]).mean().item()
+    return {"val_acc_full_precision": acc_val, "train_loss_final": train_loss, "val_loss_final": val_loss}
 
-    # r_Q: the published estimator and the labelled variants
-    t1 = time.perf_counter()
+
+def _perturbed_points(
+    cfg: SyntheticConfig, ds_index: int, w_fin: torch.Tensor, b_fin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Points of the 'perturbed' variant: the final parameters followed by cfg.perturb_points copies
+    plus N(0, (perturb_scale * RMS(tensor))^2) noise (weights drawn before biases, one generator)."""
+    g = seeded_generator(cfg.seed, ds_index, "perturb")
+    rms_w = w_fin.pow(2).mean((-1, -2), keepdim=True).sqrt()
+    rms_b = b_fin.pow(2).mean(-1, keepdim=True).sqrt()
+    P = cfg.perturb_points
+    return (
+        torch.cat([w_fin[None], w_fin + cfg.perturb_scale * rms_w * torch.randn(P, *w_fin.shape, generator=g)]),
+        torch.cat([b_fin[None], b_fin + cfg.perturb_scale * rms_b * torch.randn(P, *b_fin.shape, generator=g)]),
+    )
+
+
+def _r_q_per_run(
+    cfg: SyntheticConfig,
+    ds_index: int,
+    names: list[str],
+    traj_w: torch.Tensor,
+    traj_b: torch.Tensor,
+    data: dict[str, torch.Tensor],
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, float]]:
+    """r_Q per run of the published estimator and the labelled variants: {variant: {quantizer: [R]}}
+    ('published' first, 'reciprocal' last), and the mean number of distinct points per quantizer."""
     x_rq, y_rq = (data["x_val"], data["y_val"]) if cfg.rq_loss_split == "val" else (data["x_train"], data["y_train"])
     per_run: dict[str, dict[str, np.ndarray]] = {"published": {}}
     variants = list(cfg.variants)
     for v in variants:
         if v != "reciprocal":
             per_run[v] = {}
-    pert = None
-    if "perturbed" in variants:
-        g = seeded_generator(cfg.seed, ds_index, "perturb")
-        rms_w = w_fin.pow(2).mean((-1, -2), keepdim=True).sqrt()
-        rms_b = b_fin.pow(2).mean(-1, keepdim=True).sqrt()
-        P = cfg.perturb_points
-        pert = (
-            torch.cat([w_fin[None], w_fin + cfg.perturb_scale * rms_w * torch.randn(P, *w_fin.shape, generator=g)]),
-            torch.cat([b_fin[None], b_fin + cfg.perturb_scale * rms_b * torch.randn(P, *b_fin.shape, generator=g)]),
-        )
+    pert = _perturbed_points(cfg, ds_index, traj_w[-1], traj_b[-1]) if "perturbed" in variants else None
     n_points = {}
     with torch.no_grad():
         for q in names:
@@ -120,20 +134,24 @@ def run_dataset(
         # max_k sigma_k^2 / delta_k^2 = 1 / (2 r_Q) per run (llmaudit.indicator.r_q_reciprocal); a RISK score.
         with np.errstate(divide="ignore"):
             per_run["reciprocal"] = {q: np.where(v == 0, np.inf, 0.5 / v) for q, v in per_run["published"].items()}
-    t_rq = time.perf_counter() - t1
+    return per_run, n_points
 
-    # Baseline MIS on all runs
-    t2 = time.perf_counter()
-    mis = mis_estimate(names, w_fin, b_fin, data, torch.arange(R), cfg, (ds_index, "mis", R))
-    t_mis = time.perf_counter() - t2
 
-    # Aggregates and comparison
-
-    rng = np.random.default_rng(derive_seed(cfg.seed, ds_index, "boot"))
+def _quantizer_table(
+    cfg: SyntheticConfig,
+    ds_index: int,
+    names: list[str],
+    published: dict[str, np.ndarray],
+    mis: dict[str, Any],
+    n_points: dict[str, float],
+    rng: np.random.Generator,
+) -> tuple[dict[str, dict[str, Any]], np.ndarray]:
+    """Per quantizer: aggregated published r_Q, MIS with its bootstrap CI over test runs (drawn from
+    `rng`, quantizer by quantizer), discriminator accuracies and both ranks. Returns the table and MIS [Q]."""
     table = {}
     for i, q in enumerate(names):
         agg = aggregate_r_q(
-            per_run["published"][q],
+            published[q],
             n_boot=cfg.n_boot,
             confidence=cfg.confidence,
             seed=derive_seed(cfg.seed, ds_index, q),
@@ -156,11 +174,24 @@ def run_dataset(
     mis_v = np.array([table[q]["mis"] for q in names])
     for q, rr, mr in zip(names, ranks_secure_first(rq_mean), ranks_secure_first(mis_v)):
         table[q]["rank_r_q"], table[q]["rank_mis"] = rr, mr
+    return table, mis_v
+
+
+def _compare_variants(
+    cfg: SyntheticConfig,
+    names: list[str],
+    per_run: dict[str, dict[str, np.ndarray]],
+    correct_per_run: np.ndarray,
+    mis_v: np.ndarray,
+    rng: np.random.Generator,
+) -> dict[str, dict[str, Any]]:
+    """Spearman(mean r_Q, MIS) per estimator with its bootstrap over runs (drawn from `rng`, estimator
+    by estimator); '_boots' keeps the bootstrap values for the summary over data sets."""
     rq_mat = {v: np.stack([per_run[v][q] for q in names]) for v in per_run}
     comparison = {}
     for v, mat in rq_mat.items():
         means = _finite_mean(mat)
-        boots = boot_spearman(mat, mis["correct_per_run"], cfg.n_boot, rng)
+        boots = boot_spearman(mat, correct_per_run, cfg.n_boot, rng)
         comparison[v] = {
             "spearman": spearman_rho(means, mis_v),
             "boot_mean": float(np.nanmean(boots)),
@@ -170,12 +201,24 @@ def run_dataset(
             "n_undefined_runs": {q: int(np.isnan(per_run[v][q]).sum()) for q in names},
             "_boots": boots,
         }
+    return comparison
 
-    # Stability study
-    t3 = time.perf_counter()
 
+def _stability(
+    cfg: SyntheticConfig,
+    ds_index: int,
+    names: list[str],
+    published: dict[str, np.ndarray],
+    w_fin: torch.Tensor,
+    b_fin: torch.Tensor,
+    data: dict[str, torch.Tensor],
+    mis_v: np.ndarray,
+) -> dict[str, Any]:
+    """Ranking stability: r_Q on subsamples of k runs, and MIS with the discriminators retrained on
+    subsamples of k runs (if cfg.stability_mis_resamples > 0), each compared with the all-runs ranking."""
+    R = cfg.n_runs
     stab_rq = ranking_stability(
-        {q: per_run["published"][q] for q in names},
+        {q: published[q] for q in names},
         cfg.stability_k_runs,
         n_resamples=cfg.stability_resamples,
         seed=derive_seed(cfg.seed, ds_index, "stab"),
@@ -198,6 +241,40 @@ def run_dataset(
                     "mean_rho": float(np.nanmean(rhos)) if np.isfinite(rhos).any() else math.nan,
                 }
             )
+    return {"r_q": stab_rq, "mis": stab_mis}
+
+
+def run_dataset(
+    cfg: SyntheticConfig, ds_index: int, k_modes: int, sigma: float, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Train the runs of one data set and compute r_Q (published + variants), MIS and stability."""
+    t0 = time.perf_counter()
+    names = list(cfg.quantizers)
+    data = make_dataset(cfg, ds_index, k_modes, sigma)
+    R = cfg.n_runs
+    traj_w, traj_b = _train_runs(cfg, ds_index, data)
+    t_train = time.perf_counter() - t0
+    w_fin, b_fin = traj_w[-1], traj_b[-1]
+    classifier = _classifier_summary(w_fin, b_fin, data)
+
+    # r_Q: the published estimator and the labelled variants
+    t1 = time.perf_counter()
+    per_run, n_points = _r_q_per_run(cfg, ds_index, names, traj_w, traj_b, data)
+    t_rq = time.perf_counter() - t1
+
+    # Baseline MIS on all runs
+    t2 = time.perf_counter()
+    mis = mis_estimate(names, w_fin, b_fin, data, torch.arange(R), cfg, (ds_index, "mis", R))
+    t_mis = time.perf_counter() - t2
+
+    # Aggregates and comparison: one generator, the table's draws first, then the comparison's
+    rng = np.random.default_rng(derive_seed(cfg.seed, ds_index, "boot"))
+    table, mis_v = _quantizer_table(cfg, ds_index, names, per_run["published"], mis, n_points, rng)
+    comparison = _compare_variants(cfg, names, per_run, mis["correct_per_run"], mis_v, rng)
+
+    # Stability study
+    t3 = time.perf_counter()
+    stability = _stability(cfg, ds_index, names, per_run["published"], w_fin, b_fin, data, mis_v)
     t_stab = time.perf_counter() - t3
 
     elapsed = time.perf_counter() - t0
@@ -209,10 +286,10 @@ def run_dataset(
         "k_modes": k_modes,
         "sigma": sigma,
         "name": f"k{k_modes}-s{sigma:g}",
-        "classifier": {"val_acc_full_precision": acc_val, "train_loss_final": train_loss, "val_loss_final": val_loss},
+        "classifier": classifier,
         "table": table,
         "comparison": comparison,
-        "stability": {"r_q": stab_rq, "mis": stab_mis},
+        "stability": stability,
         "r_q_per_run": {v: {q: per_run[v][q].tolist() for q in names} for v in per_run},
         "mis_correct_per_test_run": {q: mis["correct_per_run"][i].tolist() for i, q in enumerate(names)},
         "timing_s": {"train": t_train, "r_q": t_rq, "mis": t_mis, "stability": t_stab, "total": elapsed},
@@ -269,6 +346,51 @@ def protocol_block(cfg: SyntheticConfig) -> dict[str, Any]:
     }
 
 
+def _summary(cfg: SyntheticConfig, datasets: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per estimator: Spearman(r_Q, MIS) over the data sets (mean, per data set, range) and the spread of
+    the mean from the data sets' bootstrap values ('_boots', still present)."""
+    summary = {}
+    for v in datasets[0]["comparison"]:
+        per_ds = [d["comparison"][v]["spearman"] for d in datasets]
+        boots = np.nanmean(np.stack([d["comparison"][v]["_boots"] for d in datasets]), axis=0)
+        summary[v] = {
+            "mean_spearman": float(np.nanmean(per_ds)),
+            "per_dataset": dict(zip([d["name"] for d in datasets], per_ds)),
+            "min": float(np.nanmin(per_ds)),
+            "max": float(np.nanmax(per_ds)),
+            "boot_std_of_mean": float(np.nanstd(boots)),
+            "boot_ci_of_mean": list(percentile_interval(boots, cfg.confidence)),
+        }
+    return summary
+
+
+def _stability_summary(cfg: SyntheticConfig, datasets: list[dict[str, Any]]) -> dict[str, list]:
+    """Mean stability rho per subsample size over the data sets (r_Q, and MIS when it was studied)."""
+    stab = {"k_runs": list(cfg.stability_k_runs)}
+    stab["r_q_mean_rho"] = [
+        float(np.nanmean([d["stability"]["r_q"]["by_size"][j]["mean_rho"] for d in datasets]))
+        for j in range(len(cfg.stability_k_runs))
+    ]
+    if cfg.stability_mis_resamples > 0:
+        stab["mis_mean_rho"] = [
+            float(np.nanmean([d["stability"]["mis"][j]["mean_rho"] for d in datasets]))
+            for j in range(len(cfg.stability_k_runs))
+        ]
+    return stab
+
+
+def _environment() -> dict[str, Any]:
+    """Versions and platform the results were computed with."""
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "llmaudit": importlib.metadata.version("llmaudit"),
+        "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
 def run_synthetic(
     cfg: SyntheticConfig,
     log: Callable[[str], None] = print,
@@ -285,48 +407,18 @@ def run_synthetic(
         if on_dataset is not None:
             on_dataset(datasets[-1])
     wall = time.perf_counter() - t0
-    summary = {}
-    for v in datasets[0]["comparison"]:
-        per_ds = [d["comparison"][v]["spearman"] for d in datasets]
-        boots = np.nanmean(np.stack([d["comparison"][v]["_boots"] for d in datasets]), axis=0)
-        summary[v] = {
-            "mean_spearman": float(np.nanmean(per_ds)),
-            "per_dataset": dict(zip([d["name"] for d in datasets], per_ds)),
-            "min": float(np.nanmin(per_ds)),
-            "max": float(np.nanmax(per_ds)),
-            "boot_std_of_mean": float(np.nanstd(boots)),
-            "boot_ci_of_mean": list(percentile_interval(boots, cfg.confidence)),
-        }
+    summary = _summary(cfg, datasets)
     for d in datasets:
         for v in d["comparison"]:
             d["comparison"][v].pop("_boots")
-    stab = {"k_runs": list(cfg.stability_k_runs)}
-    stab["r_q_mean_rho"] = [
-        float(np.nanmean([d["stability"]["r_q"]["by_size"][j]["mean_rho"] for d in datasets]))
-        for j in range(len(cfg.stability_k_runs))
-    ]
-    if cfg.stability_mis_resamples > 0:
-        stab["mis_mean_rho"] = [
-            float(np.nanmean([d["stability"]["mis"][j]["mean_rho"] for d in datasets]))
-            for j in range(len(cfg.stability_k_runs))
-        ]
-    import importlib.metadata as md
-
     return {
         "config": cfg.model_dump(mode="json"),
         "protocol": protocol_block(cfg),
         "summary": summary,
-        "stability_summary": stab,
+        "stability_summary": _stability_summary(cfg, datasets),
         "datasets": datasets,
         "wall_time_s": wall,
-        "environment": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "llmaudit": md.version("llmaudit"),
-            "platform": platform.platform(),
-            "torch_threads": torch.get_num_threads(),
-        },
+        "environment": _environment(),
         "reported": {
             "mean_spearman": 0.86,
             "stability_r_q_15_runs": ">= 0.9",
