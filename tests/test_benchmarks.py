@@ -208,13 +208,19 @@ def test_gpu_check_helpers(tmp_path):
         assert found is None
 
 
+def _bench_plan():
+    """benchmarks/bench_plan.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("bench_plan", SCRIPT.with_name("bench_plan.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_bench_plan_settings_are_valid_recipes_and_the_demo_is_among_them():
     """benchmarks/bench_plan.py times real audits (minutes): here only its settings, so it cannot rot unseen."""
     from llmaudit.config import load_recipe
 
-    spec = importlib.util.spec_from_file_location("bench_plan", SCRIPT.with_name("bench_plan.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_plan()
     assert mod.SETTINGS["demo"] == ["demo-cpu"]
     cfgs = {name: load_recipe(args[0], args[1:]) for name, args in mod.SETTINGS.items()}
     demo = cfgs["demo"]
@@ -228,9 +234,7 @@ def test_bench_plan_settings_each_plan_on_the_built_in_model():
     stopped the benchmark after minutes of audits."""
     from tests.conftest import run_cli
 
-    spec = importlib.util.spec_from_file_location("bench_plan", SCRIPT.with_name("bench_plan.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_plan()
     for name, args in mod.SETTINGS.items():
         code, out, err = run_cli(["plan", *args, "--device", "cpu", "--json"])
         assert code == 0, f"{name}: {err}"
