@@ -18,8 +18,21 @@ def test_every_audit_recipe_validates(path):
     assert cfg.name == path.stem
     from llmaudit.quantize import get_quantizer
 
-    for q in cfg.score.quantizers:  # every name is registered, every option accepted
-        get_quantizer(q, **cfg.score.quantizer_options.get(q, {}))
+    for reference in ("fp32", "bf16"):  # `full` is named for the store's dtype once the store is known
+        score = cfg.score.with_reference(reference)
+        for q in score.quantizers:  # every name is registered, every option accepted
+            get_quantizer(q, **score.quantizer_options.get(q, {}))
+
+
+def test_the_full_placeholder_takes_the_store_dtypes_name_with_its_options():
+    cfg = load_recipe("demo-cpu", ["score.quantizers=[full,hqq-4,bf16]", "score.quantizer_options={full: {mode: fake}}"])
+    assert cfg.score.with_reference("fp32").quantizers == ["fp32", "hqq-4", "bf16"]
+    assert cfg.score.with_reference("fp32").quantizer_options == {"fp32": {"mode": "fake"}}
+    assert cfg.score.with_reference("bf16").quantizers == ["bf16", "hqq-4"]  # named twice: once
+    from llmaudit.quantize import QuantizationError, get_quantizer
+
+    with pytest.raises(QuantizationError, match="named for the dtype"):
+        get_quantizer("full")
 
 
 def test_paper_recipe_matches_the_published_setting():

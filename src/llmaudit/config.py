@@ -42,6 +42,10 @@ RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 
 DEMO_RECIPE = "demo-cpu"
 
+FULL_PLACEHOLDER = "full"
+"""In score.quantizers: the full-precision reference of the store's compute dtype, named bf16, fp32 or fp16 once the
+store is known (ScoreConfig.with_reference)."""
+
 
 class RecipeError(UserError):
     """A recipe (or an override) is invalid. The message names the key, the value and the fix."""
@@ -96,7 +100,10 @@ class ModelConfig(_Section):
     trust_remote_code: bool = False
     """Allow code shipped with the model to run. Off unless you trust the repository."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Weights' dtype: auto = float32 on CPU, bfloat16 on GPU."""
+    """Compute dtype of training and scoring, decided once when the run store is created and recorded in it:
+    auto = bfloat16 on a GPU; on a CPU bfloat16 where this machine's measured bf16 matmuls are at least 1.3x
+    faster than float32 (CPUs with AVX512-BF16 or AMX), else float32. Weights are merged and quantized in
+    float32 either way; log-softmax statistics and reductions stay float32."""
     builtin: BuiltinModelConfig = Field(default_factory=BuiltinModelConfig)
     """Settings of the built-in tiny model (ignored for hub or local models)."""
 
@@ -200,10 +207,23 @@ class ScoreConfig(_Section):
             raise ValueError(f"quantizer names repeat: {names}")
         return names
 
+    def with_reference(self, short_name: str) -> ScoreConfig:
+        """This config with the placeholder quantizer `full` (and its options) named for the store's compute dtype
+        (`short_name`: fp32, bf16 or fp16); unchanged when it has no `full`."""
+        if FULL_PLACEHOLDER not in self.quantizers:
+            return self
+        names = list(dict.fromkeys(short_name if q == FULL_PLACEHOLDER else q for q in self.quantizers))
+        options = {(short_name if k == FULL_PLACEHOLDER else k): v for k, v in self.quantizer_options.items()}
+        return self.model_copy(update={"quantizers": names, "quantizer_options": options})
+
     quantizer_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to score: auto = cuda if available."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype the units are scored in: auto = the run store's compute dtype (model.dtype as resolved when the store
+    was created). Recorded by the first `score`; a store is never scored in two dtypes (score a copy without its
+    scores/ to compare). The quantizer `full` names this dtype's full precision (bf16, fp32 or fp16)."""
     token_budget: int | None = Field(None, ge=64)
     """Maximum padded tokens per batch (batches are length-sorted); null = 2048 on CPU (smaller batches stay
     in cache: measured faster by benchmarks/bench_scoring.py), 16384 on GPU."""

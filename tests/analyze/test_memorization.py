@@ -230,14 +230,17 @@ def test_named_reference_and_reference_table():
     assert row["mem_u_bits"].item() == pytest.approx(10)
 
 
-def test_base_reference_with_several_quantizers_prefers_fp32_else_asks():
+def test_base_reference_with_several_quantizers_prefers_full_precision_else_asks():
     table = hand_table()
     base_int8 = pd.DataFrame([_row(-1, 0, "int8", s, [1, 1]) for s in "abcdv"])
     _, ref, _ = per_sample_memorization(pd.concat([table, base_int8], ignore_index=True))
     assert ref["quantizer"] == "fp32"
-    no_fp32 = table.assign(quantizer=np.where(table["run"] == -1, "bf16", table["quantizer"]))
+    bf16 = table.assign(quantizer=np.where(table["run"] == -1, "bf16", table["quantizer"]))  # a bf16 store's base
+    _, ref, _ = per_sample_memorization(pd.concat([bf16, base_int8], ignore_index=True))
+    assert ref["quantizer"] == "bf16"
+    no_full = table.assign(quantizer=np.where(table["run"] == -1, "nf4", table["quantizer"]))
     with pytest.raises(MemorizationError, match="several quantizers"):
-        per_sample_memorization(pd.concat([no_fp32, base_int8], ignore_index=True))
+        per_sample_memorization(pd.concat([no_full, base_int8], ignore_index=True))
 
 
 def test_quantizer_missing_at_final_checkpoint_is_noted():

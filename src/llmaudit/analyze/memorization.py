@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from llmaudit.common.stats import bootstrap_mean_interval
+from llmaudit.quantize.full import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table, validate_loss_table
 
 LN2 = math.log(2.0)
@@ -146,12 +147,13 @@ def _single_model(rows: pd.DataFrame, what: str) -> pd.DataFrame:
     """Rows of exactly one (run, quantizer, checkpoint); the final checkpoint if several."""
     quantizers = sorted(rows["quantizer"].unique())
     if len(quantizers) > 1:
-        if "fp32" not in quantizers:
+        full = full_precision_reference(quantizers)
+        if full is None:
             raise MemorizationError(
                 f"{what} holds rows under several quantizers {quantizers}; name one with "
                 "reference={'run': R, 'quantizer': Q} (--reference run=R,quantizer=Q)."
             )
-        rows = rows[rows["quantizer"] == "fp32"]
+        rows = rows[rows["quantizer"] == full]
     runs = sorted(rows["run"].unique())
     if len(runs) > 1:
         raise MemorizationError(f"{what} holds rows of several runs {runs}; a reference is one model: keep one run.")

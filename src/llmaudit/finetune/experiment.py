@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from llmaudit.common.io import atomic_write_text
+from llmaudit.common.runtime import choose_compute_dtype, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.pool import draw_pool_and_val, membership_masks
 from llmaudit.data.records import dataset_fingerprint, records_to_jsonl
@@ -67,4 +68,7 @@ def prepare_experiment(cfg: ExperimentConfig, store: RunStore, *, echo=print) ->
     draw = draw_experiment(cfg, echo=echo)
     atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(draw.pool))
     atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(draw.val))
-    return store.create(cfg, draw.data_info, draw.masks, model_source=draw.source.to_dict())
+    choice = choose_compute_dtype(cfg.model.dtype, pick_device(cfg.train.device))
+    compute = {**choice.to_record(), "device": pick_device(cfg.train.device).type}
+    echo(f"[finetune] {store.root}: computes in {compute['dtype']} ({choice.reason})")
+    return store.create(cfg, draw.data_info, draw.masks, model_source=draw.source.to_dict(), compute=compute)

@@ -258,7 +258,7 @@ def finetune(
     )
     if not todo:
         return store
-    base = load_base_model(cfg.model, device)
+    base = load_base_model(cfg.model, device, dtype=store.train_dtype(cfg.model.dtype, device))
     _record_parameters(store, manifest, base, cfg)
     for run in todo:
         with claim(store.lock_path("runs", f"run-{run:03d}")) as mine:
@@ -303,7 +303,7 @@ def _finetune_data_parallel(
         accelerator.wait_for_everyone()
         return store
     with accelerator.main_process_first():
-        base = load_base_model(cfg.model, device)
+        base = load_base_model(cfg.model, device, dtype=store.train_dtype(cfg.model.dtype, device))
     if main:
         _record_parameters(store, manifest, base, cfg)
     accelerator.wait_for_everyone()

@@ -34,7 +34,7 @@ import torch
 
 from llmaudit.common.io import atomic_write_text
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
-from llmaudit.common.runtime import configure_threads
+from llmaudit.common.runtime import choose_compute_dtype, configure_threads, pick_device
 from llmaudit.config import ExperimentConfig, RecipeError, apply_overrides, config_from_dict
 from llmaudit.data.formats import read_user_records
 from llmaudit.data.records import dataset_fingerprint, record_fingerprint, record_format, records_to_jsonl
@@ -187,7 +187,9 @@ def _write_store(
     """The store's files: the data files first, the manifest (with the parameter counts) last."""
     atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(pool))
     atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(val))
-    manifest = store.create(cfg, data_info, masks, imported=imported, model_source=source)
+    device = pick_device(cfg.score.device)
+    compute = {**choose_compute_dtype(cfg.model.dtype, device).to_record(), "device": device.type}
+    manifest = store.create(cfg, data_info, masks, imported=imported, model_source=source, compute=compute)
     manifest["parameters"] = parameters
     store.write_manifest(manifest)
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from llmaudit.common.errors import UserError
-from llmaudit.common.runtime import pick_device
+from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
 from llmaudit.data.records import record_text
@@ -434,6 +434,8 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
         draw.masks = store.membership()
     gpu = device.lower() if device.lower() in GPU_BF16_PEAK else None
     target = torch.device("cuda") if gpu else pick_device(device)
+    compute = torch.bfloat16 if gpu else choose_compute_dtype(cfg.model.dtype, target).dtype
+    cfg = cfg.model_copy(update={"score": cfg.score.with_reference(SHORT_DTYPE_NAMES[compute])})
     budget = token_budget(cfg, target)
     work = count_workload(cfg, draw, budget=budget)
     config = _model_config(cfg, draw)

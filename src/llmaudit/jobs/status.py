@@ -7,6 +7,7 @@ from typing import Any
 from llmaudit.store.integrity import StoreVerdict, verify_store
 from llmaudit.store.markers import marker_state, run_marker_path, unit_marker_path
 from llmaudit.store.run_store import RunStore
+from llmaudit.store.units import with_store_reference
 
 
 def _run_status(store: RunStore, cfg, broken: dict[int, str]) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def _unit_status(store: RunStore, cfg, verdict: StoreVerdict) -> dict[str, Any]:
     def counts() -> dict[str, int]:
         return {"done": 0, "running": 0, "missing": 0, "invalid": 0}
 
-    by_quantizer = {q: counts() for q in cfg.score.quantizers}
+    by_quantizer = {q: counts() for q in with_store_reference(cfg, store).score.quantizers}
     scores: dict[str, Any] = {
         "total": len(verdict.units),
         "done": 0,

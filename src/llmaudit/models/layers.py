@@ -26,3 +26,15 @@ def count_parameters(model: Any) -> ParameterCount:
     """Trainable and total parameter counts (tied parameters counted once)."""
     params = list(model.parameters())
     return ParameterCount(sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
+
+
+def cast_parameters(model: Any, dtype: Any) -> Any:
+    """Cast every floating-point parameter of `model` to `dtype`, in place; returns the model.
+
+    Buffers keep their dtype (rotary inverse frequencies stay float32: rounding them to bf16 would move every
+    position's encoding), integer parameters (quantized codes, e.g. bitsandbytes' int8 weights) are left alone,
+    and tied parameters are cast once."""
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    return model

@@ -30,8 +30,13 @@ QUANTIZER_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 def get_quantizer(name: str, **options) -> Quantizer:
     """The quantizer called ``name`` with validated ``options`` (unknown key or bad value ->
     QuantizationError naming the key, the value and what is allowed). Does not import the backend."""
+    if name == "full":
+        raise QuantizationError(
+            "quantizer 'full' is a recipe's placeholder for the run store's full precision: it is named for the dtype "
+            "the store computes in (bf16, fp32 or fp16) once the store is known; name one of those here."
+        )
     if name not in _REGISTRY:
-        raise QuantizationError(f"unknown quantizer {name!r}; allowed: {list(QUANTIZER_NAMES)}")
+        raise QuantizationError(f"unknown quantizer {name!r}; allowed: {[*QUANTIZER_NAMES, 'full']}")
     return _REGISTRY[name](name, **options)
 
 

@@ -107,24 +107,29 @@ def head_scores(
     weight, bias = head.weight, head.bias
     vocab, rows = weight.shape[0], h.shape[0]
     tiles = range(0, vocab, vocab_tile)
-    target_logit = torch.linalg.vecdot(h.float(), weight[targets].float())
-    if bias is not None:
-        target_logit += bias[targets].float()
+    h = h.to(weight.dtype)  # a float32 head on half-precision hidden states computes in float32
+    direct = weight.dtype == torch.float32
+    if direct:
+        target_logit = torch.linalg.vecdot(h, weight[targets])
+        if bias is not None:
+            target_logit += bias[targets].float()
+    else:  # half-precision logits: the target's is read from its rounded tile, as head(h) would give it
+        target_logit = torch.zeros(rows, dtype=torch.float32, device=h.device)
+        half = torch.empty(rows * vocab_tile, dtype=weight.dtype, device=h.device)
     # per tile: max, sum of exp(x - max), and with vocab_stats the p-weighted mean and variance of x
     stats = torch.empty(4 if vocab_stats else 2, len(tiles), rows, dtype=torch.float32, device=h.device)
     full = rows * vocab_tile
     buffer = torch.empty(full * (3 if vocab_stats else 1), dtype=torch.float32, device=h.device)
-    direct = h.dtype == weight.dtype == torch.float32
     for t, v0 in enumerate(tiles):
         v1 = min(v0 + vocab_tile, vocab)
         size = rows * (v1 - v0)
         x = buffer[:size].view(rows, v1 - v0)
         if direct:
             torch.mm(h, weight[v0:v1].t(), out=x)
+            if bias is not None:
+                x.add_(bias[v0:v1])
         else:
-            x.copy_(torch.nn.functional.linear(h, weight[v0:v1]))
-        if bias is not None:
-            x.add_(bias[v0:v1])
+            _half_tile_logits(h, weight, bias, v0, v1, half[:size].view(rows, v1 - v0), x, targets, target_logit)
         m = torch.amax(x, 1, out=stats[0, t])
         x.sub_(m[:, None])  # x - m <= 0
         if not vocab_stats:
@@ -138,6 +143,30 @@ def head_scores(
         torch.sum(torch.mul(w.mul_(x), x, out=scratch), 1, out=stats[3, t]).div_(w_sum)
         mean.add_(m)
     return merge_tiles(stats, target_logit, vocab_stats=vocab_stats)
+
+
+def _half_tile_logits(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    v0: int,
+    v1: int,
+    half: torch.Tensor,
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    target_logit: torch.Tensor,
+) -> None:
+    """Logits of vocabulary tile [v0, v1) for a half-precision head (bf16/fp16 weights and hidden states): the
+    matmul in the weights' dtype into `half` (oneDNN accumulates in float32 and rounds once, as head(h) does),
+    then float32 in `x` for every reduction; the targets that fall in the tile get their logit from it."""
+    torch.mm(h, weight[v0:v1].t(), out=half)
+    if bias is not None:
+        half.add_(bias[v0:v1])
+    x.copy_(half)
+    inside = (targets >= v0) & (targets < v1)
+    if bool(inside.any()):
+        rows = torch.nonzero(inside).squeeze(1)
+        target_logit[rows] = x[rows, targets[rows] - v0]
 
 
 # Bytes of logits, and of the same-sized temporaries made from them, that one head call may hold at once

@@ -6,15 +6,25 @@ samples, consistent with the manifest, finite); a unit that fails is moved to sc
 scored again. Each unit is claimed with a file lock before it is scored and checked once more after the
 claim, so any number of processes (local jobs, SLURM array tasks) can score one store at once and no unit
 is ever scored twice; every unit scored is appended to scores/worklog.jsonl.
+
+Work is done checkpoint by checkpoint: a process claims a checkpoint's group of units (a second lock), loads
+and merges the checkpoint once, computes what its quantizers share once (GPTQ's calibration), and scores every
+quantizer of it; once no group is free it helps with the units left in groups other processes hold.
+
+Every unit of a store is scored in one dtype (`RunStore.scoring_choice`, recorded by the first `score`): the
+checkpoint is merged and quantized in float32, then its parameters are cast to that dtype. `fp32` listed in a
+bfloat16 store is the exception that proves the rule: it is scored in float32, as its name says.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +35,11 @@ from tqdm.auto import tqdm
 
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
-from llmaudit.common.runtime import pick_device
+from llmaudit.common.runtime import SHORT_DTYPE_NAMES, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.records import record_text
 from llmaudit.data.tokenize import Example, tokenize_records
+from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_checkpoint_model, load_tokenizer
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.base import Quantizer
@@ -138,19 +149,25 @@ class _Inputs:
     val: list[Example]
     masks: np.ndarray
     base: Any
+    dtype: torch.dtype
+    """The store's scoring dtype (RunStore.scoring_choice)."""
 
 
-def _load_inputs(cfg: ExperimentConfig, store: RunStore, device: torch.device, quantizers: dict) -> _Inputs:
+def _load_inputs(
+    cfg: ExperimentConfig, store: RunStore, device: torch.device, quantizers: dict, dtype: torch.dtype
+) -> _Inputs:
     tok = load_tokenizer(cfg.model)
     pool_records = store.read_records("pool")
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     pool = tokenize_records(tok, pool_records, "pool", **kw)
     val = tokenize_records(tok, store.read_records("val"), "val", **kw)
-    base = load_base_model(cfg.model, device)
+    # On a CPU checkpoints are merged and quantized in float32 whatever the scoring dtype (the quantizers' math is
+    # float32 there); on a GPU the base is loaded in the scoring dtype, which its kernels compute in.
+    base = load_base_model(cfg.model, device, dtype=torch.float32 if device.type == "cpu" else dtype)
     for quantizer in quantizers.values():  # group sizes and scopes against the real layers, before any unit
         quantizer.check(base)
     import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
-    return _Inputs(cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base)
+    return _Inputs(cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base, dtype)
 
 
 def _checkpoint_model(inputs: _Inputs, run: int, step: int) -> Any:
@@ -169,14 +186,57 @@ def _checkpoint_model(inputs: _Inputs, run: int, step: int) -> Any:
     return load_checkpoint_model(inputs.base, directory, inputs.device)
 
 
-def _quantized(inputs: _Inputs, quantizer: Quantizer, model: Any, run: int) -> Any:
-    if quantizer.family == "full" and quantizer.name == "fp32" and next(model.parameters()).dtype == torch.float32:
+@dataclass
+class CheckpointWork:
+    """What the units of one checkpoint share inside one process: the merged model, and the work that depends only
+    on it (GPTQ's Hessians, shared by every bit width and group size with the same calibration), done on first use.
+    `paid` holds the seconds of shared work not yet charged to a unit (the work log charges the unit that paid)."""
+
+    key: tuple[int, int] | None = None
+    model: Any = None
+    shared: dict[Any, Any] = field(default_factory=dict)
+    paid: float = 0.0
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key not in self.shared:
+            t0 = time.time()
+            self.shared[key] = make()
+            self.paid += time.time() - t0
+        return self.shared[key]
+
+    def take_paid(self) -> float:
+        paid, self.paid = self.paid, 0.0
+        return paid
+
+
+def unit_dtype(quantizer: Quantizer, store_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a unit is scored in: the store's, except `fp32`, which is float32 (full precision as named) in a
+    store that scores in a half-precision dtype."""
+    return torch.float32 if quantizer.family == "full" and quantizer.name == "fp32" else store_dtype
+
+
+def _gptq_kwargs(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> dict[str, Any]:
+    """Calibration of a GPTQ unit: the run's own training samples (the base: run 0's); its Hessians are computed once
+    per checkpoint and calibration, and shared by the GPTQ quantizers that calibrate alike."""
+    members = np.flatnonzero(inputs.masks[max(run, 0)])
+    kwargs: dict[str, Any] = {
+        "tokenizer": inputs.tok,
+        "calibration_texts": [record_text(inputs.pool_records[i]) for i in members],
+    }
+    shares = getattr(quantizer, "shares_calibration", None)
+    if callable(shares) and shares():
+        key = ("gptq", quantizer.calibration_key())
+        kwargs["hessians"] = work.get(key, lambda: quantizer.collect_hessians(work.model, **kwargs))
+    return kwargs
+
+
+def _quantized(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> Any:
+    """The unit's model: the checkpoint quantized (float32 math on a CPU), its parameters in the unit's dtype."""
+    model, dtype = work.model, unit_dtype(quantizer, inputs.dtype)
+    if quantizer.family == "full" and quantizer.name == "fp32" and next(model.parameters()).dtype == dtype:
         return model  # no copy: fp32 of an fp32 model is the model itself
-    kwargs = {}
-    if quantizer.family == "gptq":  # calibrated on the run's own training samples (the base: run 0's)
-        members = np.flatnonzero(inputs.masks[max(run, 0)])
-        kwargs = {"tokenizer": inputs.tok, "calibration_texts": [record_text(inputs.pool_records[i]) for i in members]}
-    return quantizer.quantize_model(copy.deepcopy(model), **kwargs)
+    kwargs = _gptq_kwargs(inputs, quantizer, work, run) if quantizer.family == "gptq" else {}
+    return cast_parameters(quantizer.quantize_model(copy.deepcopy(model), **kwargs), dtype)
 
 
 def unit_examples(val: list[Example], pool: list[Example], unit: Unit) -> list[Example]:
@@ -189,10 +249,10 @@ def token_budget(cfg: ExperimentConfig, device: torch.device) -> int:
     return cfg.score.token_budget or (16384 if device.type == "cuda" else 2048)
 
 
-def score_unit(inputs: _Inputs, unit: Unit, model: Any) -> pd.DataFrame:
-    """The loss table of one unit: `model` (the unit's checkpoint) quantized, scored on its samples."""
+def score_unit(inputs: _Inputs, unit: Unit, work: CheckpointWork) -> pd.DataFrame:
+    """The loss table of one unit: its checkpoint (`work.model`) quantized, scored on its samples."""
     quantizer = inputs.quantizers[unit.quantizer]
-    qmodel = _quantized(inputs, quantizer, model, unit.run)
+    qmodel = _quantized(inputs, quantizer, work, unit.run)
     _record_quantizer(inputs.store, quantizer, qmodel)
     examples = unit_examples(inputs.val, inputs.pool, unit)
     cfg, device = inputs.cfg, inputs.device
@@ -252,21 +312,32 @@ def unit_name(unit: Unit) -> str:
     return f"{'base' if unit.run < 0 else f'run {unit.run}'}/step {unit.step}/{unit.quantizer}"
 
 
-def _score_claimed_unit(
-    inputs: _Inputs, unit: Unit, path: Path, loaded: tuple[tuple[int, int] | None, Any]
-) -> tuple[tuple[int, int] | None, Any]:
+def _load_checkpoint(inputs: _Inputs, work: CheckpointWork, unit: Unit) -> CheckpointWork:
+    """`work` for the unit's checkpoint: the same object when it already holds it, else a new one (the previous
+    checkpoint's model and shared work are released first: one checkpoint in memory at a time)."""
+    key = (unit.run, unit.step)
+    if work.key == key:
+        return work
+    work.model = None
+    work.shared.clear()
+    gc.collect()
+    t0 = time.time()
+    model = inputs.base if unit.run == REFERENCE_RUN else _checkpoint_model(inputs, unit.run, unit.step)
+    return CheckpointWork(key=key, model=model, paid=time.time() - t0)
+
+
+def _score_claimed_unit(inputs: _Inputs, unit: Unit, path: Path, work: CheckpointWork) -> CheckpointWork:
     """Score a unit this process has claimed into `path` (under its running marker) and log it in the worklog.
 
-    loaded: ((run, step), model) of the model the previous unit used, reused when this unit is on the same
-    checkpoint; returns the pair this unit used."""
+    work: the checkpoint the previous unit used, reused when this unit is on the same checkpoint; returns the one
+    this unit used. The log charges a unit its own seconds plus the shared work it paid for (loading the checkpoint,
+    a shared calibration), so the logged seconds add up to the wall time."""
     store = inputs.store
-    model_key, model = loaded
     with running_marker(unit_marker_path(store, unit.run, unit.step, unit.quantizer)):
         start = time.time()
-        if model_key != (unit.run, unit.step):
-            model = inputs.base if unit.run == REFERENCE_RUN else _checkpoint_model(inputs, unit.run, unit.step)
-            model_key = (unit.run, unit.step)
-        write_loss_table(score_unit(inputs, unit, model), path)
+        work = _load_checkpoint(inputs, work, unit)
+        write_loss_table(score_unit(inputs, unit, work), path)
+        examples = unit_examples(inputs.val, inputs.pool, unit)
         append_work(
             store.worklog_path,
             {
@@ -274,12 +345,69 @@ def _score_claimed_unit(
                 "run": unit.run,
                 "step": unit.step,
                 "quantizer": unit.quantizer,
-                "samples": len(unit_examples(inputs.val, inputs.pool, unit)),
-                "tokens": sum(len(e.input_ids) for e in unit_examples(inputs.val, inputs.pool, unit)),
+                "samples": len(examples),
+                "tokens": sum(len(e.input_ids) for e in examples),
+                "dtype": dtype_name(unit_dtype(inputs.quantizers[unit.quantizer], inputs.dtype)),
+                "shared_seconds": round(work.take_paid(), 3),
                 "seconds": round(time.time() - start, 3),
             },
         )
-    return model_key, model
+    return work
+
+
+def checkpoint_groups(units: list[Unit]) -> list[list[Unit]]:
+    """Units grouped by checkpoint (run, step), in the grid's order: what one process scores together."""
+    groups: dict[tuple[int, int], list[Unit]] = {}
+    for unit in units:
+        groups.setdefault((unit.run, unit.step), []).append(unit)
+    return list(groups.values())
+
+
+@dataclass
+class _Progress:
+    scored: int = 0
+    others: list[Unit] = field(default_factory=list)
+    decided: set[Unit] = field(default_factory=set)
+
+
+def _score_group(
+    inputs: _Inputs, group: list[Unit], work: CheckpointWork, ids, progress: _Progress, bar
+) -> CheckpointWork:
+    """Every unit of one checkpoint that no other process holds or has finished."""
+    store, (pool_ids, val_ids) = inputs.store, ids
+    for unit in group:
+        if unit in progress.decided:
+            continue
+        path = store.unit_path(unit.run, unit.step, unit.quantizer)
+        with claim(store.lock_path("units", *path.relative_to(store.scores_dir).with_suffix("").parts)) as mine_now:
+            if not mine_now or (path.exists() and check_unit_file(path, unit, pool_ids, val_ids, inputs.masks) is None):
+                progress.others.append(unit)  # another process holds it, or finished it since we looked
+                progress.decided.add(unit)
+                bar.update(1)
+                continue
+            work = _score_claimed_unit(inputs, unit, path, work)
+            progress.scored += 1
+        progress.decided.add(unit)
+        bar.update(1)
+    return work
+
+
+def _score_todo(inputs: _Inputs, todo: list[Unit], bar) -> _Progress:
+    """Claim checkpoint groups no other process holds and score them; then help with what is left of the groups
+    that others hold (their units are claimed one by one, so nothing is scored twice)."""
+    store, progress, work = inputs.store, _Progress(), CheckpointWork()
+    ids = ([e.sample_id for e in inputs.pool], [e.sample_id for e in inputs.val])
+    groups = checkpoint_groups(todo)
+    for first_pass in (True, False):
+        for group in groups:
+            if all(u in progress.decided for u in group):
+                continue
+            lock = store.lock_path("groups", f"run-{group[0].run:+04d}-step-{group[0].step:06d}")
+            with claim(lock) as held:
+                if first_pass and not held:
+                    continue
+                work = _score_group(inputs, group, work, ids, progress, bar)
+    return progress
 
 
 def score(
@@ -292,37 +420,41 @@ def score(
     deep_verify: bool = False,
 ) -> dict[str, Any]:
     """Score every unit of this shard that is not done. Returns counts and timings:
-    {"units", "scored", "taken_by_others", "seconds"}."""
+    {"units", "scored", "taken_by_others", "seconds", "dtype"}."""
     device = pick_device(cfg.score.device)
+    check_quantizers(cfg.model_copy(update={"score": cfg.score.with_reference("fp32")}), device)  # before any file
+    choice = store.scoring_choice(cfg.score.dtype, device)
+    cfg = cfg.model_copy(update={"score": cfg.score.with_reference(SHORT_DTYPE_NAMES[choice.dtype])})
     quantizers = check_quantizers(cfg, device)
     check_recorded_options(store, quantizers)
     store.update_config(cfg)
     mine, todo = _todo(cfg, store, shard, deep=deep_verify, echo=echo)
     echo(
         f"[score] {store.root}: {len(plan_units(cfg, store))} unit(s) in the grid, {len(mine)} in this shard, "
-        f"{len(mine) - len(todo)} already scored, {len(todo)} to do on {device}"
+        f"{len(mine) - len(todo)} already scored, {len(todo)} to do on {device} in {dtype_name(choice.dtype)}"
     )
     if not todo:
-        return {"units": len(mine), "scored": 0, "taken_by_others": 0, "seconds": 0.0}
-    inputs = _load_inputs(cfg, store, device, quantizers)
-    masks, pool_ids, val_ids = inputs.masks, [e.sample_id for e in inputs.pool], [e.sample_id for e in inputs.val]
-    t0, scored, others = time.time(), 0, []
+        return {
+            "units": len(mine),
+            "scored": 0,
+            "taken_by_others": 0,
+            "seconds": 0.0,
+            "dtype": dtype_name(choice.dtype),
+        }
+    inputs = _load_inputs(cfg, store, device, quantizers, choice.dtype)
+    t0 = time.time()
     bar = tqdm(total=len(todo), desc="scoring", disable=not progress, mininterval=1.0)
-    loaded: tuple[tuple[int, int] | None, Any] = (None, None)  # ((run, step), model) of the last unit
-    for unit in todo:
-        path = store.unit_path(unit.run, unit.step, unit.quantizer)
-        with claim(store.lock_path("units", *path.relative_to(store.scores_dir).with_suffix("").parts)) as mine_now:
-            if not mine_now or (path.exists() and check_unit_file(path, unit, pool_ids, val_ids, masks) is None):
-                others.append(unit)  # another process holds it, or finished it since we looked
-                bar.update(1)
-                continue
-            loaded = _score_claimed_unit(inputs, unit, path, loaded)
-            scored += 1
-        bar.update(1)
+    done = _score_todo(inputs, todo, bar)
     bar.close()
     seconds = time.time() - t0
     echo(
-        f"[score] scored {scored} unit(s) in {seconds:.1f}s"
-        + (f"; {len(others)} unit(s) were taken by another process" if others else "")
+        f"[score] scored {done.scored} unit(s) in {seconds:.1f}s"
+        + (f"; {len(done.others)} unit(s) were taken by another process" if done.others else "")
     )
-    return {"units": len(mine), "scored": scored, "taken_by_others": len(others), "seconds": seconds}
+    return {
+        "units": len(mine),
+        "scored": done.scored,
+        "taken_by_others": len(done.others),
+        "seconds": seconds,
+        "dtype": dtype_name(choice.dtype),
+    }

@@ -36,16 +36,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from llmaudit import __version__
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
 from llmaudit.common.names import check_safe_name, is_safe_name
+from llmaudit.common.runtime import (
+    DTYPE_NAMES,
+    SHORT_DTYPE_NAMES,
+    ComputeChoice,
+    check_can_compute,
+    dtype_name,
+    legacy_dtype,
+)
 from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config
 
-MANIFEST_VERSION = 2
-DIGESTED_KEYS = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
-"""The manifest content that defines an experiment: its digest is checked on every read."""
+MANIFEST_VERSION = 3
+DIGESTED_KEYS_V2 = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
+DIGESTED_KEYS = (*DIGESTED_KEYS_V2, "compute", "score_compute")
+"""The manifest content that defines an experiment and its numbers: its digest is checked on every read. Version 3
+added the compute dtype the store trains in (`compute`, decided once when the store is created) and scores in
+(`score_compute`, decided by the first `score`); a version-2 manifest is digested over its own keys."""
 REQUIRED_KEYS = ("name", "identity_hash", "identity", "config", "data", "membership")
 REPAIR = "restore the run directory from its source, or recreate it with `llmaudit finetune` (or `llmaudit import`)"
 
@@ -74,9 +86,15 @@ class StoreError(UserError):
     """The run store is missing, damaged, tampered with, or belongs to another experiment."""
 
 
+def digested_keys(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The keys a manifest's digest covers (DIGESTED_KEYS; DIGESTED_KEYS_V2 for a version-2 manifest)."""
+    version = manifest.get("manifest_version")
+    return DIGESTED_KEYS if isinstance(version, int) and version >= 3 else DIGESTED_KEYS_V2
+
+
 def content_digest(manifest: dict[str, Any]) -> str:
-    """sha256 of the manifest's defining content (DIGESTED_KEYS), canonical JSON."""
-    blob = json.dumps({k: manifest.get(k) for k in DIGESTED_KEYS}, sort_keys=True, separators=(",", ":"))
+    """sha256 of the manifest's defining content (`digested_keys`), canonical JSON."""
+    blob = json.dumps({k: manifest.get(k) for k in digested_keys(manifest)}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -180,7 +198,7 @@ class RunStore:
         if recorded is not None and recorded != content_digest(manifest):
             raise StoreError(
                 f"{self.manifest_path} was modified after llmaudit wrote it: its content digest does not match "
-                f"its {'/'.join(DIGESTED_KEYS)} sections (an edited pool size, membership mask or data id changes "
+                f"its {'/'.join(digested_keys(manifest))} sections (an edited pool size, membership mask or data id changes "
                 f"every attack). Restore the original manifest; {REPAIR}."
             )
         bad = [q for q in manifest.get("quantizers") or [] if not is_safe_name(q)]
@@ -256,6 +274,11 @@ class RunStore:
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Write the manifest with a fresh content digest (only llmaudit's own writes go through here)."""
         manifest = dict(manifest)
+        # llmaudit's own writes bring an older manifest to the current version (its digest then covers the
+        # compute records too; a store made before they existed has compute = None: see `train_dtype`).
+        manifest["manifest_version"] = max(int(manifest.get("manifest_version") or 0), MANIFEST_VERSION)
+        manifest.setdefault("compute", None)
+        manifest.setdefault("score_compute", None)
         manifest["content_digest"] = content_digest(manifest)
         atomic_write_json(self.manifest_path, manifest)
 
@@ -267,7 +290,10 @@ class RunStore:
         *,
         imported: dict[str, Any] | None = None,
         model_source: dict[str, Any] | None = None,
+        compute: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """A new store's manifest. `compute`: the dtype it trains and scores in and why (`ComputeChoice.to_record`),
+        decided once here so that every later process, shard or machine computes in the same dtype."""
         manifest = {
             "manifest_version": MANIFEST_VERSION,
             "name": cfg.name,
@@ -288,12 +314,84 @@ class RunStore:
             },
             "imported": imported,
             "model_source": model_source,
+            "compute": compute,
+            "score_compute": None,
             "quantizers": [],
         }
         manifest = _jsonable(manifest)
         self.write_manifest(manifest)
         atomic_write_text(self.root / "config.yaml", dump_config(cfg))
         return self.manifest()
+
+    # ---------------------------------------------------------------- compute dtype
+    def train_dtype(self, requested: str, device: torch.device) -> torch.dtype:
+        """The dtype this store's runs train in: recorded when the store was created (`compute`). A store made
+        before llmaudit recorded it keeps the rule it was made under (auto = float32 on a CPU, bfloat16 on a GPU)."""
+        record = self.manifest().get("compute")
+        if record is None:
+            return legacy_dtype(requested, device)
+        return self._recorded_dtype(record, "compute")
+
+    def scoring_choice(self, requested: str, device: torch.device) -> ComputeChoice:
+        """The dtype every unit of this store is scored in, decided by the first `score` and recorded
+        (`score_compute`), so that no store is scored half in one precision and half in another.
+        requested = score.dtype: auto = the store's compute dtype; an explicit dtype must match the recorded one
+        (a fresh copy of the store without scores/ may be scored in another)."""
+        manifest = self.manifest()
+        recorded = manifest.get("score_compute")
+        if recorded is not None and requested != "auto" and not self.has_scored_units():
+            recorded = None  # nothing scored yet (e.g. a copy without its scores/): the dtype may be chosen anew
+        if recorded is not None:
+            dtype = self._recorded_dtype(recorded, "score_compute")
+            if requested != "auto" and DTYPE_NAMES.get(requested) != dtype:
+                raise StoreError(
+                    f"{self.root} is scored in {dtype_name(dtype)} (recorded by its first `score`); score.dtype={requested} "
+                    "would mix two precisions in one grid. Keep score.dtype=auto, or copy the run directory without its "
+                    "scores/ and score the copy in the other dtype."
+                )
+            choice = ComputeChoice(dtype, str(recorded.get("reason") or ""))
+        else:
+            choice = self._first_scoring_choice(manifest, requested, device)
+            manifest["score_compute"] = {**choice.to_record(), "device": device.type}
+            self.write_manifest(manifest)
+        check_can_compute(choice.dtype, device, what=f"run directory {self.root}")
+        return choice
+
+    def has_scored_units(self) -> bool:
+        """Whether any loss table of this store's grid is on disk (scores/quarantine/ does not count)."""
+        if not self.scores_dir.is_dir():
+            return False
+        return any(
+            p for p in self.scores_dir.rglob("*.parquet") if "quarantine" not in p.relative_to(self.scores_dir).parts
+        )
+
+    def reference_name(self, device: torch.device | None = None) -> str:
+        """The name the placeholder quantizer `full` takes in this store: the short name (fp32, bf16, fp16) of the
+        dtype it is scored in (recorded by its first `score`), else of the dtype it was created with."""
+        manifest = self.manifest()
+        for key in ("score_compute", "compute"):
+            if manifest.get(key) is not None:
+                return SHORT_DTYPE_NAMES[self._recorded_dtype(manifest[key], key)]
+        requested = manifest["config"].get("model", {}).get("dtype", "auto")
+        return SHORT_DTYPE_NAMES[legacy_dtype(requested, device or torch.device("cpu"))]
+
+    def _first_scoring_choice(self, manifest: dict[str, Any], requested: str, device: torch.device) -> ComputeChoice:
+        if requested != "auto":
+            return ComputeChoice(DTYPE_NAMES[requested], f"score.dtype={requested}")
+        record = manifest.get("compute")
+        if record is None:  # a store made before llmaudit recorded its dtype: the rule its units were scored under
+            dtype = legacy_dtype(manifest["config"].get("model", {}).get("dtype", "auto"), device)
+            return ComputeChoice(dtype, f"{dtype_name(dtype)}: the rule of stores made before llmaudit 0.3")
+        dtype = self._recorded_dtype(record, "compute")
+        return ComputeChoice(dtype, f"the store's compute dtype ({record.get('reason')})")
+
+    def _recorded_dtype(self, record: Any, key: str) -> torch.dtype:
+        name = record.get("dtype") if isinstance(record, dict) else None
+        if name not in DTYPE_NAMES:
+            raise StoreError(
+                f"{self.manifest_path}: {key}.dtype = {name!r} is not one of {list(DTYPE_NAMES)}; {REPAIR}."
+            )
+        return DTYPE_NAMES[name]
 
     def membership(self) -> np.ndarray:
         """[runs, pool_size] booleans: run r trained on pool sample j."""
@@ -303,7 +401,10 @@ class RunStore:
     def scored_quantizers(self) -> list[str]:
         """Every quantizer scored in this store so far, in the order they were first asked for (add-only)."""
         manifest = self.manifest()
-        return list(manifest.get("quantizers") or manifest["config"]["score"]["quantizers"])
+        names = list(manifest.get("quantizers") or manifest["config"]["score"]["quantizers"])
+        if "full" in names:  # the placeholder of a recipe (ScoreConfig.with_reference): named for this store's dtype
+            names = list(dict.fromkeys(self.reference_name() if q == "full" else q for q in names))
+        return names
 
     def update_config(self, cfg: ExperimentConfig) -> ExperimentConfig:
         """Record score/attack/report settings (the identity must match). Add-only: the quantizers already

@@ -35,6 +35,14 @@ def grid_units(cfg: ExperimentConfig, steps_per_run: dict[int, list[int]]) -> li
     return units
 
 
+def with_store_reference(cfg: ExperimentConfig, store: RunStore) -> ExperimentConfig:
+    """`cfg` with the placeholder quantizer `full` named for the store's dtype (RunStore.reference_name)."""
+    if "full" not in cfg.score.quantizers or not store.exists():
+        return cfg
+    return cfg.model_copy(update={"score": cfg.score.with_reference(store.reference_name())})
+
+
 def plan_units(cfg: ExperimentConfig, store: RunStore) -> list[Unit]:
     """Every scoring unit of the experiment's finished runs (`grid_units` of their recorded trajectories)."""
+    cfg = with_store_reference(cfg, store)
     return grid_units(cfg, {run: store.checkpoints(run) for run in range(cfg.train.runs) if store.run_done(run)})
