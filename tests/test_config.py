@@ -25,7 +25,9 @@ def test_every_audit_recipe_validates(path):
 
 
 def test_the_full_placeholder_takes_the_store_dtypes_name_with_its_options():
-    cfg = load_recipe("demo-cpu", ["score.quantizers=[full,hqq-4,bf16]", "score.quantizer_options={full: {mode: fake}}"])
+    cfg = load_recipe(
+        "demo-cpu", ["score.quantizers=[full,hqq-4,bf16]", "score.quantizer_options={full: {mode: fake}}"]
+    )
     assert cfg.score.with_reference("fp32").quantizers == ["fp32", "hqq-4", "bf16"]
     assert cfg.score.with_reference("fp32").quantizer_options == {"fp32": {"mode": "fake"}}
     assert cfg.score.with_reference("bf16").quantizers == ["bf16", "hqq-4"]  # named twice: once
