@@ -110,7 +110,7 @@ class Held:
     """A score task's process stopped (SIGSTOP) while it holds a unit."""
 
     pid: int
-    job_id: str  # SLURM_JOB_ID of the task (its own id, not ARRAY_TASK)
+    job_id: str  # the job its RUNNING marker names: ARRAY_TASK for an array task
     unit: Path  # the loss table it was writing (not on disk yet)
 
     def resume(self) -> None:

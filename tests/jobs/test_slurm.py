@@ -209,13 +209,19 @@ def test_a_preempted_score_task_is_requeued_and_no_unit_is_lost_or_scored_twice(
         wait_for_pending_signal(held.pid, signal.SIGUSR2)
     finally:
         held.resume()
+    # The marker names the array task: for the array's last task, SLURM_JOB_ID is the array's own id, and
+    # the signal above would have reached every task.
     task = show_job(held.job_id)
     preempted = f"{task['ArrayJobId']}_{task['ArrayTaskId']}"
+    assert held.job_id == preempted and task["ArrayJobId"] == score_job["job_id"]
 
     jobs = wait_for_chain(out)
     assert stage_states(jobs) == {"score": {"COMPLETED": 2}, "report": {"COMPLETED": 1}}
-    attempts = [r["State"] for r in accounting([score_job["job_id"]], duplicates=True) if r["JobID"] == preempted]
-    assert attempts == ["REQUEUED", "COMPLETED"]
+    attempts = collections.defaultdict(list)
+    for row in accounting([score_job["job_id"]], duplicates=True):
+        attempts[row["JobID"]].append(row["State"])
+    other = ({f"{score_job['job_id']}_{i}" for i in range(2)} - {preempted}).pop()
+    assert attempts == {preempted: ["REQUEUED", "COMPLETED"], other: ["COMPLETED"]}
     assert "Requeued job" in (Path(score_job["log_dir"]) / f"{preempted}_0_log.out").read_text()
     # The unit it held was not written by the stopped process: the requeued task scored it, once.
     work = assert_each_unit_scored_once(store)
@@ -318,8 +324,9 @@ def test_cluster_options_are_what_the_scheduler_holds(tmp_path, run_dirs, thread
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_setting_sbatch_refuses_is_one_line_and_submits_nothing(tmp_path, threads_kept):
+def test_a_setting_sbatch_refuses_is_one_line_and_submits_nothing(tmp_path, run_dirs, threads_kept):
     out = tmp_path / "refused"
+    run_dirs.append(out)
     args = [
         "submit",
         "all",
@@ -331,8 +338,9 @@ def test_a_setting_sbatch_refuses_is_one_line_and_submits_nothing(tmp_path, thre
     ]
     code, _, err = run_cli([*args, "--no-plan"], env=ENV)
     assert code == 2, err
-    assert err.startswith("error: sbatch refused the finetune job") and "invalid partition" in err.lower()
-    assert len(err.strip().splitlines()) == 1
+    *before, last = err.strip().splitlines()  # before: what the data draw printed (building the tiny model)
+    assert last.startswith("error: sbatch refused the finetune job") and "invalid partition" in last.lower()
+    assert not [line for line in before if "sbatch" in line]  # sbatch's own lines only inside that one
     assert slurm.read_submissions(out) == []
 
 
@@ -446,3 +454,19 @@ def test_live_tasks_pending_arrays_and_forgotten_jobs(tmp_path, monkeypatch):
     jobs = slurm.jobs_status(tmp_path)
     assert jobs["reachable"] is False
     assert "no SLURM scheduler answers here" in "\n".join(_format_jobs(jobs, str(tmp_path)))
+
+
+def test_a_running_marker_names_the_array_task_not_the_array(tmp_path, monkeypatch):
+    """SLURM gives an array's last task the array's own SLURM_JOB_ID: `scancel` of that id stops every
+    task, so the marker (what a user reads to find the job at work) names ARRAY_TASK."""
+    from llmaudit.store.markers import running_marker
+
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    with running_marker(tmp_path / "u.RUNNING.json") as marker:
+        assert json.loads(marker.read_text())["job_id"] == "9_1"
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID")
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
+    with running_marker(tmp_path / "u.RUNNING.json") as marker:
+        assert json.loads(marker.read_text())["job_id"] == "9"
