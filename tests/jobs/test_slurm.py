@@ -219,9 +219,15 @@ def test_a_preempted_score_task_is_requeued_and_no_unit_is_lost_or_scored_twice(
     assert stage_states(jobs) == {"score": {"COMPLETED": 2}, "report": {"COMPLETED": 1}}
     attempts = collections.defaultdict(list)
     for row in accounting([score_job["job_id"]], duplicates=True):
-        attempts[row["JobID"]].append(row["State"])
+        attempts[row["JobID"]].append(row)
     other = ({f"{score_job['job_id']}_{i}" for i in range(2)} - {preempted}).pop()
-    assert attempts == {preempted: ["REQUEUED", "COMPLETED"], other: ["COMPLETED"]}
+    assert {task: [r["State"] for r in rows] for task, rows in attempts.items()} == {
+        preempted: ["REQUEUED", "COMPLETED"],
+        other: ["COMPLETED"],
+    }
+    # afterok waited for the requeued attempt, not only for the first one.
+    report_job = slurm.read_submissions(out)[-1]["stages"][1]["job_id"]
+    assert accounting([report_job])[0]["Start"] >= attempts[preempted][-1]["End"]
     assert "Requeued job" in (Path(score_job["log_dir"]) / f"{preempted}_0_log.out").read_text()
     # The unit it held was not written by the stopped process: the requeued task scored it, once.
     work = assert_each_unit_scored_once(store)
@@ -470,3 +476,20 @@ def test_a_running_marker_names_the_array_task_not_the_array(tmp_path, monkeypat
     monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
     with running_marker(tmp_path / "u.RUNNING.json") as marker:
         assert json.loads(marker.read_text())["job_id"] == "9"
+
+
+def test_scoring_alone_before_the_runs_are_finished_is_refused_at_submit(tiny_cfg, run_dirs, threads_kept):
+    """The scoring grid is the runs' checkpoints: with runs missing, score tasks would fail one by one on
+    the cluster; `llmaudit submit score` says so at once, in one line, and names the command to use."""
+    from llmaudit.finetune.experiment import prepare_experiment
+
+    out = tiny_cfg.resolved_output_dir()
+    run_dirs.append(out)  # were anything submitted
+    prepare_experiment(tiny_cfg, RunStore(out), echo=lambda *_: None)  # the data draw, no runs
+    code, _, err = run_cli(["submit", "score", str(out), "cluster.cluster=slurm", "--no-plan"], env=ENV)
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == (
+        f"error: {out}: runs [0, 1, 2] are not finished, so the scoring grid is not known yet; "
+        f"submit the whole chain instead: `llmaudit submit all {out}`"
+    )
+    assert slurm.read_submissions(out) == []
