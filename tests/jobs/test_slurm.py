@@ -125,11 +125,10 @@ def unit_key(store: RunStore, path: Path) -> dict:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.parametrize("shards", [3])
 def test_submit_all_runs_the_demo_as_chained_array_jobs_and_reports_like_a_local_audit(
-    tmp_path, reference, run_dirs, threads_kept, shards
+    tmp_path, reference, run_dirs, threads_kept
 ):
-    out = tmp_path / "slurm"
+    out, shards = tmp_path / "slurm", 3
     run_dirs.append(out)
     llmaudit(
         "submit",
@@ -221,7 +220,7 @@ def test_a_preempted_score_task_is_requeued_and_no_unit_is_lost_or_scored_twice(
     for row in accounting([score_job["job_id"]], duplicates=True):
         attempts[row["JobID"]].append(row)
     other = ({f"{score_job['job_id']}_{i}" for i in range(2)} - {preempted}).pop()
-    assert {task: [r["State"] for r in rows] for task, rows in attempts.items()} == {
+    assert {t: [r["State"] for r in rows] for t, rows in attempts.items()} == {
         preempted: ["REQUEUED", "COMPLETED"],
         other: ["COMPLETED"],
     }
@@ -288,7 +287,6 @@ def test_a_failed_task_leaves_a_chain_that_status_explains_and_one_command_repai
 
 
 @pytest.mark.slurm
-@pytest.mark.slow
 def test_cluster_options_are_what_the_scheduler_holds(tmp_path, run_dirs, threads_kept):
     """Submitted held (`hold` passes through slurm_additional_parameters), read back with scontrol, cancelled."""
     out = tmp_path / "held"
@@ -329,7 +327,6 @@ def test_cluster_options_are_what_the_scheduler_holds(tmp_path, run_dirs, thread
 
 
 @pytest.mark.slurm
-@pytest.mark.slow
 def test_a_setting_sbatch_refuses_is_one_line_and_submits_nothing(tmp_path, run_dirs, threads_kept):
     out = tmp_path / "refused"
     run_dirs.append(out)
@@ -353,18 +350,15 @@ def test_a_setting_sbatch_refuses_is_one_line_and_submits_nothing(tmp_path, run_
 # ------------------------------------------------------------------------------------------ no cluster needed
 
 
-def fake_scheduler(monkeypatch, answers: dict[str, tuple[int, str, str] | None]) -> list[list[str]]:
-    """Replace the scheduler commands by canned answers {command: (exit code, stdout, stderr) or None for
-    'not installed'}, as SLURM 22.05 prints them; returns the commands called."""
-    calls: list[list[str]] = []
+def fake_scheduler(monkeypatch, answers: dict[str, tuple[int, str, str] | None]) -> None:
+    """Replace the scheduler commands by canned answers {command: (exit code, stdout, stderr), or None for
+    'not installed'}, as SLURM 22.05 prints them."""
 
     def run(command: list[str]):
-        calls.append(command)
         answer = answers[command[0]]
         return None if answer is None else subprocess.CompletedProcess(command, answer[0], answer[1], answer[2])
 
     monkeypatch.setattr(slurm, "_run", run)
-    return calls
 
 
 def recorded_chain(root: Path) -> None:
