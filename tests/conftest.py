@@ -12,6 +12,15 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def pytest_collection_modifyitems(config, items):
+    if any("slurm" in item.keywords for item in items):
+        from tests.jobs.slurm_cluster import cluster_unreachable
+
+        why = cluster_unreachable()
+        if why and os.environ.get("LLMAUDIT_SLURM_REQUIRED", "") not in ("", "0"):
+            raise pytest.UsageError(f"LLMAUDIT_SLURM_REQUIRED is set, but {why}")
+        for item in items:
+            if why and "slurm" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=why))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmaudit.jobs.slurm import jobs_status
 from llmaudit.store.integrity import StoreVerdict, verify_store
 from llmaudit.store.markers import marker_state, run_marker_path, unit_marker_path
 from llmaudit.store.run_store import RunStore
@@ -83,7 +84,8 @@ def _report_status(store: RunStore) -> dict[str, Any]:
 
 def stage_status(store: RunStore) -> dict[str, Any]:
     """What is done, running, missing and broken in a run directory, per stage (`llmaudit status`),
-    from `verify_store`'s shallow check: a unit whose file fails it counts as invalid, not done."""
+    from `verify_store`'s shallow check: a unit whose file fails it counts as invalid, not done; and, when
+    `llmaudit submit` sent it to SLURM, what the scheduler says about those jobs (`jobs.slurm.jobs_status`)."""
     cfg = store.config()
     verdict = verify_store(store, cfg)
     broken: dict[int, str] = {}
@@ -103,7 +105,41 @@ def stage_status(store: RunStore) -> dict[str, Any]:
         "score": scores,
         "report": report,
         "complete": complete,
+        "jobs": jobs_status(store.root),
     }
+
+
+def _format_jobs(jobs: dict[str, Any] | None, run_dir: str) -> list[str]:
+    """The SLURM jobs of the latest submission: each stage's task states, failed tasks with their error and
+    log, jobs that can never start, and the command that repairs a broken chain."""
+    if jobs is None:
+        return []
+    lines = [
+        f"jobs      SLURM, submitted {jobs['submitted']} ({jobs['submissions']} submission(s) in jobs/slurm.jsonl)"
+    ]
+    if not jobs["reachable"]:
+        return lines + ["  no SLURM scheduler answers here (squeue, sacct): the jobs' states are unknown"]
+    for stage in jobs["stages"]:
+        kind = "array" if stage["array"] else "job"
+        states = ", ".join(f"{n} {state}" for state, n in stage["states"].items())
+        lines.append(f"  {stage['stage']:<9} {kind} {stage['job_id']}, {stage['tasks']} task(s): {states}")
+        by_error: dict[str, list[dict]] = {}  # tasks that failed the same way are listed once
+        for task in stage["failed"]:
+            by_error.setdefault(task["error"] or "no error in its log", []).append(task)
+        for error, tasks in by_error.items():
+            names = ", ".join(f"{t['task']} ({t['state']})" for t in tasks)
+            more = f" (and {len(tasks) - 1} more)" if len(tasks) > 1 else ""
+            lines.append(f"    failed: {names}: {error}; log: {tasks[0]['log']}{more}")
+        if stage["never_start"]:
+            lines.append(
+                f"    never starts: {', '.join(stage['never_start'])} waits (afterok) for a job that did not succeed"
+            )
+    if jobs["broken"]:
+        lines.append(
+            f"  fix: remove the cause named above (a key=value override fixes a setting), then `llmaudit submit all {run_dir}`: "
+            "it cancels the jobs that can never start and submits only what is missing"
+        )
+    return lines
 
 
 def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
@@ -147,6 +183,7 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
         lines.append(f"  invalid: {unit_name(u)}: {u['why']} (`llmaudit score` moves it aside and scores it again)")
     state = "no" if not rp["report"] else ("yes" if rp["up_to_date"] else "yes, but older than some loss tables")
     lines.append(f"report    results: {listed(rp['results']) or 'none'}; report: {state}")
+    lines += _format_jobs(status.get("jobs"), status["run_dir"])
     lines.append(
         "complete"
         if status["complete"]

@@ -14,24 +14,29 @@ with the host and pid of its process and a heartbeat (the file's mtime); `llmaud
 marker from one left behind by a killed job (`llmaudit.store.markers`).
 
 `llmaudit submit` sends the shards through submitit: a SLURM array job per stage (later stages wait for
-earlier ones with `afterok` dependencies), or local processes with `cluster: local`.
+earlier ones with `afterok` dependencies), or local processes with `cluster: local`. On SLURM, each
+submission is recorded in RUN_DIR/jobs/slurm.jsonl (`llmaudit.jobs.slurm`): a new one is refused while an
+earlier chain is alive, cancels the jobs of an earlier one that can never start, and skips the stages
+and shards that have nothing left to do.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from llmaudit.analyze.experiment import analyze
 from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads, set_threads
 from llmaudit.config import ExperimentConfig, config_from_dict
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.finetune.runs import finetune
 from llmaudit.jobs.plan import format_plan, make_plan
-from llmaudit.report.write import write_report
+from llmaudit.jobs.slurm import SlurmError, cancel, earlier_jobs, record_submission
 from llmaudit.score.stage import score
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.shards import shard_items
@@ -78,7 +83,10 @@ def run_shard(
         return {"stage": stage, "shard": shard, "runs_done": sum(store.run_done(r) for r in range(cfg.train.runs))}
     if stage == "score":
         return {"stage": stage, "shard": shard, **score(cfg, store, shard=shard, progress=progress)}
-    if stage == "report":
+    if stage == "report":  # imported here: a finetune or score task starts seconds sooner without them
+        from llmaudit.analyze.experiment import analyze
+        from llmaudit.report.write import write_report
+
         paths = write_report(store, analyze(store.config(), store))
         return {"stage": stage, "shard": None, "paths": paths}
     raise ValueError(f"unknown stage {stage!r}; allowed: {list(STAGES)}")
@@ -150,6 +158,67 @@ def _array_id(job: Any) -> str:
     return str(job.job_id).split("_")[0]
 
 
+def _stages_to_submit(
+    cfg: ExperimentConfig, stages: list[Stage], store: RunStore, echo
+) -> list[tuple[Stage, list[tuple[int, int] | None]]]:
+    """The shards of each stage that need a job. While every earlier stage is finished, a stage's remaining
+    work is on disk, so only its shards with work are sent and a finished stage is skipped (resubmitting a
+    chain after a failure redoes nothing); after a stage that is sent, every shard of the later ones is."""
+    out: list[tuple[Stage, list[tuple[int, int] | None]]] = []
+    for stage in stages:
+        shards = stage_shards(stage, cfg)
+        if not out and stage != "report":
+            unfinished = [r for r in range(cfg.train.runs) if not store.run_done(r)]
+            if stage == "score" and unfinished:
+                raise SlurmError(
+                    f"{store.root}: runs {unfinished} are not finished, so the scoring grid is not known yet; "
+                    f"submit the whole chain instead: `llmaudit submit all {store.root}`"
+                )
+            shards = [shard for shard in shards if shard_has_work(stage, cfg, store, shard)]
+            if not shards:
+                echo(f"[submit] {stage}: nothing left to do")
+                continue
+        out.append((stage, shards))
+    return out
+
+
+def _clear_earlier_chain(out: Path, echo) -> None:
+    """Before a new chain: refuse while jobs of an earlier submission are alive (the new chain would not
+    wait for them: its report could start before they finish); cancel those that can never start (they
+    wait with afterok for a task that failed), so that they do not sit in the queue for good."""
+    live, never = earlier_jobs(out)
+    if live:
+        raise SlurmError(
+            f"{out}: {len(live)} job(s) of an earlier `llmaudit submit` are still queued or running "
+            f"({', '.join(live[:6])}{', ...' if len(live) > 6 else ''}); wait for them (`llmaudit status {out}`), "
+            f"or cancel them (`scancel {' '.join(sorted({t.split('_')[0] for t in live}))}`), then submit again."
+        )
+    if never:
+        cancel(sorted({t.split("_")[0] for t in never}))
+        echo(
+            f"[submit] cancelled {len(never)} job(s) of an earlier submission that could never start: {', '.join(never)}"
+        )
+
+
+def _submit_stage(executor: Any, stage: Stage, cfg: ExperimentConfig, out: Path, shards: list) -> list[Any]:
+    config = cfg.model_dump(mode="json")
+    n = len(shards)
+    said = io.StringIO()  # submitit prints a refused sbatch's stderr itself; it goes into our one line instead
+    try:
+        with contextlib.redirect_stderr(said):
+            return executor.map_array(ShardJob(), [stage] * n, [config] * n, [str(out)] * n, shards)
+    except Exception as exc:  # submitit's FailedJobError carries sbatch's own message
+        if type(exc).__name__ != "FailedJobError":
+            sys.stderr.write(said.getvalue())
+            raise
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        why = "; ".join(" ".join(line.split()) for line in lines) or "no message"
+        raise SlurmError(
+            f"sbatch refused the {stage} job of {out}: {why}; fix the cluster.* setting it names "
+            "(partition, time_minutes, cpus_per_job, mem_gb, gpus_per_job, slurm_additional_parameters) and submit again."
+        ) from None
+
+
 def submit_slurm(
     cfg: ExperimentConfig,
     stages: list[Stage],
@@ -158,27 +227,43 @@ def submit_slurm(
     executor_factory: Callable[..., Any] | None = None,
     echo=print,
 ) -> list[Any]:
-    """One SLURM array job per stage, each waiting (afterok) for the previous one. Returns without waiting."""
+    """One SLURM array job per stage that has work, each waiting (afterok) for the previous one; the
+    submission is recorded in RUN_DIR/jobs/slurm.jsonl (`llmaudit status` reads it). Returns without waiting."""
     if executor_factory is None:
         import submitit
 
         executor_factory = submitit.AutoExecutor
-    config = cfg.model_dump(mode="json")
+    _clear_earlier_chain(out, echo)
     all_jobs: list[Any] = []
+    record: list[dict[str, Any]] = []
     dependency = None
-    for stage in stages:
-        shards = stage_shards(stage, cfg)
-        executor = executor_factory(folder=str(_log_dir(cfg, out) / stage), cluster="slurm")
-        executor.update_parameters(**slurm_parameters(cfg, stage, dependency))
-        jobs = executor.map_array(
-            ShardJob(), [stage] * len(shards), [config] * len(shards), [str(out)] * len(shards), shards
-        )
-        echo(
-            f"[submit] {stage}: SLURM array job {_array_id(jobs[0])} with {len(jobs)} task(s)"
-            + (f", after {dependency}" if dependency else "")
-        )
-        dependency = f"afterok:{_array_id(jobs[0])}"
-        all_jobs.extend(jobs)
+    try:
+        for stage, shards in _stages_to_submit(cfg, stages, RunStore(out), echo):
+            folder = _log_dir(cfg, out) / stage
+            executor = executor_factory(folder=str(folder), cluster="slurm")
+            executor.update_parameters(**slurm_parameters(cfg, stage, dependency))
+            jobs = _submit_stage(executor, stage, cfg, out, shards)
+            job_id, array = _array_id(jobs[0]), "_" in str(jobs[0].job_id)
+            echo(
+                f"[submit] {stage}: SLURM {'array job' if array else 'job'} {job_id} with {len(jobs)} task(s)"
+                + (f", after {dependency.replace(':', ' of ')}" if dependency else "")
+            )
+            record.append(
+                {
+                    "stage": stage,
+                    "job_id": job_id,
+                    "array": array,
+                    "tasks": len(jobs),
+                    "shards": shards,
+                    "dependency": dependency,
+                    "log_dir": str(folder),
+                }
+            )
+            dependency = f"afterok:{job_id}"
+            all_jobs.extend(jobs)
+    finally:
+        if record:  # what was submitted, even when a later stage was refused: status and scancel need it
+            record_submission(out, record)
     return all_jobs
 
 

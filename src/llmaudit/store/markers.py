@@ -38,6 +38,15 @@ def unit_marker_path(store: RunStore, run: int, step: int, quantizer: str) -> Pa
     return path.with_name(f"{path.stem}.RUNNING.json")
 
 
+def _job_id() -> str | None:
+    """The job this process runs in: ARRAY_TASK for a SLURM array task (its SLURM_JOB_ID alone can be the
+    array's id, and `scancel` of that stops every task), else the SLURM or local submitit job id."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+
+
 @contextlib.contextmanager
 def running_marker(path: Path, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[Path]:
     """Hold a RUNNING marker at `path` for the duration of the block; a daemon thread refreshes its mtime.
@@ -48,7 +57,7 @@ def running_marker(path: Path, *, heartbeat_s: float = HEARTBEAT_S) -> Iterator[
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+        "job_id": _job_id(),
     }
     atomic_write_json(path, info)
     stop = threading.Event()
