@@ -21,6 +21,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _session_working_directory(tmp_path_factory):
+    """Module- and session-scoped fixtures run in a directory of their own, never in the user's checkout."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(old)
+
+
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path, monkeypatch):
+    """Every test runs in its own empty directory: no test reads or writes the directory pytest was started
+    in (a demo store the README's first command left in ./llmaudit-out once changed what a test saw)."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Built-in models are built into a per-session cache, never into ~/.cache."""
     old = os.environ.get("LLMAUDIT_CACHE")
