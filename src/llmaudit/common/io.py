@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.bounded import MAX_JSON_BYTES, InputLimitError, check_file, parse_json
 from llmaudit.common.errors import UserError
 
 
@@ -61,17 +62,21 @@ class JsonFileError(UserError):
     """A JSON file llmaudit reads is missing or not valid JSON; the message names the file."""
 
 
-def read_json(path: str | os.PathLike, *, what: str = "JSON file", fix: str = "") -> Any:
-    """The JSON value in `path`; JsonFileError naming the file (and `fix`) when it is missing or corrupt.
+def read_json(path: str | os.PathLike, *, what: str = "JSON file", fix: str = "", limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value in `path`; JsonFileError naming the file (and `fix`) when it is missing or corrupt, and
+    InputLimitError when it is not a regular file, over `limit` bytes or nested too deep (`common.bounded`).
 
     Non-standard NaN/Infinity literals are accepted: llmaudit writes them in results (never in report.json)."""
     path = Path(path)
     hint = f" {fix}" if fix else ""
     try:
+        check_file(path, limit=limit, what=what)
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            return parse_json(handle.read(), f"{what} {path}")
     except FileNotFoundError:
         raise JsonFileError(f"{what} {path} does not exist.{hint}") from None
+    except InputLimitError as exc:
+        raise InputLimitError(f"{exc}{hint}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise JsonFileError(f"{what} {path} is not valid JSON ({exc}).{hint}") from None
     except OSError as exc:

@@ -22,6 +22,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.bounded import (
+    MAX_JSON_BYTES,
+    MAX_ROWS,
+    JsonLineError,
+    check_file,
+    check_parquet,
+    parse_json,
+    read_jsonl,
+)
 from llmaudit.data.records import DataError, validate_record
 
 INPUT_FORMATS = ("auto", "chat", "raw", "text")
@@ -45,30 +54,29 @@ def read_rows(path: str | Path) -> list[tuple[str, Any]]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        check_parquet(path, what="data file")
         try:
             rows = pq.read_table(path).to_pylist()
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path} is not a readable parquet file ({exc}).") from None
         return [(f"{path}: row {i}", row) for i, row in enumerate(rows, 1)]
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DataError(f"{path} is not UTF-8 text: pass a JSONL, JSON or parquet file.") from None
-    if text.lstrip().startswith("["):
+    with open(path, "rb") as handle:
+        head = handle.read(4096).lstrip()
+    if head.startswith(b"["):  # one JSON list, parsed whole: the JSON file bounds apply
+        check_file(path, limit=MAX_JSON_BYTES, what="data file")
         try:
-            rows = json.loads(text)
+            rows = parse_json(path.read_text(encoding="utf-8"), f"data file {path}")
+        except UnicodeDecodeError:
+            raise DataError(f"{path} is not UTF-8 text: pass a JSONL, JSON or parquet file.") from None
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+        if len(rows) > MAX_ROWS:
+            raise DataError(f"data file {path} holds {len(rows):,} rows, more than the {MAX_ROWS:,} llmaudit reads.")
         return [(f"{path}: row {i}", row) for i, row in enumerate(rows, 1)]
-    out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append((f"{path}:{lineno}", json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg}); each line must be one record.") from None
-    return out
+    try:
+        return list(read_jsonl(path, what="data file"))
+    except JsonLineError as exc:
+        raise DataError(f"{exc.where}: malformed JSON ({exc.reason}); each line must be one record.") from None
 
 
 def read_user_records(path: str | Path, *, record_format: str = "auto") -> tuple[list[dict], int]:

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.bounded import JsonLineError, check_parquet, parse_json, read_jsonl
 from llmaudit.common.errors import UserError
 
 RECORD_FIELDS = (
@@ -96,7 +97,7 @@ def _prompt_messages(value: Any, fmt: str, where: str) -> list[dict] | None:
     if fmt != "chat":
         raise DataError(f"{where}: field 'prompt_messages' only goes with format 'chat', not {fmt!r}.")
     try:
-        messages = json.loads(value) if isinstance(value, str) else None
+        messages = parse_json(value, f"{where}: field 'prompt_messages'") if isinstance(value, str) else None
     except json.JSONDecodeError:
         messages = None
     ok = (
@@ -118,7 +119,7 @@ def _prompt_messages(value: Any, fmt: str, where: str) -> list[dict] | None:
 def prompt_messages(rec: dict) -> list[dict] | None:
     """The chat messages before the final assistant turn of a record that has them, else None."""
     value = rec.get("prompt_messages")
-    return json.loads(value) if value else None
+    return parse_json(value, "a record's prompt_messages") if value else None
 
 
 def record_format(rec: dict) -> str:
@@ -163,19 +164,13 @@ def read_record_file(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
+        check_parquet(path, what="data file")
         rows = pq.read_table(path).to_pylist()
         return [validate_record(r, f"{path}: row {i}") for i, r in enumerate(rows)]
-    out = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg}); each line must be one record.") from None
-            out.append(validate_record(rec, f"{path}:{lineno}"))
-    return out
+    try:
+        return [validate_record(rec, where) for where, rec in read_jsonl(path, what="data file")]
+    except JsonLineError as exc:
+        raise DataError(f"{exc.where}: malformed JSON ({exc.reason}); each line must be one record.") from None
 
 
 def records_to_jsonl(records: list[dict]) -> str:

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.bounded import parse_json
 from llmaudit.common.errors import UserError
+from llmaudit.common.io import read_json
 from llmaudit.store.run_store import file_digest
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -204,10 +206,8 @@ def _trainer_state(directory: Path) -> dict | None:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ImportInputError(f"{path} is not valid JSON ({exc}); restore it from the training run.") from None
+    """A JSON file of the training output, within the bounds of `common.bounded` (size, depth)."""
+    return read_json(path, what="training output file", fix="Restore it from the training run.")
 
 
 def _int(value: Any) -> int | None:
@@ -272,7 +272,7 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         if size > 100 * 1024 * 1024:
             raise ImportInputError(f"{path} is not a safetensors file (header of {size} bytes).")
         try:
-            header = json.loads(handle.read(size))
+            header = parse_json(handle.read(size), f"the safetensors header of {path}")
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ImportInputError(f"{path} is not a safetensors file (unreadable header).") from None
     if not isinstance(header, dict):

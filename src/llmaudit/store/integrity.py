@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llmaudit.common.bounded import check_parquet
 from llmaudit.common.errors import UserError
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.records import dataset_fingerprint
@@ -238,6 +239,7 @@ def check_unit_file(
         if deep:
             frame = validate_loss_table(read_parquet_file(path), source=str(path))
         else:
+            check_parquet(path, what="loss table")
             frame = pq.read_table(path, columns=KEY_COLUMNS).to_pandas()
     except (LossTableError, pa.ArrowException, OSError, ValueError, KeyError) as exc:
         return str(exc).splitlines()[0][:300]

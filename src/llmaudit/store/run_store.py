@@ -38,10 +38,11 @@ from typing import Any
 import numpy as np
 
 from llmaudit import __version__
+from llmaudit.common.bounded import InputLimitError, JsonLineError, read_jsonl
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
 from llmaudit.common.names import check_safe_name, is_safe_name
-from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config
+from llmaudit.config import MAX_MASK_CELLS, MAX_RUNS, ExperimentConfig, RecipeError, config_from_dict, dump_config
 
 MANIFEST_VERSION = 2
 DIGESTED_KEYS = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
@@ -195,21 +196,23 @@ class RunStore:
         mem, data = manifest["membership"], manifest["data"]
         where = f"{self.manifest_path}: membership"
         try:
-            masks = mem["masks"]
-            rows = [[c == "1" for c in row] for row in masks]
+            rows = _mask_rows(mem["masks"], where)
             problems = []
-            if any(set(row) - {"0", "1"} for row in masks):
+            if any(((row != ord("0")) & (row != ord("1"))).any() for row in rows):
                 problems.append("masks hold characters other than 0 and 1")
-            if len(masks) != mem["runs"]:
-                problems.append(f"runs = {mem['runs']} but {len(masks)} masks")
+            if len(rows) != mem["runs"]:
+                problems.append(f"runs = {mem['runs']} but {len(rows)} masks")
+            identity_runs = ((manifest.get("identity") or {}).get("train") or {}).get("runs")
+            if identity_runs is not None and identity_runs != mem["runs"]:
+                problems.append(f"runs = {mem['runs']} but the experiment's identity says train.runs = {identity_runs}")
             widths = {len(r) for r in rows}
             if widths != {mem["pool_size"]}:
-                problems.append(f"pool_size = {mem['pool_size']} but the masks hold {sorted(widths)} samples")
+                problems.append(f"pool_size = {mem['pool_size']} but the masks hold {sorted(widths)[:5]} samples")
             if "pool_ids" in data and len(data["pool_ids"]) != mem["pool_size"]:
                 problems.append(f"pool_size = {mem['pool_size']} but data.pool_ids lists {len(data['pool_ids'])}")
-            counts = [sum(r) for r in rows]
+            counts = [int((r == ord("1")).sum()) for r in rows]
             if counts != list(mem["n_train"]):
-                problems.append(f"n_train = {mem['n_train']} but the masks count {counts}")
+                problems.append(f"n_train = {str(mem['n_train'])[:100]} but the masks count {str(counts)[:100]}")
             if counts and mem["pool_size"] and abs(mem["fpc"] - (1 - np.mean(counts) / mem["pool_size"])) > 1e-9:
                 problems.append(f"fpc = {mem['fpc']} does not equal 1 - mean(n_train) / pool_size")
         except (KeyError, TypeError) as exc:
@@ -297,8 +300,8 @@ class RunStore:
 
     def membership(self) -> np.ndarray:
         """[runs, pool_size] booleans: run r trained on pool sample j."""
-        masks = self.manifest()["membership"]["masks"]
-        return np.array([[c == "1" for c in row] for row in masks], dtype=bool).reshape(len(masks), -1)
+        rows = _mask_rows(self.manifest()["membership"]["masks"], f"{self.manifest_path}: membership")
+        return np.stack(rows).reshape(len(rows), -1) == ord("1")
 
     def scored_quantizers(self) -> list[str]:
         """Every quantizer scored in this store so far, in the order they were first asked for (add-only)."""
@@ -380,14 +383,30 @@ class RunStore:
         if not path.exists():
             raise StoreError(f"{path} is missing; {REPAIR}.")
         records = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise StoreError(f"{path}:{lineno} is not valid JSON ({exc.msg}); {REPAIR}.") from None
+        try:
+            for where, record in read_jsonl(path, what="data file"):
+                if not isinstance(record, dict):
+                    raise StoreError(f"{where} is not a JSON object (a record); {REPAIR}.")
+                records.append(record)
+        except JsonLineError as exc:
+            raise StoreError(f"{exc}; {REPAIR}.") from None
+        except InputLimitError as exc:
+            raise StoreError(f"{exc} {REPAIR[0].upper()}{REPAIR[1:]}.") from None
         return records
+
+
+def _mask_rows(masks: Any, where: str) -> list[np.ndarray]:
+    """The membership masks as byte arrays ('0'/'1'), refused before any is expanded when they are not a list of
+    strings or hold more runs or characters than a valid experiment can (`config.MAX_RUNS`, `MAX_MASK_CELLS`)."""
+    if not isinstance(masks, list) or not all(isinstance(row, str) for row in masks):
+        raise TypeError("masks must be a list of strings of 0 and 1")
+    cells = sum(len(row) for row in masks)
+    if len(masks) > MAX_RUNS or cells > MAX_MASK_CELLS:
+        raise StoreError(
+            f"{where}: {len(masks):,} masks of {cells:,} characters are more than any experiment holds (at most "
+            f"{MAX_RUNS:,} runs and {MAX_MASK_CELLS:,} characters); {REPAIR}."
+        )
+    return [np.frombuffer(row.encode("utf-8"), dtype=np.uint8) for row in masks]
 
 
 def _jsonable(obj: Any) -> Any:

@@ -16,6 +16,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from llmaudit.common.bounded import MAX_JSONL_BYTES, InputLimitError, check_file, parse_json
+
 
 def append_work(path: Path, record: dict[str, Any]) -> None:
     """Append one record (plus host, pid and a UTC timestamp) to the log at `path`."""
@@ -36,13 +38,17 @@ def append_work(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_work(path: Path) -> list[dict[str, Any]]:
-    """Every record of the log (a torn last line from a crash is skipped)."""
+    """Every record of the log (a torn last line from a crash, or any line that is not a JSON object within
+    the bounds of `common.bounded`, is skipped)."""
     if not path.exists():
         return []
+    check_file(path, limit=MAX_JSONL_BYTES, what="work log")
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = parse_json(line, str(path))
+        except (json.JSONDecodeError, InputLimitError):
             continue
+        if isinstance(record, dict):
+            out.append(record)
     return out
