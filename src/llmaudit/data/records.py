@@ -9,6 +9,8 @@ fine-tune, `llmaudit.data.formats`):
                       "text": one plain text (input, normally "", then output), every token after the first scored
     prompt_messages   for "chat" only: a JSON string of the chat messages before the final assistant turn
                       (system prompt, earlier turns); the prompt is rendered from them instead of from input
+    response_role     for "chat" only: the role of the final (scored) turn when it is not "assistant", e.g.
+                      "gpt" in ShareGPT rows, which TRL passes to the chat template unchanged
 
 Records without these fields are exactly what they were: same fields, same fingerprint, same sample id.
 """
@@ -41,7 +43,7 @@ RECORD_FIELDS = (
 
 REQUIRED_FIELDS = ("input", "output", "task")
 
-OPTIONAL_FIELDS = ("format", "prompt_messages")
+OPTIONAL_FIELDS = ("format", "prompt_messages", "response_role")
 """Kept by `validate_record` only when a record has them (see the module docstring)."""
 
 RECORD_FORMATS = ("chat", "raw", "text")
@@ -86,6 +88,11 @@ def validate_record(rec: Any, where: str) -> dict:
         out["format"] = fmt
     if messages is not None:
         out["prompt_messages"] = rec["prompt_messages"]
+    role = rec.get("response_role")
+    if role is not None:
+        if fmt != "chat" or not isinstance(role, str) or not role:
+            raise DataError(f"{where}: field 'response_role' must be a non-empty string, and only with format 'chat'.")
+        out["response_role"] = role
     out["sample_id"] = str(rec.get("sample_id") or f"{out['task']}/{out['split']}/{record_fingerprint(out)[:16]}")
     return out
 
@@ -122,6 +129,11 @@ def prompt_messages(rec: dict) -> list[dict] | None:
     return parse_json(value, "a record's prompt_messages") if value else None
 
 
+def response_role(rec: dict) -> str:
+    """The role of a chat record's final (scored) turn: "assistant" unless the record says otherwise."""
+    return rec.get("response_role") or "assistant"
+
+
 def record_format(rec: dict) -> str:
     """How the model sees the record: "chat" (default), "raw" or "text"."""
     return rec.get("format") or "chat"
@@ -146,6 +158,8 @@ def record_fingerprint(rec: dict) -> str:
     fields = [rec.get("task"), rec.get("input"), rec.get("output")]
     if record_format(rec) != "chat" or rec.get("prompt_messages"):
         fields += [record_format(rec), rec.get("prompt_messages") or ""]
+    if rec.get("response_role"):
+        fields.append({"response_role": rec["response_role"]})
     blob = json.dumps(fields, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
