@@ -43,6 +43,7 @@ from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
 from llmaudit.common.names import check_safe_name, is_safe_name
 from llmaudit.config import MAX_MASK_CELLS, MAX_RUNS, ExperimentConfig, RecipeError, config_from_dict, dump_config
+from llmaudit.store.confine import check_store_tree
 
 MANIFEST_VERSION = 2
 DIGESTED_KEYS = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
@@ -106,10 +107,14 @@ class RunStore:
     `manifest()` refuses a manifest that is not valid JSON, lacks a key, whose content digest or identity
     hash does not match its content, or whose membership block contradicts itself; the error names the
     file, what is wrong and how to repair it. `config()` never takes `trust_remote_code` from the
-    manifest: only the command line (`--trust-remote-code`) can turn it on for a run directory."""
+    manifest: only the command line (`--trust-remote-code`) can turn it on for a run directory.
+
+    Opening a store applies its link policy (`store.confine`): a directory below the root that holds a symbolic
+    link, a special file or a hard-linked file is refused before anything in it is read or written."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        check_store_tree(self.root)  # the link policy (store/confine.py), before any path below is used
 
     # ---------------------------------------------------------------- paths
     @property
