@@ -198,10 +198,17 @@ def read_jsonl(
                 raise JsonLineError(where, exc.msg) from None
 
 
+MAX_PARQUET_VALUES = 500_000_000
+"""Values (leaf values of every column: a loss table's token losses included) in one parquet file: 4 GB as
+float64, 80x a unit of the paper's experiment (20,000 samples x 300 tokens)."""
+MAX_DECODED_BYTES = 4 * 2**30
+"""Bytes a parquet file's columns take once decoded (a string repeated in a dictionary decodes once per row)."""
+
+
 def check_parquet(path: str | os.PathLike, *, what: str = "parquet file", max_rows: int = MAX_ROWS) -> None:
-    """Refuse a parquet file with more than `max_rows` rows or more than MAX_JSONL_BYTES uncompressed (a few
-    compressed bytes can expand to gigabytes), from its footer alone. Unreadable files pass through to the
-    reader, which words its own error."""
+    """Refuse a parquet file with more than `max_rows` rows, MAX_PARQUET_VALUES values or MAX_JSONL_BYTES of
+    uncompressed pages (a few compressed bytes can expand to gigabytes), from its footer alone. Unreadable files
+    pass through to the reader, which words its own error."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -212,8 +219,43 @@ def check_parquet(path: str | os.PathLike, *, what: str = "parquet file", max_ro
         return
     if meta.num_rows > max_rows:
         raise InputLimitError(f"{what} {path} holds {meta.num_rows:,} rows, more than the {max_rows:,} llmaudit reads.")
-    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    values = sum(g.column(c).num_values for g in groups for c in range(g.num_columns))
+    if values > MAX_PARQUET_VALUES:
+        raise InputLimitError(
+            f"{what} {path} holds {values:,} values, more than the {MAX_PARQUET_VALUES:,} llmaudit reads from one file."
+        )
+    size = sum(g.total_byte_size for g in groups)
     if size > MAX_JSONL_BYTES:
         raise InputLimitError(
             f"{what} {path} expands to {_mib(size)} uncompressed, above the {_mib(MAX_JSONL_BYTES)} llmaudit reads."
         )
+
+
+def read_parquet_bounded(
+    path: str | os.PathLike, *, what: str = "parquet file", columns: list[str] | None = None
+) -> Any:
+    """The pyarrow Table of a parquet file whose decoded size is known before it is decoded: the footer's
+    bounds (`check_parquet`), then the top-level string columns read dictionary-encoded (each distinct string
+    once), their decoded size summed from the dictionary and refused above MAX_DECODED_BYTES, and only then
+    decoded. The same table `pyarrow.parquet.read_table` returns."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    check_parquet(path, what=what)
+    schema = pq.ParquetFile(path).schema_arrow
+    wanted = [f for f in schema if columns is None or f.name in columns]
+    strings = [f.name for f in wanted if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    table = pq.read_table(path, columns=columns, read_dictionary=strings)
+    decoded = sum(table.column(f.name).nbytes for f in wanted if f.name not in strings)
+    for name in strings:
+        for chunk in table.column(name).chunks:
+            lengths = pc.binary_length(chunk.dictionary)
+            decoded += int(pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0)
+    if decoded > MAX_DECODED_BYTES:
+        raise InputLimitError(
+            f"{what} {path} decodes to {_mib(decoded)}, above the {_mib(MAX_DECODED_BYTES)} llmaudit reads from one file."
+        )
+    target = [schema.field(n) if n in strings else table.schema.field(n) for n in table.column_names]
+    return table.cast(pa.schema(target, metadata=table.schema.metadata))

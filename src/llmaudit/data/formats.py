@@ -32,9 +32,9 @@ from llmaudit.common.bounded import (
     MAX_ROWS,
     JsonLineError,
     check_file,
-    check_parquet,
     parse_json,
     read_jsonl,
+    read_parquet_bounded,
 )
 from llmaudit.data.records import DataError, validate_record
 
@@ -98,11 +98,9 @@ def read_rows(path: str | Path) -> list[tuple[str, Any]]:
         raise DataError(f"data file {path} does not exist (or is not a file).")
     if path.suffix == ".parquet":
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        check_parquet(path, what="data file")
         try:
-            rows = pq.read_table(path).to_pylist()
+            rows = read_parquet_bounded(path, what="data file").to_pylist()
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path} is not a readable parquet file ({exc}).") from None
         return [(f"{path}: row {i}", row) for i, row in enumerate(rows, 1)]

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from llmaudit.common.bounded import JsonLineError, check_parquet, parse_json, read_jsonl
+from llmaudit.common.bounded import JsonLineError, parse_json, read_jsonl, read_parquet_bounded
 from llmaudit.common.errors import UserError
 
 RECORD_FIELDS = (
@@ -176,10 +176,7 @@ def read_record_file(path: Path) -> list[dict]:
     if not path.exists():
         raise DataError(f"data file {path} does not exist.")
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        check_parquet(path, what="data file")
-        rows = pq.read_table(path).to_pylist()
+        rows = read_parquet_bounded(path, what="data file").to_pylist()
         return [validate_record(r, f"{path}: row {i}") for i, r in enumerate(rows)]
     try:
         return [validate_record(rec, where) for where, rec in read_jsonl(path, what="data file")]

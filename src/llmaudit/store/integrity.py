@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from llmaudit.common.bounded import check_parquet
+from llmaudit.common.bounded import read_parquet_bounded
 from llmaudit.common.errors import UserError
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.records import dataset_fingerprint
@@ -239,8 +238,7 @@ def check_unit_file(
         if deep:
             frame = validate_loss_table(read_parquet_file(path), source=str(path))
         else:
-            check_parquet(path, what="loss table")
-            frame = pq.read_table(path, columns=KEY_COLUMNS).to_pandas()
+            frame = read_parquet_bounded(path, what="loss table", columns=KEY_COLUMNS).to_pandas()
     except (LossTableError, pa.ArrowException, OSError, ValueError, KeyError) as exc:
         return str(exc).splitlines()[0][:300]
     want_ids = list(val_ids) + (list(pool_ids) if unit.final else [])

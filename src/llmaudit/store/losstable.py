@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from llmaudit.common.bounded import InputLimitError, check_parquet
+from llmaudit.common.bounded import InputLimitError, read_parquet_bounded
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_bytes
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
@@ -218,8 +218,7 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
     """One parquet file as a frame (token columns as float64 arrays), LossTableError naming the file
     when it is truncated, corrupt or not parquet."""
     try:
-        check_parquet(path, what="loss table")  # rows and uncompressed bytes, from the footer
-        df = pq.read_table(path).to_pandas()
+        df = read_parquet_bounded(path, what="loss table").to_pandas()  # bounded before it is decoded
     except InputLimitError as exc:
         raise LossTableError(str(exc)) from None
     except (pa.ArrowException, OSError, ValueError) as exc:
