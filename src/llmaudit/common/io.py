@@ -5,6 +5,7 @@ half-written file that looks complete: content is written to a temporary sibling
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -56,6 +57,15 @@ def to_json(obj: Any) -> str:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, to_json(obj))
+
+
+def file_digest(path: str | os.PathLike, *, chunk: int = 1 << 22) -> str:
+    """sha256 of a file's bytes (checkpoint weights and configurations, data files)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 class JsonFileError(UserError):

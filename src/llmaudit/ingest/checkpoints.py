@@ -26,6 +26,7 @@ from typing import Any
 from llmaudit.common.bounded import parse_json
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import read_json
+from llmaudit.store.digests import DIGEST_SCOPE, number_files
 from llmaudit.store.run_store import file_digest
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -62,8 +63,19 @@ class Checkpoint:
         return dict(self.digests)
 
     def record(self) -> dict[str, Any]:
-        """The manifest's entry: {step, path, format, files: {name: sha256}}."""
-        return {"step": self.step, "path": str(self.path), "format": self.kind, "files": self.digest()}
+        """The manifest's entry: {step, path, format, files: {name: sha256}, digest_scope}: the defining files
+        and every other file in the directory that can change a number (`store.digests.number_files`: a
+        tokenizer saved with the checkpoint, a config beside an adapter), so that none can change unseen."""
+        files = self.digest()
+        for name in number_files(self.path):
+            files.setdefault(name, file_digest(self.path / name))
+        return {
+            "step": self.step,
+            "path": str(self.path),
+            "format": self.kind,
+            "files": files,
+            "digest_scope": DIGEST_SCOPE,
+        }
 
 
 @dataclass

@@ -41,9 +41,11 @@ from llmaudit import __version__
 from llmaudit.common.bounded import InputLimitError, JsonLineError, read_jsonl
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
+from llmaudit.common.io import file_digest as file_digest  # re-exported: its import path since 0.2
 from llmaudit.common.names import check_safe_name, is_safe_name
 from llmaudit.config import MAX_MASK_CELLS, MAX_RUNS, ExperimentConfig, RecipeError, config_from_dict, dump_config
 from llmaudit.store.confine import check_store_tree
+from llmaudit.store.digests import DIGEST_SCOPE, parse_record
 
 MANIFEST_VERSION = 2
 DIGESTED_KEYS = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
@@ -80,15 +82,6 @@ def content_digest(manifest: dict[str, Any]) -> str:
     """sha256 of the manifest's defining content (DIGESTED_KEYS), canonical JSON."""
     blob = json.dumps({k: manifest.get(k) for k in DIGESTED_KEYS}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def file_digest(path: str | Path, *, chunk: int = 1 << 22) -> str:
-    """sha256 of a file's bytes (checkpoint weights)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def library_versions() -> dict[str, str | None]:
@@ -343,6 +336,32 @@ class RunStore:
         if not self.exists():
             return None
         return self.manifest().get("imported")
+
+    def checkpoint_record(self, run: int, step: int) -> tuple[dict[str, str], bool]:
+        """({file name: sha256} recorded for the checkpoint, whether the record covers every file that changes a
+        number (`store.digests.DIGEST_SCOPE`) or is an older one that covers the weights (and, imported, the
+        configuration) only). ({}, False) for a checkpoint with no record (an unfinished run)."""
+        imported = self.imported_checkpoint(run, step)
+        if imported is not None:
+            where = f"{self.manifest_path}: run {run} step {step}"
+            try:
+                return parse_record(imported.get("files") or {}, where), imported.get("digest_scope") == DIGEST_SCOPE
+            except ValueError as exc:
+                raise StoreError(f"{exc}; {REPAIR}.") from None
+        record = self.done_record(run)
+        if record is None:
+            return {}, False
+        steps = [str(s) for s in record["steps"]]
+        where = f"{self.run_done_path(run)}: step {step}"
+        fix = f"delete it to retrain run {run} (`llmaudit finetune`)."
+        try:
+            if record.get("digest_scope") == DIGEST_SCOPE:
+                files = dict(zip(steps, record.get("checkpoint_files") or [], strict=True))
+                return parse_record(files.get(str(step), {}), where), True
+            legacy = dict(zip(steps, record.get("adapter_sha256") or [], strict=False)).get(str(step))
+            return (parse_record({"adapter_model.safetensors": legacy}, where) if legacy else {}), False
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"{' '.join(str(exc).split())[:300]}; {fix}") from None
 
     def done_record(self, run: int) -> dict[str, Any] | None:
         """DONE.json of a finished run (its trajectory: steps and adapter digests), None if unfinished."""
