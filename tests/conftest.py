@@ -69,6 +69,23 @@ TINY_OVERRIDES = [
 ]
 
 
+@pytest.fixture(scope="session")
+def audited_tiny_store(tmp_path_factory):
+    """One tiny experiment (TINY_OVERRIDES), fine-tuned, scored and reported once per session: the received
+    store that the untrusted-input cases copy and tamper with (never change it: copy it)."""
+    from llmaudit.config import load_recipe
+    from llmaudit.finetune.runs import finetune
+    from llmaudit.score.stage import score
+
+    root = tmp_path_factory.mktemp("audited") / "exp"
+    cfg = load_recipe("demo-cpu", TINY_OVERRIDES + [f"output_dir={root}"])
+    store = finetune(cfg, progress=False, echo=lambda *a: None)
+    score(cfg, store, progress=False, echo=lambda *a: None)
+    code, _, err = run_cli(["report", str(root)])
+    assert code == 0, err
+    return root
+
+
 @pytest.fixture
 def tiny_cfg(tmp_path):
     """A complete experiment small enough to fine-tune, score and report in seconds."""

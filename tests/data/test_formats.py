@@ -307,7 +307,9 @@ def test_sharegpt_conversion_and_tokens_equal_trls_own():
     from llmaudit.data.records import response_role
     from llmaudit.models.builtin import build_tokenizer
 
-    tok = build_tokenizer([r["input"] + " " + r["output"] for r in generate_records(["molecule_captioning"], 64, seed=3)], 400)
+    tok = build_tokenizer(
+        [r["input"] + " " + r["output"] for r in generate_records(["molecule_captioning"], 64, seed=3)], 400
+    )
     for row in SHAREGPT:
         assert is_sharegpt(row) == trl_data.is_conversational_from_value(row)
         theirs = trl_data.maybe_convert_to_chatml(copy.deepcopy(row))

@@ -3,8 +3,9 @@
 `verify_store` checks a store against its manifest:
 - the manifest itself (valid JSON, every key, its content digest, identity hash and membership block:
   `RunStore.manifest`), and the data files against the ids and fingerprint it records;
-- every finished run has every checkpoint of its recorded trajectory, with its weights (and, deep, their
-  digests); a run whose final checkpoint is gone is never reported from an earlier step;
+- every finished run has every checkpoint of its recorded trajectory, each file that changes a number as
+  recorded (`store.digests`: configurations always, weights when deep) and none added; a run whose final
+  checkpoint is gone is never reported from an earlier step;
 - every scoring unit on disk is a readable parquet file for exactly its (run, checkpoint, quantizer),
   holding exactly its samples (validation samples; plus the pool at a run's final checkpoint), with the
   membership flags of the manifest and finite losses (deep: finite per-token losses and statistics too).

@@ -8,7 +8,7 @@
       data/val.jsonl           ... and the validation records (never trained on)
       runs/run-000/checkpoints/step-000012/   adapter_model.safetensors, adapter_config.json, checkpoint.json,
                                               trainer_state.safetensors + trainer_state.json (newest only)
-      runs/run-000/DONE.json   written last: the run's trajectory (steps and adapter digests)
+      runs/run-000/DONE.json   written last: the run's trajectory (steps, the digests of every checkpoint file)
       scores/base/fp32.parquet                 the base model (run -1) on pool + val
       scores/run-000/step-000012/hqq-4.parquet one scoring unit (loss-table format)
       scores/quantizers/hqq-4.json             the quantizer's options, effective bits and model size
@@ -18,8 +18,8 @@
       report/                  report.json, report.md, report.html, plots/*.png
 
 An imported experiment (`llmaudit import`) has the same layout without runs/: its manifest lists each
-run's checkpoints by path (they stay where the user's training wrote them) with the digest of their
-weights, which scoring checks before it loads them.
+run's checkpoints by path (they stay where the user's training wrote them) with the digests of every file
+in them that changes a number (`store.digests`), checked whenever the store is verified or a checkpoint loaded.
 
 Everything a store holds is data: JSON, JSONL, safetensors and parquet. Nothing in it is ever executed
 or unpickled, and `trust_remote_code` is never taken from a manifest (docs/architecture.md, "Trust").
