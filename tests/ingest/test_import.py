@@ -370,6 +370,7 @@ def test_no_checkpoints_found(tmp_path, lora_run):
     refused(code, err, "does not exist")
 
 
+@pytest.mark.slow  # an import (the base and one adapter loaded) and 7 units scored: about 20 s
 def test_imported_checkpoints_are_digested_whole_and_may_live_behind_links(tmp_path, lora_run):
     """An imported checkpoint stays where the training wrote it, links and all (here its weights are links to
     blobs, as in a Hugging Face cache): the link policy applies to the store, not to the user's training output.

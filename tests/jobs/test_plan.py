@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from llmaudit.common.io import read_json
 from llmaudit.finetune.runs import finetune
 from llmaudit.jobs.plan import format_plan, make_plan
@@ -61,6 +63,7 @@ def test_offline_plan_of_a_hub_recipe_prices_the_published_shape(monkeypatch, tm
     assert "assumption      Qwen/Qwen2.5-0.5B-Instruct or its data could not be reached" in text
 
 
+@pytest.mark.slow  # three plans (each a few-second calibration) and the store's data draw: about 20 s
 def test_plan_where_a_store_of_fewer_runs_exists_prices_every_run_and_says_why(tiny_cfg):
     """The README's order of commands: the demo's store exists, then `llmaudit plan demo-cpu train.runs=12`. The
     store holds 3 runs' masks, the recipe asks for 5: the plan prices all 5 (a new experiment: `finetune`
