@@ -30,6 +30,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _session_working_directory(tmp_path_factory):
+    """Module- and session-scoped fixtures run in a directory of their own, never in the user's checkout."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(old)
+
+
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path, monkeypatch):
+    """Every test runs in its own empty directory: no test reads or writes the directory pytest was started
+    in (a demo store the README's first command left in ./llmaudit-out once changed what a test saw)."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Built-in models are built into a per-session cache, never into ~/.cache."""
     old = os.environ.get("LLMAUDIT_CACHE")
@@ -60,6 +76,23 @@ TINY_OVERRIDES = [
     "score.quantizers=[fp32,uniform-4,sign]",
     "attack.n_boot=20",
 ]
+
+
+@pytest.fixture(scope="session")
+def audited_tiny_store(tmp_path_factory):
+    """One tiny experiment (TINY_OVERRIDES), fine-tuned, scored and reported once per session: the received
+    store that the untrusted-input cases copy and tamper with (never change it: copy it)."""
+    from llmaudit.config import load_recipe
+    from llmaudit.finetune.runs import finetune
+    from llmaudit.score.stage import score
+
+    root = tmp_path_factory.mktemp("audited") / "exp"
+    cfg = load_recipe("demo-cpu", TINY_OVERRIDES + [f"output_dir={root}"])
+    store = finetune(cfg, progress=False, echo=lambda *a: None)
+    score(cfg, store, progress=False, echo=lambda *a: None)
+    code, _, err = run_cli(["report", str(root)])
+    assert code == 0, err
+    return root
 
 
 @pytest.fixture

@@ -18,11 +18,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from llmaudit.config import config_from_dict, load_recipe
-from llmaudit.finetune.runs import finetune
+from llmaudit.config import config_from_dict
 from llmaudit.report.build import build_report
 from llmaudit.report.markdown import render_markdown
-from llmaudit.score.stage import score
 from llmaudit.store.run_store import RunStore, content_digest
 from llmaudit.store.worklog import read_work
 from tests.conftest import TINY_OVERRIDES, run_cli
@@ -34,15 +32,10 @@ QUANTIZERS = ["fp32", "uniform-4", "sign"]
 
 
 @pytest.fixture(scope="module")
-def base_store(tmp_path_factory):
-    """One tiny experiment, fine-tuned, scored and reported once; every case works on a copy."""
-    root = tmp_path_factory.mktemp("base") / "exp"
-    cfg = load_recipe("demo-cpu", TINY_OVERRIDES + [f"output_dir={root}"])
-    store = finetune(cfg, progress=False, echo=lambda *a: None)
-    score(cfg, store, progress=False, echo=lambda *a: None)
-    code, _, err = run_cli(["report", str(root)])
-    assert code == 0, err
-    return root
+def base_store(audited_tiny_store):
+    """One tiny experiment, fine-tuned, scored and reported once per session (tests/conftest.py); every case
+    works on a copy."""
+    return audited_tiny_store
 
 
 @pytest.fixture

@@ -249,7 +249,11 @@ def plan(
         "auto", "--device", help="auto, cpu or cuda (measured here), or a GPU to price: h100, h200, a100, l40s, a6000."
     ),
     jobs: int = typer.Option(
-        1, "--jobs", min=1, help="Parallel shard jobs (e.g. GPUs of a SLURM array) for the parallel estimate."
+        1,
+        "--jobs",
+        min=1,
+        max=100_000,
+        help="Parallel shard jobs (e.g. GPUs of a SLURM array) for the parallel estimate (at most 100,000, as cluster.shards).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (for scripts)."),
 ) -> None:
@@ -280,7 +284,9 @@ def indicator(
 def attack(
     loss_table: Path = typer.Argument(..., help="A loss-table parquet file or a directory of them."),
     out: Path = typer.Option(Path("attacks.json"), "--out", help="JSON file to write (ROC plots beside it)."),
-    n_boot: int = typer.Option(500, help="Bootstrap resamples for the intervals."),
+    n_boot: int = typer.Option(
+        500, min=0, max=100_000, help="Bootstrap resamples for the intervals (at most 100,000, as attack.n_boot)."
+    ),
     fpc: str = typer.Option(
         "auto", help="Finite population correction: auto (from --n-pool/--n-train), off, or a number."
     ),

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llmaudit.common.bounded import MAX_YAML_BYTES, InputLimitError, check_file, load_yaml
 from llmaudit.common.errors import UserError
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
 
@@ -47,6 +48,34 @@ FULL_PLACEHOLDER = "full"
 store is known (ScoreConfig.with_reference)."""
 
 
+MAX_RUNS = 1024
+MAX_POOL = 1_000_000
+MAX_MASK_CELLS = 50_000_000
+MAX_QUANTIZERS = 128
+RUNS_WHY = (
+    "each run is a complete fine-tune scored with every quantizer; 1,024 runs is 50x the paper's 20, far beyond "
+    "what offline LiRA needs"
+)
+POOL_WHY = (
+    "every sample is scored at every run's final checkpoint with every quantizer; a million is 50x the paper's pool"
+)
+CHECKPOINTS_WHY = "every checkpoint is scored with every quantizer; at most 10,000 checkpoints per run are planned"
+MEMORY_WHY = "a batch's activations grow with it: larger values only exhaust the device's memory"
+CORES_WHY = "one per core is the most that helps"
+NODE_WHY = "more than any cluster node offers"
+SHARDS_WHY = "each shard is one array task; a SLURM array of more tasks is refused by the scheduler"
+BUILTIN_WHY = (
+    "the built-in model is a tiny CPU model for demos and tests; for a larger one set model.name to a real model"
+)
+UPPER_BOUND_WHY = "upper_bound_why"
+
+
+def size_field(default: Any, *, ge: int, le: int, why: str) -> Any:
+    """A size field: at least `ge`, at most `le`; `why` is printed with a value above the bound (every size in a
+    recipe has one, so that an absurd value is refused before it allocates anything)."""
+    return Field(default, ge=ge, le=le, json_schema_extra={UPPER_BOUND_WHY: why})
+
+
 class RecipeError(UserError):
     """A recipe (or an override) is invalid. The message names the key, the value and the fix."""
 
@@ -58,21 +87,21 @@ class _Section(BaseModel):
 class BuiltinModelConfig(_Section):
     """Architecture of the tiny built-in model (`model.name: builtin:tiny-qwen2`) used by the CPU demo."""
 
-    hidden_size: int = Field(96, ge=8)
+    hidden_size: int = size_field(96, ge=8, le=4096, why=BUILTIN_WHY)
     """Width of the residual stream."""
-    intermediate_size: int = Field(192, ge=8)
+    intermediate_size: int = size_field(192, ge=8, le=16384, why=BUILTIN_WHY)
     """Width of the MLP."""
-    num_hidden_layers: int = Field(2, ge=1)
+    num_hidden_layers: int = size_field(2, ge=1, le=64, why=BUILTIN_WHY)
     """Number of transformer blocks."""
-    num_attention_heads: int = Field(4, ge=1)
+    num_attention_heads: int = size_field(4, ge=1, le=128, why=BUILTIN_WHY)
     """Attention heads (must divide hidden_size)."""
-    num_key_value_heads: int = Field(2, ge=1)
+    num_key_value_heads: int = size_field(2, ge=1, le=128, why=BUILTIN_WHY)
     """Key/value heads (grouped-query attention, as in Qwen2)."""
-    vocab_size: int = Field(384, ge=64)
+    vocab_size: int = size_field(384, ge=64, le=65536, why=BUILTIN_WHY)
     """Target size of the byte-level BPE vocabulary trained on the synthetic corpus."""
-    pretrain_samples: int = Field(3000, ge=10)
+    pretrain_samples: int = size_field(3000, ge=10, le=1_000_000, why=BUILTIN_WHY)
     """Synthetic records (disjoint from every audited sample) the base model learns before fine-tuning."""
-    pretrain_epochs: int = Field(4, ge=0)
+    pretrain_epochs: int = size_field(4, ge=0, le=1000, why=BUILTIN_WHY)
     """Epochs of full-parameter pre-training of the base model (cached after the first build)."""
     pretrain_lr: float = Field(3e-3, gt=0)
     """Learning rate of that pre-training."""
@@ -119,13 +148,13 @@ class DataConfig(_Section):
     """Dataset repository on the hub (source=hub)."""
     hub_split: Literal["train", "dev", "test"] = "train"
     """SMolInstruct split the pool and the validation set are drawn from."""
-    tasks: list[str] = Field(default_factory=lambda: list(DEFAULT_TASKS))
+    tasks: list[str] = Field(default_factory=lambda: list(DEFAULT_TASKS), max_length=len(ALL_TASKS))
     """SMolInstruct tasks to use."""
-    pool_size: int = Field(256, ge=4)
+    pool_size: int = size_field(256, ge=4, le=MAX_POOL, why=POOL_WHY)
     """Candidate training samples; each run trains on a random subset of them (membership varies)."""
-    val_size: int = Field(128, ge=2)
+    val_size: int = size_field(128, ge=2, le=MAX_POOL, why=POOL_WHY)
     """Held-out validation samples, never trained on by any run (r_Q and utility)."""
-    max_length: int = Field(256, ge=16)
+    max_length: int = size_field(256, ge=16, le=131072, why="longer than the context of any model llmaudit supports")
     """Records longer than this many tokens (prompt + response) are dropped before drawing the pool."""
     include_prompt_in_loss: bool = False
     """Train and score on the prompt tokens too (default: response tokens only)."""
@@ -152,14 +181,17 @@ class DataConfig(_Section):
 class LoraSettings(_Section):
     """LoRA adapter settings (peft)."""
 
-    r: int = Field(8, ge=1)
+    r: int = size_field(
+        8, ge=1, le=4096, why="a rank above the width of the layers it adapts adds parameters, not capacity"
+    )
     """Rank."""
     alpha: float = Field(16, gt=0)
     """Scaling numerator (lora_alpha)."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapter input."""
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        max_length=256,
     )
     """Module names that receive an adapter."""
 
@@ -167,31 +199,41 @@ class LoraSettings(_Section):
 class TrainConfig(_Section):
     """Fine-tuning runs: how many, on what subset, and the optimisation."""
 
-    runs: int = Field(8, ge=1)
+    runs: int = size_field(8, ge=1, le=MAX_RUNS, why=RUNS_WHY)
     """Independent runs (each a random subset of the pool). Offline LiRA needs several runs per sample OUT."""
     member_fraction: float = Field(0.5, gt=0, lt=1)
     """Share of the pool each run trains on (exactly round(fraction * pool_size) samples)."""
-    epochs: int = Field(10, ge=1)
+    epochs: int = size_field(10, ge=1, le=10_000, why=CHECKPOINTS_WHY)
     """Passes over the run's training subset."""
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = size_field(8, ge=1, le=65536, why="a batch larger than any pool llmaudit reads")
     """Samples per optimizer step."""
     lr: float = Field(2e-3, gt=0)
     """AdamW learning rate (constant)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
-    checkpoints_per_epoch: int = Field(1, ge=1)
+    checkpoints_per_epoch: int = size_field(1, ge=1, le=1000, why=CHECKPOINTS_WHY)
     """Adapter checkpoints saved along the trajectory per epoch (evenly spaced in steps)."""
     seed: int = 0
     """Base seed; run r uses (seed, r) for its subset, its adapter init and its batch order."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: auto = cuda if available."""
 
+    @model_validator(mode="after")
+    def _bounded_checkpoints(self) -> TrainConfig:
+        if self.epochs * self.checkpoints_per_epoch > 10_000:
+            raise ValueError(
+                f"epochs x checkpoints_per_epoch = {self.epochs * self.checkpoints_per_epoch:,} checkpoints per run "
+                f"is above 10,000 ({CHECKPOINTS_WHY})"
+            )
+        return self
+
 
 class ScoreConfig(_Section):
     """Scoring: which quantizers, on which device, with which batching."""
 
     quantizers: list[str] = Field(
-        default_factory=lambda: ["fp32", "uniform-5", "uniform-3", "uniform-2", "ternary-50", "sign", "hqq-4", "hqq-2"]
+        default_factory=lambda: ["fp32", "uniform-5", "uniform-3", "uniform-2", "ternary-50", "sign", "hqq-4", "hqq-2"],
+        max_length=MAX_QUANTIZERS,
     )
     """Quantizer names (`llmaudit quantizers` lists them). The first full-precision one is the reference column."""
 
@@ -216,7 +258,7 @@ class ScoreConfig(_Section):
         options = {(short_name if k == FULL_PLACEHOLDER else k): v for k, v in self.quantizer_options.items()}
         return self.model_copy(update={"quantizers": names, "quantizer_options": options})
 
-    quantizer_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    quantizer_options: dict[str, dict[str, Any]] = Field(default_factory=dict, max_length=MAX_QUANTIZERS)
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to score: auto = cuda if available."""
@@ -224,16 +266,16 @@ class ScoreConfig(_Section):
     """Dtype the units are scored in: auto = the run store's compute dtype (model.dtype as resolved when the store
     was created). Recorded by the first `score`; a store is never scored in two dtypes (score a copy without its
     scores/ to compare). The quantizer `full` names this dtype's full precision (bf16, fp32 or fp16)."""
-    token_budget: int | None = Field(None, ge=64)
+    token_budget: int | None = size_field(None, ge=64, le=2**22, why=MEMORY_WHY)
     """Maximum padded tokens per batch (batches are length-sorted); null = 2048 on CPU (smaller batches stay
     in cache: measured faster by benchmarks/bench_scoring.py), 16384 on GPU."""
-    head_chunk: int = Field(1024, ge=1)
+    head_chunk: int = size_field(1024, ge=1, le=2**20, why=MEMORY_WHY)
     """Positions per chunk when applying the output head (bounds logits memory)."""
-    cpu_workers: int | None = Field(None, ge=1)
+    cpu_workers: int | None = size_field(None, ge=1, le=1024, why=CORES_WHY)
     """CPU scoring: batches scored concurrently by this many threads, the torch threads shared among them;
     null = one per available core ($LLMAUDIT_THREADS caps it), at most one per batch. 1 = one batch at a
     time with all threads inside each op. Memory grows with the workers (one batch each)."""
-    processes: int = Field(1, ge=1)
+    processes: int = size_field(1, ge=1, le=256, why=CORES_WHY)
     """Processes that score this store at once on this machine (`llmaudit score` and `audit`): units are
     claimed with file locks, so they share the work; the CPU cores are divided among them. Quantizers whose
     work is single-threaded Python (GPTQ, HQQ) finish sooner with 2 processes on a 2-core CPU than with 1."""
@@ -263,12 +305,18 @@ class AttackConfig(_Section):
             "loss+zlib+ref",
             "lira_offline",
             "lira_online",
-        ]
+        ],
+        max_length=64,
     )
     """Attacks to run."""
     fpc: Literal["auto", "off"] | float = "auto"
     """Finite population correction of LiRA's OUT variance: auto = 1 - N/N_+ from the manifest."""
-    n_boot: int = Field(500, ge=0)
+    n_boot: int = size_field(
+        500,
+        ge=0,
+        le=100_000,
+        why="intervals settle within a few thousand resamples, and each one repeats every attack evaluation",
+    )
     """Bootstrap resamples for confidence intervals."""
     seed: int = 0
     """Seed of the bootstraps."""
@@ -288,7 +336,7 @@ class ReportConfig(_Section):
     min_indicator: float | None = None
     """Criterion on that indicator (higher = more secure), applied only when the indicator passed its
     validation; None disables it."""
-    min_runs: int = Field(5, ge=1)
+    min_runs: int = size_field(5, ge=1, le=MAX_RUNS, why=RUNS_WHY)
     """A criterion estimated from fewer fine-tuning runs than this is NOT MEASURED, never PASS."""
 
 
@@ -302,19 +350,19 @@ class ClusterConfig(_Section):
     """local = shard jobs run as processes on this machine (submitit's LocalExecutor); slurm = a SLURM array job."""
     partition: str | None = None
     """SLURM partition (slurm_partition); None = the cluster's default partition."""
-    gpus_per_job: int = Field(0, ge=0)
+    gpus_per_job: int = size_field(0, ge=0, le=64, why=NODE_WHY)
     """GPUs per shard job (gpus_per_node). With cluster=local, each running shard gets its own GPUs via CUDA_VISIBLE_DEVICES."""
-    cpus_per_job: int = Field(4, ge=1)
+    cpus_per_job: int = size_field(4, ge=1, le=4096, why=NODE_WHY)
     """CPU cores per shard job (cpus_per_task); also torch's thread count in the job unless LLMAUDIT_THREADS is set."""
-    mem_gb: int | None = Field(None, ge=1)
+    mem_gb: int | None = size_field(None, ge=1, le=65536, why=NODE_WHY)
     """Host memory per shard job in GB; None = the cluster's default."""
-    time_minutes: int = Field(240, ge=1)
+    time_minutes: int = size_field(240, ge=1, le=525_600, why="a year; a job that is cut off resumes from disk")
     """Wall-clock limit of one shard job. A job that hits it (or is preempted) is requeued and resumes from disk."""
-    array_parallelism: int = Field(16, ge=1)
+    array_parallelism: int = size_field(16, ge=1, le=100_000, why=SHARDS_WHY)
     """Most shard jobs running at once (slurm_array_parallelism; with cluster=local, concurrent processes)."""
-    shards: int = Field(1, ge=1)
+    shards: int = size_field(1, ge=1, le=100_000, why=SHARDS_WHY)
     """N: every stage is split round-robin into N shard jobs (`--shard I/N`); finetune uses at most train.runs of them."""
-    slurm_additional_parameters: dict[str, Any] = Field(default_factory=dict)
+    slurm_additional_parameters: dict[str, Any] = Field(default_factory=dict, max_length=256)
     """Extra sbatch options passed through unchanged, e.g. {account: my-project, qos: normal, constraint: a100}."""
     gpu_model: Literal["h100", "h200", "a100", "l40s", "a6000"] | None = None
     """GPU model of the nodes, for the plan `llmaudit submit` prints (and `llmaudit plan --device`);
@@ -341,6 +389,17 @@ class ExperimentConfig(_Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Batch settings for `llmaudit submit` (not part of the experiment identity)."""
 
+    @model_validator(mode="after")
+    def _bounded_masks(self) -> ExperimentConfig:
+        cells = self.train.runs * self.data.pool_size
+        if cells > MAX_MASK_CELLS:
+            raise ValueError(
+                f"train.runs x data.pool_size = {self.train.runs:,} x {self.data.pool_size:,} = {cells:,} is above "
+                f"{MAX_MASK_CELLS:,}: the manifest records one membership character per run and pool sample, and "
+                "every command reads it"
+            )
+        return self
+
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str) -> str:
@@ -364,6 +423,24 @@ class ExperimentConfig(_Section):
     def identity_hash(self) -> str:
         blob = json.dumps(self.identity(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _field_of(model: type[BaseModel], loc: tuple) -> Any:
+    """The pydantic FieldInfo of the key at `loc` (None when `loc` does not name a config field)."""
+    cls, field = model, None
+    for part in loc:
+        field = cls.model_fields.get(str(part)) if cls is not None else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        cls = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return field
+
+
+def _bound_reason(model: type[BaseModel], loc: tuple) -> str:
+    field = _field_of(model, loc)
+    extra = getattr(field, "json_schema_extra", None)
+    return f" ({extra[UPPER_BOUND_WHY]})" if isinstance(extra, dict) and UPPER_BOUND_WHY in extra else ""
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
@@ -391,7 +468,15 @@ def format_validation_error(
         if err["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, tuple(err["loc"]))
             msg = "unknown key (check the spelling)" + (f"; allowed here: {allowed}" if allowed else "")
-        problems.append(f"{key} = {err.get('input')!r}: {msg}")
+        elif err["type"] == "less_than_equal":
+            msg += _bound_reason(model, tuple(err["loc"]))
+        if isinstance(err.get("input"), dict) and err["type"] == "value_error":  # a whole section's rule
+            problems.append(f"{key}: {msg}")
+            continue
+        value = repr(err.get("input"))
+        if len(value) > 200:  # a hostile value is shown in part: the message stays one readable line
+            value = value[:200] + f"... ({len(value):,} characters)"
+        problems.append(f"{key} = {value}: {msg}")
     return f"invalid {what} {source}: " + "; ".join(problems)
 
 
@@ -403,9 +488,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key:
         raise RecipeError(f"override {text!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw, f"override {key}") if raw.strip() else None
     except yaml.YAMLError as exc:
-        raise RecipeError(f"override {text!r}: value is not valid YAML ({exc})") from exc
+        raise RecipeError(f"override {text!r}: value is not valid YAML ({' '.join(str(exc).split())})") from None
+    except InputLimitError as exc:
+        raise RecipeError(str(exc)) from None
     return key.split("."), value
 
 
@@ -443,9 +530,14 @@ def resolve_recipe_path(recipe: str | Path | None) -> Path:
 def read_recipe_yaml(path: Path) -> dict[str, Any]:
     """The mapping in a recipe file (keys = config field names)."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        check_file(path, limit=MAX_YAML_BYTES, what="recipe")
+        raw = load_yaml(path.read_text(encoding="utf-8"), f"recipe {path}") or {}
     except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from exc
+        raise RecipeError(f"recipe {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"recipe {path} is not UTF-8 text; pass a YAML file.") from None
+    except InputLimitError as exc:
+        raise RecipeError(str(exc)) from None
     if not isinstance(raw, dict):
         raise RecipeError(f"recipe {path} must be a mapping of keys to values (sections: model, data, train, ...)")
     return raw

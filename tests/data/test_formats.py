@@ -238,3 +238,91 @@ def test_record_text_of_every_format():
     assert record_text(row_to_record({"prompt": "p ", "completion": "c"}, "f")) == "p c"
     assert record_text(row_to_record({"text": "t"}, "f")) == "t"
     assert record_text(validate_record({"input": "Q", "output": "A", "task": "t"}, "x")) == "Q\nA"
+
+
+SHAREGPT = [
+    {
+        "conversations": [
+            {"from": "system", "value": "You are a chemist."},
+            {"from": "human", "value": "Name CH4."},
+            {"from": "gpt", "value": "methane"},
+        ]
+    },
+    {
+        "conversations": [
+            {"from": "user", "value": "Caption CCO."},
+            {"from": "assistant", "value": "ethanol, a primary alcohol"},
+        ],
+        "task": "molecule_captioning",
+    },
+]
+
+
+def test_sharegpt_rows_become_records_of_the_conversation_trl_trains_on(tmp_path):
+    """ShareGPT's from/value rows, converted as TRL converts them (roles kept: the model saw "human" and "gpt");
+    a final turn of another role than the assistant's keeps it (`response_role`) and is rendered with it."""
+    records, _ = read_user_records(write_jsonl(tmp_path / "sharegpt.jsonl", SHAREGPT))
+    first, second = records
+    assert first["format"] == "chat" and first["output"] == "methane" and first["response_role"] == "gpt"
+    assert json.loads(first["prompt_messages"]) == [
+        {"role": "system", "content": "You are a chemist."},
+        {"role": "human", "content": "Name CH4."},
+    ]
+    assert "response_role" not in second and second["task"] == "molecule_captioning"
+    # the role is part of what the model sees: it changes the fingerprint (and a record read back keeps it)
+    as_assistant = dict(first, response_role=None)
+    assert record_fingerprint(first) != record_fingerprint({k: v for k, v in as_assistant.items() if v is not None})
+    assert validate_record(first, "x")["response_role"] == "gpt"
+    tok = ToyTokenizer()
+    ids, mask, scored = format_record(tok, first)
+    prompt = "<system>You are a chemist.<|im_end|><human>Name CH4.<|im_end|><gpt>"
+    assert ids == tok(prompt)["input_ids"] + tok("methane<|im_end|>")["input_ids"] and scored == "methane<|im_end|>"
+    assert mask == [False] * len(tok(prompt)["input_ids"]) + [True] * (len("methane") + 1)
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"conversations": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}, "from, value"),
+        ({"conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"}]}, "role 'human'"),
+        ({"conversations": "a text"}, "from, value"),
+    ],
+)
+def test_malformed_sharegpt_rows_are_refused_with_the_fix(tmp_path, row, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [row])
+    with pytest.raises(DataError, match=message) as err:
+        read_user_records(path)
+    assert f"{path}:1" in str(err.value)
+
+
+def test_sharegpt_conversion_and_tokens_equal_trls_own():
+    """TRL's own conversion (trl.data_utils.maybe_convert_to_chatml) and tokenisation (the chat template applied
+    to the whole conversation, as SFTTrainer does) against ours, on a real BPE tokenizer with a ChatML template:
+    the same messages, and the tokens llmaudit scores are a prefix of what TRL trained on, the scored ones
+    exactly the final turn and its end of turn."""
+    import copy
+
+    trl_data = pytest.importorskip("trl.data_utils")
+    from llmaudit.data.formats import is_sharegpt, sharegpt_to_chatml
+    from llmaudit.data.records import response_role
+    from llmaudit.models.builtin import build_tokenizer
+
+    tok = build_tokenizer(
+        [r["input"] + " " + r["output"] for r in generate_records(["molecule_captioning"], 64, seed=3)], 400
+    )
+    for row in SHAREGPT:
+        assert is_sharegpt(row) == trl_data.is_conversational_from_value(row)
+        theirs = trl_data.maybe_convert_to_chatml(copy.deepcopy(row))
+        assert sharegpt_to_chatml(row) == theirs
+        rec = row_to_record(row, "f")
+        messages = theirs["messages"]
+        assert json.loads(rec["prompt_messages"]) + [{"role": response_role(rec), "content": rec["output"]}] == messages
+        ids, mask, _ = format_record(tok, rec)
+        tokenize = getattr(trl_data, "_tokenize", None)
+        trained = (
+            tokenize(tok, messages)["input_ids"]
+            if tokenize
+            else tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+        )
+        assert list(trained[: len(ids)]) == ids
+        assert tok.decode([i for i, m in zip(ids, mask, strict=True) if m]) == messages[-1]["content"] + "<|im_end|>"

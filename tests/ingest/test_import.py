@@ -370,6 +370,42 @@ def test_no_checkpoints_found(tmp_path, lora_run):
     refused(code, err, "does not exist")
 
 
+@pytest.mark.slow  # an import (the base and one adapter loaded) and 7 units scored: about 20 s
+def test_imported_checkpoints_are_digested_whole_and_may_live_behind_links(tmp_path, lora_run):
+    """An imported checkpoint stays where the training wrote it, links and all (here its weights are links to
+    blobs, as in a Hugging Face cache): the link policy applies to the store, not to the user's training output.
+    Every file that changes a number is recorded (the tokenizer saved with a checkpoint too) and checked: an
+    edited adapter_config.json (lora_alpha) or tokenizer is refused by status and score."""
+    training = tmp_path / "trainer-out"
+    shutil.copytree(lora_run["dir"], training)
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        (training / "checkpoint-2" / name).rename(blobs / name)
+        (training / "checkpoint-2" / name).symlink_to(blobs / name)
+    (training / "checkpoint-3" / "tokenizer_config.json").write_text('{"model_max_length": 512}')
+    out = tmp_path / "audit"
+    code, _, err = run_cli(
+        import_args(training, lora_run["train"], lora_run["heldout"], out, "score.quantizers=[fp32]")
+    )
+    assert code == 0, err
+    last = RunStore(out).manifest()["imported"]["runs"][0]["checkpoints"][-1]
+    assert set(last["files"]) == {"adapter_model.safetensors", "adapter_config.json", "tokenizer_config.json"}
+    assert last["digest_scope"] == "number-files-1"
+    code, stdout, err = run_cli(["score", out, "--no-progress"])
+    assert code == 0 and "scored 7 unit(s)" in stdout, err  # 3 checkpoints x 2 quantizers + the base
+    config = training / "checkpoint-3" / "adapter_config.json"
+    original = config.read_text()
+    config.write_text(json.dumps(dict(json.loads(original), lora_alpha=64)))
+    code, stdout, _ = run_cli(["status", out])
+    assert code == 0 and "adapter_config.json changed since it was recorded" in stdout
+    RunStore(out).unit_path(0, 3, "fp32").unlink()
+    refused(*run_cli(["score", out, "--no-progress"])[::2], str(config.parent), "adapter_config.json changed")
+    config.write_text(original)
+    (training / "checkpoint-3" / "tokenizer_config.json").write_text('{"model_max_length": 8}')
+    refused(*run_cli(["score", out, "--no-progress"])[::2], "tokenizer_config.json changed")
+
+
 def test_checkpoint_missing_its_weights(tmp_path, lora_run):
     copy = tmp_path / "copy"
     shutil.copytree(lora_run["dir"], copy)

@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
+
 from llmaudit.common.io import read_json
 from llmaudit.finetune.runs import finetune
 from llmaudit.jobs.plan import format_plan, make_plan
 from llmaudit.score.stage import score
 from llmaudit.store.worklog import read_work
+from tests.conftest import TINY_OVERRIDES
 
 
 def test_plan_counts_match_the_work_done(tiny_cfg):
@@ -58,3 +61,30 @@ def test_offline_plan_of_a_hub_recipe_prices_the_published_shape(monkeypatch, tm
     assert plan["workload"]["runs"] == 2 and plan["workload"]["gptq_calibrations"] > 0
     text = format_plan(plan)
     assert "assumption      Qwen/Qwen2.5-0.5B-Instruct or its data could not be reached" in text
+
+
+@pytest.mark.slow  # three plans (each a few-second calibration) and the store's data draw: about 20 s
+def test_plan_where_a_store_of_fewer_runs_exists_prices_every_run_and_says_why(tiny_cfg):
+    """The README's order of commands: the demo's store exists, then `llmaudit plan demo-cpu train.runs=12`. The
+    store holds 3 runs' masks, the recipe asks for 5: the plan prices all 5 (a new experiment: `finetune`
+    refuses to add runs to that store) and says so in one line naming the key that differs."""
+    from llmaudit.finetune.experiment import prepare_experiment
+    from llmaudit.store.run_store import RunStore
+    from tests.conftest import run_cli
+
+    store = RunStore(tiny_cfg.resolved_output_dir())
+    prepare_experiment(tiny_cfg, store, echo=lambda *a: None)  # the store's manifest and masks, no training
+    more = tiny_cfg.model_copy(update={"train": tiny_cfg.train.model_copy(update={"runs": 5})})
+    plan = make_plan(more, device="cpu", echo=lambda *a: None)
+    work = plan["workload"]
+    assert work["runs"] == 5 and len(work["members_per_run"]) == 5 and len(work["steps_per_run"]) == 5
+    (line,) = plan["assumptions"]
+    assert "train.runs" in line and "new experiment" in line and str(store.root) in line
+    # the same experiment: the store's own masks are priced, with nothing to say
+    same = make_plan(tiny_cfg, device="cpu", echo=lambda *a: None)
+    assert same["assumptions"] == [] and same["workload"]["runs"] == 3
+    # and through the command line, as the README's user types it
+    args = ["plan", "demo-cpu", *TINY_OVERRIDES, f"output_dir={store.root}", "train.runs=5", "--json"]
+    code, out, err = run_cli(args)
+    assert code == 0, err
+    assert json.loads(out)["workload"]["runs"] == 5

@@ -38,7 +38,7 @@ class AnalysisError(UserError):
 
 
 def load_store_table(
-    store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None
+    store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None, *, echo=print
 ) -> tuple[pd.DataFrame, list[str], dict[str, int]]:
     """The verified loss tables of the quantizers whose every unit is done, the quantizers read, and
     {quantizer: units missing} for those left out. Refuses a store with any problem (`verify_store`):
@@ -46,6 +46,8 @@ def load_store_table(
     verdict = verify_store(store, cfg)
     if not verdict.ok:
         raise AnalysisError(verdict.message(store))
+    for note in verdict.notes:
+        echo(f"[analyze] note: {note}")
     unfinished = [r for r in range(cfg.train.runs) if not store.run_done(r)]
     if unfinished:
         raise AnalysisError(
@@ -177,7 +179,7 @@ def analyze(
 
     quantizers: the quantizers to report (default: every quantizer scored in the store, add-only)."""
     manifest = store.manifest()
-    table, quantizers, not_scored = load_store_table(store, cfg, quantizers)
+    table, quantizers, not_scored = load_store_table(store, cfg, quantizers, echo=echo)
     if not_scored:
         echo(
             f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {not_scored}"

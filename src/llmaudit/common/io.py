@@ -1,10 +1,13 @@
 """Atomic writes. Every file llmaudit produces goes through here, so an interrupted job never leaves a
-half-written file that looks complete: content is written to a temporary sibling, flushed, then renamed.
+half-written file that looks complete: content is written to a temporary sibling, flushed, then renamed. A write
+that fails (a full disk) names the file it was writing (`WriteError`) and leaves what was there before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import math
 import os
@@ -14,23 +17,71 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.bounded import MAX_JSON_BYTES, InputLimitError, check_file, parse_json
 from llmaudit.common.errors import UserError
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+class WriteError(UserError):
+    """A file could not be written (a full disk, a quota, a permission); the message names the file and the fix.
+    What was there before stays: a write replaces a file only once its new content is complete."""
+
+
+DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "QuotaExceeded")
+"""How a full disk reads in errors that are not an OSError (safetensors' and torch's own writers)."""
+
+
+def write_error(path: str | os.PathLike, exc: BaseException) -> WriteError | None:
+    """The WriteError naming `path` for a failure to write it (an OSError, or another writer's full-disk error);
+    None for anything else (a bug, an interrupt: those keep their own type)."""
+    if isinstance(exc, WriteError):
+        return exc
+    text = " ".join(str(exc).split())
+    disk_full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
+        t in text for t in DISK_FULL_TEXT
+    )
+    if not disk_full and not isinstance(exc, OSError):
+        return None
+    reason = (
+        (getattr(exc, "strerror", None) or text or type(exc).__name__) if not disk_full else "No space left on device"
+    )
+    if disk_full:
+        fix = "free space on that disk (or write elsewhere: --out / output_dir) and run the command again"
+    elif getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make it writable (or write elsewhere: --out / output_dir) and run the command again"
+    else:
+        fix = "check that disk and run the command again"
+    return WriteError(f"cannot write {path}: {reason}; {fix} (the files already written are kept).")
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a failure to write `path` inside the block into a WriteError naming it (`write_error`)."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        yield
+    except Exception as exc:
+        error = write_error(path, exc)
+        if error is None or error is exc:
+            raise
+        raise error from None
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` atomically: a temporary sibling, flushed and fsynced, then renamed over `path`.
+    A failure (a full disk) leaves `path` as it was, removes the temporary file and names `path` (WriteError)."""
+    path = Path(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     return path
 
 
@@ -57,21 +108,34 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, to_json(obj))
 
 
+def file_digest(path: str | os.PathLike, *, chunk: int = 1 << 22) -> str:
+    """sha256 of a file's bytes (checkpoint weights and configurations, data files)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 class JsonFileError(UserError):
     """A JSON file llmaudit reads is missing or not valid JSON; the message names the file."""
 
 
-def read_json(path: str | os.PathLike, *, what: str = "JSON file", fix: str = "") -> Any:
-    """The JSON value in `path`; JsonFileError naming the file (and `fix`) when it is missing or corrupt.
+def read_json(path: str | os.PathLike, *, what: str = "JSON file", fix: str = "", limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value in `path`; JsonFileError naming the file (and `fix`) when it is missing or corrupt, and
+    InputLimitError when it is not a regular file, over `limit` bytes or nested too deep (`common.bounded`).
 
     Non-standard NaN/Infinity literals are accepted: llmaudit writes them in results (never in report.json)."""
     path = Path(path)
     hint = f" {fix}" if fix else ""
     try:
+        check_file(path, limit=limit, what=what)
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            return parse_json(handle.read(), f"{what} {path}")
     except FileNotFoundError:
         raise JsonFileError(f"{what} {path} does not exist.{hint}") from None
+    except InputLimitError as exc:
+        raise InputLimitError(f"{exc}{hint}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise JsonFileError(f"{what} {path} is not valid JSON ({exc}).{hint}") from None
     except OSError as exc:
@@ -84,16 +148,21 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
 
     Used for checkpoints: a directory either holds a complete checkpoint or does not exist."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
+        with writing(path):
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        error = write_error(path, exc) if isinstance(exc, Exception) else None
+        if error is None or error is exc:
+            raise
+        raise error from None
 
 
 def to_strict_json(obj: Any) -> Any:

@@ -8,6 +8,11 @@ Each row is mapped by the fields it has, the common supervised fine-tuning forma
     prompt, completion (messages)   TRL's conversational prompt-completion: format "chat"
     messages                        TRL's conversational format: format "chat", the final assistant turn
                                     scored, the messages before it kept as `prompt_messages`
+    conversations (from, value)     ShareGPT's format, converted as TRL's SFTTrainer converts it
+                                    (`trl.data_utils.maybe_convert_to_chatml`): "from" -> "role", "value" ->
+                                    "content" in every message list of the row, "conversations" -> "messages";
+                                    the role names are kept ("human", "gpt": the model saw them), and a final
+                                    turn of another role than "assistant" keeps its role (`response_role`)
 
 `record_format` other than "auto" forces how rows are rendered: "chat" puts prompt/completion (or
 input/output) strings through the model's chat template, "raw" concatenates them as plain text, "text"
@@ -22,6 +27,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.bounded import (
+    MAX_JSON_BYTES,
+    MAX_ROWS,
+    JsonLineError,
+    check_file,
+    parse_json,
+    read_jsonl,
+    read_parquet_bounded,
+)
 from llmaudit.data.records import DataError, validate_record
 
 INPUT_FORMATS = ("auto", "chat", "raw", "text")
@@ -31,8 +45,49 @@ IMPORT_SPLIT = "import"
 
 ACCEPTED = (
     "each row needs one of: 'messages' (a list of {role, content} ending with the assistant's turn), "
-    "'prompt' + 'completion' (strings, or lists of messages), 'text', or 'input' + 'output'"
+    "'conversations' (a list of {from, value}, ShareGPT's), 'prompt' + 'completion' (strings, or lists of "
+    "messages), 'text', or 'input' + 'output'"
 )
+
+PROMPT_ROLES = ("system", "user", "human", "tool")
+"""Roles that never hold the scored response: a conversation that ends with one has no answer to score."""
+
+TRL_MESSAGE_KEYS = ("prompt", "completion", "chosen", "rejected", "messages", "conversations")
+"""The fields whose message lists TRL's `maybe_convert_to_chatml` converts from ShareGPT's from/value."""
+
+
+def is_sharegpt(row: dict) -> bool:
+    """Whether TRL would see the row as ShareGPT's from/value format (trl.data_utils.is_conversational_from_value:
+    'conversations' is a list whose first message has both 'from' and 'value')."""
+    messages = row.get("conversations")
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and isinstance(messages[0], dict)
+        and {"from", "value"} <= set(messages[0])
+    )
+
+
+def sharegpt_to_chatml(row: dict) -> dict:
+    """A ShareGPT row as TRL's SFTTrainer converts it before training (trl.data_utils.maybe_convert_to_chatml):
+    in the message lists of TRL_MESSAGE_KEYS each message's "from" becomes "role" and "value" becomes "content"
+    (values unchanged), then "conversations" becomes "messages". The row itself is not modified."""
+    out = dict(row)
+    for key in TRL_MESSAGE_KEYS:
+        if isinstance(out.get(key), list):
+            converted = []
+            for message in out[key]:
+                if isinstance(message, dict):
+                    message = dict(message)
+                    if "from" in message:
+                        message["role"] = message.pop("from")
+                    if "value" in message:
+                        message["content"] = message.pop("value")
+                converted.append(message)
+            out[key] = converted
+    if "conversations" in out:
+        out["messages"] = out.pop("conversations")
+    return out
 
 
 def read_rows(path: str | Path) -> list[tuple[str, Any]]:
@@ -43,32 +98,29 @@ def read_rows(path: str | Path) -> list[tuple[str, Any]]:
         raise DataError(f"data file {path} does not exist (or is not a file).")
     if path.suffix == ".parquet":
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         try:
-            rows = pq.read_table(path).to_pylist()
+            rows = read_parquet_bounded(path, what="data file").to_pylist()
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path} is not a readable parquet file ({exc}).") from None
         return [(f"{path}: row {i}", row) for i, row in enumerate(rows, 1)]
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DataError(f"{path} is not UTF-8 text: pass a JSONL, JSON or parquet file.") from None
-    if text.lstrip().startswith("["):
+    with open(path, "rb") as handle:
+        head = handle.read(4096).lstrip()
+    if head.startswith(b"["):  # one JSON list, parsed whole: the JSON file bounds apply
+        check_file(path, limit=MAX_JSON_BYTES, what="data file")
         try:
-            rows = json.loads(text)
+            rows = parse_json(path.read_text(encoding="utf-8"), f"data file {path}")
+        except UnicodeDecodeError:
+            raise DataError(f"{path} is not UTF-8 text: pass a JSONL, JSON or parquet file.") from None
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+        if len(rows) > MAX_ROWS:
+            raise DataError(f"data file {path} holds {len(rows):,} rows, more than the {MAX_ROWS:,} llmaudit reads.")
         return [(f"{path}: row {i}", row) for i, row in enumerate(rows, 1)]
-    out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append((f"{path}:{lineno}", json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg}); each line must be one record.") from None
-    return out
+    try:
+        return list(read_jsonl(path, what="data file"))
+    except JsonLineError as exc:
+        raise DataError(f"{exc.where}: malformed JSON ({exc.reason}); each line must be one record.") from None
 
 
 def read_user_records(path: str | Path, *, record_format: str = "auto") -> tuple[list[dict], int]:
@@ -95,13 +147,20 @@ def read_user_records(path: str | Path, *, record_format: str = "auto") -> tuple
 
 
 def _content(rec: dict) -> tuple:
-    return tuple(rec.get(k) for k in ("task", "input", "output", "format", "prompt_messages"))
+    return tuple(rec.get(k) for k in ("task", "input", "output", "format", "prompt_messages", "response_role"))
 
 
 def row_to_record(row: Any, where: str, *, record_format: str = "auto") -> dict:
     """One row of a user's file as a validated llmaudit record (see the module docstring)."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: a record must be a JSON object, got {type(row).__name__}; {ACCEPTED}.")
+    if "conversations" in row:
+        if not is_sharegpt(row):
+            raise DataError(
+                f"{where}: 'conversations' must be a list of {{from, value}} messages (ShareGPT's format, which TRL "
+                "converts to 'messages'); for {role, content} messages name the field 'messages'."
+            )
+        row = sharegpt_to_chatml(row)
     task = row.get("task") if isinstance(row.get("task"), str) and row.get("task") else None
     sample_id = row.get("sample_id") if isinstance(row.get("sample_id"), str) and row.get("sample_id") else None
     if "messages" in row:
@@ -172,19 +231,21 @@ def _from_messages(messages: Any, where: str, record_format: str) -> dict:
     if not isinstance(messages, list) or len(messages) < 2:
         raise DataError(f"{where}: 'messages' must be a list of at least two {{role, content}} messages.")
     clean = [_message(m, where, i) for i, m in enumerate(messages)]
-    if clean[-1]["role"] != "assistant":
+    role = clean[-1]["role"]
+    if role in PROMPT_ROLES:
         raise DataError(
-            f"{where}: the last message has role {clean[-1]['role']!r}; the final turn must be the assistant's "
-            "(the response that is scored)."
+            f"{where}: the last message has role {role!r}; the final turn must be the model's answer "
+            "(the assistant's: the response that is scored)."
         )
     if not clean[-1]["content"]:
-        raise DataError(f"{where}: the final assistant message is empty.")
+        raise DataError(f"{where}: the final {role} message is empty.")
     prompt = clean[:-1]
     return {
         "input": prompt[-1]["content"],
         "output": clean[-1]["content"],
         "format": "chat",
         "prompt_messages": json.dumps(prompt, ensure_ascii=False),
+        **({"response_role": role} if role != "assistant" else {}),
     }
 
 

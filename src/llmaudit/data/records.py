@@ -9,6 +9,8 @@ fine-tune, `llmaudit.data.formats`):
                       "text": one plain text (input, normally "", then output), every token after the first scored
     prompt_messages   for "chat" only: a JSON string of the chat messages before the final assistant turn
                       (system prompt, earlier turns); the prompt is rendered from them instead of from input
+    response_role     for "chat" only: the role of the final (scored) turn when it is not "assistant", e.g.
+                      "gpt" in ShareGPT rows, which TRL passes to the chat template unchanged
 
 Records without these fields are exactly what they were: same fields, same fingerprint, same sample id.
 """
@@ -22,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.bounded import JsonLineError, parse_json, read_jsonl, read_parquet_bounded
 from llmaudit.common.errors import UserError
 
 RECORD_FIELDS = (
@@ -40,7 +43,7 @@ RECORD_FIELDS = (
 
 REQUIRED_FIELDS = ("input", "output", "task")
 
-OPTIONAL_FIELDS = ("format", "prompt_messages")
+OPTIONAL_FIELDS = ("format", "prompt_messages", "response_role")
 """Kept by `validate_record` only when a record has them (see the module docstring)."""
 
 RECORD_FORMATS = ("chat", "raw", "text")
@@ -85,6 +88,11 @@ def validate_record(rec: Any, where: str) -> dict:
         out["format"] = fmt
     if messages is not None:
         out["prompt_messages"] = rec["prompt_messages"]
+    role = rec.get("response_role")
+    if role is not None:
+        if fmt != "chat" or not isinstance(role, str) or not role:
+            raise DataError(f"{where}: field 'response_role' must be a non-empty string, and only with format 'chat'.")
+        out["response_role"] = role
     out["sample_id"] = str(rec.get("sample_id") or f"{out['task']}/{out['split']}/{record_fingerprint(out)[:16]}")
     return out
 
@@ -96,7 +104,7 @@ def _prompt_messages(value: Any, fmt: str, where: str) -> list[dict] | None:
     if fmt != "chat":
         raise DataError(f"{where}: field 'prompt_messages' only goes with format 'chat', not {fmt!r}.")
     try:
-        messages = json.loads(value) if isinstance(value, str) else None
+        messages = parse_json(value, f"{where}: field 'prompt_messages'") if isinstance(value, str) else None
     except json.JSONDecodeError:
         messages = None
     ok = (
@@ -118,7 +126,12 @@ def _prompt_messages(value: Any, fmt: str, where: str) -> list[dict] | None:
 def prompt_messages(rec: dict) -> list[dict] | None:
     """The chat messages before the final assistant turn of a record that has them, else None."""
     value = rec.get("prompt_messages")
-    return json.loads(value) if value else None
+    return parse_json(value, "a record's prompt_messages") if value else None
+
+
+def response_role(rec: dict) -> str:
+    """The role of a chat record's final (scored) turn: "assistant" unless the record says otherwise."""
+    return rec.get("response_role") or "assistant"
 
 
 def record_format(rec: dict) -> str:
@@ -145,6 +158,8 @@ def record_fingerprint(rec: dict) -> str:
     fields = [rec.get("task"), rec.get("input"), rec.get("output")]
     if record_format(rec) != "chat" or rec.get("prompt_messages"):
         fields += [record_format(rec), rec.get("prompt_messages") or ""]
+    if rec.get("response_role"):
+        fields.append({"response_role": rec["response_role"]})
     blob = json.dumps(fields, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -161,21 +176,12 @@ def read_record_file(path: Path) -> list[dict]:
     if not path.exists():
         raise DataError(f"data file {path} does not exist.")
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(path).to_pylist()
+        rows = read_parquet_bounded(path, what="data file").to_pylist()
         return [validate_record(r, f"{path}: row {i}") for i, r in enumerate(rows)]
-    out = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: malformed JSON ({exc.msg}); each line must be one record.") from None
-            out.append(validate_record(rec, f"{path}:{lineno}"))
-    return out
+    try:
+        return [validate_record(rec, where) for where, rec in read_jsonl(path, what="data file")]
+    except JsonLineError as exc:
+        raise DataError(f"{exc.where}: malformed JSON ({exc.reason}); each line must be one record.") from None
 
 
 def records_to_jsonl(records: list[dict]) -> str:

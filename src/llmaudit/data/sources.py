@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Literal
 
+from llmaudit.common.bounded import MAX_JSONL_BYTES, check_file, parse_json
 from llmaudit.config import DataConfig
 from llmaudit.data.chem import SUPPORTED_TASKS, generate_records
 from llmaudit.data.records import DataError, read_record_file, validate_record
@@ -98,6 +99,7 @@ class _DirTree:
         return (self.root / rel).exists()
 
     def read(self, rel: str) -> str:
+        check_file(self.root / rel, limit=MAX_JSONL_BYTES, what="SMolInstruct file")
         return (self.root / rel).read_text(encoding="utf-8")
 
 
@@ -119,6 +121,9 @@ class _ZipTree:
         return self.prefix + rel in self.names
 
     def read(self, rel: str) -> str:
+        size = self.zf.getinfo(self.prefix + rel).file_size  # a member's declared size: no zip bomb lands in memory
+        if size > MAX_JSONL_BYTES:
+            raise DataError(f"SMolInstruct file {rel} in data.zip expands to {size:,} bytes; download data.zip again.")
         return self.zf.read(self.prefix + rel).decode("utf-8")
 
 
@@ -143,15 +148,15 @@ def read_smolinstruct_tree(tree: Any, tasks: list[str], split: str) -> list[dict
         for lineno, line in enumerate(tree.read(raw_rel).splitlines(), 1):
             if line.strip():
                 try:
-                    raw_rows.append(json.loads(line))
+                    raw_rows.append(parse_json(line, f"{raw_rel}:{lineno}"))
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{raw_rel}:{lineno}: malformed JSON ({exc.msg})") from None
-        selection = json.loads(tree.read(sample_rel))
-        tags = json.loads(tree.read(f"core_tag/{task}.json"))
+        selection = parse_json(tree.read(sample_rel), sample_rel)
+        tags = parse_json(tree.read(f"core_tag/{task}.json"), f"core_tag/{task}.json")
         template_rel = f"template/{selection['template_name']}/{task}.json"
         if not tree.exists(template_rel):
             raise DataError(f"SMolInstruct template file {template_rel} is missing.")
-        templates = json.loads(tree.read(template_rel))
+        templates = parse_json(tree.read(template_rel), template_rel)
         in_l, in_r = tags["input"]
         out_l, out_r = tags["output"]
         for sample in selection["samples"]:

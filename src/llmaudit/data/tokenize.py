@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from llmaudit.data.records import prompt_messages, record_format
+from llmaudit.data.records import DataError, prompt_messages, record_format, response_role
 
 TrainExample = tuple[Sequence[int], Sequence[bool]]
 """(input_ids, loss_mask): what the training loop and the scoring engine take."""
@@ -70,17 +70,37 @@ def format_record(tokenizer: Any, rec: dict, *, include_prompt: bool = False) ->
     return ids, mask, scored
 
 
+RESPONSE_MARK = "\ue000llmaudit-response\ue000"
+"""Stands in for the response when a chat template renders a final turn of another role than the assistant's:
+the prompt is the rendering up to it (a private-use character no tokenizer or record holds)."""
+
+
 def _chat_prompt(tokenizer: Any, rec: dict) -> tuple[str, str]:
-    """The chat prompt (ending where the assistant's answer starts) and the end-of-turn text."""
+    """The chat prompt (ending where the assistant's answer starts) and the end-of-turn text.
+
+    A final turn of another role (`response_role`, e.g. ShareGPT's "gpt") is rendered by the template as that
+    role, as a trainer fed it: the prompt is the template's rendering of the conversation up to its content."""
     given = prompt_messages(rec)
     messages = given or [{"role": "user", "content": rec["input"]}]
-    if getattr(tokenizer, "chat_template", None):
+    role = response_role(rec)
+    if getattr(tokenizer, "chat_template", None) and role != "assistant":
+        full = tokenizer.apply_chat_template([*messages, {"role": role, "content": RESPONSE_MARK}], tokenize=False)
+        if full.count(RESPONSE_MARK) != 1:
+            raise DataError(
+                f"record {rec.get('sample_id')!r}: the chat template does not render a final turn of role {role!r} "
+                "with its content as given, so its response cannot be located; use role 'assistant'."
+            )
+        prompt = full[: full.index(RESPONSE_MARK)]
+        eos_text = getattr(tokenizer, "eos_token", None) or ""
+        if "<|im_end|>" in (tokenizer.chat_template or ""):
+            eos_text = "<|im_end|>"
+    elif getattr(tokenizer, "chat_template", None):
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         eos_text = getattr(tokenizer, "eos_token", None) or ""
         if "<|im_end|>" in (tokenizer.chat_template or ""):
             eos_text = "<|im_end|>"
-    elif given:
-        prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    elif given or role != "assistant":
+        prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + f"{role}: "
         eos_text = tokenizer.eos_token or ""
     else:
         prompt = f"Instruction: {rec['input']}\nResponse: "

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from llmaudit.common.io import atomic_write_json, read_json
+from llmaudit.store.digests import DIGEST_SCOPE, record_digests
 from llmaudit.store.run_store import StoreError, file_digest
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -26,12 +27,23 @@ PICKLED_STATE = "trainer_state.pt"
 
 
 def write_checkpoint(directory: Path, model: Any, *, run: int, step: int, epoch: int, train_loss: float) -> str:
-    """Save the adapter (safetensors) and checkpoint.json into `directory`; returns the adapter's sha256."""
+    """Save the adapter (safetensors) and checkpoint.json into `directory`; returns the adapter's sha256.
+
+    checkpoint.json records the sha256 of every file that changes the model (`store.digests`: the adapter's
+    weights and its adapter_config.json), which DONE.json then carries for the run's whole trajectory."""
     model.save_pretrained(directory, safe_serialization=True)
     digest = file_digest(directory / ADAPTER_FILE)
     atomic_write_json(
         directory / "checkpoint.json",
-        {"run": run, "step": step, "epoch": epoch, "train_loss": train_loss, "adapter_sha256": digest},
+        {
+            "run": run,
+            "step": step,
+            "epoch": epoch,
+            "train_loss": train_loss,
+            "adapter_sha256": digest,
+            "files": record_digests(directory),
+            "digest_scope": DIGEST_SCOPE,
+        },
     )
     return digest
 

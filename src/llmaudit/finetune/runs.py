@@ -39,6 +39,7 @@ from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.models.layers import count_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_tokenizer
 from llmaudit.models.training import TrainState, steps_per_epoch, train_epochs
+from llmaudit.store.digests import DIGEST_SCOPE
 from llmaudit.store.integrity import quarantine
 from llmaudit.store.locks import claim
 from llmaudit.store.markers import clear_stale_markers, run_marker_path, running_marker
@@ -206,16 +207,19 @@ def _write_done(
     store: RunStore, run: int, steps: list[int], n_train: int, final: TrainState, seconds: float, *, resumed: bool
 ) -> None:
     """DONE.json, written last: the trajectory (steps and adapter digests) the run's scores refer to."""
-    digests = []
+    digests, files = [], []
     for step in steps:
         info = read_json(store.own_checkpoint_dir(run, step) / "checkpoint.json", what="checkpoint record")
         digests.append(info.get("adapter_sha256"))
+        files.append(info.get("files") if info.get("digest_scope") == DIGEST_SCOPE else None)
+    complete = all(isinstance(f, dict) for f in files)  # a trajectory resumed from an older checkpoint is not
     atomic_write_json(
         store.run_done_path(run),
         {
             "run": run,
             "steps": steps,
             "adapter_sha256": digests,
+            **({"checkpoint_files": files, "digest_scope": DIGEST_SCOPE} if complete else {}),
             "n_train": n_train,
             "final_train_loss": final.last_loss,
             "train_tokens": final.tokens,

@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmaudit.common.bounded import parse_json
 from llmaudit.common.errors import UserError
+from llmaudit.common.io import read_json
+from llmaudit.store.digests import DIGEST_SCOPE, number_files
 from llmaudit.store.run_store import file_digest
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -60,8 +63,19 @@ class Checkpoint:
         return dict(self.digests)
 
     def record(self) -> dict[str, Any]:
-        """The manifest's entry: {step, path, format, files: {name: sha256}}."""
-        return {"step": self.step, "path": str(self.path), "format": self.kind, "files": self.digest()}
+        """The manifest's entry: {step, path, format, files: {name: sha256}, digest_scope}: the defining files
+        and every other file in the directory that can change a number (`store.digests.number_files`: a
+        tokenizer saved with the checkpoint, a config beside an adapter), so that none can change unseen."""
+        files = self.digest()
+        for name in number_files(self.path):
+            files.setdefault(name, file_digest(self.path / name))
+        return {
+            "step": self.step,
+            "path": str(self.path),
+            "format": self.kind,
+            "files": files,
+            "digest_scope": DIGEST_SCOPE,
+        }
 
 
 @dataclass
@@ -204,10 +218,8 @@ def _trainer_state(directory: Path) -> dict | None:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ImportInputError(f"{path} is not valid JSON ({exc}); restore it from the training run.") from None
+    """A JSON file of the training output, within the bounds of `common.bounded` (size, depth)."""
+    return read_json(path, what="training output file", fix="Restore it from the training run.")
 
 
 def _int(value: Any) -> int | None:
@@ -272,7 +284,7 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         if size > 100 * 1024 * 1024:
             raise ImportInputError(f"{path} is not a safetensors file (header of {size} bytes).")
         try:
-            header = json.loads(handle.read(size))
+            header = parse_json(handle.read(size), f"the safetensors header of {path}")
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ImportInputError(f"{path} is not a safetensors file (unreadable header).") from None
     if not isinstance(header, dict):

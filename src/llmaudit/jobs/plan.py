@@ -430,8 +430,8 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
         draw = draw_experiment(cfg, echo=echo)
     except UserError as exc:  # offline: the hub's model and data are out of reach
         draw, assumptions = _standin_draw(cfg, exc, echo)
-    if store.exists() and not assumptions:
-        draw.masks = store.membership()
+    if not assumptions:
+        assumptions += _existing_store(cfg, store, draw)
     gpu = device.lower() if device.lower() in GPU_BF16_PEAK else None
     target = torch.device("cuda") if gpu else pick_device(device)
     compute = torch.bfloat16 if gpu else choose_compute_dtype(cfg.model.dtype, target).dtype
@@ -452,6 +452,26 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
         "estimate": estimate(cfg, work, speed, jobs=jobs),
         "assumptions": assumptions,
     }
+
+
+def _existing_store(cfg: ExperimentConfig, store: RunStore, draw: Draw) -> list[str]:
+    """A store already at the recipe's output directory: its membership masks when it holds this experiment
+    (what `finetune` resumes); otherwise the recipe is priced as a new experiment, and the one line returned
+    says why (`finetune` would refuse that directory: the message names what differs and the fix)."""
+    if not store.exists():
+        return []
+    try:
+        store.check_identity(cfg)
+        masks = store.membership()
+    except UserError as exc:
+        return [f"{' '.join(str(exc).split())} The plan prices {cfg.name} as a new experiment in a new output_dir."]
+    if masks.shape != draw.masks.shape:  # a store of this identity always holds the recipe's masks
+        return [
+            f"{store.manifest_path} holds {masks.shape[0]} x {masks.shape[1]} membership masks where the recipe "
+            f"draws {draw.masks.shape[0]} x {draw.masks.shape[1]}: the plan prices the recipe's own draw."
+        ]
+    draw.masks = masks
+    return []
 
 
 def _adapter_bytes(cfg: ExperimentConfig, config: Any) -> int:

@@ -101,6 +101,7 @@ def stage_status(store: RunStore) -> dict[str, Any]:
         "run_dir": str(store.root),
         "name": cfg.name,
         "problems": [p.line() for p in verdict.problems],
+        "notes": list(verdict.notes),
         "finetune": runs,
         "score": scores,
         "report": report,
@@ -159,6 +160,8 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
         lines.append(f"  running: run {run}, {len(ft['checkpoints'][run])} checkpoint(s) so far")
     for problem in status.get("problems") or []:
         lines.append(f"  problem: {problem}")
+    for note in status.get("notes") or []:
+        lines.append(f"  note: {note}")
     for run in ft["missing"]:
         if run in ft.get("broken", {}):
             continue

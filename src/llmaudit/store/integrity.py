@@ -3,8 +3,9 @@
 `verify_store` checks a store against its manifest:
 - the manifest itself (valid JSON, every key, its content digest, identity hash and membership block:
   `RunStore.manifest`), and the data files against the ids and fingerprint it records;
-- every finished run has every checkpoint of its recorded trajectory, with its weights (and, deep, their
-  digests); a run whose final checkpoint is gone is never reported from an earlier step;
+- every finished run has every checkpoint of its recorded trajectory, each file that changes a number as
+  recorded (`store.digests`: configurations always, weights when deep) and none added; a run whose final
+  checkpoint is gone is never reported from an earlier step;
 - every scoring unit on disk is a readable parquet file for exactly its (run, checkpoint, quantizer),
   holding exactly its samples (validation samples; plus the pool at a run's final checkpoint), with the
   membership flags of the manifest and finite losses (deep: finite per-token losses and statistics too).
@@ -24,13 +25,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from llmaudit.common.bounded import read_parquet_bounded
 from llmaudit.common.errors import UserError
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.records import dataset_fingerprint
+from llmaudit.store.digests import check_digests, legacy_files
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_parquet_file, validate_loss_table
-from llmaudit.store.run_store import RunStore, StoreError, file_digest
+from llmaudit.store.run_store import RunStore, StoreError
 from llmaudit.store.units import Unit, plan_units
 
 KEY_COLUMNS = ["run", "checkpoint", "quantizer", "sample_id", "split", "member", "loss", "n_tokens"]
@@ -59,6 +61,8 @@ class StoreVerdict:
     units: dict[Unit, str] = field(default_factory=dict)
     """Each planned unit: "done", "missing", or "invalid: <reason>"."""
     deep: bool = False
+    notes: list[str] = field(default_factory=list)
+    """What the verification could not cover (e.g. checkpoints recorded by an older llmaudit), for status lines."""
 
     @property
     def invalid_units(self) -> dict[Unit, str]:
@@ -107,6 +111,8 @@ def verify_store(store: RunStore, cfg: ExperimentConfig | None = None, *, deep: 
     verdict.problems += _check_data(store, manifest)
     run_problems, broken_runs = _check_runs(store, cfg, deep=deep)
     verdict.problems += run_problems
+    done_runs = [r for r in range(cfg.train.runs) if r not in broken_runs and store.run_done(r)]
+    verdict.notes += [n for n in [legacy_coverage(store, done_runs)] if n]
     if any(p.problem.startswith("data") for p in verdict.problems):
         return verdict
     pool_ids = list(manifest["data"].get("pool_ids") or [])
@@ -183,20 +189,20 @@ def _check_runs(store: RunStore, cfg: ExperimentConfig, *, deep: bool) -> tuple[
                 Problem(str(store.run_dir(run)), "a finished run without checkpoints", f"retrain run {run}")
             )
             broken.add(run)
-        record = None if imported else store.done_record(run)
-        digests = (
-            dict(zip((str(s) for s in record["steps"]), record.get("adapter_sha256") or [], strict=False))
-            if record
-            else {}
-        )
         for step in steps:
             directory = store.checkpoint_dir(run, step)
-            why = check_checkpoint_dir(store, run, step, directory, expected_sha256=digests.get(str(step)), deep=deep)
+            try:
+                why = check_checkpoint_dir(store, run, step, directory, deep=deep)
+            except StoreError as exc:  # a record that is not data (a path for a file name, a bad digest)
+                why = str(exc)
             if why:
+                retrain = f"`llmaudit finetune {store.root}` retrains run {run} (its checkpoints are deterministic)"
                 fix = (
                     f"restore {directory} (the imported training output) or import again"
                     if imported
-                    else f"`llmaudit finetune {store.root}` retrains run {run} (its checkpoints are deterministic)"
+                    else retrain
+                    if why.startswith("checkpoint step")
+                    else f"restore it from the source run directory, or delete {directory}: then {retrain}"
                 )
                 problems.append(Problem(str(directory), why, fix, run))
                 broken.add(run)
@@ -206,8 +212,10 @@ def _check_runs(store: RunStore, cfg: ExperimentConfig, *, deep: bool) -> tuple[
 def check_checkpoint_dir(
     store: RunStore, run: int, step: int, directory: Path, *, expected_sha256: str | None = None, deep: bool = False
 ) -> str | None:
-    """Why a checkpoint cannot be loaded (missing, no safetensors weights, a refused pickle, a digest that
-    changed), or None when it looks complete."""
+    """Why a checkpoint cannot be loaded (missing, no safetensors weights, a refused pickle, a file that changed
+    since it was recorded or was added since: `store.digests.check_digests`), or None when it is the one
+    recorded. Configurations are re-digested on every call, weights when `deep` (loading a checkpoint for
+    scoring, `llmaudit score --deep-verify`). expected_sha256: the adapter's digest, for a checkpoint the store has no record of."""
     if not directory.is_dir():
         return f"checkpoint step {step} of run {run} is missing"
     pickled = (directory / "adapter_model.bin").exists() or (directory / "pytorch_model.bin").exists()
@@ -216,18 +224,32 @@ def check_checkpoint_dir(
     weights = [directory / f for f in WEIGHT_FILES if (directory / f).exists()]
     if not weights and not list(directory.glob("model-*-of-*.safetensors")):
         return "holds no safetensors weights (adapter_model.safetensors or model.safetensors)"
-    imported = store.imported_checkpoint(run, step)
-    recorded = (imported or {}).get("files") or (
-        {weights[0].name: expected_sha256} if expected_sha256 and weights else {}
+    recorded, complete = store.checkpoint_record(run, step)
+    if not recorded and expected_sha256 and weights:
+        recorded = {weights[0].name: expected_sha256}
+    return check_digests(directory, recorded, complete=complete, deep=deep)
+
+
+def legacy_coverage(store: RunStore, runs: list[int]) -> str | None:
+    """The status line of checkpoints recorded by an older llmaudit (digests of their weights only), naming the
+    files they leave without a digest; None when every record covers every file that changes a number."""
+    uncovered: set[str] = set()
+    count = 0
+    for run in runs:
+        for step in store.checkpoints(run):
+            recorded, complete = store.checkpoint_record(run, step)
+            if complete:
+                continue
+            count += 1
+            uncovered.update(legacy_files(store.checkpoint_dir(run, step), recorded))
+    if not count:
+        return None
+    files = ", ".join(sorted(uncovered)) or "no other file that changes a number"
+    return (
+        f"digests: {count} checkpoint(s) were recorded by an older llmaudit, which recorded the digests of their "
+        f"weights only: {files} not covered (an edit there is not detected); they are verified as far as their "
+        "record goes. A store written by this version covers every file that changes a number."
     )
-    if deep:
-        for name, digest in recorded.items():
-            path = directory / name
-            if not path.exists():
-                return f"{name} is missing"
-            if file_digest(path) != digest:
-                return f"{name} changed since it was recorded (sha256 differs)"
-    return None
 
 
 def check_unit_file(
@@ -238,7 +260,7 @@ def check_unit_file(
         if deep:
             frame = validate_loss_table(read_parquet_file(path), source=str(path))
         else:
-            frame = pq.read_table(path, columns=KEY_COLUMNS).to_pandas()
+            frame = read_parquet_bounded(path, what="loss table", columns=KEY_COLUMNS).to_pandas()
     except (LossTableError, pa.ArrowException, OSError, ValueError, KeyError) as exc:
         return str(exc).splitlines()[0][:300]
     want_ids = list(val_ids) + (list(pool_ids) if unit.final else [])

@@ -33,6 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llmaudit.common.bounded import InputLimitError, read_parquet_bounded
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_bytes
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
@@ -136,6 +137,7 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
         )
     _check_token_columns(df, source)
     _check_duplicates(df, source)
+    check_one_membership(df, source)
     return df
 
 
@@ -143,6 +145,33 @@ def _check_duplicates(df: pd.DataFrame, source: str) -> None:
     dup = df.duplicated(["run", "checkpoint", "quantizer", "sample_id"])
     if dup.any():
         raise LossTableError(f"{source}: {int(dup.sum())} duplicate (run, checkpoint, quantizer, sample_id) row(s).")
+
+
+def check_one_membership(df: pd.DataFrame, source: str, *, files: np.ndarray | None = None) -> None:
+    """One (run, sample) has one membership: a run trained on a sample or it did not, whatever the quantizer
+    or checkpoint its losses were scored at. LossTableError naming the first contradicting (run, sample), the
+    rows (quantizer, checkpoint and, for a directory of tables, file) and how many more there are.
+    files: the file of each row (tables read from a directory)."""
+    if df.empty:
+        return
+    counts = df.groupby(["run", "sample_id"], sort=True)["member"].nunique()
+    bad = counts[counts > 1]
+    if bad.empty:
+        return
+    run, sample = bad.index[0]
+    at = np.flatnonzero(((df["run"] == run) & (df["sample_id"] == sample)).to_numpy())
+    rows = [
+        f"quantizer {df['quantizer'].iat[i]} checkpoint {df['checkpoint'].iat[i]}"
+        + (f" in {files[i]}" if files is not None else "")
+        + f": member={bool(df['member'].iat[i])}"
+        for i in at[:4]
+    ]
+    more = f"; and {len(bad) - 1} more (run, sample) pair(s)" if len(bad) > 1 else ""
+    raise LossTableError(
+        f"{source}: the member flags of run {run}, sample {sample!r} differ between rows ({'; '.join(rows)}"
+        f"{'; ...' if len(at) > 4 else ''}){more}. One (run, sample) has one membership: correct the flags "
+        "where they were written (in a run store, `llmaudit score RUN_DIR` rescores the units that contradict it)."
+    )
 
 
 def _flat(column: pd.Series, source: str, name: str) -> np.ndarray:
@@ -217,7 +246,9 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
     """One parquet file as a frame (token columns as float64 arrays), LossTableError naming the file
     when it is truncated, corrupt or not parquet."""
     try:
-        df = pq.read_table(path).to_pandas()
+        df = read_parquet_bounded(path, what="loss table").to_pandas()  # bounded before it is decoded
+    except InputLimitError as exc:
+        raise LossTableError(str(exc)) from None
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise LossTableError(
             f"{path}: not a readable parquet file ({str(exc).splitlines()[0][:200]}); if it is a scoring unit, "
@@ -247,6 +278,7 @@ def read_loss_table(path: str | os.PathLike, *, files: list[Path] | None = None)
         return frames[0]
     df = pd.concat(frames, ignore_index=True)
     _check_duplicates(df, str(path))
+    check_one_membership(df, str(path), files=np.repeat([str(f) for f in files], [len(f) for f in frames]))
     return df
 
 

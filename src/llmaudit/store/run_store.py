@@ -8,7 +8,7 @@
       data/val.jsonl           ... and the validation records (never trained on)
       runs/run-000/checkpoints/step-000012/   adapter_model.safetensors, adapter_config.json, checkpoint.json,
                                               trainer_state.safetensors + trainer_state.json (newest only)
-      runs/run-000/DONE.json   written last: the run's trajectory (steps and adapter digests)
+      runs/run-000/DONE.json   written last: the run's trajectory (steps, the digests of every checkpoint file)
       scores/base/fp32.parquet                 the base model (run -1) on pool + val
       scores/run-000/step-000012/hqq-4.parquet one scoring unit (loss-table format)
       scores/quantizers/hqq-4.json             the quantizer's options, effective bits and model size
@@ -18,8 +18,8 @@
       report/                  report.json, report.md, report.html, plots/*.png
 
 An imported experiment (`llmaudit import`) has the same layout without runs/: its manifest lists each
-run's checkpoints by path (they stay where the user's training wrote them) with the digest of their
-weights, which scoring checks before it loads them.
+run's checkpoints by path (they stay where the user's training wrote them) with the digests of every file
+in them that changes a number (`store.digests`), checked whenever the store is verified or a checkpoint loaded.
 
 Everything a store holds is data: JSON, JSONL, safetensors and parquet. Nothing in it is ever executed
 or unpickled, and `trust_remote_code` is never taken from a manifest (docs/architecture.md, "Trust").
@@ -39,8 +39,10 @@ import numpy as np
 import torch
 
 from llmaudit import __version__
+from llmaudit.common.bounded import InputLimitError, JsonLineError, read_jsonl
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
+from llmaudit.common.io import file_digest as file_digest  # re-exported: its import path since 0.2
 from llmaudit.common.names import check_safe_name, is_safe_name
 from llmaudit.common.runtime import (
     DTYPE_NAMES,
@@ -50,7 +52,9 @@ from llmaudit.common.runtime import (
     dtype_name,
     legacy_dtype,
 )
-from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config
+from llmaudit.config import MAX_MASK_CELLS, MAX_RUNS, ExperimentConfig, RecipeError, config_from_dict, dump_config
+from llmaudit.store.confine import check_store_tree
+from llmaudit.store.digests import DIGEST_SCOPE, parse_record
 
 MANIFEST_VERSION = 3
 DIGESTED_KEYS_V2 = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
@@ -98,15 +102,6 @@ def content_digest(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def file_digest(path: str | Path, *, chunk: int = 1 << 22) -> str:
-    """sha256 of a file's bytes (checkpoint weights)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def library_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version(), "llmaudit": __version__}
     for name in TRACKED_LIBRARIES:
@@ -123,10 +118,14 @@ class RunStore:
     `manifest()` refuses a manifest that is not valid JSON, lacks a key, whose content digest or identity
     hash does not match its content, or whose membership block contradicts itself; the error names the
     file, what is wrong and how to repair it. `config()` never takes `trust_remote_code` from the
-    manifest: only the command line (`--trust-remote-code`) can turn it on for a run directory."""
+    manifest: only the command line (`--trust-remote-code`) can turn it on for a run directory.
+
+    Opening a store applies its link policy (`store.confine`): a directory below the root that holds a symbolic
+    link, a special file or a hard-linked file is refused before anything in it is read or written."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        check_store_tree(self.root)  # the link policy (store/confine.py), before any path below is used
 
     # ---------------------------------------------------------------- paths
     @property
@@ -213,21 +212,23 @@ class RunStore:
         mem, data = manifest["membership"], manifest["data"]
         where = f"{self.manifest_path}: membership"
         try:
-            masks = mem["masks"]
-            rows = [[c == "1" for c in row] for row in masks]
+            rows = _mask_rows(mem["masks"], where)
             problems = []
-            if any(set(row) - {"0", "1"} for row in masks):
+            if any(((row != ord("0")) & (row != ord("1"))).any() for row in rows):
                 problems.append("masks hold characters other than 0 and 1")
-            if len(masks) != mem["runs"]:
-                problems.append(f"runs = {mem['runs']} but {len(masks)} masks")
+            if len(rows) != mem["runs"]:
+                problems.append(f"runs = {mem['runs']} but {len(rows)} masks")
+            identity_runs = ((manifest.get("identity") or {}).get("train") or {}).get("runs")
+            if identity_runs is not None and identity_runs != mem["runs"]:
+                problems.append(f"runs = {mem['runs']} but the experiment's identity says train.runs = {identity_runs}")
             widths = {len(r) for r in rows}
             if widths != {mem["pool_size"]}:
-                problems.append(f"pool_size = {mem['pool_size']} but the masks hold {sorted(widths)} samples")
+                problems.append(f"pool_size = {mem['pool_size']} but the masks hold {sorted(widths)[:5]} samples")
             if "pool_ids" in data and len(data["pool_ids"]) != mem["pool_size"]:
                 problems.append(f"pool_size = {mem['pool_size']} but data.pool_ids lists {len(data['pool_ids'])}")
-            counts = [sum(r) for r in rows]
+            counts = [int((r == ord("1")).sum()) for r in rows]
             if counts != list(mem["n_train"]):
-                problems.append(f"n_train = {mem['n_train']} but the masks count {counts}")
+                problems.append(f"n_train = {str(mem['n_train'])[:100]} but the masks count {str(counts)[:100]}")
             if counts and mem["pool_size"] and abs(mem["fpc"] - (1 - np.mean(counts) / mem["pool_size"])) > 1e-9:
                 problems.append(f"fpc = {mem['fpc']} does not equal 1 - mean(n_train) / pool_size")
         except (KeyError, TypeError) as exc:
@@ -395,8 +396,8 @@ class RunStore:
 
     def membership(self) -> np.ndarray:
         """[runs, pool_size] booleans: run r trained on pool sample j."""
-        masks = self.manifest()["membership"]["masks"]
-        return np.array([[c == "1" for c in row] for row in masks], dtype=bool).reshape(len(masks), -1)
+        rows = _mask_rows(self.manifest()["membership"]["masks"], f"{self.manifest_path}: membership")
+        return np.stack(rows).reshape(len(rows), -1) == ord("1")
 
     def scored_quantizers(self) -> list[str]:
         """Every quantizer scored in this store so far, in the order they were first asked for (add-only)."""
@@ -436,6 +437,32 @@ class RunStore:
         if not self.exists():
             return None
         return self.manifest().get("imported")
+
+    def checkpoint_record(self, run: int, step: int) -> tuple[dict[str, str], bool]:
+        """({file name: sha256} recorded for the checkpoint, whether the record covers every file that changes a
+        number (`store.digests.DIGEST_SCOPE`) or is an older one that covers the weights (and, imported, the
+        configuration) only). ({}, False) for a checkpoint with no record (an unfinished run)."""
+        imported = self.imported_checkpoint(run, step)
+        if imported is not None:
+            where = f"{self.manifest_path}: run {run} step {step}"
+            try:
+                return parse_record(imported.get("files") or {}, where), imported.get("digest_scope") == DIGEST_SCOPE
+            except ValueError as exc:
+                raise StoreError(f"{exc}; {REPAIR}.") from None
+        record = self.done_record(run)
+        if record is None:
+            return {}, False
+        steps = [str(s) for s in record["steps"]]
+        where = f"{self.run_done_path(run)}: step {step}"
+        fix = f"delete it to retrain run {run} (`llmaudit finetune`)."
+        try:
+            if record.get("digest_scope") == DIGEST_SCOPE:
+                files = dict(zip(steps, record.get("checkpoint_files") or [], strict=True))
+                return parse_record(files.get(str(step), {}), where), True
+            legacy = dict(zip(steps, record.get("adapter_sha256") or [], strict=False)).get(str(step))
+            return (parse_record({"adapter_model.safetensors": legacy}, where) if legacy else {}), False
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"{' '.join(str(exc).split())[:300]}; {fix}") from None
 
     def done_record(self, run: int) -> dict[str, Any] | None:
         """DONE.json of a finished run (its trajectory: steps and adapter digests), None if unfinished."""
@@ -481,14 +508,30 @@ class RunStore:
         if not path.exists():
             raise StoreError(f"{path} is missing; {REPAIR}.")
         records = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise StoreError(f"{path}:{lineno} is not valid JSON ({exc.msg}); {REPAIR}.") from None
+        try:
+            for where, record in read_jsonl(path, what="data file"):
+                if not isinstance(record, dict):
+                    raise StoreError(f"{where} is not a JSON object (a record); {REPAIR}.")
+                records.append(record)
+        except JsonLineError as exc:
+            raise StoreError(f"{exc}; {REPAIR}.") from None
+        except InputLimitError as exc:
+            raise StoreError(f"{exc} {REPAIR[0].upper()}{REPAIR[1:]}.") from None
         return records
+
+
+def _mask_rows(masks: Any, where: str) -> list[np.ndarray]:
+    """The membership masks as byte arrays ('0'/'1'), refused before any is expanded when they are not a list of
+    strings or hold more runs or characters than a valid experiment can (`config.MAX_RUNS`, `MAX_MASK_CELLS`)."""
+    if not isinstance(masks, list) or not all(isinstance(row, str) for row in masks):
+        raise TypeError("masks must be a list of strings of 0 and 1")
+    cells = sum(len(row) for row in masks)
+    if len(masks) > MAX_RUNS or cells > MAX_MASK_CELLS:
+        raise StoreError(
+            f"{where}: {len(masks):,} masks of {cells:,} characters are more than any experiment holds (at most "
+            f"{MAX_RUNS:,} runs and {MAX_MASK_CELLS:,} characters); {REPAIR}."
+        )
+    return [np.frombuffer(row.encode("utf-8"), dtype=np.uint8) for row in masks]
 
 
 def _jsonable(obj: Any) -> Any:

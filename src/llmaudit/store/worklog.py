@@ -7,6 +7,7 @@ done twice (it must not be: see `llmaudit.store.locks`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -15,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+
+from llmaudit.common.bounded import MAX_JSONL_BYTES, InputLimitError, check_file, parse_json
+from llmaudit.common.io import writing
 
 
 def append_work(path: Path, record: dict[str, Any]) -> None:
@@ -28,21 +32,34 @@ def append_work(path: Path, record: dict[str, Any]) -> None:
         },
         sort_keys=True,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path.with_suffix(".lock")), timeout=120.0), open(path, "a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # unbuffered: nothing is left in a buffer to be written again when the file is closed after a failure
+        with FileLock(str(path.with_suffix(".lock")), timeout=120.0), open(path, "ab", buffering=0) as handle:
+            size = handle.seek(0, os.SEEK_END)
+            try:
+                data = memoryview((line + "\n").encode("utf-8"))
+                while data:  # a raw write may be partial (a disk filling up); the next one then raises
+                    data = data[handle.write(data) :]
+                os.fsync(handle.fileno())
+            except OSError:  # a full disk: cut the torn line off, so the log holds exactly what it held
+                with contextlib.suppress(OSError):
+                    os.truncate(path, size)
+                raise
 
 
 def read_work(path: Path) -> list[dict[str, Any]]:
-    """Every record of the log (a torn last line from a crash is skipped)."""
+    """Every record of the log (a torn last line from a crash, or any line that is not a JSON object within
+    the bounds of `common.bounded`, is skipped)."""
     if not path.exists():
         return []
+    check_file(path, limit=MAX_JSONL_BYTES, what="work log")
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = parse_json(line, str(path))
+        except (json.JSONDecodeError, InputLimitError):
             continue
+        if isinstance(record, dict):
+            out.append(record)
     return out

@@ -8,7 +8,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llmaudit.config import RecipeError, apply_overrides, format_validation_error, read_recipe_yaml, resolve_recipe_path
+from llmaudit.config import (
+    RecipeError,
+    apply_overrides,
+    format_validation_error,
+    read_recipe_yaml,
+    resolve_recipe_path,
+    size_field,
+)
 
 QUANTIZER_NAMES = (
     "sign",
@@ -26,6 +33,11 @@ VARIANT_NAMES = ("converged", "train-loss", "perturbed", "reciprocal", "unquanti
 """r_Q variants investigated beside the published estimator (see `SyntheticConfig.variants`)."""
 
 
+SYNTHETIC_WHY = (
+    "the paper's protocol is 300 runs of 128 samples in R^128; sizes this large only exhaust memory and time"
+)
+
+
 class SyntheticConfigError(ValueError):
     """A recipe or override is invalid; the message names the key, the value and what is allowed."""
 
@@ -36,26 +48,26 @@ class SyntheticConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
     # data
-    k_modes: list[int] = Field(default_factory=lambda: [6, 8, 16])
+    k_modes: list[int] = Field(default_factory=lambda: [6, 8, 16], max_length=64)
     """Numbers of mixture components (one data set per k_modes x sigma)."""
-    sigmas: list[float] = Field(default_factory=lambda: [1.5, 2.0, 3.0])
+    sigmas: list[float] = Field(default_factory=lambda: [1.5, 2.0, 3.0], max_length=64)
     """Standard deviations of the isotropic mixture components."""
-    dim: int = Field(128, ge=2)
+    dim: int = size_field(128, ge=2, le=65536, why=SYNTHETIC_WHY)
     """Input dimension (the paper: R^128)."""
-    n_train: int = Field(128, ge=2)
+    n_train: int = size_field(128, ge=2, le=1_000_000, why=SYNTHETIC_WHY)
     """Training samples per run (= members); as many fresh non-members are drawn for the MIS baseline."""
-    n_val: int = Field(1000, ge=2)
+    n_val: int = size_field(1000, ge=2, le=1_000_000, why=SYNTHETIC_WHY)
     """Fresh validation points (one set per data set, shared by the runs) on which r_Q is computed."""
-    n_runs: int = Field(300, ge=5)
+    n_runs: int = size_field(300, ge=5, le=100_000, why=SYNTHETIC_WHY)
     """Independent training runs per data set (the paper: k = 300)."""
     seed: int = 0
     """Master seed; every random draw is derived from it, the data set index and a purpose tag."""
     # classifier training
     lr: float = Field(1e-4, gt=0)
     """Adam learning rate of the classifiers (the paper: 1e-4)."""
-    epochs: int = Field(30, ge=2)
+    epochs: int = size_field(30, ge=2, le=10_000, why=SYNTHETIC_WHY)
     """Training epochs; one trajectory checkpoint after each (the paper: 30)."""
-    batch_size: int = Field(1, ge=1)
+    batch_size: int = size_field(1, ge=1, le=1_000_000, why=SYNTHETIC_WHY)
     """Mini-batch size of the classifier training (not stated in the paper; must divide n_train)."""
     # quantization and r_Q
     quantizers: list[str] = Field(default_factory=lambda: list(QUANTIZER_NAMES))
@@ -71,27 +83,27 @@ class SyntheticConfig(BaseModel):
     rq_ddof: int = Field(1, ge=0, le=1)
     """Variance convention of sigma_k^2 (1 = unbiased, as llmaudit.indicator.r_q)."""
     # baseline MIS discriminator
-    disc_hidden: int = Field(256, ge=1)
+    disc_hidden: int = size_field(256, ge=1, le=65536, why=SYNTHETIC_WHY)
     """Hidden width of the MIS discriminator (388 -> hidden -> 1, ReLU)."""
-    disc_epochs: int = Field(8, ge=1)
+    disc_epochs: int = size_field(8, ge=1, le=10_000, why=SYNTHETIC_WHY)
     """Training epochs of the discriminator."""
     disc_lr: float = Field(1e-3, gt=0)
     """Adam learning rate of the discriminator."""
-    disc_batch_size: int = Field(256, ge=1)
+    disc_batch_size: int = size_field(256, ge=1, le=1_000_000, why=SYNTHETIC_WHY)
     """Mini-batch size of the discriminator."""
     disc_train_fraction: float = Field(0.8, gt=0, lt=1)
     """Fraction of the runs whose rows train the discriminator; the other runs' rows test it."""
     disc_dtype: Literal["float32", "bfloat16"] = "float32"
     """Matmul precision of the discriminator (bfloat16 autocast measured 4x SLOWER on our 2-core CPU)."""
     # comparison, stability and variants
-    stability_k_runs: list[int] | None = None
+    stability_k_runs: list[int] | None = Field(None, max_length=64)
     """Subsample sizes of the stability study (each in 2..n_runs); null = 5, 10, 15, 30, 50, 100, 150
     and n_runs, those <= n_runs."""
-    stability_resamples: int = Field(20, ge=1)
+    stability_resamples: int = size_field(20, ge=1, le=100_000, why=SYNTHETIC_WHY)
     """Random subsamples per size for the r_Q stability curve (cheap)."""
-    stability_mis_resamples: int = Field(1, ge=0)
+    stability_mis_resamples: int = size_field(1, ge=0, le=10_000, why=SYNTHETIC_WHY)
     """Random subsamples per size for the MIS stability curve (each retrains the discriminators; 0 = skip)."""
-    n_boot: int = Field(1000, ge=10)
+    n_boot: int = size_field(1000, ge=10, le=100_000, why=SYNTHETIC_WHY)
     """Bootstrap resamples for confidence intervals and the spread of Spearman's rho."""
     confidence: float = Field(0.95, gt=0, lt=1)
     """Confidence level of the intervals."""
@@ -101,11 +113,11 @@ class SyntheticConfig(BaseModel):
     """Variant "converged": only checkpoints from this epoch on enter r_Q."""
     perturb_scale: float = Field(0.1, gt=0)
     """Variant "perturbed": noise std, relative to the RMS of each final parameter tensor."""
-    perturb_points: int = Field(30, ge=2)
+    perturb_points: int = size_field(30, ge=2, le=10_000, why=SYNTHETIC_WHY)
     """Variant "perturbed": number of perturbed copies of the final parameters (plus the final point)."""
     plots: bool = True
     """Write the PNG plots."""
-    threads: int = Field(0, ge=0)
+    threads: int = size_field(0, ge=0, le=4096, why="more threads than any machine's cores")
     """torch intra-op threads (0 = leave torch's default)."""
 
     @field_validator("quantizers")
@@ -142,6 +154,12 @@ class SyntheticConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SyntheticConfig:
+        cells = self.n_runs * max(self.n_train, self.n_val) * self.dim
+        if cells > 10**9:
+            raise ValueError(
+                f"n_runs x max(n_train, n_val) x dim = {cells:,} values is above 10^9: every run's data is held at "
+                "once (4 GB per 10^9 values); lower n_runs, the sample counts or dim"
+            )
         if self.n_train % self.batch_size:
             raise ValueError(f"batch_size={self.batch_size} must divide n_train={self.n_train}")
         if self.rq_first_epoch > self.epochs - 1:
