@@ -66,6 +66,17 @@ class RunResult:
     seconds: float
 
 
+def weights_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The base weights' dtype in training: float32 on a CPU (a half-precision store trains there under autocast),
+    the store's compute dtype on a GPU."""
+    return torch.float32 if device.type == "cpu" else dtype
+
+
+def autocast_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype | None:
+    """On a CPU a half-precision store trains with float32 weights under autocast to its dtype; None otherwise."""
+    return dtype if device.type == "cpu" and dtype != torch.float32 else None
+
+
 def _lora_model(base: Any, cfg: ExperimentConfig, run: int) -> Any:
     from peft import LoraConfig, get_peft_model
 
@@ -195,6 +206,7 @@ def train_run(
         resume=resume,
         progress=progress,
         accelerator=accelerator,
+        autocast=autocast_dtype(store.train_dtype(cfg.model.dtype, device), device),
     )
     if writer:
         _write_done(store, run, save_at, len(examples), final, time.time() - t0, resumed=resume is not None)
@@ -262,7 +274,7 @@ def finetune(
     )
     if not todo:
         return store
-    base = load_base_model(cfg.model, device, dtype=store.train_dtype(cfg.model.dtype, device))
+    base = load_base_model(cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device))
     _record_parameters(store, manifest, base, cfg)
     for run in todo:
         with claim(store.lock_path("runs", f"run-{run:03d}")) as mine:
@@ -307,7 +319,9 @@ def _finetune_data_parallel(
         accelerator.wait_for_everyone()
         return store
     with accelerator.main_process_first():
-        base = load_base_model(cfg.model, device, dtype=store.train_dtype(cfg.model.dtype, device))
+        base = load_base_model(
+            cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device)
+        )
     if main:
         _record_parameters(store, manifest, base, cfg)
     accelerator.wait_for_everyone()
