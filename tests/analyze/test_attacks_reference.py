@@ -113,6 +113,24 @@ def test_wbc_by_hand_with_windows_longer_than_the_text():
         wbc_score([W_TARGET], [W_BASE], long="pad")
 
 
+def _wbc_slow(target, base, windows, long):
+    """WBC from its definition: every window summed directly, sizes longer than the text clamped or skipped."""
+    delta = np.asarray(base) - np.asarray(target)
+    T = delta.size
+    sizes = [min(w, T) for w in windows] if long == "clamp" else ([w for w in windows if w <= T] or [T])
+    return np.mean([np.mean([delta[i : i + w].sum() > 0 for i in range(T - w + 1)]) for w in sizes])
+
+
+def test_wbc_equals_the_direct_window_loop():
+    rng = np.random.default_rng(3)
+    target = [rng.uniform(0, 3, rng.integers(1, 70)) for _ in range(60)]
+    base = [t + rng.normal(0, 0.5, t.size) * (rng.random(t.size) < 0.7) for t in target]  # exact zeros too
+    for grid in WBC_GRIDS.values():
+        for long in ("clamp", "skip"):
+            want = [_wbc_slow(t, b, grid, long) for t, b in zip(target, base)]
+            assert wbc_score(target, base, windows=grid, long=long) == pytest.approx(want, abs=1e-12)
+
+
 def test_wbc_grids():
     assert geometric_windows(2, 40, 10) == WBC_GRIDS["paper"] == (2, 3, 4, 5, 8, 11, 15, 21, 29, 40)
     assert WBC_GRIDS["config"] == (2, 3, 4, 6, 9, 13, 18, 25, 32, 40)

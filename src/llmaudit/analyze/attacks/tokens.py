@@ -100,14 +100,18 @@ def geometric_windows(w_min: int, w_max: int, n_windows: int) -> tuple[int, ...]
     return tuple(int(w) for w in np.round(w_min * (w_max / w_min) ** (k / (n_windows - 1))))
 
 
-def window_vote(delta: np.ndarray, window: int) -> float:
+def window_vote(delta: np.ndarray, window: int, cumulative: np.ndarray | None = None) -> float:
     """Share of the T - w + 1 windows of `window` consecutive tokens whose summed shift is > 0 (the
-    reference's summed loss exceeds the target's; an exact tie is not a vote). delta: [T], w <= T."""
+    reference's summed loss exceeds the target's; an exact tie is not a vote). delta: [T], w <= T.
+
+    Window sums are differences of the running sum [0, cumsum(delta)] (float64; pass it as `cumulative`
+    to reuse it across sizes): a window of exact zeros sums to exactly 0, since adding 0 leaves a float
+    unchanged."""
     delta = np.asarray(delta, dtype=np.float64)
     if not 1 <= window <= delta.size:
         raise ValueError(f"window {window} does not fit a text of {delta.size} tokens.")
-    sums = np.lib.stride_tricks.sliding_window_view(delta, window).sum(axis=1)
-    return float((sums > 0).mean())
+    c = np.concatenate([[0.0], np.cumsum(delta)]) if cumulative is None else cumulative
+    return float(np.count_nonzero(c[window:] - c[:-window] > 0) / (delta.size - window + 1))
 
 
 def wbc_score(
@@ -127,5 +131,6 @@ def wbc_score(
             sizes = [min(w, delta.size) for w in windows]
         else:
             sizes = [w for w in windows if w <= delta.size] or [delta.size]
-        out[i] = float(np.mean([window_vote(delta, w) for w in sizes]))
+        cumulative = np.concatenate([[0.0], np.cumsum(delta)])
+        out[i] = float(np.mean([window_vote(delta, w, cumulative) for w in sizes]))
     return out
