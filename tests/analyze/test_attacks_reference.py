@@ -11,7 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS, EZ_MIA_VARIANTS, REFERENCE_ATTACKS, WBC_VARIANTS
+from llmaudit.analyze.attacks.definitions import (
+    DEFAULT_ATTACKS,
+    EZ_MIA_VARIANTS,
+    REFERENCE_ATTACKS,
+    WBC_VARIANTS,
+    attack_definitions,
+)
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.matrices import PREDATES_TOP1, base_quantizer
 from llmaudit.analyze.attacks.rmia import (
@@ -295,6 +301,10 @@ def test_every_attack_of_earlier_versions_means_every_attack():
     assert AttackConfig(attacks=legacy).attacks == list(DEFAULT_ATTACKS)
     assert AttackConfig().attacks == list(DEFAULT_ATTACKS)
     assert AttackConfig(attacks=["loss", "wbc"]).attacks == ["loss", "wbc"]
+    definitions = attack_definitions()
+    assert set(DEFAULT_ATTACKS) <= set(definitions)  # every attack records a versioned definition
+    assert definitions["ez_mia"] == "1:error-zone,P/(P+N),edge=top,skip_first=False,reference=base"
+    assert definitions["wbc_paper_grid"] == "1:window-sign-vote,grid=paper,long=clamp,reference=base"
 
 
 def test_the_attack_command_on_a_version_1_table(tmp_path):
