@@ -65,7 +65,7 @@ def test_strongest_attack_and_its_gain_over_loss():
     }
     vs = strongest_vs_loss(attacks)
     assert vs["tpr_at_1pct_calibrated"]["attack"] == "ez_mia"
-    assert vs["tpr_at_1pct_calibrated"]["gain"] == 0.223 - 0.067
+    assert vs["tpr_at_1pct_calibrated"]["gain"] == 0.223 - 0.067 and vs["tpr_at_1pct_calibrated"]["reliable"]
     assert vs["auroc"] == {"attack": "rmia_online", "value": 0.977, "loss": 0.745, "gain": 0.977 - 0.745}
     assert strongest_vs_loss({"wbc": attacks["wbc"]}) is None  # no LOSS to compare with
     table = _strongest_table([{"quantizer": "fp32", "strongest_vs_loss": vs}])

@@ -158,7 +158,14 @@ def strongest_vs_loss(attacks: dict[str, dict[str, Any]]) -> dict[str, Any] | No
     ]
     if ranked and loss_tpr is not None:
         name, tpr, _ = max(ranked, key=lambda x: (x[1], x[2] if x[2] is not None else -1.0))
-        out["tpr_at_1pct_calibrated"] = {"attack": name, "value": tpr, "loss": loss_tpr, "gain": tpr - loss_tpr}
+        reliable = bool(checklist_tpr(attacks[name])["reliable"])
+        out["tpr_at_1pct_calibrated"] = {
+            "attack": name,
+            "value": tpr,
+            "loss": loss_tpr,
+            "gain": tpr - loss_tpr,
+            "reliable": reliable,
+        }
     aurocs = [(n, a["auroc"]) for n, a in attacks.items() if a["auroc"] is not None]
     if aurocs and loss["auroc"] is not None:
         name, auroc = max(aurocs, key=lambda x: x[1])

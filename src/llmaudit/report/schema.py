@@ -265,7 +265,13 @@ REPORT_SCHEMA: dict[str, Any] = {
                     "additionalProperties": {
                         "type": "object",
                         "required": ["attack", "value", "loss", "gain"],
-                        "properties": {"attack": {"type": "string"}, "value": _NUM, "loss": _NUM, "gain": _NUM},
+                        "properties": {
+                            "attack": {"type": "string"},
+                            "value": _NUM,
+                            "loss": _NUM,
+                            "gain": _NUM,
+                            "reliable": {"type": "boolean"},
+                        },
                     },
                 },
             },

@@ -351,7 +351,7 @@ def _strongest_table(grid: list[dict[str, Any]]) -> Table | None:
             [
                 Cell(r["quantizer"], code=True),
                 Cell(tpr.get("attack") or "n/a", code=bool(tpr)),
-                Cell(fmt_num(tpr.get("value"))),
+                Cell(fmt_num(tpr.get("value")), unreliable=tpr.get("reliable") is False),
                 Cell(fmt_num(tpr.get("loss"))),
                 Cell(f"{tpr['gain']:+.3f}" if tpr else "n/a"),
                 Cell(auc.get("attack") or "n/a", code=bool(auc)),
