@@ -37,7 +37,7 @@ from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, resol
 from llmaudit.quantize import list_quantizers
 from llmaudit.report.build import build_report
 from llmaudit.report.markdown import render_markdown
-from llmaudit.report.tables import attack_command, indicator_command, memorization_command
+from llmaudit.report.tables import attack_command, attack_summary_lines, indicator_command, memorization_command
 from llmaudit.report.write import write_report
 from llmaudit.score.stage import score as do_score
 from llmaudit.store.run_store import RunStore
@@ -299,7 +299,9 @@ def attack(
     if r_q is not None:
         data = read_json(r_q)
         rq = {q: e["r_q"]["mean"] for q, e in data["per_quantizer"].items()} if "per_quantizer" in data else data
-    attack_command(loss_table, out, n_boot=n_boot, fpc=fpc, n_pool=n_pool, n_train=n_train, r_q=rq)
+    results = attack_command(loss_table, out, n_boot=n_boot, fpc=fpc, n_pool=n_pool, n_train=n_train, r_q=rq)
+    for line in attack_summary_lines(results):
+        typer.echo(line)
     typer.echo(f"wrote {out}")
 
 

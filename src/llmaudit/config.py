@@ -282,7 +282,13 @@ class ScoreConfig(_Section):
     vocab_stats: bool = True
     """Store per-token mean/std of log p under the model's next-token distribution (Min-K%++)."""
     score_base: bool = True
-    """Score the base model once on pool and validation (reference attack, memorization)."""
+    """Score the base model once on pool and validation, under the reference (first full-precision)
+    quantizer: the reference unit (run -1) that "base" means in the attacks and in memorization."""
+    matched_base: bool = False
+    """Also score the base model under every other quantizer: the quantization-matched reference of the
+    attacks' `*_qbase` variants (ref, EZ-MIA, WBC against the base quantized like the target; docs/science.md
+    section 4). One more unit per quantizer; GPTQ calibrates the base as for the reference unit (on run 0's
+    training texts). Needs score_base."""
     pool_trajectory: bool = False
     """Also score the pool (training members and non-members) at every checkpoint, not only the final one:
     trajectory indicators of members (gap_std_traj, rq_train) need it. About doubles the scoring work."""
@@ -290,25 +296,49 @@ class ScoreConfig(_Section):
     """Checkpoints scored on the validation set: all (r_Q needs the trajectory) or the final one only."""
 
 
+_LEGACY_ATTACKS = [
+    "loss",
+    "min_k",
+    "min_k_plus_plus",
+    "zlib",
+    "ref",
+    "loss+zlib",
+    "loss+ref",
+    "loss+zlib+ref",
+    "lira_offline",
+    "lira_online",
+]
+"""Every attack before the attacks of 2024-2026 (llmaudit.analyze.attacks.definitions.LEGACY_DEFAULT_ATTACKS)."""
+
+_ATTACKS = _LEGACY_ATTACKS + [
+    "ez_mia",
+    "ez_mia_bottom",
+    "ez_mia_skip_first",
+    "ez_mia_qbase",
+    "wbc",
+    "wbc_paper_grid",
+    "wbc_skip_long",
+    "wbc_qbase",
+    "ref_qbase",
+    "rmia",
+    "rmia_online",
+]
+"""Every attack (llmaudit.analyze.attacks.definitions.DEFAULT_ATTACKS; a test keeps the two equal)."""
+
+
 class AttackConfig(_Section):
     """Membership inference attacks run on every quantizer's final checkpoint."""
 
-    attacks: list[str] = Field(
-        default_factory=lambda: [
-            "loss",
-            "min_k",
-            "min_k_plus_plus",
-            "zlib",
-            "ref",
-            "loss+zlib",
-            "loss+ref",
-            "loss+zlib+ref",
-            "lira_offline",
-            "lira_online",
-        ],
-        max_length=64,
-    )
-    """Attacks to run."""
+    attacks: list[str] = Field(default_factory=lambda: list(_ATTACKS), max_length=64)
+    """Attacks to run (default: every attack). A store's recorded config that lists exactly every attack
+    of earlier versions asked for all of them and runs the newer ones too, so that an old store's report
+    is never weaker than today's."""
+
+    @field_validator("attacks")
+    @classmethod
+    def _every_attack_of_earlier_versions(cls, names: list[str]) -> list[str]:
+        return list(_ATTACKS) if names == _LEGACY_ATTACKS else names
+
     fpc: Literal["auto", "off"] | float = "auto"
     """Finite population correction of LiRA's OUT variance: auto = 1 - N/N_+ from the manifest."""
     n_boot: int = size_field(

@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
+from llmaudit.analyze.attacks.definitions import LEGACY_DEFAULT_ATTACKS
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.lira import (
     LiraWarning,
@@ -44,14 +45,15 @@ def test_loss_score_by_hand():
 
 
 def test_min_k_by_hand_and_rounding():
-    # k = 0.2, T = 5: ceil(1.0) = 1 token, the least likely one (l = 3.0): mean log p = -3.0
+    # k = 0.2, T = 5: floor(1.0) = 1 token, the least likely one (l = 3.0): mean log p = -3.0
     assert min_k_score([TOKENS], k=0.2) == pytest.approx([-3.0])
-    # k = 0.5: ceil(2.5) = 3 tokens, l = 3.0, 2.0, 1.0: mean log p = -2.0
-    assert min_k_score([TOKENS], k=0.5) == pytest.approx([-2.0])
-    # 0.2 * 15 is 3.0000000000000004 in floating point: still 3 tokens, not 4
-    assert min_k_count(15, 0.2) == 3
-    assert min_k_count(3, 0.2) == 1  # ceil(0.6)
+    # k = 0.5: floor(2.5) = 2 tokens (the published int(k * T)), l = 3.0, 2.0: mean log p = -2.5
+    assert min_k_score([TOKENS], k=0.5) == pytest.approx([-2.5])
+    # 0.29 * 100 is 28.999999999999996 in floating point: still 29 tokens, not 28; 0.2 * 15 stays 3
+    assert min_k_count(100, 0.29) == 29 and min_k_count(15, 0.2) == 3
+    assert min_k_count(3, 0.2) == 1  # floor(0.6) = 0 is undefined in the published code: one token
     assert min_k_count(1, 0.2) == 1  # at least one token
+    assert min_k_count(9, 0.2) == 1  # floor(1.8), where ceil would take 2
     assert min_k_count(7, 1.0) == 7
     with pytest.raises(ValueError):
         min_k_count(5, 0.0)
@@ -61,7 +63,7 @@ def test_min_k_plus_plus_by_hand():
     mu = [-1.0, -1.0, -1.0, -1.0, -2.0]
     sd = [0.5, 1.0, 1.0, 1.0, 2.0]
     # log p = -0.5, -1, -2, -0.1, -3 -> z = (logp - mu)/sd = 1.0, 0.0, -1.0, 0.9, -0.5
-    # k = 0.4: ceil(2) = 2 lowest z: -1.0 and -0.5 -> -0.75. (Plain min-k would pick l = 3.0 and 2.0.)
+    # k = 0.4: floor(2) = 2 lowest z: -1.0 and -0.5 -> -0.75. (Plain min-k would pick l = 3.0 and 2.0.)
     assert min_k_plus_plus_score([TOKENS], [mu], [sd], k=0.4) == pytest.approx([-0.75])
     # a one-token distribution (sd 0) contributes z = 0: z = 0, 0 -> lowest 1 of 2 is 0
     assert min_k_plus_plus_score([[0.0, 0.0]], [[0.0, 0.0]], [[0.0, 0.0]], k=0.5) == pytest.approx([0.0])
@@ -273,9 +275,10 @@ def _table(rng, n_runs=6, n_samples=40, n_tokens=8, shifts=None, with_vocab=True
 def test_run_attacks_on_a_small_table():
     rng = np.random.default_rng(20)
     df = _table(rng)
-    res = run_attacks(df, n_boot=20, seed=1)
+    with pytest.warns(UserWarning, match="token_vocab_mean is -2 at every one"):  # the table's made-up means
+        res = run_attacks(df, attacks=LEGACY_DEFAULT_ATTACKS, n_boot=20, seed=1)
     assert res["reference_quantizer"] == "fp"
-    assert res["attack_definitions"]["min_k"] == "1:k=0.2,ceil(k*T)>=1,mean_logp_lowest"
+    assert res["attack_definitions"]["min_k"] == "2:k=0.2,floor(k*T)>=1,mean_logp_lowest"
     fp = res["quantizers"]["fp"]
     assert set(fp["final_checkpoints"].values()) == {2}
     assert fp["fpc"] == pytest.approx(1 - np.mean([fp["n_train"]]) / 40)

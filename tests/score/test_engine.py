@@ -80,13 +80,15 @@ def _naive(model, examples) -> list[dict[str, np.ndarray]]:
         labels = input_ids.masked_fill(~scored[None], -100)
         result = model(input_ids=input_ids, labels=labels)
         logp = torch.log_softmax(result.logits[0, :-1].double(), dim=-1)[scored[1:]]  # [n, V]
-        nll = -logp.gather(1, input_ids[0, 1:][scored[1:], None]).squeeze(1)
+        tokens = input_ids[0, 1:][scored[1:]]
+        nll = -logp.gather(1, tokens[:, None]).squeeze(1)
+        top1 = result.logits[0, :-1][scored[1:]].argmax(-1) == tokens  # full logits, first maximum
         p = logp.exp()
         mean = (p * logp).sum(-1)
         std = (p * (logp - mean[:, None]) ** 2).sum(-1).sqrt()
         if len(nll):  # the model's own loss is the mean of these token losses
             assert float(result.loss) == pytest.approx(float(nll.mean()), abs=1e-5)
-        out.append({"nll": nll.numpy(), "mean": mean.numpy(), "std": std.numpy()})
+        out.append({"nll": nll.numpy(), "mean": mean.numpy(), "std": std.numpy(), "top1": top1.numpy()})
     return out
 
 
@@ -125,9 +127,18 @@ def test_length_sorted_batches_budget_and_cover(budget):
 # ------------------------------------------------------------------------------------- losses
 
 
+@torch.inference_mode()
+def _greedy_example(model, prompt: list[int], n_new: int) -> tuple[list[int], list[bool]]:
+    """The prompt continued by the model's own argmax: every response token is its top-1 prediction."""
+    ids = list(prompt)
+    for _ in range(n_new):
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids, [False] * len(prompt) + [True] * n_new
+
+
 @pytest.mark.parametrize("include_prompt", [False, True])
 def test_losses_and_vocab_stats_equal_naive(model, include_prompt):
-    examples = _examples(include_prompt=include_prompt)
+    examples = _examples(include_prompt=include_prompt) + [_greedy_example(model, [3, 17, 250], 9)]
     naive = _naive(model, examples)
     assert max(float(r["nll"].max()) for r in naive) > 1.5 * min(float(r["nll"].min()) for r in naive)  # not uniform
     longest, total = max(len(i) for i, _ in examples), sum(len(i) for i, _ in examples)
@@ -143,6 +154,8 @@ def test_losses_and_vocab_stats_equal_naive(model, include_prompt):
             assert _max_diff(scores, naive, "vocab_std", "std") <= 1e-5, (budget, head_chunk)
             for s, ref in zip(scores, naive):
                 assert s.loss == pytest.approx(float(ref["nll"].mean()), abs=1e-6)
+                assert s.top1.dtype == bool and np.array_equal(s.top1, ref["top1"]), (budget, head_chunk)
+    assert any(s.top1.any() for s in scores) and not all(s.top1.all() for s in scores)  # both outcomes occur
 
 
 def test_vocab_stats_off_gives_the_same_losses(model):
@@ -192,6 +205,7 @@ def test_vocabulary_tiles_and_quantized_head_fallback(model, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert _max_diff(tiled, naive) <= 1e-5 and _max_diff(tiled, naive, "vocab_std", "std") <= 1e-5
+    assert all(np.array_equal(s.top1, ref["top1"]) for s, ref in zip(tiled, naive))
 
     class WrappedHead(torch.nn.Linear):
         pass
@@ -214,12 +228,42 @@ def test_head_scores_hand_example():
     h = torch.tensor([[0.0, 0.0, 0.0], [np.log(2.0), 0.0, -50.0]], dtype=torch.float32)
     targets = torch.tensor([1, 0])
     for tile in (1, 2, 3):
-        nll, mean, std = head_scores(head, h, targets, vocab_stats=True, vocab_tile=tile)
+        nll, mean, std, top1 = head_scores(head, h, targets, vocab_stats=True, vocab_tile=tile)
+        assert top1.tolist() == [0, 0]  # row 0: a three-way tie goes to the lowest id; row 1: id 0
         # row 0 uniform: nll = ln 3, log p = -ln 3 everywhere, std 0
         # row 1: p ~ (2/3, 1/3, 0): nll(0) = ln 1.5; E log p = 2/3 ln(2/3) + 1/3 ln(1/3); std = ln 2 * sqrt(2/9)
         assert nll.tolist() == pytest.approx([np.log(3), np.log(1.5)], abs=1e-6)
         assert mean.tolist() == pytest.approx([-np.log(3), 2 / 3 * np.log(2 / 3) + 1 / 3 * np.log(1 / 3)], abs=1e-6)
         assert std.tolist() == pytest.approx([0.0, np.log(2) * np.sqrt(2 / 9)], abs=1e-6)
+
+
+def test_top1_with_ties_on_every_head_path():
+    """Integer logits (0/1 weights and hidden states: exact in float32 and bf16) full of ties, the maximum
+    often shared by tokens in different tiles: every path returns the naive argmax of the full logits, the
+    FIRST maximum (np.argmax), for every tile width, row block and dtype."""
+    gen = torch.Generator().manual_seed(5)
+    vocab = 37
+    for dtype in (torch.float32, torch.bfloat16):
+        head = torch.nn.Linear(4, vocab, bias=False).requires_grad_(False)
+        head.weight.copy_(torch.randint(0, 2, (vocab, 4), generator=gen).float())
+        head = head.to(dtype)
+        h = torch.randint(0, 2, (23, 4), generator=gen).to(dtype)
+        targets = torch.randint(0, vocab, (23,), generator=gen)
+        logits = (h.double() @ head.weight.double().t()).numpy()
+        want = logits.argmax(1)
+        shared = (logits == logits.max(1, keepdims=True)).sum(1)
+        assert (shared > 1).mean() > 0.5 and len(set(want.tolist())) > 1  # mostly ties, not all the same id
+        for vocab_stats in (False, True):
+            got = [scoring._full_head_scores(head, h, targets, vocab_stats=vocab_stats)[3]]
+            for tile in (1, 2, 5, 36, 37):
+                got.append(
+                    scoring._vocab_tiled_head_scores(head, h, targets, vocab_stats=vocab_stats, vocab_tile=tile)[3]
+                )
+                if dtype == torch.float32:
+                    got.append(head_scores(head, h, targets, vocab_stats=vocab_stats, vocab_tile=tile)[3])
+            got.append(bounded_head_scores(head, h, targets, vocab_stats=vocab_stats, max_bytes=1)[3])
+            for g in got:
+                assert g.dtype == torch.long and g.tolist() == want.tolist()
 
 
 def test_head_scores_large_logits_against_float64():
@@ -236,7 +280,7 @@ def test_head_scores_large_logits_against_float64():
     mean = (p * logp).sum(1)
     std = (p * (logp - mean[:, None]).square()).sum(1).sqrt()
     for tile in (1, 5, 53):
-        nll, m, s = head_scores(head, h, targets, vocab_stats=True, vocab_tile=tile)
+        nll, m, s, _ = head_scores(head, h, targets, vocab_stats=True, vocab_tile=tile)
         assert torch.isfinite(nll).all() and torch.isfinite(m).all() and torch.isfinite(s).all()
         scale = logp.abs().amax().item()  # float32 logits carry about 1e-7 of their magnitude
         assert (nll.double() + logp.gather(1, targets[:, None]).squeeze(1)).abs().max() <= 1e-5 * scale
@@ -301,7 +345,8 @@ def test_bounded_head_equals_the_full_path(vocab_stats, bias, dtype, monkeypatch
         out = bounded_head_scores(head, h, targets, vocab_stats=vocab_stats, max_bytes=budget)
         assert spy.blocks == [("tiled", 29, tile)]
         assert all(head_block_bytes(r, c, dtype, vocab_stats=vocab_stats) <= budget for _, r, c in spy.blocks)
-        for got, want in zip(out, full):
+        assert torch.equal(out[3], full[3])  # the same top-1 ids
+        for got, want in zip(out[:3], full[:3]):
             if want is None:
                 assert got is None
             else:
@@ -320,7 +365,7 @@ def test_bounded_head_large_logits_against_float64():
     p = logp.exp()
     mean = (p * logp).sum(1)
     std = (p * (logp - mean[:, None]).square()).sum(1).sqrt()
-    nll, m, s = bounded_head_scores(head, h, targets, vocab_stats=True, max_bytes=1)
+    nll, m, s, _ = bounded_head_scores(head, h, targets, vocab_stats=True, max_bytes=1)
     scale = logp.abs().amax().item()
     assert (nll.double() + logp.gather(1, targets[:, None]).squeeze(1)).abs().max() <= 1e-5 * scale
     assert (m.double() - mean).abs().max() <= 1e-5 * scale
@@ -410,7 +455,8 @@ def test_gpu_head_memory_is_bounded(vocab_stats):
         torch.cuda.synchronize()
         assert torch.cuda.max_memory_allocated() - before > 4 * scoring.HEAD_LOGITS_BYTES
         tol = 2 * 2**-7 * largest if dtype == torch.bfloat16 else 1e-4
-        for got, want in zip(tiled, full):
+        assert (tiled[3] == full[3]).float().mean() > 0.99  # near-ties may round to another maximum
+        for got, want in zip(tiled[:3], full[:3]):
             if want is not None:
                 assert (got - want).abs().max() <= tol, (dtype, (got - want).abs().max(), tol)
 

@@ -2,9 +2,19 @@
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from llmaudit.store.losstable import LossTableError, read_loss_table, validate_loss_table, write_loss_table
+from llmaudit.store.losstable import (
+    LOSS_TABLE_VERSION,
+    VERSION_KEY,
+    LossTableError,
+    read_loss_table,
+    uniform_vocab_mean_evidence,
+    validate_loss_table,
+    write_loss_table,
+)
 
 
 def table(**changes) -> pd.DataFrame:
@@ -98,3 +108,70 @@ def test_a_directory_of_tables_is_checked_file_by_file(tmp_path):
     write_loss_table(table(), tmp_path / "c.parquet")  # the same rows as a.parquet
     with pytest.raises(LossTableError, match="duplicate"):
         read_loss_table(tmp_path)
+
+
+# ------------------------------------------------------------------------- top-1 column and versions
+
+
+def _with_top1(df: pd.DataFrame) -> pd.DataFrame:
+    return df.assign(token_top1=[np.array([True, False, j % 2 == 0]) for j in range(len(df))])
+
+
+def test_top1_round_trips_as_booleans_in_a_version_2_table(tmp_path):
+    path = write_loss_table(_with_top1(table()), tmp_path / "t.parquet")
+    assert pq.read_schema(path).metadata[VERSION_KEY] == str(LOSS_TABLE_VERSION).encode() == b"2"
+    back = read_loss_table(path)
+    assert [v.dtype for v in back["token_top1"]] == [np.dtype(bool)] * 4
+    assert [v.tolist() for v in back["token_top1"]] == [[True, False, j % 2 == 0] for j in range(4)]
+
+
+def test_a_version_1_table_reads_beside_a_version_2_one(tmp_path):
+    """A table written before top-1 (no column, no version metadata) still reads, alone or in a directory
+    with newer units; its rows then carry no top-1 flags."""
+    old = table()
+    pq.write_table(pa.Table.from_pandas(old, preserve_index=False), tmp_path / "old.parquet")
+    assert pq.read_schema(tmp_path / "old.parquet").metadata.get(VERSION_KEY) is None
+    assert "token_top1" not in read_loss_table(tmp_path / "old.parquet").columns
+    write_loss_table(_with_top1(table(x=lambda df: df.assign(run=1))), tmp_path / "new.parquet")
+    both = read_loss_table(tmp_path)
+    has = both["token_top1"].map(lambda v: isinstance(v, np.ndarray))
+    assert has.tolist() == (both["run"] == 1).tolist() and len(both) == 8
+
+
+def test_a_newer_table_version_and_bad_top1_flags_are_refused(tmp_path):
+    frame = pa.Table.from_pandas(table(), preserve_index=False)
+    pq.write_table(frame.replace_schema_metadata({VERSION_KEY: b"3"}), tmp_path / "v3.parquet")
+    with pytest.raises(LossTableError, match="v3.parquet: loss-table version 3 is newer"):
+        read_loss_table(tmp_path / "v3.parquet")
+    short = _with_top1(table()).assign(token_top1=[np.array([True, False])] * 4)
+    with pytest.raises(LossTableError, match="'token_top1' must hold one boolean per scored token"):
+        validate_loss_table(short, source="my.parquet")
+
+
+def _model_and_uniform_means(seed: int = 0, positions: int = 400, vocab: int = 50):
+    """Token losses, the mean of log p under each position's distribution, and the plain vocabulary
+    average of log p, from random logits of varied sharpness (many positions confident)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(positions, vocab)) * rng.uniform(0.5, 8, size=(positions, 1))
+    logp = (
+        logits
+        - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+        - logits.max(1, keepdims=True)
+    )
+    tokens = np.array([rng.choice(vocab, p=np.exp(row)) for row in logp])
+    losses = -logp[np.arange(positions), tokens]
+    model_mean = (np.exp(logp) * logp).sum(1)
+    return np.split(losses, 8), np.split(model_mean, 8), np.split(logp.mean(1), 8)
+
+
+def test_a_uniform_vocabulary_mean_is_recognised_and_the_model_mean_is_not():
+    """Fano's bound can never be broken by a mean under the model's distribution (exact means of random
+    distributions pass), while the plain vocabulary average (LeakPro's extractor) and a constant break it."""
+    losses, model_mean, uniform_mean = _model_and_uniform_means()
+    assert uniform_vocab_mean_evidence(losses, model_mean) is None
+    why = uniform_vocab_mean_evidence(losses, uniform_mean)
+    assert why is not None and "Fano" in why and "plain average" in why
+    constant = [np.full(len(t), -3.9) for t in losses]
+    high_loss = [np.full(len(t), 5.0) for t in losses]  # no confident position: only the constant test can fire
+    assert "at every one of 400 positions" in uniform_vocab_mean_evidence(high_loss, constant)
+    assert uniform_vocab_mean_evidence(high_loss, [m + 0.01 * np.arange(len(m)) for m in constant]) is None

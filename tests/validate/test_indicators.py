@@ -14,6 +14,7 @@ from llmaudit.analyze.indicators import CANDIDATES, CONTROL_FAMILIES, REASON_PAR
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.store.losstable import write_loss_table
 from llmaudit.validate import indicators as vi
+from llmaudit.validate import indicators_synthetic as vis
 from llmaudit.validate.synthetic.classifier import quantize_batched
 from llmaudit.validate.synthetic.config import load_config
 from llmaudit.validate.synthetic.protocol import run_dataset
@@ -107,13 +108,13 @@ def test_dpi_chain_quantizers_are_nested():
 def test_dpi_pairs_share():
     qs = ["sign", "ternary-50", "uniform-2", "uniform-3", "uniform-4", "uniform-5"]
     decreasing = np.array([5.0, 0.0, 4.0, 3.0, 2.0, 1.0])
-    out = vi._dpi_pairs([decreasing], qs)
+    out = vis._dpi_pairs([decreasing], qs)
     assert out == {"share": 1.0, "n_pairs": 10, "n_skipped": 0, "chain": list(vi.DPI_CHAIN)}
-    assert vi._dpi_pairs([-decreasing], qs)["share"] == 0.0
-    assert vi._dpi_pairs([np.ones(6)], qs)["share"] == 0.5  # ties count 1/2
+    assert vis._dpi_pairs([-decreasing], qs)["share"] == 0.0
+    assert vis._dpi_pairs([np.ones(6)], qs)["share"] == 0.5  # ties count 1/2
     with_nan = decreasing.copy()
     with_nan[0] = math.nan
-    assert vi._dpi_pairs([with_nan], qs)["n_skipped"] == 4
+    assert vis._dpi_pairs([with_nan], qs)["n_skipped"] == 4
 
 
 # ---- a hand-made store -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pandas as pd
 
 from llmaudit import __version__
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.indicator import indicator_from_table
@@ -103,6 +104,15 @@ def _attacks(
     return attacks
 
 
+def _without_matched_base(table: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """The table without the base model's quantization-matched units (score.matched_base): only the
+    attacks' *_qbase variants read them; memorization and utility compare with the reference unit."""
+    base_q = base_quantizer(table, reference)
+    if base_q is None:
+        return table
+    return table[(table["run"] != REFERENCE_RUN) | (table["quantizer"] == base_q)]
+
+
 def _quantizer_info(store: RunStore, quantizers: list[str]) -> dict[str, dict]:
     info = {}
     for q in quantizers:
@@ -185,6 +195,8 @@ def analyze(
             f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {not_scored}"
         )
     reference = full_precision_reference(quantizers) or quantizers[0]
+    attack_table = table
+    table = _without_matched_base(table, reference)  # "base" everywhere else: the reference unit alone
     n_boot = max(cfg.attack.n_boot, 200)
     echo("[analyze] r_Q indicator ...")
     indicator = indicator_from_table(
@@ -192,7 +204,7 @@ def analyze(
     )
     r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
     echo("[analyze] attacks ...")
-    attacks = _attacks(cfg, manifest, table, quantizers, reference, r_q_means)
+    attacks = _attacks(cfg, manifest, attack_table, quantizers, reference, r_q_means)
     memorization = None
     params = manifest.get("parameters", {})
     if (table["run"] == REFERENCE_RUN).any():

@@ -11,17 +11,8 @@ hyper-parameters were fixed (pre-registered) before any candidate was compared w
 with a real model's attacks; they are ported here unchanged and each carries a version string. Changing a
 formula or a hyper-parameter means a new version, never an edit of an old one.
 
-Notation (losses in nats; every function accepts optional leading batch dimensions, [..., K, n] -> [...],
-so it scores R runs at once; one run is the case without a batch dimension):
-
-    val            [..., K, n_val]    losses of the K quantized checkpoints on held-out samples
-    train          [..., K, n_train]  losses of the same checkpoints on the run's own training samples
-    val_fp, train_fp                  the same for the full-precision (unquantized) checkpoints
-    theta_q_final, theta_final [..., P]  flattened final parameters, quantized / unquantized (controls)
-    theta_q_traj   [..., K, P]        quantized parameters along the trajectory (control)
-    Rows are in trajectory order; the LAST row is the final (released) model, written T.
-    d_k = (mean_j L_val[k, j] - mean_j L_train[k, j]) / s_pooled[k]     standardized gap (Cohen's d),
-          s_pooled^2 = ((n_val - 1) s_val^2 + (n_train - 1) s_train^2) / (n_val + n_train - 2)
+The formulas, their notation and hyper-parameters are in `llmaudit.analyze.indicator_formulas`
+(re-exported here, so `llmaudit.analyze.indicators.gap_std_final` keeps working).
 
 The published r_Q is `llmaudit.analyze.indicator.r_q` (docs/science.md section 2), called run by run:
 `rq_published` gives exactly its numbers. `CANDIDATES` is the registry (name -> `Candidate`);
@@ -45,26 +36,41 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import rankdata
 
-from llmaudit.analyze.indicator import r_q as published_r_q
+from llmaudit.analyze.indicator_formulas import (
+    DDOF,
+    MARGIN_LOSS_CLIP,
+    QFLIP_LAST,
+    TV_GRID,
+    YEOM01_THRESHOLD,
+    YEOM_CE_BOUND,
+    auc_loss,
+    from_r_q_half_reciprocal,
+    from_r_q_identity,
+    from_r_q_neg_half_reciprocal,
+    from_r_q_negate,
+    gap_std_final,
+    gap_std_ratio_fp,
+    gap_std_traj,
+    gauss_tv,
+    heldout_loss_control,
+    ks_loss,
+    qdistortion_angle,
+    qflip_late,
+    r_q_runs,
+    rq_negated,
+    rq_published,
+    rq_reciprocal_flip,
+    rq_reciprocal_neg,
+    rq_train,
+    std_gap,
+    tv_gauss_margin,
+    yeom_01,
+    yeom_ce_clip,
+)
 from llmaudit.common.stats import bootstrap_mean_interval, finite_mean
 from llmaudit.quantize import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN
-
-# ---- pre-registered hyper-parameters (docs/science.md section 8) -----------------------------------
-DDOF = 1
-"""Variance / standard-deviation convention everywhere."""
-YEOM01_THRESHOLD = math.log(2.0)
-"""0-1 loss of yeom_01: an error iff loss > ln 2 (probability of the true label below 1/2)."""
-YEOM_CE_BOUND = math.log(100.0)
-"""Bound B of yeom_ce_clip: cross-entropy clipped at ln 100 (probability floor 0.01)."""
-MARGIN_LOSS_CLIP = (1e-6, 30.0)
-"""Loss clip before the logit scaling phi = -log(expm1(L)) of tv_gauss_margin."""
-TV_GRID = 4001
-"""Grid points of the numerical Gaussian total variation."""
-QFLIP_LAST = 10
-"""qflip_late: the last 10 consecutive checkpoint pairs."""
 
 ORIENTATION = "higher = more secure"
 
@@ -83,259 +89,6 @@ PREREGISTRATION = {
     "prototype_sha256": "7c86697a43fe9a16f4be6084ee744d41840950a4f51bf517d04a637e69e67f2d",
     "note": "formulas, hyper-parameters, names and versions ported unchanged from the pre-registered prototype",
 }
-
-
-def _f64(a: Any) -> np.ndarray:
-    arr = np.asarray(a, dtype=np.float64)
-    if not np.isfinite(arr).all():
-        raise ValueError("non-finite losses: a diverged quantized model cannot be scored")
-    return arr
-
-
-# ---- r_Q family ---------------------------------------------------------------------------------------
-
-
-def r_q_runs(val: Any, *, ddof: int = DDOF) -> np.ndarray:
-    """The published r_Q (Algorithm 2, docs/science.md section 2) of each run: `llmaudit.analyze.indicator.r_q`
-    applied run by run, so the numbers are exactly the published estimator's.
-
-    val [..., K, n] -> [...]: identical rows merged (exact equality), ddof 1; 0.0 when a distinct point has
-    the lowest mean, +inf when every sigma2 is 0, nan with fewer than 2 distinct points. ValueError on
-    non-finite losses."""
-    arr = _f64(val)
-    if arr.ndim < 2:
-        raise ValueError(f"losses must be [..., K checkpoints, n samples]; got shape {arr.shape}.")
-    flat = arr.reshape(-1, *arr.shape[-2:])
-    out = np.array([published_r_q(x, ddof=ddof) for x in flat], dtype=np.float64)
-    return out.reshape(arr.shape[:-2])
-
-
-def _identity(r: np.ndarray) -> np.ndarray:
-    return np.asarray(r, dtype=np.float64)
-
-
-def _negate(r: np.ndarray) -> np.ndarray:
-    return -np.asarray(r, dtype=np.float64)
-
-
-def _neg_half_reciprocal(r: np.ndarray) -> np.ndarray:
-    r = np.asarray(r, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        return np.where(np.isnan(r), np.nan, -0.5 / r)  # r = 0 -> -inf (non-finite, counted)
-
-
-def _half_reciprocal(r: np.ndarray) -> np.ndarray:
-    r = np.asarray(r, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        return np.where(np.isnan(r), np.nan, 0.5 / r)  # r = 0 -> +inf (non-finite, counted)
-
-
-def rq_published(val: Any) -> np.ndarray:
-    """r_Q on the held-out losses of the quantized checkpoints, published orientation.
-
-    val [..., K, n_val] -> [...]. Equal to `llmaudit.analyze.indicator.r_q` per run."""
-    return _identity(r_q_runs(val))
-
-
-def rq_reciprocal_neg(val: Any) -> np.ndarray:
-    """-1/(2 r_Q) = -max_k sigma2_k / delta_k^2: the NEGATED reciprocal, same orientation as the theory
-    (large r_Q = secure) but a different average over runs than r_Q.
-
-    val [..., K, n_val] -> [...]; r_Q = 0 gives -inf (non-finite, counted), undefined r_Q gives nan."""
-    return _neg_half_reciprocal(r_q_runs(val))
-
-
-def rq_reciprocal_flip(val: Any) -> np.ndarray:
-    """+1/(2 r_Q) = max_k sigma2_k / delta_k^2 read as SECURITY: the sign-corrected hypothesis (small r_Q =
-    secure), reciprocal form.
-
-    val [..., K, n_val] -> [...]; r_Q = 0 gives +inf (non-finite, counted), undefined r_Q gives nan."""
-    return _half_reciprocal(r_q_runs(val))
-
-
-def rq_negated(val: Any) -> np.ndarray:
-    """-r_Q: the sign-corrected hypothesis, linear form (its mean ranking is the published one reversed).
-
-    val [..., K, n_val] -> [...]."""
-    return _negate(r_q_runs(val))
-
-
-def rq_train(train: Any) -> np.ndarray:
-    """r_Q computed on the run's TRAINING-sample losses instead of held-out ones; published orientation.
-
-    train [..., K, n_train] -> [...]. Needs training-sample losses at every checkpoint."""
-    return _identity(r_q_runs(train))
-
-
-# ---- member vs held-out family ------------------------------------------------------------------------
-
-
-def std_gap(val: Any, train: Any, *, ddof: int = DDOF) -> np.ndarray:
-    """Standardized gap d = (mean L_val - mean L_train) / pooled sd, per checkpoint.
-
-    val [..., K, n_val], train [..., K, n_train] -> [..., K]. Pooled sd 0: d = 0 if the means are equal,
-    else +-inf."""
-    v, t = _f64(val), _f64(train)
-    nv, nt = v.shape[-1], t.shape[-1]
-    pooled = np.sqrt(((nv - ddof) * v.var(-1, ddof=ddof) + (nt - ddof) * t.var(-1, ddof=ddof)) / (nv + nt - 2 * ddof))
-    diff = v.mean(-1) - t.mean(-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(
-            pooled > 0,
-            diff / np.where(pooled > 0, pooled, 1.0),
-            np.where(diff == 0, 0.0, np.sign(diff) * np.inf),
-        )
-
-
-def gap_std_final(val: Any, train: Any) -> np.ndarray:
-    """-d_T: minus Cohen's d of held-out vs training losses of the released (final) model.
-
-    val [..., K, n_val], train [..., K, n_train] (only the last row is used) -> [...]."""
-    val, train = _f64(val), _f64(train)
-    return -std_gap(val[..., -1:, :], train[..., -1:, :])[..., 0]
-
-
-def gap_std_ratio_fp(val: Any, train: Any, val_fp: Any, train_fp: Any) -> np.ndarray:
-    """-(d_T(Q) / d_T(FP)): the quantized final model's standardized gap relative to the full-precision
-    final model's of the same run; nan when d_T(FP) <= 0 (no full-precision gap to scale by).
-
-    val, train, val_fp, train_fp [..., K, n] (only the last rows are used) -> [...]. The DIFFERENCE
-    d_Q - d_FP is rank-equivalent to gap_std_final on a grid where all quantizers share the runs, so it is
-    not a separate candidate."""
-    val, train, val_fp, train_fp = (_f64(a) for a in (val, train, val_fp, train_fp))
-    dq = std_gap(val[..., -1:, :], train[..., -1:, :])[..., 0]
-    df = std_gap(val_fp[..., -1:, :], train_fp[..., -1:, :])[..., 0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(df > 0, -dq / np.where(df > 0, df, 1.0), np.nan)
-
-
-def gap_std_traj(val: Any, train: Any) -> np.ndarray:
-    """-(1/K) sum_k d_k: the standardized gap averaged over ALL K checkpoints given.
-
-    val [..., K, n_val], train [..., K, n_train] -> [...]. Needs training-sample losses at every
-    checkpoint."""
-    return -std_gap(val, train).mean(-1)
-
-
-def yeom_01(val: Any, train: Any) -> np.ndarray:
-    """1 - (err_val - err_train) at the final checkpoint, err = mean 1[L > ln 2] [Yeom2018, Thm 2 with the
-    0-1 loss, B = 1: the bounded-loss adversary's advantage equals the generalisation gap].
-
-    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
-    v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
-    return 1.0 - ((v > YEOM01_THRESHOLD).mean(-1) - (t > YEOM01_THRESHOLD).mean(-1))
-
-
-def yeom_ce_clip(val: Any, train: Any) -> np.ndarray:
-    """1 - (mean min(L_val, B) - mean min(L_train, B)) / B at the final checkpoint, B = ln 100 [Yeom2018,
-    Thm 2 with cross-entropy clipped to [0, B]].
-
-    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
-    v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
-    b = YEOM_CE_BOUND
-    return 1.0 - (np.minimum(v, b).mean(-1) - np.minimum(t, b).mean(-1)) / b
-
-
-def ks_loss(val: Any, train: Any) -> np.ndarray:
-    """1 - KS(L_train, L_val) at the final checkpoint, KS = max_t |F_train(t) - F_val(t)| (ties exact).
-
-    KS is the best balanced-accuracy advantage of a single loss threshold (in sample), so 1 - KS is the MIS of
-    the best loss-threshold attack (MIS = 2 - 2 acc). val [..., K, n_val], train [..., K, n_train] (last
-    rows) -> [...]."""
-    v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
-    nv, nt = v.shape[-1], t.shape[-1]
-    allv = np.concatenate([t, v], -1)
-    lab = np.concatenate([np.ones_like(t), np.zeros_like(v)], -1)
-    o = np.argsort(allv, -1, kind="stable")
-    s = np.take_along_axis(allv, o, -1)
-    lab = np.take_along_axis(lab, o, -1)
-    ft = np.cumsum(lab, -1) / nt
-    fv = np.cumsum(1 - lab, -1) / nv
-    # the empirical CDFs are compared only at the end of each group of tied values
-    last = np.concatenate([s[..., 1:] != s[..., :-1], np.ones_like(s[..., :1], dtype=bool)], -1)
-    return 1.0 - np.where(last, np.abs(ft - fv), 0.0).max(-1)
-
-
-def auc_loss(val: Any, train: Any) -> np.ndarray:
-    """2 - 2 AUC at the final checkpoint, AUC = P(L_val > L_train) + P(L_val = L_train) / 2 (Mann-Whitney):
-    the in-sample AUROC of the LOSS attack's score [Yeom2018] between the run's members and held-out samples.
-
-    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
-    v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
-    nv, nt = v.shape[-1], t.shape[-1]
-    ranks = rankdata(np.concatenate([t, v], -1), axis=-1)  # ties averaged
-    auc = (ranks[..., nt:].sum(-1) - nv * (nv + 1) / 2) / (nv * nt)
-    return 2.0 - 2.0 * auc
-
-
-def _margin(losses: np.ndarray) -> np.ndarray:
-    """Logit-scaled confidence phi = log(p / (1 - p)), p = exp(-L) (LiRA's statistic), from the loss."""
-    clipped = np.clip(losses, *MARGIN_LOSS_CLIP)
-    return -np.log(np.expm1(clipped))
-
-
-def gauss_tv(m1: Any, s1: Any, m2: Any, s2: Any, grid: int = TV_GRID) -> np.ndarray:
-    """Total variation between N(m1, s1^2) and N(m2, s2^2), elementwise (broadcast), by the trapezoid rule
-    on [min mu - 10 s_max, max mu + 10 s_max] (absolute error about 1e-6)."""
-    m1, s1, m2, s2 = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (m1, s1, m2, s2)))
-    smax = np.maximum(s1, s2)
-    lo = np.minimum(m1, m2) - 10 * smax
-    hi = np.maximum(m1, m2) + 10 * smax
-    u = np.linspace(0.0, 1.0, grid)
-    x = lo[..., None] + (hi - lo)[..., None] * u
-
-    def pdf(m: np.ndarray, s: np.ndarray) -> np.ndarray:
-        return np.exp(-0.5 * ((x - m[..., None]) / s[..., None]) ** 2) / (s[..., None] * math.sqrt(2 * math.pi))
-
-    return np.clip(0.5 * np.trapezoid(np.abs(pdf(m1, s1) - pdf(m2, s2)), x, axis=-1), 0.0, 1.0)
-
-
-def tv_gauss_margin(val: Any, train: Any) -> np.ndarray:
-    """1 - TV(N(mu_train, s_train^2), N(mu_val, s_val^2)) of the logit-scaled confidence phi = -log(expm1(L))
-    (L clipped to [1e-6, 30]) at the final checkpoint: a parametric (Gaussian, LiRA-style) estimate of the
-    best attack on phi, a population version of the privacy risk score of [Song2021] averaged into an MIS.
-    sd ddof 1 with floor 1e-6 (1 + |mu|).
-
-    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
-    v, t = _margin(_f64(val)[..., -1, :]), _margin(_f64(train)[..., -1, :])
-    mv, mt = v.mean(-1), t.mean(-1)
-    sv = np.maximum(v.std(-1, ddof=DDOF), 1e-6 * (1 + np.abs(mv)))
-    st = np.maximum(t.std(-1, ddof=DDOF), 1e-6 * (1 + np.abs(mt)))
-    return 1.0 - gauss_tv(mt, st, mv, sv)
-
-
-# ---- data-free controls (need parameters) ---------------------------------------------------------------
-
-
-def qdistortion_angle(theta_q_final: Any, theta_final: Any) -> np.ndarray:
-    """CONTROL (data-free): 1 - cos(Q(theta_T), theta_T) over all flattened parameters of the final model,
-    how much of the released parameter direction the quantizer destroys. Uses no sample.
-
-    theta_q_final, theta_final [..., P] -> [...]."""
-    a, b = np.asarray(theta_q_final, np.float64), np.asarray(theta_final, np.float64)
-    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return 1.0 - (a * b).sum(-1) / (na * nb)
-
-
-def qflip_late(theta_q_traj: Any) -> np.ndarray:
-    """CONTROL (trajectory-only, no sample): minus the mean, over the last 10 consecutive checkpoint pairs,
-    of the fraction of parameters whose quantized value changes.
-
-    theta_q_traj [..., K, P] (quantized parameters) -> [...]; fewer than 11 checkpoints: all pairs."""
-    q = np.asarray(theta_q_traj)
-    changed = (q[..., 1:, :] != q[..., :-1, :]).mean(-1)
-    return -changed[..., -QFLIP_LAST:].mean(-1)
-
-
-def heldout_loss_control(val: Any) -> np.ndarray:
-    """CONTROL (held-out losses only, no membership): the mean held-out loss at the final checkpoint, i.e.
-    how much the quantizer damages the model. Added after the first real-model run (not pre-registered) to
-    ask whether a candidate tracks the attacks beyond damage: a quantizer that destroys the model also
-    destroys every attack, so damage alone ranks quantizers by attack AUROC.
-
-    val [..., K, n_val] (last row) -> [...]."""
-    return _f64(val)[..., -1, :].mean(-1)
 
 
 # ---- registry -----------------------------------------------------------------------------------------
@@ -391,7 +144,7 @@ CANDIDATES: dict[str, Candidate] = {
             _T,
             "r_Q = 1/2 / max_k sigma2_k/delta_k^2 (Alg. 2, val losses, merged points, ddof 1)",
             FAMILY_TRAJECTORY,
-            from_r_q=_identity,
+            from_r_q=from_r_q_identity,
         ),
         Candidate(
             "rq_reciprocal_neg",
@@ -401,7 +154,7 @@ CANDIDATES: dict[str, Candidate] = {
             _T,
             "-1/(2 r_Q) = -max_k sigma2_k/delta_k^2",
             FAMILY_TRAJECTORY,
-            from_r_q=_neg_half_reciprocal,
+            from_r_q=from_r_q_neg_half_reciprocal,
         ),
         Candidate(
             "rq_reciprocal_flip",
@@ -411,7 +164,7 @@ CANDIDATES: dict[str, Candidate] = {
             _T,
             "+1/(2 r_Q) = +max_k sigma2_k/delta_k^2 (sign-corrected)",
             FAMILY_TRAJECTORY,
-            from_r_q=_half_reciprocal,
+            from_r_q=from_r_q_half_reciprocal,
         ),
         Candidate(
             "rq_negated",
@@ -421,7 +174,7 @@ CANDIDATES: dict[str, Candidate] = {
             _T,
             "-r_Q (sign-corrected)",
             FAMILY_TRAJECTORY,
-            from_r_q=_negate,
+            from_r_q=from_r_q_negate,
         ),
         Candidate(
             "rq_train",
@@ -431,7 +184,7 @@ CANDIDATES: dict[str, Candidate] = {
             _T,
             "r_Q on training-sample losses",
             FAMILY_TRAJECTORY,
-            from_r_q=_identity,
+            from_r_q=from_r_q_identity,
         ),
         Candidate(
             "gap_std_final",
@@ -833,3 +586,45 @@ def validation_registry() -> dict[str, Any]:
 def validation_of(name: str) -> dict[str, Any]:
     entry = validation_registry()["candidates"].get(name)
     return entry or {"status": "not validated", "why": "no recorded validation"}
+
+
+__all__ = [
+    "CANDIDATES",
+    "CONTROL_FAMILIES",
+    "Candidate",
+    "FAMILIES",
+    "ORIENTATION",
+    "PREREGISTRATION",
+    "REASON_NAN",
+    "REASON_PARAMETERS",
+    "VALIDATION_FILE",
+    "candidates_from_table",
+    "evaluate_candidates",
+    "validation_of",
+    "validation_registry",
+    "DDOF",
+    "YEOM01_THRESHOLD",
+    "YEOM_CE_BOUND",
+    "MARGIN_LOSS_CLIP",
+    "TV_GRID",
+    "QFLIP_LAST",
+    "r_q_runs",
+    "rq_published",
+    "rq_reciprocal_neg",
+    "rq_reciprocal_flip",
+    "rq_negated",
+    "rq_train",
+    "std_gap",
+    "gap_std_final",
+    "gap_std_ratio_fp",
+    "gap_std_traj",
+    "yeom_01",
+    "yeom_ce_clip",
+    "ks_loss",
+    "auc_loss",
+    "gauss_tv",
+    "tv_gauss_margin",
+    "qdistortion_angle",
+    "qflip_late",
+    "heldout_loss_control",
+]

@@ -389,13 +389,13 @@ def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: 
     finetune_s = (
         speed.model_load_s + work.train_padded_tokens / speed.train_tokens_per_s + checkpoints * speed.checkpoint_s
     )
-    per_q_units = {
-        q: (work.units - (1 if cfg.score.score_base else 0)) // max(1, len(work.quantizers)) for q in work.quantizers
-    }
+    matched = cfg.score.score_base and cfg.score.matched_base
+    n_base = (len(work.quantizers) if matched else 1) if cfg.score.score_base else 0
+    per_q_units = {q: (work.units - n_base) // max(1, len(work.quantizers)) for q in work.quantizers}
     mean_tokens = work.score_padded_tokens / max(1, work.units)
     score_s = speed.model_load_s + checkpoints * speed.checkpoint_s
     for q in work.quantizers:
-        units = per_q_units[q] + (1 if cfg.score.score_base and q == work.quantizers[0] else 0)
+        units = per_q_units[q] + (1 if cfg.score.score_base and (matched or q == work.quantizers[0]) else 0)
         score_s += units * (
             mean_tokens / speed.score_tokens_per_s * speed.forward_slowdown.get(q, 1.0) + speed.quantize_s.get(q, 0.0)
         )

@@ -144,6 +144,35 @@ def _best_attacks(attacks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | 
     return best_by_tpr, best_by_auroc
 
 
+def strongest_vs_loss(attacks: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The strongest attack on one quantizer and how much stronger than LOSS it is: by calibrated TPR at 1%
+    FPR (the checklist's number; ties broken by AUROC) and by AUROC, each with LOSS's value and the
+    difference (strongest minus LOSS). None without a LOSS result."""
+    loss = attacks.get("loss")
+    if loss is None:
+        return None
+    out: dict[str, Any] = {}
+    loss_tpr = checklist_tpr(loss)["tpr"]
+    ranked = [
+        (n, checklist_tpr(a)["tpr"], a["auroc"]) for n, a in attacks.items() if checklist_tpr(a)["tpr"] is not None
+    ]
+    if ranked and loss_tpr is not None:
+        name, tpr, _ = max(ranked, key=lambda x: (x[1], x[2] if x[2] is not None else -1.0))
+        reliable = bool(checklist_tpr(attacks[name])["reliable"])
+        out["tpr_at_1pct_calibrated"] = {
+            "attack": name,
+            "value": tpr,
+            "loss": loss_tpr,
+            "gain": tpr - loss_tpr,
+            "reliable": reliable,
+        }
+    aurocs = [(n, a["auroc"]) for n, a in attacks.items() if a["auroc"] is not None]
+    if aurocs and loss["auroc"] is not None:
+        name, auroc = max(aurocs, key=lambda x: x[1])
+        out["auroc"] = {"attack": name, "value": auroc, "loss": loss["auroc"], "gain": auroc - loss["auroc"]}
+    return out or None
+
+
 def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
     rq = (result.get("indicator") or {}).get("per_quantizer") or {}
@@ -176,6 +205,7 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "skipped_attacks": dict(att_block.get("skipped") or {}),
                 "best_attack": best_by_tpr,
                 "best_attack_by_auroc": best_by_auroc,
+                "strongest_vs_loss": strongest_vs_loss(attacks),
             }
         )
     return rows

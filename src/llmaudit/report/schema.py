@@ -260,6 +260,20 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "skipped_attacks": {"type": "object", "additionalProperties": {"type": "string"}},
                 "best_attack": {"$ref": "#/$defs/best"},
                 "best_attack_by_auroc": {"$ref": "#/$defs/best"},
+                "strongest_vs_loss": {
+                    "type": ["object", "null"],
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["attack", "value", "loss", "gain"],
+                        "properties": {
+                            "attack": {"type": "string"},
+                            "value": _NUM,
+                            "loss": _NUM,
+                            "gain": _NUM,
+                            "reliable": {"type": "boolean"},
+                        },
+                    },
+                },
             },
         },
         "criterion": {

@@ -79,6 +79,25 @@ def attack_command(
     return results
 
 
+def attack_summary_lines(results: Mapping[str, Any]) -> list[str]:
+    """What `llmaudit attack` prints: per quantizer the strongest attack by AUROC against LOSS, then each
+    reason an attack was skipped (once, with the attacks and quantizers it concerns) and each table warning."""
+    lines, skipped = [], {}
+    for q, block in results["quantizers"].items():
+        aurocs = {a: e["headline"]["auroc"] for a, e in block["attacks"].items()}
+        if aurocs:
+            best = max(aurocs, key=lambda a: aurocs[a])
+            loss = f", LOSS {aurocs['loss']:.3f}" if "loss" in aurocs else ""
+            lines.append(f"{q}: strongest attack by AUROC {best} {aurocs[best]:.3f}{loss} ({len(aurocs)} attacks)")
+        for attack, why in block["skipped"].items():
+            skipped.setdefault(why, {}).setdefault(attack, []).append(q)
+        lines += [f"{q}: warning: {w}" for w in block.get("warnings", [])]
+    for why, attacks in skipped.items():
+        quantizers = sorted({q for qs in attacks.values() for q in qs})
+        lines.append(f"skipped {', '.join(attacks)} on {', '.join(quantizers)}: {why}")
+    return lines
+
+
 def memorization_command(
     loss_table: str | os.PathLike,
     out: str | os.PathLike = Path("llmaudit-out/memorization.json"),

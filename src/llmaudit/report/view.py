@@ -318,30 +318,64 @@ def _tpr_cell(att: dict | None, evaluation: str, alpha_key: str) -> Cell:
 
 
 def _attack_tables(grid: list[dict[str, Any]], names: list[str]) -> list[Table]:
-    """Quantizers x attacks: pooled AUROC, then calibrated TPR at the checklist's FPR."""
+    """Attacks x quantizers (one row per attack: there are more attacks than quantizers): pooled AUROC,
+    then calibrated TPR at the checklist's FPR."""
     key = fpr_key(CHECKLIST_FPR)
-    auroc_rows = [
-        [Cell(r["quantizer"], code=True)]
-        + [
-            _v((r["attacks"].get(n) or {}).get("auroc"), (r["attacks"].get(n) or {}).get("auroc_ci"))
-            if n in r["attacks"]
-            else Cell("skipped")
-            for n in names
-        ]
-        for r in grid
-    ]
-    tpr_rows = [
-        [Cell(r["quantizer"], code=True)]
-        + [
-            _tpr_cell(r["attacks"].get(n), "pooled_calibrated", key) if n in r["attacks"] else Cell("skipped")
-            for n in names
-        ]
-        for r in grid
-    ]
-    first_is_ref = bool(grid) and grid[0]["is_reference"]
+    quantizers = [r["quantizer"] for r in grid]
+
+    def auroc(r: dict, n: str) -> Cell:
+        att = r["attacks"].get(n)
+        return _v(att.get("auroc"), att.get("auroc_ci")) if att else Cell("skipped")
+
+    def tpr(r: dict, n: str) -> Cell:
+        return _tpr_cell(r["attacks"].get(n), "pooled_calibrated", key) if n in r["attacks"] else Cell("skipped")
+
     return [
-        Table(["AUROC (pooled)"] + names, auroc_rows, highlight_first=first_is_ref),
-        Table(["TPR at 1% FPR (calibrated)"] + names, tpr_rows, highlight_first=first_is_ref),
+        Table(["AUROC (pooled)"] + quantizers, [[Cell(n, code=True)] + [auroc(r, n) for r in grid] for n in names]),
+        Table(
+            ["TPR at 1% FPR (calibrated)"] + quantizers,
+            [[Cell(n, code=True)] + [tpr(r, n) for r in grid] for n in names],
+        ),
+    ]
+
+
+def _strongest_table(grid: list[dict[str, Any]]) -> Table | None:
+    """Per quantizer, the strongest attack and how much stronger than LOSS it is; None without LOSS."""
+    rows = []
+    for r in grid:
+        vs = r.get("strongest_vs_loss") or {}
+        tpr, auc = vs.get("tpr_at_1pct_calibrated") or {}, vs.get("auroc") or {}
+        if not vs:
+            continue
+        rows.append(
+            [
+                Cell(r["quantizer"], code=True),
+                Cell(tpr.get("attack") or "n/a", code=bool(tpr)),
+                Cell(fmt_num(tpr.get("value")), unreliable=tpr.get("reliable") is False),
+                Cell(fmt_num(tpr.get("loss"))),
+                Cell(f"{tpr['gain']:+.3f}" if tpr else "n/a"),
+                Cell(auc.get("attack") or "n/a", code=bool(auc)),
+                Cell(fmt_num(auc.get("value"))),
+                Cell(fmt_num(auc.get("loss"))),
+                Cell(f"{auc['gain']:+.3f}" if auc else "n/a"),
+            ]
+        )
+    if not rows:
+        return None
+    header = ["quantizer", "strongest (TPR@1% cal.)", "its TPR", "LOSS TPR", "gain", "strongest (AUROC)"]
+    return Table(header + ["its AUROC", "LOSS AUROC", "gain"], rows)
+
+
+def _skipped_bullets(grid: list[dict[str, Any]]) -> list[str]:
+    """One bullet per reason an attack was skipped, naming the attacks and the quantizers."""
+    by_reason: dict[str, tuple[dict, dict]] = {}
+    for r in grid:
+        for n, why in r["skipped_attacks"].items():
+            attacks, quantizers = by_reason.setdefault(why, ({}, {}))
+            attacks[n], quantizers[r["quantizer"]] = None, None
+    return [
+        f"skipped {', '.join(code(n) for n in attacks)} on {', '.join(code(q) for q in quantizers)}: {lit(why)}"
+        for why, (attacks, quantizers) in sorted(by_reason.items())
     ]
 
 
@@ -404,19 +438,20 @@ def _blind_baseline_paragraph(report: dict[str, Any]) -> str | None:
 def _attacks_section(report: dict[str, Any]) -> Section:
     grid = report["grid"]
     names = list(dict.fromkeys(n for r in grid for n in r["attacks"]))
-    tables = _attack_tables(grid, names)
+    strongest = _strongest_table(grid)
+    tables = ([strongest] if strongest is not None else []) + _attack_tables(grid, names)
     lira = _lira_table(grid, names)
     if lira is not None:
         tables.append(lira)
-    skipped = sorted(
-        {f"{code(n)} on {code(r['quantizer'])}: {lit(why)}" for r in grid for n, why in r["skipped_attacks"].items()}
-    )
-    bullets = [f"skipped {s}" for s in skipped]
+    bullets = _skipped_bullets(grid)
     paras = [
         "Every attack on every quantizer's final checkpoints, each run in turn as the target (leave-one-out references). "
         "AUROC pooled over targets; TPR at 1% FPR with per-sample calibration (the pooled-naive TPR overstates risk, docs/science.md section 4), "
         "95% bootstrap intervals in brackets; † = unreliable (fewer than 10/alpha non-members). Loss-based attacks on models that did not "
-        "overfit are often near chance: an interval containing 0.5 AUROC means no measurable leakage by that attack, not proof of privacy.",
+        "overfit are often near chance: an interval containing 0.5 AUROC means no measurable leakage by that attack, not proof of privacy. "
+        "The first table names, per quantizer, the strongest attack and its gain over LOSS. EZ-MIA, WBC and ref_qbase compare the target "
+        "with the base model (the reference unit; `*_qbase`: the base quantized like the target), RMIA with the other runs; "
+        "the variants are labelled conventions of the published code (docs/science.md section 4).",
     ]
     blind = _blind_baseline_paragraph(report)
     if blind is not None:

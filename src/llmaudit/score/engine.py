@@ -38,12 +38,14 @@ def length_sorted_batches(lengths: Sequence[int], token_budget: int) -> list[lis
 
 @dataclass
 class TokenScores:
-    """Scores of one sample: per-token NLL (nats) and optionally the next-token distribution's
-    mean and std of log p (expectations under the model's own distribution, as Min-K%++ defines them)."""
+    """Scores of one sample: per-token NLL (nats), optionally the next-token distribution's mean and std
+    of log p (expectations under the model's own distribution, as Min-K%++ defines them), and whether the
+    model's top-1 prediction at each position is the token itself (EZ-MIA's error zone)."""
 
     token_losses: np.ndarray  # [T] float32
     vocab_mean: np.ndarray | None = None  # [T]
     vocab_std: np.ndarray | None = None  # [T]
+    top1: np.ndarray | None = None  # [T] bool: argmax of the logits (lowest id on ties) == the token
 
     @property
     def loss(self) -> float:
@@ -67,35 +69,44 @@ def cpu_vocab_tile(rows: int, vocab: int) -> int:
     return min(vocab, max(1, per_tile // (4 * rows)))
 
 
+HeadScores = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]
+"""(NLL of the targets, mean of log p or None, std of log p or None, top-1 token id), each [C]."""
+
+
 def merge_tiles(
-    stats: torch.Tensor, target_logit: torch.Tensor, *, vocab_stats: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    stats: torch.Tensor, target_logit: torch.Tensor, tile_top: torch.Tensor, tile_width: int, *, vocab_stats: bool
+) -> HeadScores:
     """Per-tile statistics [2 or 4, tiles, C] (max, sum of exp(x - max), and with vocab_stats the
     p-weighted mean and variance of x) merged over the tiles: log-sum-exp, and the law of total variance
-    (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once). Returns the NLL of the
-    targets and, with vocab_stats, the mean and std of log p under the model's distribution."""
+    (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once). tile_top [tiles, C]: each
+    tile's argmax (within the tile) of tiles `tile_width` columns wide. Returns the NLL of the targets, with
+    vocab_stats the mean and std of log p under the model's distribution, and the top-1 token id: the first
+    tile holding the overall max (argmax over tiles takes the first), so ties go to the lowest id."""
     top = stats[0].amax(0)
+    best_tile = stats[0].argmax(0)  # [C]
+    top1 = tile_top.gather(0, best_tile[None]).squeeze(0) + best_tile * tile_width
     weights = stats[1] * torch.exp(stats[0] - top)  # [tiles, C]: each tile's share of the mass
     total = weights.sum(0)
     lse = top + total.log()
     nll = lse - target_logit
     if not vocab_stats:
-        return nll, None, None
+        return nll, None, None, top1
     tile_mean, tile_var = stats[2], stats[3]
     mean = (weights * tile_mean).sum(0) / total
     spread = (weights * (tile_var + (tile_mean - mean).square())).sum(0)  # within + between tiles
-    return nll, mean - lse, (spread / total).clamp_min(0).sqrt()
+    return nll, mean - lse, (spread / total).clamp_min(0).sqrt(), top1
 
 
 @torch.no_grad()
 def head_scores(
     head: torch.nn.Linear, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, vocab_tile: int
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """NLL of `targets` [C] under softmax(head(h)) for h [C, H], and optionally the mean and std of
-    log p under that distribution, all [C] float32, without holding more than [C, vocab_tile] logits.
+) -> HeadScores:
+    """NLL of `targets` [C] under softmax(head(h)) for h [C, H], optionally the mean and std of log p
+    under that distribution (all [C] float32), and the top-1 token id [C] (int64, the lowest id on ties, as
+    torch.argmax), without holding more than [C, vocab_tile] logits.
 
-    Each vocabulary tile's logits x are reduced in place, while they are still in cache, to their max m,
-    the sum of exp(x - m) and (vocab_stats) the p-weighted mean and centred variance of x within the
+    Each vocabulary tile's logits x are reduced in place, while they are still in cache, to their max m
+    (with its position: the tile's argmax), the sum of exp(x - m) and (vocab_stats) the p-weighted mean and centred variance of x within the
     tile. The tiles are merged once at the end: logsumexp over the tiles, and the law of total variance
     (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once), so no variance is ever
     formed as E[x^2] - E[x]^2. mean log p = E_p[x] - logsumexp(x) and var log p = var_p(x). The target's
@@ -118,6 +129,7 @@ def head_scores(
         half = torch.empty(rows * vocab_tile, dtype=weight.dtype, device=h.device)
     # per tile: max, sum of exp(x - max), and with vocab_stats the p-weighted mean and variance of x
     stats = torch.empty(4 if vocab_stats else 2, len(tiles), rows, dtype=torch.float32, device=h.device)
+    tile_top = torch.empty(len(tiles), rows, dtype=torch.long, device=h.device)
     full = rows * vocab_tile
     buffer = torch.empty(full * (3 if vocab_stats else 1), dtype=torch.float32, device=h.device)
     for t, v0 in enumerate(tiles):
@@ -130,7 +142,7 @@ def head_scores(
                 x.add_(bias[v0:v1])
         else:
             _half_tile_logits(h, weight, bias, v0, v1, half[:size].view(rows, v1 - v0), x, targets, target_logit)
-        m = torch.amax(x, 1, out=stats[0, t])
+        m, _ = torch.max(x, 1, out=(stats[0, t], tile_top[t]))  # one pass: the max and its first position
         x.sub_(m[:, None])  # x - m <= 0
         if not vocab_stats:
             torch.sum(x.exp_(), 1, out=stats[1, t])
@@ -142,7 +154,7 @@ def head_scores(
         x.sub_(mean[:, None])
         torch.sum(torch.mul(w.mul_(x), x, out=scratch), 1, out=stats[3, t]).div_(w_sum)
         mean.add_(m)
-    return merge_tiles(stats, target_logit, vocab_stats=vocab_stats)
+    return merge_tiles(stats, target_logit, tile_top, vocab_tile, vocab_stats=vocab_stats)
 
 
 def _half_tile_logits(
@@ -175,22 +187,21 @@ def _half_tile_logits(
 HEAD_LOGITS_BYTES = 256 << 20
 
 
-def _full_head_scores(
-    head: Any, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _full_head_scores(head: Any, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool) -> HeadScores:
     """The same as head_scores from full-vocabulary logits of the C rows, for any head module (e.g. a
     quantized one): few large ops (fused log_softmax / cross_entropy). Holds about HEAD_COPIES
     float32 [C, vocab] blocks plus the head's own output at once; bounded_head_scores keeps that in budget."""
     logits = head(h).float()
+    top1 = torch.argmax(logits, 1)  # of the logits, not of log_softmax's rounded copy
     if not vocab_stats:
-        return torch.nn.functional.cross_entropy(logits, targets, reduction="none"), None, None
+        return torch.nn.functional.cross_entropy(logits, targets, reduction="none"), None, None, top1
     logp = torch.log_softmax(logits, dim=-1)
     del logits
     nll = -logp.gather(1, targets[:, None]).squeeze(1)
     p = torch.exp(logp)
     mean = torch.linalg.vecdot(p, logp)
     centred = logp.sub_(mean[:, None])
-    return nll, mean, torch.linalg.vecdot(p.mul_(centred), centred).clamp_min(0).sqrt()
+    return nll, mean, torch.linalg.vecdot(p.mul_(centred), centred).clamp_min(0).sqrt(), top1
 
 
 HEAD_COPIES = {False: 2, True: 3}
@@ -218,7 +229,7 @@ def _head_out_features(head: Any, h: torch.Tensor) -> int:
 @torch.no_grad()
 def bounded_head_scores(
     head: Any, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, max_bytes: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> HeadScores:
     """head_scores' results for any head module on any device, holding at most `max_bytes` (default
     HEAD_LOGITS_BYTES) of logits and their temporaries at once (head_block_bytes), one block below that at
     least: a single row, or a single vocabulary column.
@@ -248,13 +259,13 @@ def bounded_head_scores(
         for r in range(0, rows, block)
     ]
     if not vocab_stats:
-        return torch.cat([p[0] for p in parts]), None, None
-    return tuple(torch.cat([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+        return torch.cat([p[0] for p in parts]), None, None, torch.cat([p[3] for p in parts])
+    return tuple(torch.cat([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
 
 
 def _vocab_tiled_head_scores(
     head: torch.nn.Linear, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, vocab_tile: int
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> HeadScores:
     """The vocabulary-tiled reduction of head_scores, shaped for a GPU: per tile a few large ops on freshly
     allocated blocks (the caching allocator reuses them), the logits rounded to the head's dtype first as
     head(h) rounds them, and the target's logit gathered from the tile that holds it (no extra dot product
@@ -263,6 +274,7 @@ def _vocab_tiled_head_scores(
     vocab, rows = weight.shape[0], h.shape[0]
     tiles = range(0, vocab, vocab_tile)
     stats = torch.empty(4 if vocab_stats else 2, len(tiles), rows, dtype=torch.float32, device=h.device)
+    tile_top = torch.empty(len(tiles), rows, dtype=torch.long, device=h.device)
     target_logit = torch.zeros(rows, dtype=torch.float32, device=h.device)
     for t, v0 in enumerate(tiles):
         v1 = min(v0 + vocab_tile, vocab)
@@ -270,6 +282,7 @@ def _vocab_tiled_head_scores(
         inside = (targets >= v0) & (targets < v1)
         picked = x.gather(1, (targets - v0).clamp(0, v1 - v0 - 1)[:, None]).squeeze(1)
         target_logit = torch.where(inside, picked, target_logit)
+        torch.argmax(x, 1, out=tile_top[t])  # documented tie rule: the first maximum
         m = torch.amax(x, 1, out=stats[0, t])
         x.sub_(m[:, None])  # x - m <= 0
         if not vocab_stats:
@@ -282,7 +295,7 @@ def _vocab_tiled_head_scores(
         stats[3, t].copy_(torch.linalg.vecdot(w.mul_(x), x)).div_(w_sum)
         mean.add_(m)
         del w
-    return merge_tiles(stats, target_logit, vocab_stats=vocab_stats)
+    return merge_tiles(stats, target_logit, tile_top, vocab_tile, vocab_stats=vocab_stats)
 
 
 def plain_modules(model: Any) -> bool:
@@ -332,6 +345,7 @@ def _score_batch(
             parts.append(bounded_head_scores(head, h_c, t_c, vocab_stats=vocab_stats, max_bytes=head_logits_bytes))
     none = [torch.zeros(0)]  # a batch of one-token samples has no scored position
     nll_np = torch.cat([p[0] for p in parts] or none).cpu().numpy()
+    top1_np = (torch.cat([p[3] for p in parts]) == targets).cpu().numpy() if parts else np.zeros(0, bool)
     # A negative log-likelihood is >= 0; a token the model is sure of (p ~ 1) can come out at -1e-7 from
     # float rounding of logsumexp - logit. Clamp that rounding, never a real value.
     np.maximum(nll_np, 0.0, out=nll_np)
@@ -345,6 +359,7 @@ def _score_batch(
                 nll_np[sl].copy(),
                 None if mu_np is None else mu_np[sl].copy(),
                 None if sd_np is None else sd_np[sl].copy(),
+                top1_np[sl].copy(),
             )
         )
         offset += count

@@ -79,6 +79,8 @@ def _rows(
     if scores and scores[0].vocab_mean is not None:
         rows["token_vocab_mean"] = [s.vocab_mean for s in scores]
         rows["token_vocab_std"] = [s.vocab_std for s in scores]
+    if scores and scores[0].top1 is not None:
+        rows["token_top1"] = [s.top1 for s in scores]
     return pd.DataFrame(rows)
 
 

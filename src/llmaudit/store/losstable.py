@@ -4,8 +4,10 @@ One row per (run, checkpoint, quantizer, sample). Any tool can write one and fee
 `llmaudit indicator`, `llmaudit attack` or `llmaudit memorization` ("bring your own losses").
 
 Required columns
-    run           int    index of the fine-tuning run; -1 = the reference model (the base model before
-                         fine-tuning), scored once per data set
+    run           int    index of the fine-tuning run; -1 = the reference unit: the base model before
+                         fine-tuning, scored once per data set under the reference (full-precision)
+                         quantizer and, with score.matched_base, once more under every other quantizer.
+                         "base" in the attacks (ref, EZ-MIA, WBC) means these rows
     checkpoint    int    optimizer step of the checkpoint along the run's trajectory (0 for the base)
     quantizer     str    quantizer name (see `llmaudit.quantize.list_quantizers()`)
     sample_id     str    stable id of the sample
@@ -16,15 +18,28 @@ Required columns
     n_tokens      int    number of scored tokens
     token_losses  list<float>  per-token negative log-likelihoods (nats), in order
 Optional columns
-    token_vocab_mean, token_vocab_std  list<float>  mean and standard deviation of log p over the whole
-                         vocabulary at each scored position (needed by Min-K%++)
+    token_vocab_mean, token_vocab_std  list<float>  at each scored position, the mean and standard
+                         deviation of log p(v) for v drawn from the MODEL'S OWN next-token distribution:
+                         E_{v~p}[log p(v)] (minus its entropy) and sqrt(Var_{v~p}[log p(v)]), as
+                         Min-K%++ defines them. NOT the plain average over the vocabulary (uniform weights;
+                         some tools store that): such a column gives a wrong Min-K%++, and
+                         `uniform_vocab_mean_evidence` recognises it where it can
+    token_top1    list<bool>  at each scored position, whether the model's top-1 prediction (argmax of
+                         the logits, the lowest token id on ties) is the scored token (needed by EZ-MIA);
+                         added in loss-table version 2
     zlib_bytes    int    zlib-compressed length (bytes) of the scored text (needed by the zlib attack)
     point_id      str    digest of the quantized weights: equal ids mean the same quantized point
+
+Versions: 1 = the columns above without token_top1 (tables written before it, and any table without
+version metadata); 2 = token_top1 added. llmaudit writes the version into the parquet metadata
+(`llmaudit.loss_table_version`) and reads every version up to its own; a table of version 1 is read and
+reported as before, with EZ-MIA "not measurable: table predates top-1".
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 from pathlib import Path
 
@@ -53,11 +68,17 @@ REQUIRED_COLUMNS: dict[str, str] = {
 OPTIONAL_COLUMNS: dict[str, str] = {
     "token_vocab_mean": "list<float>",
     "token_vocab_std": "list<float>",
+    "token_top1": "list<bool>",
     "zlib_bytes": "int",
     "point_id": "str",
 }
 
 REFERENCE_RUN = -1
+
+LOSS_TABLE_VERSION = 2
+"""The loss-table version this llmaudit writes (module doc: what each version holds)."""
+
+VERSION_KEY = b"llmaudit.loss_table_version"
 
 SPLITS = ("pool", "val")
 
@@ -78,6 +99,7 @@ SCHEMA = pa.schema(
 OPTIONAL_SCHEMA = {
     "token_vocab_mean": pa.list_(pa.float32()),
     "token_vocab_std": pa.list_(pa.float32()),
+    "token_top1": pa.list_(pa.bool_()),
     "zlib_bytes": pa.int32(),
     "point_id": pa.string(),
 }
@@ -223,6 +245,62 @@ def _check_token_columns(df: pd.DataFrame, source: str) -> None:
                 )
     if "zlib_bytes" in df.columns and df["zlib_bytes"].notna().all() and (df["zlib_bytes"].to_numpy() <= 0).any():
         raise LossTableError(f"{source}: 'zlib_bytes' must be positive byte counts.")
+    if "token_top1" in df.columns:
+        _check_top1(df, source)
+
+
+def _check_top1(df: pd.DataFrame, source: str) -> None:
+    """token_top1: per row either missing (a row of a version-1 table read beside newer ones) or one
+    boolean per scored token."""
+    for i, (value, n) in enumerate(zip(df["token_top1"], df["n_tokens"])):
+        if value is None or (np.ndim(value) == 0 and pd.isna(value)):
+            continue
+        flags = np.asarray(value)
+        if flags.ndim != 1 or flags.size != n or not (flags.dtype == bool or np.isin(flags, (0, 1)).all()):
+            row = df.iloc[i][["run", "checkpoint", "quantizer", "sample_id"]].to_dict()
+            raise LossTableError(
+                f"{source}: 'token_top1' must hold one boolean per scored token (n_tokens={n}); row {row} does not."
+            )
+
+
+LOG_VOCAB_BOUND = 24 * math.log(2)
+"""log V for the largest vocabulary allowed for (2^24 tokens): Fano's bound below holds for any V up to it."""
+
+
+def uniform_vocab_mean_evidence(token_losses, token_vocab_mean, *, min_positions: int = 5) -> str | None:
+    """Why `token_vocab_mean` cannot be E_{v~p}[log p(v)] under the model's own distribution, or None.
+
+    token_losses, token_vocab_mean: per text, [T] arrays. Two tests, neither of which a mean under the model's
+    distribution can fail (minus the entropy H_t):
+    - Fano's inequality: where the scored token has probability q = exp(-l_t) >= 1/2 >= 1/V, the top token
+      has probability p_max >= q and H_t <= h(q) + (1 - q) log(V - 1) with h the binary entropy. The plain
+      vocabulary average (uniform weights) is at most -log V, far below -h(q) - (1 - q) log V at confident
+      positions. Flagged when at least 10% of such positions (and min_positions) break the bound by 1e-3.
+    - a mean that is the same at every position (e.g. -log V written as a constant): a model's entropy varies.
+    At positions where the model is unsure the two means cannot be told apart from the table alone."""
+    losses = np.concatenate([np.asarray(t, dtype=np.float64).ravel() for t in token_losses])
+    means = np.concatenate([np.asarray(m, dtype=np.float64).ravel() for m in token_vocab_mean])
+    if losses.size != means.size or losses.size < min_positions:
+        return None
+    q = np.exp(-losses)
+    confident = q >= 0.5
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -(q * np.log(q) + np.where(q < 1, (1 - q) * np.log1p(-q), 0.0))
+    bound = h + (1 - q) * LOG_VOCAB_BOUND
+    broken = confident & (-means > bound + 1e-3)
+    if broken.sum() >= max(min_positions, 0.1 * confident.sum()):
+        return (
+            f"token_vocab_mean breaks Fano's bound at {int(broken.sum())} of {int(confident.sum())} positions where the "
+            f"token has probability >= 1/2 (e.g. mean {means[broken][0]:.3g} at loss {losses[broken][0]:.3g}): it looks "
+            "like the plain average of log p over the vocabulary, not the mean under the model's distribution that "
+            "Min-K%++ needs; Min-K%++ on this table is wrong"
+        )
+    if np.ptp(means) <= 1e-6 * max(1.0, float(np.abs(means).max())):
+        return (
+            f"token_vocab_mean is {means[0]:.4g} at every one of {means.size} positions: a mean under the model's "
+            "distribution varies with the position; Min-K%++ on this table is wrong"
+        )
+    return None
 
 
 def to_arrow(df: pd.DataFrame) -> pa.Table:
@@ -230,8 +308,24 @@ def to_arrow(df: pd.DataFrame) -> pa.Table:
     for col, typ in OPTIONAL_SCHEMA.items():
         if col in df.columns:
             fields.append(pa.field(col, typ))
-    schema = pa.schema(fields)
+    schema = pa.schema(fields, metadata={VERSION_KEY: str(LOSS_TABLE_VERSION).encode()})
     return pa.Table.from_pandas(df[[f.name for f in fields]], schema=schema, preserve_index=False)
+
+
+def table_version(schema: pa.Schema, source: str) -> int:
+    """The loss-table version a parquet schema declares (1 without the metadata); LossTableError for a
+    version newer than this llmaudit reads."""
+    raw = (schema.metadata or {}).get(VERSION_KEY)
+    try:
+        version = 1 if raw is None else int(raw)
+    except ValueError:
+        raise LossTableError(f"{source}: loss-table version {raw[:20]!r} is not a number.") from None
+    if version > LOSS_TABLE_VERSION:
+        raise LossTableError(
+            f"{source}: loss-table version {version} is newer than this llmaudit reads ({LOSS_TABLE_VERSION}); "
+            "upgrade llmaudit."
+        )
+    return version
 
 
 def write_loss_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
@@ -246,7 +340,8 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
     """One parquet file as a frame (token columns as float64 arrays), LossTableError naming the file
     when it is truncated, corrupt or not parquet."""
     try:
-        df = read_parquet_bounded(path, what="loss table").to_pandas()  # bounded before it is decoded
+        table = read_parquet_bounded(path, what="loss table")  # bounded before it is decoded
+        df = table.to_pandas()
     except InputLimitError as exc:
         raise LossTableError(str(exc)) from None
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -254,9 +349,12 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
             f"{path}: not a readable parquet file ({str(exc).splitlines()[0][:200]}); if it is a scoring unit, "
             "`llmaudit score RUN_DIR` scores it again."
         ) from None
+    table_version(table.schema, str(path))
     for col in ("token_losses", "token_vocab_mean", "token_vocab_std"):
         if col in df.columns:
             df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
+    if "token_top1" in df.columns:
+        df["token_top1"] = df["token_top1"].map(lambda v: None if v is None else np.asarray(v, dtype=bool))
     return df
 
 

@@ -20,12 +20,16 @@ class Unit:
 
 def grid_units(cfg: ExperimentConfig, steps_per_run: dict[int, list[int]]) -> list[Unit]:
     """The scoring grid for given trajectories {run: steps}, in a fixed order (the basis of --shard I/N):
-    the base model once (on the first full-precision quantizer), then per run, per checkpoint (all, or the
+    the base model once (on the first full-precision quantizer) and, with score.matched_base, under every
+    other quantizer too (the quantization-matched references), then per run, per checkpoint (all, or the
     final one with score.trajectory=final), every quantizer; a run's final checkpoint also scores the pool."""
     units: list[Unit] = []
     quantizers = list(cfg.score.quantizers)
     if cfg.score.score_base:
-        units.append(Unit(REFERENCE_RUN, 0, full_precision_reference(quantizers) or "fp32", True))
+        reference = full_precision_reference(quantizers) or "fp32"
+        units.append(Unit(REFERENCE_RUN, 0, reference, True))
+        if cfg.score.matched_base:
+            units += [Unit(REFERENCE_RUN, 0, q, True) for q in quantizers if q != reference]
     for run in sorted(steps_per_run):
         steps = sorted(steps_per_run[run])
         chosen = steps if cfg.score.trajectory == "all" else steps[-1:]

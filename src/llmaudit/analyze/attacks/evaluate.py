@@ -22,6 +22,16 @@ from llmaudit.analyze.attacks.lira import (
     out_reference_counts,
     parse_fpc,
 )
+from llmaudit.analyze.attacks.matrices import (
+    Target,
+    base_quantizer,
+    base_rows,
+    final_pool,
+    pivot,
+    reference_matrices,
+    rmia_matrices,
+    target_matrices,
+)
 from llmaudit.analyze.attacks.text import combine_scores, min_k_plus_plus_score, min_k_score, ref_score
 from llmaudit.analyze.metrics import (
     DEFAULT_FPRS,
@@ -34,22 +44,9 @@ from llmaudit.analyze.metrics import (
 )
 from llmaudit.common.stats import spearman
 from llmaudit.quantize import full_precision_reference
-from llmaudit.store.losstable import REFERENCE_RUN, LossTableError
+from llmaudit.store.losstable import REFERENCE_RUN, uniform_vocab_mean_evidence
 
-
-def _pivot(frame: pd.DataFrame, values: str, runs: np.ndarray, samples: list[str]) -> np.ndarray:
-    wide = frame.pivot(index="run", columns="sample_id", values=values)
-    return wide.reindex(index=runs, columns=samples).to_numpy()
-
-
-def final_pool(df: pd.DataFrame, quantizer: str) -> tuple[pd.DataFrame, dict]:
-    sub = df[(df["quantizer"] == quantizer) & (df["split"] == "pool") & (df["run"] != REFERENCE_RUN)]
-    if sub.empty:
-        raise LossTableError(f"quantizer {quantizer!r}: no 'pool' rows of fine-tuned runs to attack.")
-    final = sub.groupby("run")["checkpoint"].max()
-    rows = sub.merge(final.rename("final").reset_index(), on="run")
-    rows = rows[rows["checkpoint"] == rows["final"]].drop(columns="final")
-    return rows, {int(r): int(c) for r, c in final.items()}
+__all__ = ["AttackSettings", "final_pool", "leave_one_out", "run_attacks", "spearman_vs_indicator"]
 
 
 def _row_text_scores(rows: pd.DataFrame, k: float) -> dict[str, np.ndarray | None]:
@@ -66,21 +63,6 @@ def _row_text_scores(rows: pd.DataFrame, k: float) -> dict[str, np.ndarray | Non
     if "zlib_bytes" in rows.columns and rows["zlib_bytes"].notna().all():
         scores["zlib"] = -rows["loss"].to_numpy(dtype=np.float64) / rows["zlib_bytes"].to_numpy(dtype=np.float64)
     return scores
-
-
-def _base_losses(df: pd.DataFrame, quantizer: str, samples: list[str]) -> tuple[np.ndarray | None, str | None]:
-    base = df[(df["run"] == REFERENCE_RUN) & (df["split"] == "pool")]
-    if base.empty:
-        return None, None
-    source = quantizer if (base["quantizer"] == quantizer).any() else None
-    if source is None:
-        names = base["quantizer"].unique()
-        if len(names) != 1:
-            return None, None
-        source = str(names[0])
-    b = base[base["quantizer"] == source]
-    b = b[b["checkpoint"] == b["checkpoint"].max()].set_index("sample_id")["loss"]
-    return b.reindex(samples).to_numpy(dtype=np.float64), source
 
 
 def _ref_matrix(loss: np.ndarray, keep: np.ndarray, base: np.ndarray | None, ref_models: str) -> np.ndarray:
@@ -194,42 +176,12 @@ class AttackSettings:
         return out | {"checkpoint": "final (max per run)", "split": "pool"}
 
 
-@dataclass
-class _Target:
-    """The pool rows of one quantizer's final checkpoints as [M runs, N samples] matrices."""
-
-    rows: pd.DataFrame
-    runs: np.ndarray
-    samples: list[str]
-    keep: np.ndarray
-    loss: np.ndarray
-    final: dict
-    n_dropped: int
-
-
-def _target(df: pd.DataFrame, quantizer: str) -> _Target:
-    """Each run's final checkpoint on the pool; samples scored by every run (the others are dropped)."""
-    rows, final = final_pool(df, quantizer)
-    runs = np.array(sorted(final))
-    if runs.size < 1:
-        raise LossTableError(f"quantizer {quantizer!r}: no fine-tuned run to attack.")
-    per_run = rows.groupby("sample_id")["run"].nunique()
-    samples = sorted(per_run.index[per_run == runs.size])
-    rows = rows[rows["sample_id"].isin(samples)]
-    keep = _pivot(rows, "member", runs, samples).astype(bool)
-    loss = _pivot(rows, "loss", runs, samples).astype(np.float64)
-    return _Target(rows, runs, samples, keep, loss, final, int((per_run < runs.size).sum()))
-
-
-def _score_matrices(
-    df: pd.DataFrame, quantizer: str, t: _Target, s: AttackSettings, fpc_value: float | None
-) -> tuple[dict[str, np.ndarray], dict[str, str], str | None]:
-    """[M, N] membership scores of every attack that can run on this table, the reasons of those that
-    cannot, and the base model's quantizer used by the reference attack."""
+def _text_matrices(t: Target, s: AttackSettings) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """[M, N] scores of the attacks that read one text under one model (loss, min_k, Min-K%++, zlib)."""
     text = _row_text_scores(t.rows, s.k)
     rows = t.rows.assign(**{f"_s_{name}": v for name, v in text.items() if v is not None})
     matrices = {
-        name: _pivot(rows, f"_s_{name}", t.runs, t.samples).astype(np.float64)
+        name: pivot(rows, f"_s_{name}", t.runs, t.samples).astype(np.float64)
         for name, v in text.items()
         if v is not None
     }
@@ -238,7 +190,13 @@ def _score_matrices(
         skipped["min_k_plus_plus"] = "loss table has no token_vocab_mean / token_vocab_std columns"
     if text["zlib"] is None:
         skipped["zlib"] = "loss table has no zlib_bytes column"
-    base, base_source = _base_losses(df, quantizer, t.samples)
+    return matrices, skipped
+
+
+def _ref_and_combinations(
+    matrices: dict[str, np.ndarray], skipped: dict[str, str], t: Target, base: np.ndarray | None, s: AttackSettings
+) -> None:
+    """The reference attack (other runs and/or the base model) and the combinations, added in place."""
     ref_models = "base" if s.ref_models == "runs" and t.runs.size == 1 and base is not None else s.ref_models
     if ref_models in ("base", "both") and base is None:
         skipped["ref"] = "no base-model rows (run == -1) on split 'pool' for this quantizer"
@@ -252,6 +210,12 @@ def _score_matrices(
             skipped[combo] = f"component(s) {lacking} unavailable"
         else:
             matrices[combo] = combine_scores(*(matrices[p] for p in combo.split("+")), axis=1)
+
+
+def _lira_matrices(
+    matrices: dict[str, np.ndarray], skipped: dict[str, str], t: Target, s: AttackSettings, fpc_value: float | None
+) -> None:
+    """Offline and online LiRA, added in place (online only with at least 2 in- and out-references)."""
     stat = lira_statistic(t.loss, s.statistic)
     if "lira_offline" in s.attacks:
         matrices["lira_offline"] = leave_one_out(lira_offline, stat, t.keep, fpc_value, variance=s.lira_variance)
@@ -265,7 +229,37 @@ def _score_matrices(
             )
         else:
             matrices["lira_online"] = leave_one_out(lira_online, stat, t.keep, fpc_value, variance=s.lira_variance)
-    return matrices, skipped, base_source
+
+
+def _score_matrices(
+    df: pd.DataFrame, quantizer: str, t: Target, s: AttackSettings, fpc_value: float | None, base_q: str | None
+) -> tuple[dict[str, np.ndarray], dict[str, str], dict]:
+    """[M, N] membership scores of every attack that can run on this table, the reasons of those that
+    cannot, and what the reference-based attacks used (base quantizer, matched base, RMIA's a)."""
+    matrices, skipped = _text_matrices(t, s)
+    base = base_rows(df, base_q, t.samples)
+    matched = base_rows(df, quantizer, t.samples) if quantizer != base_q else None
+    base_loss = None if base is None else base["loss"].to_numpy(dtype=np.float64)
+    _ref_and_combinations(matrices, skipped, t, base_loss, s)
+    _lira_matrices(matrices, skipped, t, s, fpc_value)
+    ref_m, ref_skipped = reference_matrices(t, base, matched, s.attacks)
+    rmia_m, rmia_skipped, rmia_info = rmia_matrices(df, quantizer, t, s.attacks)
+    matrices |= ref_m | rmia_m
+    skipped |= ref_skipped | rmia_skipped
+    info = {"base_model_quantizer": base_q if base is not None else None, "matched_base": matched is not None}
+    return matrices, skipped, info | rmia_info
+
+
+def _table_warnings(t: Target) -> list[str]:
+    """What the table itself makes doubtful (a vocabulary mean that is not under the model's distribution)."""
+    rows = t.rows
+    if "token_vocab_mean" not in rows.columns or not rows["token_vocab_mean"].notna().all():
+        return []
+    why = uniform_vocab_mean_evidence(list(rows["token_losses"]), list(rows["token_vocab_mean"]))
+    if why is None:
+        return []
+    warnings.warn(f"Min-K%++: {why}", stacklevel=2)
+    return [f"min_k_plus_plus: {why}"]
 
 
 def _unusable(attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray) -> str | None:
@@ -316,16 +310,19 @@ def _evaluate(
     return entry
 
 
-def attack_quantizer(df: pd.DataFrame, quantizer: str, s: AttackSettings) -> tuple[dict, dict]:
-    """Every attack on one quantizer's final checkpoints, each run in turn as the target.
+def attack_quantizer(
+    df: pd.DataFrame, quantizer: str, s: AttackSettings, base_q: str | None = None
+) -> tuple[dict, dict]:
+    """Every attack on one quantizer's final checkpoints, each run in turn as the target. base_q: the
+    quantizer of the base-model rows that "base" means (`base_quantizer`).
 
     Returns (the quantizer's result block, the attack definitions with its FPC)."""
-    t = _target(df, quantizer)
+    t = target_matrices(df, quantizer)
     pool_size = int(s.n_pool) if s.n_pool is not None else len(t.samples) + t.n_dropped
     train_size = float(s.n_train) if s.n_train is not None else float(t.keep.sum(1).mean())
     fpc_value = parse_fpc(s.fpc, n_train=train_size, n_pool=pool_size)
     definitions = s.definitions(fpc_value)
-    matrices, skipped, base_source = _score_matrices(df, quantizer, t, s, fpc_value)
+    matrices, skipped, used = _score_matrices(df, quantizer, t, s, fpc_value, base_q)
     n_ref = out_reference_counts(t.keep)
     results: dict = {}
     for attack in s.attacks:
@@ -349,7 +346,8 @@ def attack_quantizer(df: pd.DataFrame, quantizer: str, s: AttackSettings) -> tup
         "n_train": train_size,
         "n_pool": pool_size,
         "fpc": fpc_value,
-        "base_model_quantizer": base_source,
+        **used,
+        "warnings": _table_warnings(t),
         "lira_statistic": s.statistic,
         "normality": normality_check(lira_statistic(t.loss, s.statistic), t.keep),
         "attacks": results,
@@ -386,10 +384,11 @@ def run_attacks(
     if missing:
         raise ValueError(f"quantizer(s) {missing} have no pool rows of fine-tuned runs; available: {available}.")
     reference = _reference_name(quantizers, reference_quantizer)
+    base_q = base_quantizer(df, reference)
     per_q: dict = {}
     definitions = s.definitions()
     for q in quantizers:
-        per_q[q], definitions = attack_quantizer(df, q, s)
+        per_q[q], definitions = attack_quantizer(df, q, s, base_q)
     if reference is not None:
         for block in per_q.values():
             for attack, entry in block["attacks"].items():

@@ -17,10 +17,13 @@ def _token_arrays(token_losses) -> list[np.ndarray]:
 
 
 def min_k_count(n_tokens: int, k: float) -> int:
-    """Number of tokens min-k% averages over: ceil(k * T) (k * T rounded to 9 decimals first), at least 1."""
+    """Number of tokens min-k% averages over: floor(k * T) (k * T rounded to 9 decimals first), at least 1.
+
+    floor is the published convention (the Min-K%++ authors' and mimir's int(k * T)); where k * T < 1 they
+    average no token (undefined), llmaudit takes the least likely one."""
     if not 0 < k <= 1:
         raise ValueError(f"k is a fraction in (0, 1]; got {k}.")
-    return max(1, math.ceil(round(k * n_tokens, 9)))
+    return max(1, math.floor(round(k * n_tokens, 9)))
 
 
 def loss_score(token_losses) -> np.ndarray:
@@ -29,7 +32,7 @@ def loss_score(token_losses) -> np.ndarray:
 
 
 def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
-    """min-k%: mean log p (= -l_t) over the ceil(k * T) lowest-probability tokens. -> [n]."""
+    """min-k%: mean log p (= -l_t) over the min_k_count(T, k) lowest-probability tokens. -> [n]."""
     out = []
     for a in _token_arrays(token_losses):
         m = min_k_count(a.size, k)
@@ -38,7 +41,7 @@ def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
 
 
 def min_k_plus_plus_score(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
-    """Min-K%++: per token (log p_t - mu_t) / sigma_t, then the mean of the lowest ceil(k * T). -> [n].
+    """Min-K%++: per token (log p_t - mu_t) / sigma_t, then the mean of the lowest min_k_count(T, k). -> [n].
 
     token_vocab_mean / token_vocab_std: per sample, per position, E[log p] and sd of log p under the
     model's next-token distribution (loss-table columns of the same names)."""
