@@ -34,8 +34,9 @@ def test_half_precision_head_equals_float64_on_the_rounded_logits():
     mean = (p * logp).sum(1)
     std = (p * (logp - mean[:, None]).square()).sum(1).sqrt()
     for tile in (1, 64, 301):
-        nll, m, s = head_scores(head, h, targets, vocab_stats=True, vocab_tile=tile)
+        nll, m, s, top = head_scores(head, h, targets, vocab_stats=True, vocab_tile=tile)
         assert (nll.double() + logp.gather(1, targets[:, None]).squeeze(1)).abs().max() <= 1e-5
+        assert torch.equal(top, logits.argmax(1))  # the top-1 of the rounded logits, first on ties
         assert (m.double() - mean).abs().max() <= 1e-5 and (s.double() - std).abs().max() <= 1e-5
         assert bool((nll >= -1e-6).all())
 
