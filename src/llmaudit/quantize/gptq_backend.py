@@ -2,21 +2,29 @@
 gptqmodel (auto-gptq cannot quantize without CUDA and does not import with transformers 5).
 
 ``solver``:
-- ``"llmaudit"``: one forward pass of the model per calibration sample collects every in-scope layer's
-  Hessian from the FULL-PRECISION activations (``collect_hessians``; q/k/v and gate/up share one), then
-  ``gptq_solver.solve_layers`` quantizes all layers at once, batched by kind of layer. The Hessians depend
-  on the calibration inputs, not on the bits, so one collection serves every GPTQ quantizer with the same
-  ``calibration_key()`` (gptq-4 and gptq-8 of one checkpoint): ``quantize_model(..., hessians=h)``. On the
-  same Hessian it gives gptqmodel's integer codes, scales and zero points (tested); it differs from
-  gptqmodel in WHICH Hessians: gptqmodel is sequential (each layer is calibrated on the outputs of the
-  already quantized layers before it), see docs/science.md. Fake quantization only.
+- ``"llmaudit"``: llmaudit's own solver (``gptq_solver``: the solve batched over layers of one kind; the
+  calibration passes in ``gptq_calibration``). Fake quantization only. On the same Hessian it gives
+  gptqmodel's integer codes, scales and zero points bit for bit (tested).
 - ``"gptqmodel"``: the model is written to a temporary directory (deleted afterwards), loaded with
   ``GPTQModel.load(dir, QuantizeConfig(...))``, quantized, saved packed and loaded again; its own
   per-layer loop. On CPU the model is quantized in float32 (gptqmodel's CPU default, bf16, is about 2x
   slower end to end); on GPU gptqmodel's own default dtype is used. This is the real-kernel path, and the
   solver every store scored before the option existed used (a record without ``solver`` means it).
-- ``"auto"`` (default): llmaudit for fake mode, gptqmodel for real mode; resolved when the quantizer is
-  built, so the options recorded in a store name the solver that made its units.
+- ``"auto"`` (default): llmaudit for fake mode, gptqmodel for real mode.
+
+``calibration`` (which activations the Hessians come from; docs/science.md "GPTQ in llmaudit"):
+- ``"sequential"``: gptqmodel's convention, and the GPTQ reference implementation's: block after block, each
+  calibrated on the model quantized so far (q/k/v, then o_proj, then gate/up, then down_proj). With
+  llmaudit's solver this is gptqmodel's quantized model, every code bit for bit (tested), without its
+  directory round trip. One calibration pass per bit width.
+- ``"shared"``: every layer's inputs from one forward pass of the UNQUANTIZED model, so the Hessians do not
+  depend on the bits: ``collect_hessians`` once per checkpoint, then ``quantize_model(..., hessians=h)`` for
+  every GPTQ quantizer with the same ``calibration_key()`` (gptq-4 and gptq-8). Cheaper, but each layer no
+  longer compensates the drift of the layers below it: on SmolLM2 gptq-4's mean loss increase is 2.3x
+  gptqmodel's (docs/results.md). llmaudit's solver only.
+- ``"auto"`` (default): sequential.
+Both options are resolved when the quantizer is built, so the options recorded in a store name the solver
+and the calibration that made its units.
 
 Calibration samples are drawn from ``calibration_texts`` (the run's training texts by default; the caller
 passes them): ``calibration_samples`` texts sampled without replacement with ``seed``, each truncated to
@@ -76,7 +84,9 @@ SOLVERS = ("auto", "llmaudit", "gptqmodel")
 CALIBRATIONS = ("auto", "sequential", "shared")
 # what a store scored before these options existed used: gptqmodel, which is sequential
 LEGACY_OPTIONS = {"solver": "gptqmodel", "calibration": "sequential"}
-LLMAUDIT_CALIBRATION = "shared"  # what calibration='auto' means with llmaudit's solver
+# what calibration='auto' means with llmaudit's solver: gptqmodel's convention (its codes bit for bit), as
+# shared Hessians cost gptq-4 twice gptqmodel's loss increase on SmolLM2 (docs/science.md, docs/results.md)
+LLMAUDIT_CALIBRATION = "sequential"
 HESSIAN_CONVENTION = "full-precision-inputs/v1"  # bump when collect_hessians computes something else
 
 
@@ -247,7 +257,9 @@ class GPTQQuantizer(Quantizer):
         samples = [b["input_ids"] for b in self.calibration_batch(tokenizer, calibration_texts)]
         targets = target_modules(model, self.options["modules"])
         try:
-            solved = quantize_sequential(model, [n for n, _ in targets], samples, self.spec())
+            # the exact order of operations: gptqmodel's codes bit for bit, at no measurable cost here (the per-block
+            # solves are small); the fast order would let one rounding tie change every later block's inputs
+            solved = quantize_sequential(model, [n for n, _ in targets], samples, self.spec(), exact=True)
         except ValueError as exc:
             raise QuantizationError(f"{self.name}: {exc}") from exc
         return self._fake_layers(model, targets, solved)
