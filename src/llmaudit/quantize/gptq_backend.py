@@ -292,7 +292,7 @@ class GPTQQuantizer(Quantizer):
         )
         return self._fake_layers(model, targets, solved)
 
-    # ---- gptqmodel ------------------------------------------------------------------------------------
+    # ---- calibration samples (both solvers), gptqmodel ------------------------------------------------
     def calibration_batch(self, tokenizer, calibration_texts) -> list[dict]:
         """Sample and tokenize the calibration texts: a list of {input_ids, attention_mask} lists."""
         if tokenizer is None or not calibration_texts:
