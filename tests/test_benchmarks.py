@@ -265,3 +265,36 @@ def test_hqq_smollm2_quick_prints_each_row_against_the_fp32_baseline(tmp_path):
     g32, g64 = rows["RTN 4-bit, groups of 32 input columns"], rows["RTN 4-bit, groups of 64 input columns"]
     assert g32["rel_weight_error"] < 0.01 < g64["rel_weight_error"]
     assert "fp32: mean held-out loss" in done.stdout and "of fp32" in done.stdout
+
+
+@pytest.mark.slow  # builds the built-in model once; gptqmodel and llmaudit's solver quantize it 8 times in all
+@pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None, reason="gptqmodel not installed")
+def test_bench_gptq_quick_compares_the_solvers(tmp_path):
+    """benchmarks/bench_gptq.py --quick on the built-in tiny model, so it cannot rot unseen: every row is there,
+    llmaudit's sequential pass in the exact order reproduces gptqmodel's codes end to end, and its solve on
+    gptqmodel's own Hessians gives gptqmodel's codes, scales and zero points bit for bit."""
+    out = tmp_path / "gptq.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("bench_gptq.py")), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["unit_seconds"] > 0 and result["shared_collect_seconds"] > 0 and result["calibration_tokens"] > 0
+    rows = {r["quantizer"]: r for r in result["rows"]}
+    assert set(rows) == {"gptq-4", "gptq-8"}
+    names = {"gptqmodel", "llmaudit sequential exact", "llmaudit sequential fast", "llmaudit shared"}
+    for r in rows.values():
+        variants = r["variants"]
+        assert set(variants) == names
+        assert all(v["seconds"] > 0 and v["unit_ratio"] > 1 for v in variants.values())
+        assert variants["gptqmodel"]["speedup"] == 1.0
+        assert variants["llmaudit sequential exact"]["identical_codes_to_gptqmodel"] == 1.0
+        assert 0.5 < variants["llmaudit shared"]["identical_codes_to_gptqmodel"] < 1.0  # another convention
+        exact, fast = r["same_hessians"]["exact"], r["same_hessians"]["fast"]
+        assert exact["identical_codes"] == 1.0 and exact["scales_zeros_g_idx_identical"]
+        assert fast["identical_codes"] >= 0.998
+    assert "on gptqmodel's own Hessians, exact order" in done.stdout and "unit ratio" in done.stdout

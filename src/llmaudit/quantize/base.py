@@ -22,6 +22,7 @@ tied parameters counted once, rounded up to whole bytes.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -210,6 +211,8 @@ class Quantizer:
 
     family: str = ""
     library: str | None = None  # import name of the backend library, if any
+    # option -> the value it had before it existed: what a store's record without that key means
+    legacy_options: dict[str, Any] = {}
 
     def __init__(self, name: str, bits: float, option_spec: dict[str, Option], options: dict[str, Any]):
         self.name = name
@@ -267,6 +270,26 @@ class Quantizer:
             out = self._quantize(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
         out.eval()
         return out
+
+    def recorded_options_mismatch(self, recorded: dict[str, Any]) -> str | None:
+        """None when ``recorded`` (this quantizer's options as a store recorded them, JSON) equals this
+        quantizer's options, ``device`` aside; a key the record lacks reads as its ``legacy_options`` value.
+        Otherwise one line naming each differing option, with the fix."""
+
+        def jsonable(value: Any) -> Any:
+            return json.loads(json.dumps(value, default=str))
+
+        mine = jsonable({k: v for k, v in self.options.items() if k != "device"})
+        theirs = jsonable({**self.legacy_options, **{k: v for k, v in recorded.items() if k != "device"}})
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if not diff:
+            return None
+        keep = ", ".join(f"{k}={theirs.get(k)!r}" for k in diff)
+        now = ", ".join(f"{k}={mine.get(k)!r}" for k in diff)
+        return (
+            f"{self.name} was scored with {keep}, now {now}: mixing them would report two quantizers as one; fix: "
+            f"pass {keep} to continue this store (score.quantizer_options.{self.name}), or score into a new run directory"
+        )
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
         raise NotImplementedError

@@ -1,25 +1,46 @@
-"""GPTQ through gptqmodel (auto-gptq cannot quantize without CUDA and does not import with
-transformers 5).
+"""GPTQ [Frantar2023] with two solvers: llmaudit's own (``gptq_solver``, the fake-quantization default) and
+gptqmodel (auto-gptq cannot quantize without CUDA and does not import with transformers 5).
 
-gptqmodel only quantizes a model it loads from a directory, so the model is written to a temporary
-directory (deleted afterwards), loaded with ``GPTQModel.load(dir, QuantizeConfig(...))`` and quantized
-on calibration samples drawn from ``calibration_texts`` (the run's training texts by default; the
-caller passes them): ``calibration_samples`` texts sampled without replacement with ``seed``, each
-truncated to ``calibration_max_length`` tokens. On CPU the model is quantized in float32 (gptqmodel's CPU
-default, bf16, is about 2x slower end to end); on GPU gptqmodel's own default dtype is used, and the scales
-are stored in the dtype of the quantization.
+``solver``:
+- ``"llmaudit"``: llmaudit's own solver (``gptq_solver``: the solve batched over layers of one kind; the
+  calibration passes in ``gptq_calibration``). Fake quantization only. On the same Hessian it gives
+  gptqmodel's integer codes, scales and zero points bit for bit (tested).
+- ``"gptqmodel"``: the model is written to a temporary directory (deleted afterwards), loaded with
+  ``GPTQModel.load(dir, QuantizeConfig(...))``, quantized, saved packed and loaded again; its own
+  per-layer loop. On CPU the model is quantized in float32 (gptqmodel's CPU default, bf16, is about 2x
+  slower end to end); on GPU gptqmodel's own default dtype is used. This is the real-kernel path, and the
+  solver every store scored before the option existed used (a record without ``solver`` means it).
+- ``"auto"`` (default): llmaudit for fake mode, gptqmodel for real mode.
+
+``calibration`` (which activations the Hessians come from; docs/science.md "GPTQ in llmaudit"):
+- ``"sequential"``: gptqmodel's convention, and the GPTQ reference implementation's: block after block, each
+  calibrated on the model quantized so far (q/k/v, then o_proj, then gate/up, then down_proj). With
+  llmaudit's solver this is gptqmodel's quantized model, every code bit for bit (tested), without its
+  directory round trip. One calibration pass per bit width.
+- ``"shared"``: every layer's inputs from one forward pass of the UNQUANTIZED model, so the Hessians do not
+  depend on the bits: ``collect_hessians`` once per checkpoint, then ``quantize_model(..., hessians=h)`` for
+  every GPTQ quantizer with the same ``calibration_key()`` (gptq-4 and gptq-8). Cheaper, but each layer no
+  longer compensates the drift of the layers below it: on SmolLM2 gptq-4's mean loss increase is 2.3x
+  gptqmodel's (docs/results.md). llmaudit's solver only.
+- ``"auto"`` (default): sequential.
+Both options are resolved when the quantizer is built, so the options recorded in a store name the solver
+and the calibration that made its units.
+
+Calibration samples are drawn from ``calibration_texts`` (the run's training texts by default; the caller
+passes them): ``calibration_samples`` texts sampled without replacement with ``seed``, each truncated to
+``calibration_max_length`` tokens.
 
 ``mode``:
 - ``"real"``: the model as gptqmodel returns it (its quantized linear kernels, bf16/fp16 compute).
-- ``"fake"``: every gptqmodel quantized linear is replaced by an fp32 ``nn.Linear`` holding its
-  ``dequantize_weight()`` and the model is cast to fp32. gptqmodel's torch kernel computes
-  ``x @ dequantize_weight() + bias`` but refuses fp32 activations, and bf16 matmuls are about 6x
-  slower on CPU; a test proves the fake model equals the real modules fed fp32 activations.
+- ``"fake"``: every in-scope layer becomes an ``nn.Linear`` holding the dequantized weight
+  ``fp16(scale) * (code - zero)`` in float32 (the value the packed checkpoint stores, scales in float16).
+  With solver=gptqmodel the weight is gptqmodel's ``dequantize_weight()``, which on CPU reloads the scales
+  as bfloat16 and multiplies in bfloat16; a test proves it equals the real modules fed fp32 activations.
 - ``"auto"`` (default): fake on CPU, real on GPU.
 
-Scope: gptqmodel quantizes the linear layers of the decoder blocks it knows for the architecture.
-In-block layers outside ``modules`` are excluded through gptqmodel's ``dynamic`` negative rules; after
-quantization the set of quantized layers must equal the in-scope set, else QuantizationError.
+Scope: the linear layers matched by ``modules`` (default: those inside the decoder blocks). gptqmodel only
+quantizes the decoder blocks' layers it knows for the architecture; in-block layers outside ``modules``
+are excluded through its ``dynamic`` negative rules, and the set it quantized must equal the scope.
 
 Bits accounting: bits per weight + (one 16-bit scale + one bits-wide zero point) per group of
 ``group_size`` input columns + one int32 group index per input column (``g_idx``, shared by the
@@ -35,6 +56,8 @@ import os
 import random
 import re
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -53,13 +76,38 @@ from .base import (
     replace_module,
     target_modules,
 )
+from .gptq_calibration import check_finite, collect_hessians, quantize_sequential
+from .gptq_solver import GPTQSpec, solve_layers
 
 GPTQ_BITS = {"gptq-2": 2, "gptq-3": 3, "gptq-4": 4, "gptq-8": 8}
+SOLVERS = ("auto", "llmaudit", "gptqmodel")
+CALIBRATIONS = ("auto", "sequential", "shared")
+# what a store scored before these options existed used: gptqmodel, which is sequential
+LEGACY_OPTIONS = {"solver": "gptqmodel", "calibration": "sequential"}
+# what calibration='auto' means with llmaudit's solver: gptqmodel's convention (its codes bit for bit), as
+# shared Hessians cost gptq-4 twice gptqmodel's loss increase on SmolLM2 (docs/science.md, docs/results.md)
+LLMAUDIT_CALIBRATION = "sequential"
+HESSIAN_CONVENTION = "full-precision-inputs/v1"  # bump when collect_hessians computes something else
+
+
+@dataclass
+class GPTQHessians:
+    """The Hessians of one checkpoint's calibration, for every GPTQ quantizer with the same key.
+
+    key: the ``calibration_key()`` of the quantizer that collected them. hessians: {layer name: H [in, in]
+    float32}, layers reading the same input share one tensor. tokens: calibration tokens (n of H = 2/n X^T
+    X). seconds: collection time. factors: inverse Hessian factors the solves cache here (one per column
+    order and damping), so the second bit width skips them; about as much memory as the Hessians."""
+
+    key: dict
+    hessians: dict[str, torch.Tensor]
+    tokens: int
+    seconds: float
+    factors: dict = field(default_factory=dict, repr=False)
 
 
 class GPTQQuantizer(Quantizer):
     family = "gptq"
-    library = "gptqmodel"
 
     def __init__(self, name: str, **options):
         self.nbits = GPTQ_BITS[name]
@@ -76,13 +124,42 @@ class GPTQQuantizer(Quantizer):
         spec["calibration_max_length"] = integer(512, "a positive int (tokens)", lambda n: n > 0)
         spec["seed"] = integer(0, "an int", lambda s: True)
         spec["mode"] = choice("auto", ("auto", "fake", "real"))
+        spec["solver"] = choice("auto", SOLVERS)
+        spec["calibration"] = choice("auto", CALIBRATIONS)
         super().__init__(name, self.nbits, spec, options)
+        # recorded resolved: a store names the solver and the calibration of its units
+        if self.options["solver"] == "auto":
+            self.options["solver"] = "llmaudit" if self.resolved_mode == "fake" else "gptqmodel"
+        if self.options["calibration"] == "auto":
+            self.options["calibration"] = LLMAUDIT_CALIBRATION if self.solver == "llmaudit" else "sequential"
+
+    legacy_options = LEGACY_OPTIONS
+
+    @property
+    def library(self) -> str | None:  # llmaudit's solver needs no GPTQ library
+        return "gptqmodel" if self.options["solver"] == "gptqmodel" else None
 
     @property
     def resolved_mode(self) -> str:
         if self.options["mode"] != "auto":
             return self.options["mode"]
         return "fake" if self.device.type == "cpu" else "real"
+
+    @property
+    def solver(self) -> str:
+        return self.options["solver"]
+
+    def _check_options(self) -> None:
+        if self.solver == "gptqmodel" and self.options["calibration"] != "sequential":
+            raise QuantizationError(
+                f"{self.name}: gptqmodel calibrates sequentially only (calibration='shared' is llmaudit's solver); "
+                "fix: pass calibration='sequential', or solver='llmaudit'"
+            )
+        if self.solver == "llmaudit" and self.resolved_mode == "real":
+            raise QuantizationError(
+                f"{self.name}: solver='llmaudit' gives fake-quantized layers only (mode='real' needs gptqmodel's "
+                "kernels); fix: pass mode='fake', or solver='gptqmodel' (or 'auto')"
+            )
 
     def _check_layer(self, name: str, module: nn.Module) -> None:
         if not isinstance(module, nn.Linear):
@@ -93,6 +170,129 @@ class GPTQQuantizer(Quantizer):
         group = in_features if self.options["group_size"] == -1 else self.options["group_size"]
         return self.nbits + (16.0 + self.nbits) / group + 32.0 / out_features
 
+    def spec(self) -> GPTQSpec:
+        """The solve's options (gptqmodel's defaults for what llmaudit does not expose: group-aware
+        ordering on where it applies, damping step 0.01, blocks of 128 columns)."""
+        o = self.options
+        return GPTQSpec(
+            bits=self.nbits, group_size=o["group_size"], sym=o["sym"], desc_act=o["desc_act"],
+            damp_percent=o["damp_percent"],
+        )  # fmt: skip
+
+    # ---- shared calibration ---------------------------------------------------------------------------
+    def calibration_key(self) -> dict | None:
+        """What this quantizer's Hessians depend on besides the checkpoint and the calibration texts: two
+        GPTQ quantizers with equal keys (gptq-4 and gptq-8 with the same calibration options) can share
+        one ``collect_hessians`` of the same checkpoint. None unless calibration='shared' (solver llmaudit):
+        sequential Hessians depend on the bits, nothing to share."""
+        if self.solver != "llmaudit" or self.options["calibration"] != "shared":
+            return None
+        o = self.options
+        return {
+            "convention": HESSIAN_CONVENTION,
+            "calibration_samples": o["calibration_samples"],
+            "calibration_max_length": o["calibration_max_length"],
+            "seed": o["seed"],
+            "modules": list(o["modules"]),
+        }
+
+    def collect_hessians(self, model: nn.Module, *, tokenizer, calibration_texts) -> GPTQHessians:
+        """One forward pass per calibration sample of ``model`` (the unquantized checkpoint; unchanged)."""
+        if self.calibration_key() is None:
+            raise QuantizationError(
+                f"{self.name}: solver={self.solver!r} with calibration={self.options['calibration']!r} has no "
+                "Hessians to share (they depend on the bits); fix: calibration='shared' (solver llmaudit)"
+            )
+        self.check(model)
+        samples = [b["input_ids"] for b in self.calibration_batch(tokenizer, calibration_texts)]
+        names = [n for n, _ in target_modules(model, self.options["modules"])]
+        t0 = time.perf_counter()
+        model.eval()
+        model.to(self.device)
+        try:
+            hessians = collect_hessians(model, names, samples)
+        except ValueError as exc:
+            raise QuantizationError(f"{self.name}: {exc}") from exc
+        return GPTQHessians(self.calibration_key(), hessians, sum(map(len, samples)), time.perf_counter() - t0)
+
+    def quantize_model(
+        self, model: nn.Module, *, tokenizer=None, calibration_texts=None, hessians: GPTQHessians | None = None
+    ) -> nn.Module:
+        """The quantized model (in place). ``hessians``: a ``collect_hessians`` result of THIS checkpoint to
+        reuse (solver llmaudit only); without it the Hessians are collected here."""
+        if hessians is None:
+            return super().quantize_model(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
+        self._check_shared(hessians)
+        self.check(model)
+        model.eval()
+        model.to(self.device)
+        with torch.no_grad():
+            out = self._solve(model, hessians)
+        out.eval()
+        return out
+
+    def _check_shared(self, hessians: GPTQHessians) -> None:
+        if self.calibration_key() is None:
+            raise QuantizationError(
+                f"{self.name}: solver={self.solver!r} with calibration={self.options['calibration']!r} cannot take "
+                "shared Hessians; fix: calibration='shared' (solver llmaudit), or call quantize_model without hessians="
+            )
+        if hessians.key != self.calibration_key():
+            raise QuantizationError(
+                f"{self.name}: the Hessians were collected with {hessians.key}, this quantizer calibrates with "
+                f"{self.calibration_key()}; fix: collect_hessians with this quantizer"
+            )
+
+    def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
+        if self.solver == "gptqmodel":
+            return self._quantize_gptqmodel(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
+        if self.options["calibration"] == "shared":
+            return self._solve(
+                model, self.collect_hessians(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
+            )
+        return self._solve_sequential(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
+
+    def _solve_sequential(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
+        """llmaudit's solver, gptqmodel's convention: block after block on the model quantized so far."""
+        samples = [b["input_ids"] for b in self.calibration_batch(tokenizer, calibration_texts)]
+        targets = target_modules(model, self.options["modules"])
+        try:
+            # the exact order of operations: gptqmodel's codes bit for bit, at no measurable cost here (the per-block
+            # solves are small); the fast order would let one rounding tie change every later block's inputs
+            solved = quantize_sequential(model, [n for n, _ in targets], samples, self.spec(), exact=True)
+        except ValueError as exc:
+            raise QuantizationError(f"{self.name}: {exc}") from exc
+        return self._fake_layers(model, targets, solved)
+
+    def _fake_layers(self, model: nn.Module, targets, solved: dict) -> nn.Module:
+        for name, module in targets:
+            bias = module.bias if isinstance(module.bias, torch.Tensor) else None
+            replace_module(model, name, linear_from_weight(solved.pop(name).weight(), bias, self.compute_dtype))
+        return model.to(self.compute_dtype)
+
+    def _solve(self, model: nn.Module, hessians: GPTQHessians) -> nn.Module:
+        """llmaudit's solver on shared Hessians: every in-scope layer becomes an nn.Linear with its dequantized
+        weight."""
+        targets = target_modules(model, self.options["modules"])
+        for name, module in targets:
+            h = hessians.hessians.get(name)
+            if h is None or h.shape != (module.in_features, module.in_features):
+                raise QuantizationError(
+                    f"{self.name}: no Hessian of shape [{module.in_features}, {module.in_features}] for layer "
+                    f"'{name}' (got {None if h is None else tuple(h.shape)}); the Hessians come from another model; "
+                    "fix: collect_hessians on this checkpoint"
+                )
+        weights = {n: m.weight.detach() for n, m in targets}
+        try:
+            check_finite(weights, hessians.hessians)
+        except ValueError as exc:
+            raise QuantizationError(f"{self.name}: {exc}") from exc
+        solved = solve_layers(
+            weights, {n: hessians.hessians[n] for n, _ in targets}, self.spec(), factor_cache=hessians.factors
+        )
+        return self._fake_layers(model, targets, solved)
+
+    # ---- calibration samples (both solvers), gptqmodel ------------------------------------------------
     def calibration_batch(self, tokenizer, calibration_texts) -> list[dict]:
         """Sample and tokenize the calibration texts: a list of {input_ids, attention_mask} lists."""
         if tokenizer is None or not calibration_texts:
@@ -109,6 +309,8 @@ class GPTQQuantizer(Quantizer):
         for text in chosen:
             enc = tokenizer(text, truncation=True, max_length=self.options["calibration_max_length"])
             ids = list(enc["input_ids"])
+            if not ids:
+                raise QuantizationError(f"{self.name}: a calibration text tokenizes to no token: {text[:60]!r}")
             batch.append({"input_ids": ids, "attention_mask": [1] * len(ids)})
         return batch
 
@@ -129,7 +331,7 @@ class GPTQQuantizer(Quantizer):
         On GPU gptqmodel keeps its own default (fp16/bf16, what its kernels run)."""
         return {"dtype": torch.float32} if self.device.type == "cpu" else {}
 
-    def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
+    def _quantize_gptqmodel(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
         calibration = self.calibration_batch(tokenizer, calibration_texts)
         os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, os.cpu_count() or 2)))
         from gptqmodel import GPTQModel, QuantizeConfig
@@ -143,6 +345,8 @@ class GPTQQuantizer(Quantizer):
                 desc_act=self.options["desc_act"],
                 sym=self.options["sym"],
                 damp_percent=self.options["damp_percent"],
+                # gptqmodel's default group-aware ordering refuses group_size=-1: off there (and with desc_act)
+                act_group_aware=self.spec().ordering == "group_aware",
                 dynamic=self._dynamic_exclusions(model),
             )
             source, packed = os.path.join(tmp, "source"), os.path.join(tmp, "quantized")
