@@ -104,25 +104,16 @@ def _record_quantizer(store: RunStore, quantizer: Quantizer, qmodel: Any) -> Non
 
 def check_recorded_options(store: RunStore, quantizers: dict[str, Quantizer]) -> None:
     """A quantizer name means one set of options in a store: its units scored earlier must not be mixed
-    with units scored under other options (the report would show them as one quantizer)."""
+    with units scored under other options (the report would show them as one quantizer). A key that a record
+    lacks (written before the option existed) reads as the value that made its units (`legacy_options`)."""
     for name, q in quantizers.items():
         path = store.quantizer_info_path(name)
         if not path.exists():
             continue
         recorded = read_json(path, what="quantizer record").get("options") or {}
-        mine = {k: v for k, v in q.options.items() if k != "device"}
-        theirs = {k: v for k, v in recorded.items() if k != "device"}
-        if _jsonable(mine) != _jsonable(theirs):
-            diff = sorted(k for k in set(mine) | set(theirs) if _jsonable(mine.get(k)) != _jsonable(theirs.get(k)))
-            raise StoreError(
-                f"{name} was scored in {store.root} with other options ({', '.join(f'{k}={theirs.get(k)!r}' for k in diff)}; "
-                f"now {', '.join(f'{k}={mine.get(k)!r}' for k in diff)}): keep the recorded options, or score into a new run "
-                "directory; mixing them would report two quantizers as one."
-            )
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+        why = q.recorded_options_mismatch(recorded)
+        if why:
+            raise StoreError(f"{store.root}: {why}")
 
 
 def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Quantizer]:
@@ -225,10 +216,10 @@ def _gptq_kwargs(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, ru
         "tokenizer": inputs.tok,
         "calibration_texts": [record_text(inputs.pool_records[i]) for i in members],
     }
-    shares = getattr(quantizer, "shares_calibration", None)
-    if callable(shares) and shares():
-        key = ("gptq", quantizer.calibration_key())
-        kwargs["hessians"] = work.get(key, lambda: quantizer.collect_hessians(work.model, **kwargs))
+    key = quantizer.calibration_key()
+    if key is not None:  # Hessians of the unquantized checkpoint: the same for every bit width and group size
+        shared = ("gptq", json.dumps(key, sort_keys=True))
+        kwargs["hessians"] = work.get(shared, lambda: quantizer.collect_hessians(work.model, **kwargs))
     return kwargs
 
 
