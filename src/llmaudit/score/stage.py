@@ -11,6 +11,7 @@ is ever scored twice; every unit scored is appended to scores/worklog.jsonl.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, l
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.base import Quantizer
 from llmaudit.score.engine import TokenScores, score_examples, weights_digest
+from llmaudit.score.utility import UnitUtility, UtilityWork, nonfinite_divergence, work_fields
 from llmaudit.store.integrity import check_checkpoint_dir, check_unit_file, quarantine, verify_store
 from llmaudit.store.locks import claim
 from llmaudit.store.losstable import REFERENCE_RUN, write_loss_table
@@ -50,7 +52,12 @@ class ScoringError(UserError):
 
 
 def _rows(
-    unit: Unit, examples: list[Example], scores: list[TokenScores], members: set[str], point_id: str
+    unit: Unit,
+    examples: list[Example],
+    scores: list[TokenScores],
+    members: set[str],
+    point_id: str,
+    extra: dict[str, list] | None = None,
 ) -> pd.DataFrame:
     rows = {
         "run": unit.run,
@@ -68,6 +75,8 @@ def _rows(
     if scores and scores[0].vocab_mean is not None:
         rows["token_vocab_mean"] = [s.vocab_mean for s in scores]
         rows["token_vocab_std"] = [s.vocab_std for s in scores]
+    for name, values in (extra or {}).items():  # utility columns of the validation rows; None on the pool rows
+        rows[name] = list(values) + [None] * (len(examples) - len(values))
     return pd.DataFrame(rows)
 
 
@@ -138,6 +147,7 @@ class _Inputs:
     val: list[Example]
     masks: np.ndarray
     base: Any
+    utility: UnitUtility
 
 
 def _load_inputs(cfg: ExperimentConfig, store: RunStore, device: torch.device, quantizers: dict) -> _Inputs:
@@ -150,7 +160,16 @@ def _load_inputs(cfg: ExperimentConfig, store: RunStore, device: torch.device, q
     for quantizer in quantizers.values():  # group sizes and scopes against the real layers, before any unit
         quantizer.check(base)
     import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
-    return _Inputs(cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base)
+    utility = make_utility(cfg, store, tok, val)
+    return _Inputs(cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base, utility)
+
+
+def make_utility(cfg: ExperimentConfig, store: RunStore, tok: Any, val: list[Example] | None = None) -> UnitUtility:
+    """The utility columns' plan of this store (val: its tokenised validation records, tokenised here if None)."""
+    records = store.read_records("val")
+    if val is None:
+        val = tokenize_records(tok, records, "val", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    return UnitUtility(cfg, store, tok, val, records)
 
 
 def _checkpoint_model(inputs: _Inputs, run: int, step: int) -> Any:
@@ -189,15 +208,10 @@ def token_budget(cfg: ExperimentConfig, device: torch.device) -> int:
     return cfg.score.token_budget or (16384 if device.type == "cuda" else 2048)
 
 
-def score_unit(inputs: _Inputs, unit: Unit, model: Any) -> pd.DataFrame:
-    """The loss table of one unit: `model` (the unit's checkpoint) quantized, scored on its samples."""
-    quantizer = inputs.quantizers[unit.quantizer]
-    qmodel = _quantized(inputs, quantizer, model, unit.run)
-    _record_quantizer(inputs.store, quantizer, qmodel)
-    examples = unit_examples(inputs.val, inputs.pool, unit)
+def _engine(inputs: _Inputs, model: Any, examples: list[Example], hidden_hook: Any = None) -> list[TokenScores]:
     cfg, device = inputs.cfg, inputs.device
-    scores = score_examples(
-        qmodel,
+    return score_examples(
+        model,
         [(e.input_ids, e.loss_mask) for e in examples],
         pad_id=inputs.tok.pad_token_id,
         token_budget=token_budget(cfg, device),
@@ -205,7 +219,24 @@ def score_unit(inputs: _Inputs, unit: Unit, model: Any) -> pd.DataFrame:
         vocab_stats=cfg.score.vocab_stats,
         device=device,
         cpu_workers=cfg.score.cpu_workers,
+        hidden_hook=hidden_hook,
     )
+
+
+def score_unit(inputs: _Inputs, unit: Unit, model: Any) -> tuple[pd.DataFrame, UtilityWork | None]:
+    """The loss table of one unit: `model` (the unit's checkpoint) quantized, scored on its samples; at a run's
+    final checkpoint with the utility columns of its validation rows (llmaudit.score.utility), and what they cost."""
+    quantizer = inputs.quantizers[unit.quantizer]
+    qmodel = _quantized(inputs, quantizer, model, unit.run)
+    _record_quantizer(inputs.store, quantizer, qmodel)
+    examples = unit_examples(inputs.val, inputs.pool, unit)
+    extra, work = None, None
+    if inputs.utility.applies(unit):  # validation and pool in separate passes: the reference sees the same batches
+        engine = functools.partial(_engine, inputs)
+        scores, extra, work = inputs.utility.score_val(unit, model, qmodel, engine, inputs.device)
+        scores += _engine(inputs, qmodel, inputs.pool) if unit.final else []
+    else:
+        scores = _engine(inputs, qmodel, examples)
     nonfinite = [e.sample_id for e, s in zip(examples, scores, strict=True) if not np.isfinite(s.token_losses).all()]
     if nonfinite:
         raise ScoringError(
@@ -214,12 +245,18 @@ def score_unit(inputs: _Inputs, unit: Unit, model: Any) -> pd.DataFrame:
             "this quantizer from score.quantizers, or try other options (group size, compute dtype); "
             "the units scored so far are kept."
         )
+    if extra is not None and nonfinite_divergence(extra):
+        raise ScoringError(
+            f"unit run={unit.run} step={unit.step} quantizer={unit.quantizer}: non-finite KL divergence on "
+            f"{nonfinite_divergence(extra)} validation sample(s): the quantized model's logits overflow. Remove this "
+            "quantizer from score.quantizers, or set score.divergence=false; the units scored so far are kept."
+        )
     members = (
         set()
         if unit.run == REFERENCE_RUN
         else {inputs.pool[i].sample_id for i in np.flatnonzero(inputs.masks[unit.run])}
     )
-    return _rows(unit, examples, scores, members, weights_digest(qmodel))
+    return _rows(unit, examples, scores, members, weights_digest(qmodel), extra), work
 
 
 def _todo(
@@ -248,6 +285,13 @@ def _todo(
     return mine, todo
 
 
+def _stale_units(cfg: ExperimentConfig, store: RunStore, mine: list[Unit], todo: list[Unit]) -> set[Unit]:
+    """Finished units of this shard whose utility columns differ from what the recipe asks for."""
+    utility = make_utility(cfg, store, load_tokenizer(cfg.model))
+    waiting = set(todo)
+    return {u for u in mine if u not in waiting and utility.stale(u, store.unit_path(u.run, u.step, u.quantizer))}
+
+
 def unit_name(unit: Unit) -> str:
     return f"{'base' if unit.run < 0 else f'run {unit.run}'}/step {unit.step}/{unit.quantizer}"
 
@@ -266,7 +310,8 @@ def _score_claimed_unit(
         if model_key != (unit.run, unit.step):
             model = inputs.base if unit.run == REFERENCE_RUN else _checkpoint_model(inputs, unit.run, unit.step)
             model_key = (unit.run, unit.step)
-        write_loss_table(score_unit(inputs, unit, model), path)
+        table, work = score_unit(inputs, unit, model)
+        write_loss_table(table, path, metadata=inputs.utility.metadata() if work is not None else None)
         append_work(
             store.worklog_path,
             {
@@ -277,6 +322,7 @@ def _score_claimed_unit(
                 "samples": len(unit_examples(inputs.val, inputs.pool, unit)),
                 "tokens": sum(len(e.input_ids) for e in unit_examples(inputs.val, inputs.pool, unit)),
                 "seconds": round(time.time() - start, 3),
+                **work_fields(work),
             },
         )
     return model_key, model
@@ -290,14 +336,22 @@ def score(
     progress: bool = True,
     echo=print,
     deep_verify: bool = False,
+    refresh_utility: bool = False,
 ) -> dict[str, Any]:
     """Score every unit of this shard that is not done. Returns counts and timings:
-    {"units", "scored", "taken_by_others", "seconds"}."""
+    {"units", "scored", "taken_by_others", "seconds"}.
+
+    refresh_utility: also rescore the finished final units whose utility columns were made with other settings
+    than the recipe's, or without them (stores scored by an earlier llmaudit)."""
     device = pick_device(cfg.score.device)
     quantizers = check_quantizers(cfg, device)
     check_recorded_options(store, quantizers)
     store.update_config(cfg)
     mine, todo = _todo(cfg, store, shard, deep=deep_verify, echo=echo)
+    stale = _stale_units(cfg, store, mine, todo) if refresh_utility else set()
+    if stale:
+        echo(f"[score] {len(stale)} finished final unit(s) lack the recipe's utility columns: scoring them again")
+        todo = [u for u in mine if u in set(todo) | stale]
     echo(
         f"[score] {store.root}: {len(plan_units(cfg, store))} unit(s) in the grid, {len(mine)} in this shard, "
         f"{len(mine) - len(todo)} already scored, {len(todo)} to do on {device}"
@@ -312,7 +366,8 @@ def score(
     for unit in todo:
         path = store.unit_path(unit.run, unit.step, unit.quantizer)
         with claim(store.lock_path("units", *path.relative_to(store.scores_dir).with_suffix("").parts)) as mine_now:
-            if not mine_now or (path.exists() and check_unit_file(path, unit, pool_ids, val_ids, masks) is None):
+            done = path.exists() and check_unit_file(path, unit, pool_ids, val_ids, masks) is None
+            if not mine_now or (done and not (unit in stale and inputs.utility.stale(unit, path))):
                 others.append(unit)  # another process holds it, or finished it since we looked
                 bar.update(1)
                 continue
