@@ -16,14 +16,17 @@ from llmaudit import __version__
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.analyze.exposure import vulnerable_samples
+from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.indicator import indicator_from_table
 from llmaudit.analyze.indicators import candidates_from_table, validation_of
 from llmaudit.analyze.memorization import memorization_from_table
-from llmaudit.analyze.utility import trajectory_from_table, utility_from_table
+from llmaudit.analyze.taskmetrics import task_metrics_from_table
+from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.config import ExperimentConfig
 from llmaudit.quantize import full_precision_reference
+from llmaudit.score.utility import recorded_settings
 from llmaudit.store.integrity import verify_store
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table
 from llmaudit.store.run_store import RunStore, content_digest
@@ -170,6 +173,18 @@ def _blind_baseline(store: RunStore, manifest: dict, cfg: ExperimentConfig) -> d
     return blind
 
 
+def utility_settings(store: RunStore, quantizers: list[str]) -> dict[str, Any] | None:
+    """The utility settings recorded by the final units of the first run (docs/science.md section 11), None
+    when none recorded any (an earlier llmaudit)."""
+    steps = store.checkpoints(0) if store.run_done(0) else []
+    for q in quantizers:
+        if steps and store.unit_path(0, steps[-1], q).exists():
+            settings = recorded_settings(store.unit_path(0, steps[-1], q))
+            if settings:
+                return settings
+    return None
+
+
 def analyze(
     cfg: ExperimentConfig, store: RunStore, *, quantizers: list[str] | None = None, echo=print
 ) -> dict[str, Any]:
@@ -206,6 +221,12 @@ def analyze(
     indicators = _indicators(cfg, table, quantizers, reference, n_boot)
     echo("[analyze] blind baseline ...")
     blind = _blind_baseline(store, manifest, cfg)
+    echo("[analyze] divergence from full precision and task metrics ...")
+    divergence = divergence_from_table(table, quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed)
+    tasks = task_metrics_from_table(
+        table, store.read_records("val"), quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed
+    )
+    utility = utility_from_table(table, quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed)
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "llmaudit_version": __version__,
@@ -214,7 +235,9 @@ def analyze(
         "quantizers": quantizers,
         "not_scored": not_scored,
         "quantizer_info": _quantizer_info(store, quantizers),
-        "utility": utility_from_table(table, quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed),
+        "utility": add_fidelity(utility, divergence, tasks),
+        "divergence": divergence,
+        "task_metrics": tasks | {"settings": utility_settings(store, quantizers)},
         "trajectory": trajectory_from_table(table),
         "indicator": indicator,
         "attacks": attacks,
