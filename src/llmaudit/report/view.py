@@ -13,10 +13,11 @@ from llmaudit.report.cells import Cell, Section, Table, code, lit
 from llmaudit.report.cells import value_cell as _v
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
+from llmaudit.report.utility_view import divergence_cells, utility_limit_text, utility_section
 
 
 def _criterion_cell(c: dict[str, Any]) -> Cell:
-    if c["id"] == "utility":
+    if c["id"] == "utility" and c.get("metric", "loss") == "loss":
         val = f"{fmt_pct(c['value'])}{fmt_pct_ci(c['ci'])}" if c["value"] is not None else "n/a"
     else:
         val = f"{fmt_num(c['value'])}{fmt_ci(c['ci'])}"
@@ -44,7 +45,7 @@ def _summary_section(report: dict[str, Any]) -> Section:
         "Release checklist: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         + f" (limits: best attack TPR at 1% FPR <= {th['max_tpr_at_1pct_fpr']:g}, r_Q >= {th['min_r_q']:g}"
-        f"{' (disabled)' if th['min_r_q'] <= 0 else ''}, validation loss increase <= {100 * th['max_utility_loss']:g}%, "
+        f"{' (disabled)' if th['min_r_q'] <= 0 else ''}, {utility_limit_text(report)}, "
         f"at least {th['min_runs']} runs).",
     ]
     blind = report.get("blind_baseline") or {}
@@ -116,7 +117,7 @@ def _checklist_section(report: dict[str, Any]) -> Section:
 def _grid_section(report: dict[str, Any]) -> Section:
     task_names = sorted({n for r in report["grid"] for n in r["utility"]["task_metrics"]})
     header = ["quantizer", "family", "bits", "eff. bits", "size (vs ref)", "val loss", "Δ val loss vs ref"]
-    header += [f"task: {n}" for n in task_names]
+    header += ["KL vs ref (nats/token)", "same top p"] + [f"task: {n}" for n in task_names]
     header += ["r_Q", "r_Q rank", "best attack", "TPR at 1% FPR (cal.)", "best AUROC"]
     rows = []
     for r in report["grid"]:
@@ -134,6 +135,7 @@ def _grid_section(report: dict[str, Any]) -> Section:
             _v(u["val_loss"], u["val_loss_ci"]),
             Cell(fmt_pct(u["relative_change"]), fmt_pct_ci(u["relative_change_ci"]).strip()),
         ]
+        cells += divergence_cells(u)
         for n in task_names:
             m = u["task_metrics"].get(n) or {}
             cells.append(_v(m.get("value"), m.get("ci")))
@@ -151,6 +153,7 @@ def _grid_section(report: dict[str, Any]) -> Section:
     paras = [
         "Full precision is the reference (first row; first column in the HTML). Utility: validation loss of the final checkpoint, "
         "mean over runs with a 95% bootstrap interval over runs, and its relative change vs the reference. "
+        + "KL vs ref and same top p: divergence from the unquantized checkpoint, mean over runs (section below). "
         + ("Task metrics: as the recipe requests. " if task_names else "Task metrics: none requested by the recipe. ")
         + "r_Q: attack-free indicator (higher = more secure), mean over runs with a 95% bootstrap interval; rank 1 = most secure. "
         "Best attack: the attack with the highest per-sample-calibrated pooled TPR at 1% FPR; best AUROC: over all attacks. "
@@ -503,6 +506,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
         _summary_section(report),
         _checklist_section(report),
         _grid_section(report),
+        utility_section(report),
         figs,
         _attacks_section(report),
         _definitions_section(report),
