@@ -188,9 +188,14 @@ def _checkpoint_model(inputs: _Inputs, run: int, step: int) -> Any:
     return load_checkpoint_model(inputs.base, directory, inputs.device)
 
 
+def is_identity(quantizer: Quantizer, dtype: torch.dtype) -> bool:
+    """fp32 of a float32 model is the model itself (no copy; its own pass is the KL reference)."""
+    return quantizer.family == "full" and quantizer.name == "fp32" and dtype == torch.float32
+
+
 def _quantized(inputs: _Inputs, quantizer: Quantizer, model: Any, run: int) -> Any:
-    if quantizer.family == "full" and quantizer.name == "fp32" and next(model.parameters()).dtype == torch.float32:
-        return model  # no copy: fp32 of an fp32 model is the model itself
+    if is_identity(quantizer, next(model.parameters()).dtype):
+        return model
     kwargs = {}
     if quantizer.family == "gptq":  # calibrated on the run's own training samples (the base: run 0's)
         members = np.flatnonzero(inputs.masks[max(run, 0)])
