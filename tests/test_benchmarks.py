@@ -265,3 +265,26 @@ def test_hqq_smollm2_quick_prints_each_row_against_the_fp32_baseline(tmp_path):
     g32, g64 = rows["RTN 4-bit, groups of 32 input columns"], rows["RTN 4-bit, groups of 64 input columns"]
     assert g32["rel_weight_error"] < 0.01 < g64["rel_weight_error"]
     assert "fp32: mean held-out loss" in done.stdout and "of fp32" in done.stdout
+
+
+@pytest.mark.slow  # builds (or reuses) the built-in tiny model in a subprocess and times each part a few times
+def test_bench_utility_quick_times_each_part_against_the_unit(tmp_path):
+    """benchmarks/bench_utility.py on the built-in tiny model: every part timed, the KL exact against float64."""
+    from tests.conftest import TINY_OVERRIDES
+
+    out = tmp_path / "utility.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("bench_utility.py")), "--quick", "--repeats", "1", "--json", str(out)]
+        + [o for o in TINY_OVERRIDES if not o.startswith("score.quantizers")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["quantizer"] == "uniform-5" and result["val_records"] == 4 and result["generation_samples"] == 2
+    assert result["baseline_unit_scoring_s"] > 0 and result["reference_pass_s"] > 0 and result["generation_s"] > 0
+    assert 0 < result["generated_tokens"] <= result["generated_tokens_max"] == 2 * 8
+    assert result["mean_kl"] > 0 and result["kl_max_error_vs_float64_relative_to_mean"] < 1e-4
+    assert "of the unit" in done.stdout
