@@ -105,3 +105,19 @@ def test_refresh_utility_adds_the_columns_to_a_store_scored_without_them(trained
     df = read_loss_table(store.scores_dir)
     assert len(_with_kl(df)) == 2 * len(cfg.score.quantizers) * cfg.data.val_size
     assert score(cfg_new, store, refresh_utility=True, **QUIET)["scored"] == 0  # now current: nothing to redo
+
+
+def test_a_malformed_settings_record_is_ignored_never_trusted(tmp_path):
+    """A unit file from elsewhere whose utility metadata is not what llmaudit writes reads as 'no settings'."""
+    import pandas as pd
+
+    from llmaudit.store.losstable import UTILITY_METADATA_KEY, write_loss_table
+
+    row = dict(run=0, checkpoint=1, quantizer="fp32", sample_id="v", split="val", member=False, loss=1.0)
+    frame = pd.DataFrame([row | {"n_tokens": 1, "token_losses": np.array([1.0])}])
+    for raw in (b"not json", b'{"divergence": "yes"}', b'{"divergence": true, "generation": "x"}', b"[1]"):
+        path = write_loss_table(frame, tmp_path / "u.parquet", metadata={UTILITY_METADATA_KEY: raw})
+        assert recorded_settings(path) is None
+    good = b'{"divergence": true, "generation": {"sample_ids": ["v"], "max_new_tokens": 3, "decoding": "greedy"}}'
+    path = write_loss_table(frame, tmp_path / "u.parquet", metadata={UTILITY_METADATA_KEY: good})
+    assert recorded_settings(path)["generation"]["max_new_tokens"] == 3

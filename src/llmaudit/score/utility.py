@@ -71,12 +71,29 @@ def encode_settings(settings: dict[str, Any]) -> bytes:
 
 
 def recorded_settings(path: str | Path) -> dict[str, Any] | None:
-    """The utility settings a unit file recorded, or None (no utility columns, or an older llmaudit)."""
+    """The utility settings a unit file recorded, or None (no utility columns, an older llmaudit, or a record
+    that does not have the shape settings_of gives: a file from elsewhere is data, never trusted)."""
     raw = unit_metadata(path).get(UTILITY_METADATA_KEY)
     try:
-        return json.loads(raw) if raw else None
+        settings = json.loads(raw) if raw else None
     except (ValueError, UnicodeDecodeError):
         return None
+    return settings if _well_formed(settings) else None
+
+
+def _well_formed(settings: Any) -> bool:
+    if not isinstance(settings, dict) or not isinstance(settings.get("divergence"), bool):
+        return False
+    generation = settings.get("generation")
+    if generation is None:
+        return True
+    return (
+        isinstance(generation, dict)
+        and isinstance(generation.get("sample_ids"), list)
+        and all(isinstance(s, str) for s in generation["sample_ids"])
+        and isinstance(generation.get("max_new_tokens"), int)
+        and isinstance(generation.get("decoding"), str)
+    )
 
 
 class UnitUtility:
@@ -90,7 +107,6 @@ class UnitUtility:
             tokenizer, val_records, cfg.score.generation_samples, cfg.score.generation_max_new_tokens
         )
         self.settings = settings_of(cfg, self.generation, val_records)
-        self.device = None
         self._reference: tuple[tuple[int, int], ReferenceStates] | None = None
         self._last: dict[int, int] = {}
         index = {e.sample_id: i for i, e in enumerate(val)}
