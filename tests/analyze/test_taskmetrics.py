@@ -137,3 +137,21 @@ def test_a_missing_library_is_not_measured_with_the_install_hint(monkeypatch):
     assert out["not_measured"]["smiles_exact_match"] == "RDKit is not installed (pip install 'llmaudit[chem]')"
     assert "smiles_validity" not in out["per_quantizer"]["fp32"] and "caption_bleu4" in out["per_quantizer"]["fp32"]
     assert np.isfinite(out["per_quantizer"]["fp32"]["caption_bleu4"]["value"])
+
+
+def test_a_users_own_records_without_smiles_get_exact_match_and_rouge():
+    """`llmaudit import` records (task 'messages'): normalised exact match and ROUGE-L; with SMILES tags the
+    SMILES metrics instead."""
+    records = [
+        {"sample_id": "m0", "task": "messages", "output": "The capital is Paris."},
+        {"sample_id": "m1", "task": "prompt-completion", "output": "<SMILES> CCO </SMILES>"},
+    ]
+    rows = [
+        dict(run=0, checkpoint=3, quantizer="bf16", sample_id="m0", split="val", generated="The  capital is Paris."),
+        dict(run=0, checkpoint=3, quantizer="bf16", sample_id="m1", split="val", generated="<SMILES> OCC </SMILES>"),
+    ]
+    out = tm.task_metrics_from_table(pd.DataFrame(rows), records, ["bf16"], "bf16", n_boot=10)
+    got = {m: v["value"] for m, v in out["per_quantizer"]["bf16"].items()}
+    assert got["text_exact_match"] == 1.0 and got["text_rouge_l"] == 1.0
+    assert got["smiles_exact_match"] == 1.0 and got["smiles_validity"] == 1.0  # OCC is CCO
+    assert not any(m.startswith("caption_") for m in got)
