@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from llmaudit.analyze.experiment import analyze
+from llmaudit.common.formatting import fmt_sig
 from llmaudit.config import ExperimentConfig
 from llmaudit.report.build import build_report
 from llmaudit.report.plots import privacy_utility
@@ -78,7 +79,9 @@ def test_divergence_and_task_columns_equal_the_planted_values(measured):
 def test_markdown_and_html_show_the_utility_section_and_the_figure(measured):
     md = Path(measured["paths"]["markdown"]).read_text()
     section = md.split("## Utility against full precision")[1].split("\n## ")[0]
-    assert "| `uniform-5` | 0.035 ± 0 \\[0.023, 0.048\\] |" in section  # KL mean ± token error [over runs]
+    ci = measured["result"]["utility"]["uniform-5"]["divergence"]["kl_mean"]["ci"]
+    assert ci[0] < 0.035 < ci[1]
+    assert f"| `uniform-5` | 0.035 ± 0 \\[{fmt_sig(ci[0])}, {fmt_sig(ci[1])}\\] |" in section  # mean ± token se [runs]
     assert "caption_rouge_l" in section and "\\(Δ -1.000\\)" in section  # sign's drop from full precision
     assert "plots/privacy_utility.png" in md
     assert Path(measured["paths"]["plots"], "privacy_utility.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -94,6 +94,9 @@ with a ChatML template) on the offline SMolInstruct-format records; the built-in
 GPU_DECODE_BYTES_PER_S = 2e12
 """Assumed weight-read bandwidth of one greedy decoding step on a named GPU (decoding is memory-bound; the
 published HBM bandwidths are 1.6-4.8 TB/s); an assumption, printed with the plan."""
+GPU_DECODE_S_PER_LAYER = 1e-3
+"""Assumed launch-bound floor of a decoding step with transformers' generate on a GPU, per decoder layer (small
+batches launch several kernels per layer per step); an assumption, printed with the plan."""
 REPORT_S_PER_EVALUATION = 7.5e-8
 """Report cost per (quantizer x attack x model x sample x bootstrap resample x evaluation): the bootstraps
 dominate; measured on the 2-core development box at about 15 s per 1000 resamples of one evaluation of
@@ -450,10 +453,11 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
             "train": f"assumed: {GPU_EFFICIENCY['train']:.0%} of the peak, 6 FLOP per parameter per token (forward and backward)",
             "quantize": "assumed: seconds per layer in GPU_QUANTIZE_S_PER_LAYER, scaled by layer size",
             "utility": f"assumed: the KL pass at the scoring efficiency (4 FLOP per head parameter per position); a decoding "
-            f"step reads the bf16 weights once at {GPU_DECODE_BYTES_PER_S / 1e12:.0f} TB/s",
+            f"step reads the bf16 weights once at {GPU_DECODE_BYTES_PER_S / 1e12:.0f} TB/s, or takes "
+            f"{1e3 * GPU_DECODE_S_PER_LAYER:.0f} ms per layer of kernel launches if that is longer",
         },
         divergence_s_per_position=4 * head_params / (peak * GPU_EFFICIENCY["score"]),
-        generation_step_s=2 * params / GPU_DECODE_BYTES_PER_S,
+        generation_step_s=max(2 * params / GPU_DECODE_BYTES_PER_S, layers * GPU_DECODE_S_PER_LAYER),
     )
 
 

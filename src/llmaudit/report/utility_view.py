@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_sig
+from llmaudit.common.formatting import fmt_num, fmt_sig
 from llmaudit.report.cells import Cell, Section, Table, code, lit, value_cell
 from llmaudit.report.utility import indistinguishable_by_kl
 
@@ -18,7 +18,10 @@ def _stat_cell(stat: dict[str, Any] | None, digits: int = 3, *, token: bool = Tr
     if stat.get("mean") is None:
         return Cell("n/a")
     se = f" ± {fmt_sig(stat['token_se'], 2)}" if token and stat.get("token_se") is not None else ""
-    return Cell(fmt_sig(stat["mean"], digits) + se, fmt_ci(stat.get("ci"), digits).strip())
+    ci = stat.get("ci")
+    return Cell(
+        fmt_sig(stat["mean"], digits) + se, f"[{fmt_sig(ci[0], digits)}, {fmt_sig(ci[1], digits)}]" if ci else ""
+    )
 
 
 def _divergence_table(grid: list[dict[str, Any]]) -> Table:
@@ -136,8 +139,8 @@ def utility_section(report: dict[str, Any]) -> Section | None:
         tables.append(_task_table(grid, names))
     groups = indistinguishable_by_kl(grid)
     bullets = [
-        f"KL does not order {lit(', '.join(g))}: their intervals overlap (near-lossless quantizers; read their "
-        "task metrics and attacks instead)."
+        f"KL does not order {lit(', '.join(g))}: their intervals over runs overlap, so their difference in KL is "
+        "within what the runs disagree on (for near-lossless quantizers, read the task metrics and attacks instead)."
         for g in groups
     ]
     return Section(
