@@ -18,6 +18,11 @@ its answers need not stop where a fine-tuned model's would, so the generation ti
 (every answer running to max_new_tokens), which the script also prints.
 
     python benchmarks/bench_utility.py [--recipe smollm2-135m-cpu] [--quantizer hqq-4] [--repeats 3] [--quick]
+        [--kl-quantizers bnb-int8,hqq-8,bnb-nf4,hqq-4,uniform-4]
+
+--kl-quantizers adds a table of llama.cpp's statistics (llmaudit.analyze.fidelity) of each named quantizer of the
+base model against the base model on the validation records: mean KL with its token-level error, same top p,
+RMS delta p and the perplexity ratio (one model, not fine-tuned: no interval over runs).
 """
 
 from __future__ import annotations
@@ -94,6 +99,48 @@ def _kl_exactness(model, qmodel, examples, pad) -> float:
     return float(np.concatenate(errors).max() / np.concatenate(values).mean())
 
 
+def _kl_table(cfg, draw, model, val, pad, engine, names) -> dict:
+    """llama.cpp's statistics of each quantizer of `model` against `model` on the validation examples (GPTQ
+    calibrated on the first 16 pool records, as a run calibrates on its own training records)."""
+    from llmaudit.analyze.fidelity import divergence_statistics
+    from llmaudit.data.records import record_text
+    from llmaudit.quantize import get_quantizer
+    from llmaudit.score.divergence import DivergenceCollector, ReferenceStates
+    from llmaudit.score.engine import score_examples
+
+    pairs = [(e.input_ids, e.loss_mask) for e in val]
+    reference = ReferenceStates(pairs)
+    ref_scores = score_examples(model, pairs, hidden_hook=reference.hook, **engine)
+    nll_ref = np.concatenate([s.token_losses for s in ref_scores])
+    table = {}
+    for name in names:
+        opts = dict(cfg.score.quantizer_options.get(name, {"group_size": 64} if name.startswith("hqq") else {}))
+        quantizer = get_quantizer(name, device="cpu", **opts)
+        kwargs = {}
+        if quantizer.family == "gptq":
+            kwargs = {"tokenizer": draw.tokenizer, "calibration_texts": [record_text(r) for r in draw.pool[:16]]}
+        qmodel = quantizer.quantize_model(copy.deepcopy(model), **kwargs)
+        collector = DivergenceCollector(reference, model.lm_head, qmodel.get_output_embeddings())
+        scores = score_examples(qmodel, pairs, hidden_hook=collector.hook, **engine)
+        s = divergence_statistics(
+            np.concatenate([r.kl for r in collector.results]),
+            np.concatenate([r.same_top for r in collector.results]),
+            np.concatenate([t.token_losses for t in scores]),
+            nll_ref,
+        )
+        table[name] = {k: s[k] for k in ("n_tokens", "kl_mean", "kl_se", "kl_99", "same_top", "same_top_se")} | {
+            k: s[k] for k in ("delta_p_rms", "delta_p_rms_se", "ppl_ratio", "ppl_ratio_se")
+        }
+        print(
+            f"  {name:<10} KL {s['kl_mean']:.4g} ± {s['kl_se']:.2g}  (99%: {s['kl_99']:.3g})  same top "
+            f"{s['same_top']:.4f} ± {s['same_top_se']:.4f}  RMS dp {s['delta_p_rms']:.4f}  PPL ratio "
+            f"{s['ppl_ratio']:.4f} ± {s['ppl_ratio_se']:.4f}  ({s['n_tokens']} tokens)",
+            flush=True,
+        )
+        del qmodel
+    return table
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="demo-cpu")
@@ -101,6 +148,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="4 validation and pool records (the test suite)")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--kl-quantizers", default="", help="comma-separated quantizers for the KL table")
     parser.add_argument("overrides", nargs="*", help="key=value recipe overrides")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -158,6 +206,8 @@ def main(argv=None) -> dict:
         "mean_kl": float(np.concatenate([r.kl for r in collector.results]).mean()),
         "kl_max_error_vs_float64_relative_to_mean": _kl_exactness(model, qmodel, pairs(val[:8]), pad),
     }
+    if args.kl_quantizers:
+        out["kl_table"] = _kl_table(cfg, draw, model, val, pad, engine, args.kl_quantizers.split(","))
     print(json.dumps(out, indent=2))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
