@@ -141,7 +141,7 @@ def _kl_table(cfg, draw, model, val, pad, engine, names) -> dict:
     return table
 
 
-def main(argv=None) -> dict:
+def _arguments(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="demo-cpu")
     parser.add_argument("--quantizer", default=None)
@@ -150,25 +150,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     parser.add_argument("--kl-quantizers", default="", help="comma-separated quantizers for the KL table")
     parser.add_argument("overrides", nargs="*", help="key=value recipe overrides")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return parser.parse_args(argv)
+
+
+def _measure(args, cfg, draw, val, pool, model, qmodel, engine) -> dict:
+    """The timings of the module docstring (seconds, medians of args.repeats) and what they produced."""
     from llmaudit.score.divergence import DivergenceCollector, ReferenceStates
     from llmaudit.score.engine import score_examples
     from llmaudit.score.generate import greedy_generate, plan_generation, stop_token_ids
-    from llmaudit.score.stage import token_budget
 
-    cfg, draw, val, pool, model, qmodel, name, quantize_s = _setup(args)
-    tok = draw.tokenizer
-    pad = tok.pad_token_id
-    budget = token_budget(cfg, torch.device("cpu"))
     pairs = lambda ex: [(e.input_ids, e.loss_mask) for e in ex]  # noqa: E731
-    engine = dict(pad_id=pad, token_budget=budget, head_chunk=cfg.score.head_chunk, vocab_stats=cfg.score.vocab_stats)
-
-    base_s, _ = _timed(lambda: score_examples(qmodel, pairs(val + pool), **engine), args.repeats)
-    val_s, _ = _timed(lambda: score_examples(qmodel, pairs(val), **engine), args.repeats)
+    out = {}
+    out["baseline_unit_scoring_s"], _ = _timed(
+        lambda: score_examples(qmodel, pairs(val + pool), **engine), args.repeats
+    )
+    out["val_pass_s"], _ = _timed(lambda: score_examples(qmodel, pairs(val), **engine), args.repeats)
     pool_s, _ = _timed(lambda: score_examples(qmodel, pairs(pool), **engine), args.repeats)
     reference = ReferenceStates(pairs(val))
-    ref_s, _ = _timed(lambda: score_examples(model, pairs(val), hidden_hook=reference.hook, **engine), args.repeats)
+    out["reference_pass_s"], _ = _timed(
+        lambda: score_examples(model, pairs(val), hidden_hook=reference.hook, **engine), args.repeats
+    )
 
     def with_kl():
         collector = DivergenceCollector(reference, model.lm_head, qmodel.lm_head)
@@ -176,17 +177,62 @@ def main(argv=None) -> dict:
         return collector
 
     kl_val_s, collector = _timed(with_kl, args.repeats)
+    # the unit with the columns (validation with the KL hook, then the pool) minus the unit without
+    out["kl_pass_extra_s"] = kl_val_s + pool_s - out["baseline_unit_scoring_s"]
+    tok = draw.tokenizer
     plan = plan_generation(tok, draw.val[: len(val)], cfg.score.generation_samples, cfg.score.generation_max_new_tokens)
 
     def generate():
         return greedy_generate(
-            qmodel, plan.prompts, max_new_tokens=plan.max_new_tokens, stop_ids=stop_token_ids(tok), pad_id=pad
+            qmodel,
+            plan.prompts,
+            max_new_tokens=plan.max_new_tokens,
+            stop_ids=stop_token_ids(tok),
+            pad_id=engine["pad_id"],
         )
 
-    gen_s, answers = _timed(generate, max(1, args.repeats // 2)) if plan else (0.0, [])
-    generated = sum(len(a) for a in answers)
-    unit_s = base_s + quantize_s
-    kl_pass_s = kl_val_s + pool_s - base_s  # the unit with the columns' split passes minus the unit without
+    out["generation_s"], answers = _timed(generate, max(1, args.repeats // 2)) if plan else (0.0, [])
+    out["generation_samples"] = len(plan.indices) if plan else 0
+    out["generated_tokens"] = sum(len(a) for a in answers)
+    out["generated_tokens_max"] = (len(plan.indices) * plan.max_new_tokens) if plan else 0
+    out["mean_kl"] = float(np.concatenate([r.kl for r in collector.results]).mean())
+    out["kl_max_error_vs_float64_relative_to_mean"] = _kl_exactness(model, qmodel, pairs(val[:8]), engine["pad_id"])
+    return out
+
+
+def _print(out: dict) -> None:
+    base_s = out["baseline_unit_scoring_s"]
+    unit_s = base_s + out["quantization_s"]
+    print(
+        f"\n{out['recipe']}, {out['quantizer']}, {out['val_records']} val + {out['pool_records']} pool records, "
+        f"load {out['load_average']:.1f}"
+    )
+    answers = f"{out['generation_samples']} answers ({out['generated_tokens']}/{out['generated_tokens_max']} tokens)"
+    for label, seconds in (
+        ("final unit without utility columns (scoring)", base_s),
+        ("  its quantization", out["quantization_s"]),
+        ("KL pass (added to the unit)", out["kl_pass_extra_s"]),
+        ("reference pass (once per checkpoint, no identity quantizer)", out["reference_pass_s"]),
+        (f"generation of {answers}", out["generation_s"]),
+    ):
+        print(
+            f"  {label:<72} {seconds:8.3f} s   x{seconds / base_s:.3f} of scoring, x{seconds / unit_s:.3f} of the unit"
+        )
+    added = out["kl_pass_extra_s"] + out["generation_s"]
+    print(
+        f"  added per quantized final unit: {added:.3f} s = {100 * added / unit_s:.1f}% of that unit (scoring + quantization)"
+    )
+
+
+def main(argv=None) -> dict:
+    args = _arguments(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from llmaudit.score.stage import token_budget
+
+    cfg, draw, val, pool, model, qmodel, name, quantize_s = _setup(args)
+    pad = draw.tokenizer.pad_token_id
+    budget = token_budget(cfg, torch.device("cpu"))
+    engine = dict(pad_id=pad, token_budget=budget, head_chunk=cfg.score.head_chunk, vocab_stats=cfg.score.vocab_stats)
     out = {
         "recipe": args.recipe,
         "quantizer": name,
@@ -194,42 +240,16 @@ def main(argv=None) -> dict:
         "load_average": os.getloadavg()[0],
         "val_records": len(val),
         "pool_records": len(pool),
-        "baseline_unit_scoring_s": base_s,
         "quantization_s": quantize_s,
-        "val_pass_s": val_s,
-        "kl_pass_extra_s": kl_pass_s,
-        "reference_pass_s": ref_s,
-        "generation_s": gen_s,
-        "generation_samples": len(plan.indices) if plan else 0,
-        "generated_tokens": generated,
-        "generated_tokens_max": (len(plan.indices) * plan.max_new_tokens) if plan else 0,
-        "mean_kl": float(np.concatenate([r.kl for r in collector.results]).mean()),
-        "kl_max_error_vs_float64_relative_to_mean": _kl_exactness(model, qmodel, pairs(val[:8]), pad),
     }
+    out |= _measure(args, cfg, draw, val, pool, model, qmodel, engine)
     if args.kl_quantizers:
         out["kl_table"] = _kl_table(cfg, draw, model, val, pad, engine, args.kl_quantizers.split(","))
     print(json.dumps(out, indent=2))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(out, handle, indent=2)
-    print(f"\n{args.recipe}, {name}, {len(val)} val + {len(pool)} pool records, load {out['load_average']:.1f}")
-    for label, seconds in (
-        ("final unit without utility columns (scoring)", base_s),
-        ("  its quantization", quantize_s),
-        ("KL pass (added to the unit)", kl_pass_s),
-        ("reference pass (once per checkpoint, no identity quantizer)", ref_s),
-        (
-            f"generation of {out['generation_samples']} answers ({generated}/{out['generated_tokens_max']} tokens)",
-            gen_s,
-        ),
-    ):
-        print(
-            f"  {label:<72} {seconds:8.3f} s   x{seconds / base_s:.3f} of scoring, x{seconds / unit_s:.3f} of the unit"
-        )
-    added = kl_pass_s + gen_s
-    print(
-        f"  added per quantized final unit: {added:.3f} s = {100 * added / unit_s:.1f}% of that unit (scoring + quantization)"
-    )
+    _print(out)
     return out
 
 

@@ -173,6 +173,22 @@ def _blind_baseline(store: RunStore, manifest: dict, cfg: ExperimentConfig) -> d
     return blind
 
 
+def _utility(
+    cfg: ExperimentConfig, store: RunStore, table: pd.DataFrame, quantizers: list[str], reference: str, n_boot: int
+) -> dict[str, Any]:
+    """The result's utility blocks: "utility" (validation loss, with each quantizer's divergence summary and task
+    metrics), "divergence" (llama.cpp's statistics per run) and "task_metrics" (per run, and the settings)."""
+    seed = cfg.attack.seed
+    divergence = divergence_from_table(table, quantizers, reference, n_boot=n_boot, seed=seed)
+    tasks = task_metrics_from_table(table, store.read_records("val"), quantizers, reference, n_boot=n_boot, seed=seed)
+    utility = utility_from_table(table, quantizers, reference, n_boot=n_boot, seed=seed)
+    return {
+        "utility": add_fidelity(utility, divergence, tasks),
+        "divergence": divergence,
+        "task_metrics": tasks | {"settings": utility_settings(store, quantizers)},
+    }
+
+
 def utility_settings(store: RunStore, quantizers: list[str]) -> dict[str, Any] | None:
     """The utility settings recorded by the final units of the first run (docs/science.md section 11), None
     when none recorded any (an earlier llmaudit)."""
@@ -222,11 +238,7 @@ def analyze(
     echo("[analyze] blind baseline ...")
     blind = _blind_baseline(store, manifest, cfg)
     echo("[analyze] divergence from full precision and task metrics ...")
-    divergence = divergence_from_table(table, quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed)
-    tasks = task_metrics_from_table(
-        table, store.read_records("val"), quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed
-    )
-    utility = utility_from_table(table, quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed)
+    utility = _utility(cfg, store, table, quantizers, reference, n_boot)
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "llmaudit_version": __version__,
@@ -235,9 +247,7 @@ def analyze(
         "quantizers": quantizers,
         "not_scored": not_scored,
         "quantizer_info": _quantizer_info(store, quantizers),
-        "utility": add_fidelity(utility, divergence, tasks),
-        "divergence": divergence,
-        "task_metrics": tasks | {"settings": utility_settings(store, quantizers)},
+        **utility,
         "trajectory": trajectory_from_table(table),
         "indicator": indicator,
         "attacks": attacks,
