@@ -235,7 +235,8 @@ class ScoreConfig(_Section):
     generation_samples: int = Field(16, ge=0, le=100_000)
     """Validation records answered by greedy generation at each run's final checkpoint, per quantizer, for the
     task metrics (canonical-SMILES exact match, validity, Morgan Tanimoto; BLEU-2/4, ROUGE-L; docs/science.md
-    section 11). The tasks take turns; plain-text records are never chosen; 0 disables generation."""
+    section 11). The tasks take turns; plain-text records are never chosen; more than the validation set takes
+    all of it; 0 disables generation."""
     generation_max_new_tokens: int | None = Field(None, ge=1, le=8192)
     """Tokens each answer may have; null = from the data: 1.5 x the subset's longest reference response."""
 
