@@ -298,3 +298,26 @@ def test_bench_gptq_quick_compares_the_solvers(tmp_path):
         assert exact["identical_codes"] == 1.0 and exact["scales_zeros_g_idx_identical"]
         assert fast["identical_codes"] >= 0.998
     assert "on gptqmodel's own Hessians, exact order" in done.stdout and "unit ratio" in done.stdout
+
+
+@pytest.mark.slow  # builds (or reuses) the built-in tiny model in a subprocess and times each part a few times
+def test_bench_utility_quick_times_each_part_against_the_unit(tmp_path):
+    """benchmarks/bench_utility.py on the built-in tiny model: every part timed, the KL exact against float64."""
+    from tests.conftest import TINY_OVERRIDES
+
+    out = tmp_path / "utility.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("bench_utility.py")), "--quick", "--repeats", "1", "--json", str(out)]
+        + [o for o in TINY_OVERRIDES if not o.startswith("score.quantizers")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["quantizer"] == "uniform-5" and result["val_records"] == 4 and result["generation_samples"] == 2
+    assert result["baseline_unit_scoring_s"] > 0 and result["reference_pass_s"] > 0 and result["generation_s"] > 0
+    assert 0 < result["generated_tokens"] <= result["generated_tokens_max"] == 2 * 8
+    assert result["mean_kl"] > 0 and result["kl_max_error_vs_float64_relative_to_mean"] < 1e-4
+    assert "of the unit" in done.stdout

@@ -122,6 +122,12 @@ def score(
         "--deep-verify",
         help="Read every finished unit in full (per-token values too) and rescore any that fails.",
     ),
+    refresh_utility: bool = typer.Option(
+        False,
+        "--refresh-utility",
+        help="Also rescore the finished final units whose KL / generation columns were made with other settings "
+        "(or are missing: stores scored by an earlier llmaudit).",
+    ),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_HELP),
 ) -> None:
     """Per-sample token losses of every (run, checkpoint, quantizer) unit, one parquet loss table per unit.
@@ -130,9 +136,16 @@ def score(
     target, overrides = split_recipe_args(list(args or []))
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
     if cfg.score.processes > 1 and shard is None:
-        score_in_processes(cfg, store, echo=typer.echo, deep_verify=deep_verify)
+        score_in_processes(cfg, store, echo=typer.echo, deep_verify=deep_verify, refresh_utility=refresh_utility)
     else:
-        do_score(cfg, store, shard=parse_shard(shard), progress=_progress(no_progress), deep_verify=deep_verify)
+        do_score(
+            cfg,
+            store,
+            shard=parse_shard(shard),
+            progress=_progress(no_progress),
+            deep_verify=deep_verify,
+            refresh_utility=refresh_utility,
+        )
 
 
 @app.command()

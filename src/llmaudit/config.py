@@ -294,6 +294,19 @@ class ScoreConfig(_Section):
     trajectory indicators of members (gap_std_traj, rq_train) need it. About doubles the scoring work."""
     trajectory: Literal["all", "final"] = "all"
     """Checkpoints scored on the validation set: all (r_Q needs the trajectory) or the final one only."""
+    divergence: bool = True
+    """At each run's final checkpoint, per validation token: KL(p_ref || p_q) and whether both models' most
+    likely token agree, p_ref the unquantized model of the same checkpoint (llama.cpp's --kl-divergence
+    statistics, docs/science.md section 11). Costs two vocabulary passes over the validation positions per final
+    unit, and one validation pass of the unquantized checkpoint where no identity quantizer (fp32 of an fp32
+    model) scored it first."""
+    generation_samples: int = Field(16, ge=0, le=100_000)
+    """Validation records answered by greedy generation at each run's final checkpoint, per quantizer, for the
+    task metrics (canonical-SMILES exact match, validity, Morgan Tanimoto; BLEU-2/4, ROUGE-L; docs/science.md
+    section 11). The tasks take turns; plain-text records are never chosen; more than the validation set takes
+    all of it; 0 disables generation."""
+    generation_max_new_tokens: int | None = Field(None, ge=1, le=8192)
+    """Tokens each answer may have; null = from the data: 1.5 x the subset's longest reference response."""
 
 
 _LEGACY_ATTACKS = [
@@ -352,6 +365,22 @@ class AttackConfig(_Section):
     """Seed of the bootstraps."""
 
 
+UTILITY_METRICS = (
+    "loss",
+    "kl",
+    "same_top",
+    "smiles_exact_match",
+    "smiles_validity",
+    "smiles_tanimoto",
+    "caption_bleu2",
+    "caption_bleu4",
+    "caption_rouge_l",
+    "text_exact_match",
+    "text_rouge_l",
+)
+"""Values of report.utility_metric: the validation-loss ratio, the divergence from full precision, a task metric."""
+
+
 class ReportConfig(_Section):
     """Release checklist thresholds."""
 
@@ -360,7 +389,17 @@ class ReportConfig(_Section):
     min_r_q: float = Field(0.0, ge=0)
     """Criterion: r_Q must be at least this (0 disables)."""
     max_utility_loss: float = Field(0.10, ge=0)
-    """Criterion: relative increase of validation loss vs full precision must stay below this."""
+    """Criterion (utility_metric = loss): relative increase of validation loss vs full precision must stay below this."""
+    utility_metric: Literal[UTILITY_METRICS] = "loss"  # type: ignore[valid-type]
+    """What the checklist's utility criterion judges (docs/science.md section 11): loss = the relative increase
+    of validation loss (limit max_utility_loss); kl = mean KL(p_ref || p_q) per validation token in nats, at most
+    utility_limit (default 0.05); same_top = the share of validation tokens whose most likely next token agrees
+    with full precision, at least utility_limit (default 0.9); a task metric (smiles_exact_match,
+    smiles_validity, smiles_tanimoto, caption_bleu2, caption_bleu4, caption_rouge_l, text_exact_match,
+    text_rouge_l) = its drop below full precision (reference - quantizer, paired by run) at most utility_limit
+    (default 0.05). Every one is a mean over runs judged on its 95% bootstrap interval."""
+    utility_limit: float | None = Field(None, ge=0, le=1000)
+    """The limit of utility_metric in its own unit (see there); null = that metric's default. Unused for loss."""
     indicator: str = "gap_std_final"
     """The candidate attack-free indicator shown beside the published r_Q (docs/science.md section 8)."""
     min_indicator: float | None = None

@@ -13,6 +13,10 @@ from tests.conftest import TINY_OVERRIDES
 
 
 def test_plan_counts_match_the_work_done(tiny_cfg):
+    # fp32 scored second: the first final unit of each run computes the KL reference, fp32 then captures its own
+    tiny_cfg = tiny_cfg.model_copy(
+        update={"score": tiny_cfg.score.model_copy(update={"quantizers": ["uniform-4", "fp32", "sign"]})}
+    )
     plan = make_plan(tiny_cfg, device="cpu", echo=lambda *a: None)
     work = plan["workload"]
     assert not tiny_cfg.resolved_output_dir().exists()  # planning writes nothing
@@ -28,10 +32,19 @@ def test_plan_counts_match_the_work_done(tiny_cfg):
     assert work["score_tokens"] == sum(w["tokens"] for w in log)
     by_kind = {w["samples"] for w in log}
     assert by_kind == {tiny_cfg.data.val_size, tiny_cfg.data.val_size + tiny_cfg.data.pool_size}
+    # the utility columns' extra work: reference passes, compared positions, generation prompts; at most the new tokens
+    extra = {k: sum(w.get(k, 0) for w in log) for k in ("reference_tokens", "divergence_positions")}
+    extra["generation_prompt_tokens"] = sum(w.get("generation_prompt_tokens", 0) for w in log)
+    assert extra == {k: work[k] for k in extra}
+    assert work["reference_tokens"] == tiny_cfg.train.runs * work["unit_tokens"]["val"]  # one pass per final checkpoint
+    assert work["divergence_positions"] > 0 and work["generation_units"] == tiny_cfg.train.runs * 3
+    generated = sum(w.get("generated_tokens", 0) for w in log)
+    assert 0 < generated <= work["generated_tokens_max"] == work["generation_units"] * 2 * 8
     # every figure of the estimate is positive and the text names them
     assert all(v > 0 for k, v in plan["estimate"].items() if k.endswith("_s"))
     text = format_plan(plan)
     assert f"scoring units   {work['units']}" in text and "finetune" in text
+    assert f"KL: {work['divergence_positions']:,} positions compared" in text
     json.dumps(plan)  # --json is plain JSON
 
 

@@ -33,6 +33,8 @@ TINY = [
     "train.lr=0.003",
     "score.quantizers=[fp32,bnb-nf4]",
     "score.vocab_stats=false",
+    "score.generation_samples=2",
+    "score.generation_max_new_tokens=16",
     "attack.n_boot=20",
     "attack.attacks=[loss,min_k,zlib,ref]",
     "report.min_runs=1",
@@ -89,3 +91,9 @@ def test_smollm2_end_to_end(tmp_path):
     gap = (wide["bnb-nf4"] - wide["fp32"]).abs()
     assert (gap > 0).all() and float(np.mean(wide["bnb-nf4"] / wide["fp32"]) - 1) < 0.5
     assert isinstance(table, pd.DataFrame)
+    # The utility columns on the real vocabulary: KL 0 against itself, positive for nf4; two answers in text.
+    last = val[val["checkpoint"] == val["checkpoint"].max()]
+    kl = {q: np.concatenate(list(g["token_kl"])) for q, g in last.groupby("quantizer")}
+    assert (kl["fp32"] == 0).all() and 0.01 < kl["bnb-nf4"].mean() < 5
+    answers = last[last["generated"].map(lambda v: isinstance(v, str))]
+    assert len(answers) == 2 * 2 and all(len(a) > 0 for a in answers["generated"])

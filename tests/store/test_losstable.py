@@ -175,3 +175,41 @@ def test_a_uniform_vocabulary_mean_is_recognised_and_the_model_mean_is_not():
     high_loss = [np.full(len(t), 5.0) for t in losses]  # no confident position: only the constant test can fire
     assert "at every one of 400 positions" in uniform_vocab_mean_evidence(high_loss, constant)
     assert uniform_vocab_mean_evidence(high_loss, [m + 0.01 * np.arange(len(m)) for m in constant]) is None
+
+
+def with_utility(df: pd.DataFrame) -> pd.DataFrame:
+    """The utility columns as the scorer writes them: on the validation rows only, null on the pool rows."""
+    df = df.copy()
+    val = df["split"] == "val"
+    df["token_kl"] = [np.array([0.0, 0.5, 1e-6]) if v else None for v in val]
+    df["token_same_top"] = [np.array([True, False, True]) if v else None for v in val]
+    df["generated"] = ["<SMILES> CCO </SMILES>" if v else None for v in val]
+    return df
+
+
+def test_utility_columns_round_trip_with_their_metadata(tmp_path):
+    from llmaudit.store.losstable import UTILITY_METADATA_KEY, unit_metadata
+
+    path = write_loss_table(with_utility(table()), tmp_path / "t.parquet", metadata={UTILITY_METADATA_KEY: b"{}"})
+    back = read_loss_table(path)
+    assert back.loc[2, "token_kl"].tolist() == pytest.approx([0.0, 0.5, 1e-6])
+    assert back.loc[3, "token_same_top"].dtype == bool and back.loc[3, "token_same_top"].tolist() == [True, False, True]
+    assert back.loc[0, "token_kl"] is None and back.loc[2, "generated"] == "<SMILES> CCO </SMILES>"
+    assert unit_metadata(path)[UTILITY_METADATA_KEY] == b"{}"
+    assert UTILITY_METADATA_KEY not in unit_metadata(write_loss_table(table(), tmp_path / "old.parquet"))
+    assert "token_kl" not in read_loss_table(tmp_path / "old.parquet").columns  # tables without them still read
+
+
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("token_kl", np.array([0.0, -0.1, 0.0]), "'token_kl' holds 1 invalid"),
+        ("token_kl", np.array([0.0, np.nan, 0.0]), "'token_kl' holds 1 invalid"),
+        ("token_kl", np.array([0.0, 0.1]), "one value per scored token"),
+        ("token_same_top", np.array([0.0, 2.0, 1.0]), "'token_same_top' holds 1 invalid"),
+        ("generated", 3.5, "'generated' must hold text or null"),
+    ],
+)
+def test_tampered_utility_columns_are_refused(column, value, message):
+    with pytest.raises(LossTableError, match=message):
+        validate_loss_table(set_at(column, 2, value)(with_utility(table())))

@@ -17,14 +17,17 @@ from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.analyze.exposure import vulnerable_samples
+from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.indicator import indicator_from_table
 from llmaudit.analyze.indicators import candidates_from_table, validation_of
 from llmaudit.analyze.memorization import memorization_from_table
-from llmaudit.analyze.utility import trajectory_from_table, utility_from_table
+from llmaudit.analyze.taskmetrics import task_metrics_from_table
+from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.config import ExperimentConfig
 from llmaudit.quantize import full_precision_reference
+from llmaudit.score.utility import recorded_settings
 from llmaudit.store.integrity import verify_store
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table
 from llmaudit.store.run_store import RunStore, content_digest
@@ -182,6 +185,34 @@ def _blind_baseline(store: RunStore, manifest: dict, cfg: ExperimentConfig) -> d
     return blind
 
 
+def _utility(
+    cfg: ExperimentConfig, store: RunStore, table: pd.DataFrame, quantizers: list[str], reference: str, n_boot: int
+) -> dict[str, Any]:
+    """The result's utility blocks: "utility" (validation loss, with each quantizer's divergence summary and task
+    metrics), "divergence" (llama.cpp's statistics per run) and "task_metrics" (per run, and the settings)."""
+    seed = cfg.attack.seed
+    divergence = divergence_from_table(table, quantizers, reference, n_boot=n_boot, seed=seed)
+    tasks = task_metrics_from_table(table, store.read_records("val"), quantizers, reference, n_boot=n_boot, seed=seed)
+    utility = utility_from_table(table, quantizers, reference, n_boot=n_boot, seed=seed)
+    return {
+        "utility": add_fidelity(utility, divergence, tasks),
+        "divergence": divergence,
+        "task_metrics": tasks | {"settings": utility_settings(store, quantizers)},
+    }
+
+
+def utility_settings(store: RunStore, quantizers: list[str]) -> dict[str, Any] | None:
+    """The utility settings recorded by the final units of the first run (docs/science.md section 11), None
+    when none recorded any (an earlier llmaudit)."""
+    steps = store.checkpoints(0) if store.run_done(0) else []
+    for q in quantizers:
+        if steps and store.unit_path(0, steps[-1], q).exists():
+            settings = recorded_settings(store.unit_path(0, steps[-1], q))
+            if settings:
+                return settings
+    return None
+
+
 def analyze(
     cfg: ExperimentConfig, store: RunStore, *, quantizers: list[str] | None = None, echo=print
 ) -> dict[str, Any]:
@@ -220,6 +251,8 @@ def analyze(
     indicators = _indicators(cfg, table, quantizers, reference, n_boot)
     echo("[analyze] blind baseline ...")
     blind = _blind_baseline(store, manifest, cfg)
+    echo("[analyze] divergence from full precision and task metrics ...")
+    utility = _utility(cfg, store, table, quantizers, reference, n_boot)
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "llmaudit_version": __version__,
@@ -228,7 +261,7 @@ def analyze(
         "quantizers": quantizers,
         "not_scored": not_scored,
         "quantizer_info": _quantizer_info(store, quantizers),
-        "utility": utility_from_table(table, quantizers, reference, n_boot=n_boot, seed=cfg.attack.seed),
+        **utility,
         "trajectory": trajectory_from_table(table),
         "indicator": indicator,
         "attacks": attacks,

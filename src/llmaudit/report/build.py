@@ -11,6 +11,7 @@ from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
 from llmaudit.report.policy import checklist_tpr, recommend, release_checklist, thresholds_of
+from llmaudit.report.utility import utility_summary
 
 REPORT_SCHEMA_VERSION = 3
 
@@ -321,6 +322,7 @@ def build_report(
         "not_scored": result.get("not_scored") or {},
         "blind_baseline": blind_summary(result.get("blind_baseline"), grid),
         "indicators": indicators_summary(result, grid),
+        "utility": utility_summary(result),
         "vulnerable_samples": vulnerable_samples_summary(
             result, grid, include_samples=include_samples, records=sample_records
         ),

@@ -8,6 +8,7 @@ from llmaudit.analyze.metrics import fpr_key
 from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.stats import spearman
 from llmaudit.report.policy import checklist_tpr
+from llmaudit.report.utility import divergence_row, task_metric_row
 
 LOW_FPRS = (0.05, 0.01, 0.001)
 
@@ -88,14 +89,8 @@ def _utility_row(util: dict[str, Any]) -> dict[str, Any]:
         "relative_change_ci": (util.get("relative_change_ci") and interval_or_none(*util["relative_change_ci"]))
         or None,
         "n_runs": util.get("n_runs"),
-        "task_metrics": {
-            name: {
-                "value": finite_or_none(m.get("value")),
-                "ci": interval_or_none(*(m.get("ci") or [None, None])),
-                "higher_is_better": m.get("higher_is_better"),
-            }
-            for name, m in (util.get("task_metrics") or {}).items()
-        },
+        "task_metrics": {name: task_metric_row(m) for name, m in (util.get("task_metrics") or {}).items()},
+        "divergence": divergence_row(util.get("divergence")),
     }
 
 

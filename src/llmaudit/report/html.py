@@ -8,8 +8,9 @@ import base64
 import html
 from typing import Any
 
+from llmaudit.report.cells import Table, to_html
 from llmaudit.report.plots import FIGURES, WIDE_FIGURES
-from llmaudit.report.view import Table, sections, to_html
+from llmaudit.report.view import sections
 
 _CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;color:#1d1d1f;background:#fafafa;font-size:14px;line-height:1.45}

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from llmaudit.report.cells import Table, md_escape, to_markdown
 from llmaudit.report.plots import FIGURES
-from llmaudit.report.view import Table, md_escape, sections, to_markdown
+from llmaudit.report.view import sections
 
 
 def _md_table(t: Table) -> list[str]:

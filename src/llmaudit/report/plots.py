@@ -19,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from llmaudit.common.io import atomic_write_bytes
+from llmaudit.report.utility import pareto_front
 
 DPI = 110
 
@@ -301,15 +302,116 @@ def trajectory(report: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
+PRIMARY_TASK_METRICS = (
+    "smiles_exact_match",
+    "caption_rouge_l",
+    "text_rouge_l",
+    "smiles_tanimoto",
+    "caption_bleu4",
+    "text_exact_match",
+)
+"""The task metric the privacy-utility figure shows when report.utility_metric is not one: the first measured."""
+
+
+def _privacy_axis(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """(grid key, label) of the figure's privacy axis: the best attack's calibrated TPR at 1% FPR when every
+    quantizer's is reliable, else the best attack's AUROC (small experiments: too few non-members for 1%)."""
+    if rows and all((r.get("best_attack") or {}).get("reliable") for r in rows):
+        return "best_attack", "best attack: TPR at 1% FPR (calibrated)"
+    return "best_attack_by_auroc", "best attack: AUROC"
+
+
+def _task_axis(report: dict[str, Any]) -> str | None:
+    """report.utility_metric when it is a measured task metric, else the first of PRIMARY_TASK_METRICS that
+    differs between quantizers (a metric at 0 for all of them says nothing), else the first measured."""
+    values: dict[str, set] = {}
+    for r in report["grid"]:
+        for n, m in r["utility"]["task_metrics"].items():
+            if _finite(m.get("value")):
+                values.setdefault(n, set()).add(round(m["value"], 9))
+    chosen = report["checklist"]["thresholds"].get("utility_metric")
+    if chosen in values:
+        return chosen
+    ordered = [n for n in PRIMARY_TASK_METRICS if n in values] + sorted(set(values) - set(PRIMARY_TASK_METRICS))
+    return next((n for n in ordered if len(values[n]) > 1), ordered[0] if ordered else None)
+
+
+def _utility_panel(ax, rows, colors, xs, xcis, ykey, *, lower_x_is_better: bool) -> None:
+    """One panel: a point per quantizer with interval bars, the Pareto front joined and ringed."""
+    points = []
+    for r, x, xci in zip(rows, xs, xcis):
+        best = r[ykey]
+        ax.errorbar(
+            x,
+            best["value"],
+            xerr=_yerr(x, xci),
+            yerr=_yerr(best["value"], best.get("ci")),
+            fmt="o",
+            color=colors[r["quantizer"]],
+            capsize=3,
+            ms=6,
+        )
+        points.append((x, best["value"]))
+    front = [p for p, on in zip(points, pareto_front(points, lower_x_is_better=lower_x_is_better)) if on]
+    front.sort(key=lambda p: p[0], reverse=not lower_x_is_better)
+    ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="green", lw=1.0, drawstyle="steps-post")
+    ax.plot(
+        [p[0] for p in front], [p[1] for p in front], "o", ms=13, mfc="none", mec="green", mew=1.3, label="Pareto front"
+    )
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def privacy_utility(report: dict[str, Any]) -> bytes | None:
+    """Privacy against utility, one point per quantizer with 95% intervals: the best attack (y, lower = more
+    private) against the mean KL from full precision (left, lower = closer) and against a task metric (right,
+    higher = better); the Pareto front (no other quantizer is both more private and more useful) marked."""
+    grid = report["grid"]
+    kl_rows = [r for r in grid if _finite(((r["utility"].get("divergence") or {}).get("kl_mean") or {}).get("mean"))]
+    task = _task_axis(report)
+    task_rows = [r for r in grid if task and _finite((r["utility"]["task_metrics"].get(task) or {}).get("value"))]
+    ykey, ylabel = _privacy_axis(kl_rows or task_rows)
+    kl_rows = [r for r in kl_rows if _finite((r.get(ykey) or {}).get("value"))]
+    task_rows = [r for r in task_rows if _finite((r.get(ykey) or {}).get("value"))]
+    if len(kl_rows) < 2 and len(task_rows) < 2:
+        return None
+    colors = quantizer_colors(report)
+    fig = Figure(figsize=(11, 4.6))
+    if len(kl_rows) >= 2:
+        ax = fig.add_subplot(1, 2, 1)
+        stats = [r["utility"]["divergence"]["kl_mean"] for r in kl_rows]
+        xs = [s["mean"] for s in stats]
+        _utility_panel(ax, kl_rows, colors, xs, [s.get("ci") for s in stats], ykey, lower_x_is_better=True)
+        positive = [x for x in xs if x > 0]
+        if positive:
+            ax.set_xscale("symlog", linthresh=10 ** math.floor(math.log10(min(positive))))
+        ax.set_xlabel("mean KL(p_ref || p_q) per validation token (nats), 95% CI over runs")
+        ax.set_ylabel(ylabel)
+        ax.set_title("against the divergence from full precision", fontsize=10)
+        _label_points(ax, [(x, r[ykey]["value"], r["quantizer"]) for r, x in zip(kl_rows, xs)])
+    if len(task_rows) >= 2:
+        ax = fig.add_subplot(1, 2, 2)
+        ms = [r["utility"]["task_metrics"][task] for r in task_rows]
+        xs = [m["value"] for m in ms]
+        _utility_panel(ax, task_rows, colors, xs, [m.get("ci") for m in ms], ykey, lower_x_is_better=False)
+        ax.set_xlabel(f"{task} (higher = better), mean over runs, 95% CI")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"against the task metric {task}", fontsize=10)
+        _label_points(ax, [(x, r[ykey]["value"], r["quantizer"]) for r, x in zip(task_rows, xs)])
+    fig.suptitle("Privacy against utility across quantizers (lower = more private)", fontsize=10)
+    return _png(fig)
+
+
 FIGURES: dict[str, tuple[Callable[[dict[str, Any]], bytes | None], str]] = {
     "r_q_vs_attack": (r_q_vs_attack, "r_Q against the best attack across quantizers"),
     "lira_roc": (lira_roc, "Offline LiRA ROC per quantizer (log-log)"),
     "r_q_intervals": (r_q_intervals, "r_Q per quantizer with 95% intervals"),
     "utility_vs_privacy": (utility_vs_privacy, "Utility against privacy"),
+    "privacy_utility": (privacy_utility, "Privacy against KL divergence and a task metric, Pareto front marked"),
     "trajectory": (trajectory, "Validation loss along the training trajectory"),
 }
 
-WIDE_FIGURES = ("r_q_vs_attack",)
+WIDE_FIGURES = ("r_q_vs_attack", "privacy_utility")
 """Figures drawn with two panels: the HTML gives them the full page width."""
 
 

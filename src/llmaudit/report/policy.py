@@ -3,7 +3,8 @@
 Release checklist (`release_checklist`), per quantizer, thresholds from the recipe's `report` section:
   attack_tpr  the highest per-sample-calibrated TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr
   r_q         r_Q (mean over runs) must be >= min_r_q (min_r_q = 0 disables the criterion: DISABLED)
-  utility     the relative increase of validation loss vs full precision must be <= max_utility_loss
+  utility     the relative increase of validation loss vs full precision must be <= max_utility_loss (or, with
+              report.utility_metric, the KL / same-top / task-metric figure against utility_limit)
 Each criterion is judged conservatively on its estimate and 95% interval:
   NOT MEASURED  the estimate is unreliable: flagged unreliable by the attack module (fewer than 10/alpha
                 non-members), fewer than `min_runs` runs, no finite value, or no interval; never PASS
@@ -26,6 +27,7 @@ from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.common.formatting import fmt_ci, fmt_num
+from llmaudit.report.utility import metric_estimate
 
 PASS, FAIL, INCONCLUSIVE, NOT_MEASURED, DISABLED = "PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED", "DISABLED"
 
@@ -84,6 +86,8 @@ def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
     th = dict(result.get("thresholds") or {})
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
     th.setdefault("min_indicator", None)
+    th.setdefault("utility_metric", "loss")
+    th.setdefault("utility_limit", None)
     return th
 
 
@@ -194,12 +198,16 @@ def _indicator_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, A
 
 
 def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+    metric = th.get("utility_metric") or "loss"
+    if metric != "loss":
+        return _utility_metric_criterion(row, th, metric)
     limit, min_runs = float(th["max_utility_loss"]), int(th["min_runs"])
     u = row["utility"]
     n_runs = u["n_runs"] or 0
     out = {
         "id": "utility",
         "description": "relative increase of validation loss vs full precision <= limit",
+        "metric": "loss",
         "threshold": limit,
         "comparison": "<=",
         "value": u["relative_change"],
@@ -215,6 +223,33 @@ def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any
         kind="max",
         measured=n_runs >= min_runs,
         why_not=f"{n_runs} runs < min_runs {min_runs}",
+    )
+
+
+def _utility_metric_criterion(row: dict[str, Any], th: dict[str, Any], metric: str) -> dict[str, Any]:
+    """The utility criterion on report.utility_metric other than the loss (KL, same top, a task metric's drop
+    below full precision; llmaudit.report.utility.metric_estimate), judged like every criterion."""
+    e = metric_estimate(row, metric, th.get("utility_limit"))
+    min_runs = int(th["min_runs"])
+    out = {
+        "id": "utility",
+        "description": e["description"],
+        "metric": metric,
+        "threshold": e["limit"],
+        "comparison": "<=" if e["kind"] == "max" else ">=",
+        "value": e["value"],
+        "ci": e["ci"],
+        "reliable": e["n_runs"] >= min_runs,
+    }
+    if e["missing"]:
+        return out | {"status": NOT_MEASURED, "reason": e["missing"]}
+    return out | judge(
+        e["value"],
+        e["ci"],
+        limit=e["limit"],
+        kind=e["kind"],
+        measured=e["n_runs"] >= min_runs,
+        why_not=f"{e['n_runs']} runs < min_runs {min_runs}",
     )
 
 
@@ -242,7 +277,9 @@ CHECKLIST_RULES = [
     "drives the checklist only if it passed validation (docs/science.md section 8); otherwise NOT MEASURED.",
     "indicator: the validated attack-free indicator (report.indicator, higher = more secure) must be >= "
     "min_indicator; unset disables it; an indicator that did not pass validation is NOT MEASURED.",
-    "utility: the relative increase of validation loss over full precision must be <= max_utility_loss.",
+    "utility: the relative increase of validation loss over full precision must be <= max_utility_loss; with "
+    "report.utility_metric = kl / same_top / a task metric instead: mean KL per token <= utility_limit, the "
+    "same-top share >= utility_limit, or the task metric's drop below full precision <= utility_limit.",
     "NOT MEASURED: the estimate is unreliable (fewer than 10/alpha non-members, fewer than min_runs runs, no finite value, "
     "or no interval). An unreliable estimate is never PASS.",
     "FAIL: the point estimate is on the unsafe side of the limit. PASS: the whole 95% interval is on the safe side. "

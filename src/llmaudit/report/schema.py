@@ -7,6 +7,7 @@ from typing import Any
 
 from llmaudit.report.build import REPORT_SCHEMA_VERSION
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, STATUSES
+from llmaudit.report.utility import DIVERGENCE_KEYS
 
 
 class ReportSchemaError(ValueError):
@@ -191,6 +192,11 @@ REPORT_SCHEMA: dict[str, Any] = {
                 },
             ]
         },
+        "estimate": {
+            "type": "object",
+            "required": ["ci"],
+            "properties": {"mean": _NUM, "value": _NUM, "ci": _CI, "token_se": _NUM},
+        },
         "grid_row": {
             "type": "object",
             "required": [
@@ -235,7 +241,17 @@ REPORT_SCHEMA: dict[str, Any] = {
                             "additionalProperties": {
                                 "type": "object",
                                 "required": ["value", "ci"],
-                                "properties": {"value": _NUM, "ci": _CI},
+                                "properties": {"value": _NUM, "ci": _CI, "drop": {"$ref": "#/$defs/estimate"}},
+                            },
+                        },
+                        "divergence": {
+                            "type": "object",
+                            "required": ["measured"],
+                            "properties": {
+                                "measured": {"type": "boolean"},
+                                "reason": _STR,
+                                "n_runs": _INT,
+                                **{k: {"$ref": "#/$defs/estimate"} for k in DIVERGENCE_KEYS},
                             },
                         },
                     },
@@ -283,6 +299,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "id": {"enum": ["attack_tpr", "r_q", "indicator", "utility"]},
                 "description": {"type": "string"},
                 "threshold": _NUM,
+                "metric": _STR,
                 "comparison": {"enum": ["<=", ">="]},
                 "status": _STATUS,
                 "reason": {"type": "string"},

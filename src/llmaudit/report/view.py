@@ -4,167 +4,20 @@ Markdown and HTML renderers so both show the same numbers.
 
 from __future__ import annotations
 
-import html
-import re
 from pathlib import Path
 from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci, fmt_size
+from llmaudit.report.cells import Cell, Section, Table, code, lit
+from llmaudit.report.cells import value_cell as _v
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
-
-LIT = ("\x02", "\x03")
-"""Markers around text that came from data (names, paths, reasons): every renderer shows it verbatim."""
-CODE = ("\x04", "\x05")
-"""Markers around data shown in code style."""
-_MARKERS = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
-_SEGMENTS = re.compile("(\x02[^\x03]*\x03|\x04[^\x05]*\x05)")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#!|<>~&])")
-
-
-def _clean(value: Any) -> str:
-    return _MARKERS.sub(" ", str(value)).replace("\n", " ").replace("\r", " ")
-
-
-def _unmark(value: Any) -> str:
-    """Cell content (always data): markers dropped, control characters blanked."""
-    return _clean(re.sub("[\x02-\x05]", "", str(value)))
-
-
-def lit(value: Any) -> str:
-    """Data (a name, a path, a reason) inside prose: shown verbatim, never read as Markdown or HTML."""
-    return f"{LIT[0]}{_clean(value)}{LIT[1]}"
-
-
-def code(value: Any) -> str:
-    """Data shown in code style, verbatim."""
-    return f"{CODE[0]}{_clean(value)}{CODE[1]}"
-
-
-def md_escape(text: str) -> str:
-    """Text that CommonMark renders exactly as written (no emphasis, links, HTML or table breaks)."""
-    return _MD_SPECIAL.sub(r"\\\1", text)
-
-
-def md_code(text: str) -> str:
-    """A Markdown code span holding `text` verbatim (fenced with more backticks than it contains)."""
-    longest = max((len(m) for m in re.findall("`+", text)), default=0)
-    fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
-    return f"{fence}{pad}{text}{pad}{fence}".replace("|", "\\|")
-
-
-def to_markdown(text: str) -> str:
-    """View text (Markdown-lite written by llmaudit, with marked data) as Markdown."""
-    out = []
-    for part in _SEGMENTS.split(text):
-        if part.startswith(LIT[0]):
-            out.append(md_escape(part[1:-1]))
-        elif part.startswith(CODE[0]):
-            out.append(md_code(part[1:-1]))
-        else:
-            out.append(part)
-    return "".join(out)
-
-
-def to_html(text: str) -> str:
-    """View text as HTML: llmaudit's own `code` and **bold** become tags; marked data is only escaped."""
-    out = []
-    for part in _SEGMENTS.split(text):
-        if part.startswith(LIT[0]):
-            out.append(html.escape(part[1:-1]))
-        elif part.startswith(CODE[0]):
-            out.append(f"<code>{html.escape(part[1:-1])}</code>")
-        else:
-            own = html.escape(part)
-            own = re.sub(r"`([^`]+)`", r"<code>\1</code>", own)
-            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", own))
-    return "".join(out)
-
-
-class Cell:
-    """A table cell shared by the Markdown and HTML renderers: main text, an optional interval shown in
-    brackets (Markdown) or on a second line (HTML), a status badge, code style, an unreliable mark."""
-
-    def __init__(
-        self, text: str = "", sub: str = "", *, status: str | None = None, code: bool = False, unreliable: bool = False
-    ):
-        self.text, self.sub, self.status, self.code, self.unreliable = text, sub, status, code, unreliable
-
-    def md(self) -> str:
-        if self.code:
-            text = md_code(_unmark(self.text))
-        else:
-            text = md_escape(_unmark(self.text))
-            text = f"**{text}**" if self.status else text
-        mark = " †" if self.unreliable else ""
-        sub = f" {md_escape(_unmark(self.sub))}" if self.sub else ""
-        return text + mark + sub
-
-    def html(self) -> str:
-        text = html.escape(_unmark(self.text))
-        if self.code:
-            text = f"<code>{text}</code>"
-        if self.status:
-            text = f'<span class="badge {_status_class(self.status)}">{text}</span>'
-        if self.unreliable:
-            text += ' <span class="unrel" title="estimate flagged unreliable">†</span>'
-        if self.sub:
-            text += f'<br><span class="ci">{html.escape(_unmark(self.sub))}</span>'
-        return text
-
-
-def _status_class(status: str) -> str:
-    return {
-        PASS: "pass",
-        FAIL: "fail",
-        INCONCLUSIVE: "inconclusive",
-        NOT_MEASURED: "notmeasured",
-        DISABLED: "disabled",
-    }.get(status, "")
-
-
-def _v(value: Any, ci: Any = None, digits: int = 3, *, unreliable: bool = False) -> Cell:
-    return Cell(fmt_num(value, digits), fmt_ci(ci, digits).strip(), unreliable=unreliable)
-
-
-class Table:
-    def __init__(
-        self, header: list[str], rows: list[list[Cell]], *, transpose_html: bool = False, highlight_first: bool = False
-    ):
-        self.header, self.rows, self.transpose_html, self.highlight_first = (
-            header,
-            rows,
-            transpose_html,
-            highlight_first,
-        )
-
-
-class Section:
-    """A titled block: paragraphs (Markdown-lite: `code` and **bold**), tables, figures, a bullet list."""
-
-    def __init__(
-        self,
-        title: str,
-        paras: list[str] | None = None,
-        tables: list[Table] | None = None,
-        bullets: list[str] | None = None,
-        figures: list[str] | None = None,
-        anchor: str = "",
-    ):
-        self.title, self.paras, self.tables, self.bullets, self.figures = (
-            title,
-            paras or [],
-            tables or [],
-            bullets or [],
-            figures or [],
-        )
-        self.anchor = anchor or re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+from llmaudit.report.utility_view import divergence_cells, utility_limit_text, utility_section
 
 
 def _criterion_cell(c: dict[str, Any]) -> Cell:
-    if c["id"] == "utility":
+    if c["id"] == "utility" and c.get("metric", "loss") == "loss":
         val = f"{fmt_pct(c['value'])}{fmt_pct_ci(c['ci'])}" if c["value"] is not None else "n/a"
     else:
         val = f"{fmt_num(c['value'])}{fmt_ci(c['ci'])}"
@@ -192,7 +45,7 @@ def _summary_section(report: dict[str, Any]) -> Section:
         "Release checklist: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         + f" (limits: best attack TPR at 1% FPR <= {th['max_tpr_at_1pct_fpr']:g}, r_Q >= {th['min_r_q']:g}"
-        f"{' (disabled)' if th['min_r_q'] <= 0 else ''}, validation loss increase <= {100 * th['max_utility_loss']:g}%, "
+        f"{' (disabled)' if th['min_r_q'] <= 0 else ''}, {utility_limit_text(report)}, "
         f"at least {th['min_runs']} runs).",
     ]
     blind = report.get("blind_baseline") or {}
@@ -264,7 +117,7 @@ def _checklist_section(report: dict[str, Any]) -> Section:
 def _grid_section(report: dict[str, Any]) -> Section:
     task_names = sorted({n for r in report["grid"] for n in r["utility"]["task_metrics"]})
     header = ["quantizer", "family", "bits", "eff. bits", "size (vs ref)", "val loss", "Δ val loss vs ref"]
-    header += [f"task: {n}" for n in task_names]
+    header += ["KL vs ref (nats/token)", "same top p"] + [f"task: {n}" for n in task_names]
     header += ["r_Q", "r_Q rank", "best attack", "TPR at 1% FPR (cal.)", "best AUROC"]
     rows = []
     for r in report["grid"]:
@@ -282,6 +135,7 @@ def _grid_section(report: dict[str, Any]) -> Section:
             _v(u["val_loss"], u["val_loss_ci"]),
             Cell(fmt_pct(u["relative_change"]), fmt_pct_ci(u["relative_change_ci"]).strip()),
         ]
+        cells += divergence_cells(u)
         for n in task_names:
             m = u["task_metrics"].get(n) or {}
             cells.append(_v(m.get("value"), m.get("ci")))
@@ -299,6 +153,7 @@ def _grid_section(report: dict[str, Any]) -> Section:
     paras = [
         "Full precision is the reference (first row; first column in the HTML). Utility: validation loss of the final checkpoint, "
         "mean over runs with a 95% bootstrap interval over runs, and its relative change vs the reference. "
+        + "KL vs ref and same top p: divergence from the unquantized checkpoint, mean over runs (section below). "
         + ("Task metrics: as the recipe requests. " if task_names else "Task metrics: none requested by the recipe. ")
         + "r_Q: attack-free indicator (higher = more secure), mean over runs with a 95% bootstrap interval; rank 1 = most secure. "
         "Best attack: the attack with the highest per-sample-calibrated pooled TPR at 1% FPR; best AUROC: over all attacks. "
@@ -686,6 +541,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
         _summary_section(report),
         _checklist_section(report),
         _grid_section(report),
+        utility_section(report),
         figs,
         _attacks_section(report),
         _definitions_section(report),

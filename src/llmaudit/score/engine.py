@@ -4,8 +4,9 @@ under one model, fast and in bounded memory. Pure computation: no files, no conf
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -323,6 +324,7 @@ def _score_batch(
     vocab_stats: bool,
     device: torch.device,
     head_logits_bytes: int | None = None,
+    hidden_hook: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> list[TokenScores]:
     """Scores of one length-sorted batch (see score_examples)."""
     tiled = type(head) is torch.nn.Linear  # tiles slice the weight; any other head (quantized) is called whole
@@ -335,6 +337,8 @@ def _score_batch(
     h = hidden[:, :-1][pred]  # [P, H]
     targets = ids[:, 1:][pred]  # [P]
     del hidden
+    if hidden_hook is not None:
+        hidden_hook(h, targets)
     parts = []
     for start in range(0, h.shape[0], head_chunk):
         h_c, t_c = h[start : start + head_chunk], targets[start : start + head_chunk]
@@ -400,6 +404,7 @@ def score_examples(
     device: torch.device | str = "cpu",
     cpu_workers: int | None = None,
     head_logits_bytes: int | None = None,
+    hidden_hook: Callable[[list[int], torch.Tensor, torch.Tensor], None] | None = None,
 ) -> list[TokenScores]:
     """Per-token losses of each (input_ids, loss_mask) example, in input order.
 
@@ -414,7 +419,12 @@ def score_examples(
     most `head_chunk` positions at a time, in float32: on CPU `head_chunk` x a vocabulary tile of
     CPU_HEAD_TILE_BYTES per thread; on GPU (and for a head that is not a plain nn.Linear) at most
     `head_logits_bytes` (None: HEAD_LOGITS_BYTES, 256 MiB) of logits and their temporaries, in vocabulary
-    tiles or blocks of rows (bounded_head_scores): independent of batch x length x vocab."""
+    tiles or blocks of rows (bounded_head_scores): independent of batch x length x vocab.
+
+    hidden_hook(batch, h, targets), if given, sees each batch's final hidden states at its scored positions
+    before the head: `batch` the example indices in batch order, h [P, H] the rows of those examples one after
+    the other (each example's sum(loss_mask[1:]) positions in order), targets [P] the tokens they predict. It
+    runs in the worker thread of that batch (llmaudit.score.divergence uses it)."""
     decoder, head = decoder_and_head(model)
     device = torch.device(device)
     batches = length_sorted_batches([len(ids) for ids, _ in examples], token_budget)
@@ -431,6 +441,7 @@ def score_examples(
                 vocab_stats=vocab_stats,
                 device=device,
                 head_logits_bytes=head_logits_bytes,
+                hidden_hook=None if hidden_hook is None else functools.partial(hidden_hook, batch),
             )
 
     if workers == 1:

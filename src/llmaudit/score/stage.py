@@ -19,6 +19,7 @@ bfloat16 store is the exception that proves the rule: it is scored in float32, a
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import json
 import logging
@@ -44,6 +45,7 @@ from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, l
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.base import Quantizer
 from llmaudit.score.engine import TokenScores, score_examples, weights_digest
+from llmaudit.score.utility import UnitUtility, UtilityWork, nonfinite_divergence, work_fields
 from llmaudit.store.integrity import check_checkpoint_dir, check_unit_file, quarantine, verify_store
 from llmaudit.store.locks import claim
 from llmaudit.store.losstable import REFERENCE_RUN, write_loss_table
@@ -61,7 +63,12 @@ class ScoringError(UserError):
 
 
 def _rows(
-    unit: Unit, examples: list[Example], scores: list[TokenScores], members: set[str], point_id: str
+    unit: Unit,
+    examples: list[Example],
+    scores: list[TokenScores],
+    members: set[str],
+    point_id: str,
+    extra: dict[str, list] | None = None,
 ) -> pd.DataFrame:
     rows = {
         "run": unit.run,
@@ -81,6 +88,8 @@ def _rows(
         rows["token_vocab_std"] = [s.vocab_std for s in scores]
     if scores and scores[0].top1 is not None:
         rows["token_top1"] = [s.top1 for s in scores]
+    for name, values in (extra or {}).items():  # utility columns of the validation rows; None on the pool rows
+        rows[name] = list(values) + [None] * (len(examples) - len(values))
     return pd.DataFrame(rows)
 
 
@@ -144,6 +153,7 @@ class _Inputs:
     base: Any
     dtype: torch.dtype
     """The store's scoring dtype (RunStore.scoring_choice)."""
+    utility: UnitUtility
 
 
 def _load_inputs(
@@ -160,7 +170,18 @@ def _load_inputs(
     for quantizer in quantizers.values():  # group sizes and scopes against the real layers, before any unit
         quantizer.check(base)
     import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
-    return _Inputs(cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base, dtype)
+    utility = make_utility(cfg, store, tok, val)
+    return _Inputs(
+        cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base, dtype, utility
+    )
+
+
+def make_utility(cfg: ExperimentConfig, store: RunStore, tok: Any, val: list[Example] | None = None) -> UnitUtility:
+    """The utility columns' plan of this store (val: its tokenised validation records, tokenised here if None)."""
+    records = store.read_records("val")
+    if val is None:
+        val = tokenize_records(tok, records, "val", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    return UnitUtility(cfg, store, tok, val, records)
 
 
 def _checkpoint_model(inputs: _Inputs, run: int, step: int) -> Any:
@@ -201,6 +222,13 @@ class CheckpointWork:
         paid, self.paid = self.paid, 0.0
         return paid
 
+    def reference(self, dtype: torch.dtype) -> Any:
+        """The checkpoint itself in `dtype`: the store's full precision, and the model the KL divergence of every
+        quantizer of this checkpoint is measured against (a copy cast once when `dtype` is not the merged model's)."""
+        if next(self.model.parameters()).dtype == dtype:
+            return self.model
+        return self.get(("reference", str(dtype)), lambda: cast_parameters(copy.deepcopy(self.model), dtype))
+
 
 def unit_dtype(quantizer: Quantizer, store_dtype: torch.dtype) -> torch.dtype:
     """The dtype a unit is scored in: the store's, except `fp32`, which is float32 (full precision as named) in a
@@ -223,13 +251,19 @@ def _gptq_kwargs(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, ru
     return kwargs
 
 
+def is_identity(quantizer: Quantizer, dtype: torch.dtype) -> bool:
+    """The quantizer that is the checkpoint itself in the unit's dtype (bf16 of a bf16 store, fp32 of a float32
+    one): no copy, and its own pass is the KL reference of the checkpoint's other units."""
+    return quantizer.family == "full" and getattr(quantizer, "dtype", None) == dtype
+
+
 def _quantized(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> Any:
     """The unit's model: the checkpoint quantized (float32 math on a CPU), its parameters in the unit's dtype."""
-    model, dtype = work.model, unit_dtype(quantizer, inputs.dtype)
-    if quantizer.family == "full" and quantizer.name == "fp32" and next(model.parameters()).dtype == dtype:
-        return model  # no copy: fp32 of an fp32 model is the model itself
+    dtype = unit_dtype(quantizer, inputs.dtype)
+    if is_identity(quantizer, dtype):
+        return work.reference(dtype)
     kwargs = _gptq_kwargs(inputs, quantizer, work, run) if quantizer.family == "gptq" else {}
-    return cast_parameters(quantizer.quantize_model(copy.deepcopy(model), **kwargs), dtype)
+    return cast_parameters(quantizer.quantize_model(copy.deepcopy(work.model), **kwargs), dtype)
 
 
 def unit_examples(val: list[Example], pool: list[Example], unit: Unit) -> list[Example]:
@@ -242,15 +276,10 @@ def token_budget(cfg: ExperimentConfig, device: torch.device) -> int:
     return cfg.score.token_budget or (16384 if device.type == "cuda" else 2048)
 
 
-def score_unit(inputs: _Inputs, unit: Unit, work: CheckpointWork) -> pd.DataFrame:
-    """The loss table of one unit: its checkpoint (`work.model`) quantized, scored on its samples."""
-    quantizer = inputs.quantizers[unit.quantizer]
-    qmodel = _quantized(inputs, quantizer, work, unit.run)
-    _record_quantizer(inputs.store, quantizer, qmodel)
-    examples = unit_examples(inputs.val, inputs.pool, unit)
+def _engine(inputs: _Inputs, model: Any, examples: list[Example], hidden_hook: Any = None) -> list[TokenScores]:
     cfg, device = inputs.cfg, inputs.device
-    scores = score_examples(
-        qmodel,
+    return score_examples(
+        model,
         [(e.input_ids, e.loss_mask) for e in examples],
         pad_id=inputs.tok.pad_token_id,
         token_budget=token_budget(cfg, device),
@@ -258,7 +287,26 @@ def score_unit(inputs: _Inputs, unit: Unit, work: CheckpointWork) -> pd.DataFram
         vocab_stats=cfg.score.vocab_stats,
         device=device,
         cpu_workers=cfg.score.cpu_workers,
+        hidden_hook=hidden_hook,
     )
+
+
+def score_unit(inputs: _Inputs, unit: Unit, work: CheckpointWork) -> tuple[pd.DataFrame, UtilityWork | None]:
+    """The loss table of one unit: its checkpoint (`work.model`) quantized, scored on its samples; at a run's
+    final checkpoint with the utility columns of its validation rows (llmaudit.score.utility), measured against
+    the checkpoint in the store's dtype (`work.reference`), and what they cost."""
+    quantizer = inputs.quantizers[unit.quantizer]
+    qmodel = _quantized(inputs, quantizer, work, unit.run)
+    _record_quantizer(inputs.store, quantizer, qmodel)
+    examples = unit_examples(inputs.val, inputs.pool, unit)
+    extra, uwork = None, None
+    if inputs.utility.applies(unit):  # validation and pool in separate passes: the reference sees the same batches
+        engine = functools.partial(_engine, inputs)
+        reference = work.reference(inputs.dtype)
+        scores, extra, uwork = inputs.utility.score_val(unit, reference, qmodel, engine, inputs.device)
+        scores += _engine(inputs, qmodel, inputs.pool) if unit.final else []
+    else:
+        scores = _engine(inputs, qmodel, examples)
     nonfinite = [e.sample_id for e, s in zip(examples, scores, strict=True) if not np.isfinite(s.token_losses).all()]
     if nonfinite:
         raise ScoringError(
@@ -267,12 +315,18 @@ def score_unit(inputs: _Inputs, unit: Unit, work: CheckpointWork) -> pd.DataFram
             "this quantizer from score.quantizers, or try other options (group size, compute dtype); "
             "the units scored so far are kept."
         )
+    if extra is not None and nonfinite_divergence(extra):
+        raise ScoringError(
+            f"unit run={unit.run} step={unit.step} quantizer={unit.quantizer}: non-finite KL divergence on "
+            f"{nonfinite_divergence(extra)} validation sample(s): the quantized model's logits overflow. Remove this "
+            "quantizer from score.quantizers, or set score.divergence=false; the units scored so far are kept."
+        )
     members = (
         set()
         if unit.run == REFERENCE_RUN
         else {inputs.pool[i].sample_id for i in np.flatnonzero(inputs.masks[unit.run])}
     )
-    return _rows(unit, examples, scores, members, weights_digest(qmodel))
+    return _rows(unit, examples, scores, members, weights_digest(qmodel), extra), uwork
 
 
 def _todo(
@@ -299,6 +353,13 @@ def _todo(
     todo = [u for u in mine if not verdict.done(u)]
     clear_stale_markers(unit_marker_path(store, u.run, u.step, u.quantizer) for u in mine if u not in set(todo))
     return mine, todo
+
+
+def _stale_units(cfg: ExperimentConfig, store: RunStore, mine: list[Unit], todo: list[Unit]) -> set[Unit]:
+    """Finished units of this shard whose utility columns differ from what the recipe asks for."""
+    utility = make_utility(cfg, store, load_tokenizer(cfg.model))
+    waiting = set(todo)
+    return {u for u in mine if u not in waiting and utility.stale(u, store.unit_path(u.run, u.step, u.quantizer))}
 
 
 def unit_name(unit: Unit) -> str:
@@ -329,7 +390,8 @@ def _score_claimed_unit(inputs: _Inputs, unit: Unit, path: Path, work: Checkpoin
     with running_marker(unit_marker_path(store, unit.run, unit.step, unit.quantizer)):
         start = time.time()
         work = _load_checkpoint(inputs, work, unit)
-        write_loss_table(score_unit(inputs, unit, work), path)
+        table, uwork = score_unit(inputs, unit, work)
+        write_loss_table(table, path, metadata=inputs.utility.metadata() if uwork is not None else None)
         examples = unit_examples(inputs.val, inputs.pool, unit)
         append_work(
             store.worklog_path,
@@ -343,6 +405,7 @@ def _score_claimed_unit(inputs: _Inputs, unit: Unit, path: Path, work: Checkpoin
                 "dtype": dtype_name(unit_dtype(inputs.quantizers[unit.quantizer], inputs.dtype)),
                 "shared_seconds": round(work.take_paid(), 3),
                 "seconds": round(time.time() - start, 3),
+                **work_fields(uwork),
             },
         )
     return work
@@ -361,6 +424,8 @@ class _Progress:
     scored: int = 0
     others: list[Unit] = field(default_factory=list)
     decided: set[Unit] = field(default_factory=set)
+    stale: set[Unit] = field(default_factory=set)
+    """Finished final units to score again (`--refresh-utility`) when their utility columns are still out of date."""
 
 
 def _score_group(
@@ -373,7 +438,8 @@ def _score_group(
             continue
         path = store.unit_path(unit.run, unit.step, unit.quantizer)
         with claim(store.lock_path("units", *path.relative_to(store.scores_dir).with_suffix("").parts)) as mine_now:
-            if not mine_now or (path.exists() and check_unit_file(path, unit, pool_ids, val_ids, inputs.masks) is None):
+            done = path.exists() and check_unit_file(path, unit, pool_ids, val_ids, inputs.masks) is None
+            if not mine_now or (done and not (unit in progress.stale and inputs.utility.stale(unit, path))):
                 progress.others.append(unit)  # another process holds it, or finished it since we looked
                 progress.decided.add(unit)
                 bar.update(1)
@@ -385,10 +451,10 @@ def _score_group(
     return work
 
 
-def _score_todo(inputs: _Inputs, todo: list[Unit], bar) -> _Progress:
+def _score_todo(inputs: _Inputs, todo: list[Unit], bar, stale: set[Unit]) -> _Progress:
     """Claim checkpoint groups no other process holds and score them; then help with what is left of the groups
     that others hold (their units are claimed one by one, so nothing is scored twice)."""
-    store, progress, work = inputs.store, _Progress(), CheckpointWork()
+    store, progress, work = inputs.store, _Progress(stale=set(stale)), CheckpointWork()
     ids = ([e.sample_id for e in inputs.pool], [e.sample_id for e in inputs.val])
     groups = checkpoint_groups(todo)
     for first_pass in (True, False):
@@ -411,9 +477,13 @@ def score(
     progress: bool = True,
     echo=print,
     deep_verify: bool = False,
+    refresh_utility: bool = False,
 ) -> dict[str, Any]:
     """Score every unit of this shard that is not done. Returns counts and timings:
-    {"units", "scored", "taken_by_others", "seconds", "dtype"}."""
+    {"units", "scored", "taken_by_others", "seconds", "dtype"}.
+
+    refresh_utility: also rescore the finished final units whose utility columns were made with other settings
+    than the recipe's, or without them (stores scored by an earlier llmaudit)."""
     device = pick_device(cfg.score.device)
     check_quantizers(cfg.model_copy(update={"score": cfg.score.with_reference("fp32")}), device)  # before any file
     choice = store.scoring_choice(cfg.score.dtype, device)
@@ -422,6 +492,10 @@ def score(
     check_recorded_options(store, quantizers)
     store.update_config(cfg)
     mine, todo = _todo(cfg, store, shard, deep=deep_verify, echo=echo)
+    stale = _stale_units(cfg, store, mine, todo) if refresh_utility else set()
+    if stale:
+        echo(f"[score] {len(stale)} finished final unit(s) lack the recipe's utility columns: scoring them again")
+        todo = [u for u in mine if u in set(todo) | stale]
     echo(
         f"[score] {store.root}: {len(plan_units(cfg, store))} unit(s) in the grid, {len(mine)} in this shard, "
         f"{len(mine) - len(todo)} already scored, {len(todo)} to do on {device} in {dtype_name(choice.dtype)}"
@@ -437,7 +511,7 @@ def score(
     inputs = _load_inputs(cfg, store, device, quantizers, choice.dtype)
     t0 = time.time()
     bar = tqdm(total=len(todo), desc="scoring", disable=not progress, mininterval=1.0)
-    done = _score_todo(inputs, todo, bar)
+    done = _score_todo(inputs, todo, bar, stale)
     bar.close()
     seconds = time.time() - t0
     echo(

@@ -29,6 +29,13 @@ Optional columns
                          added in loss-table version 2
     zlib_bytes    int    zlib-compressed length (bytes) of the scored text (needed by the zlib attack)
     point_id      str    digest of the quantized weights: equal ids mean the same quantized point
+    token_kl      list<float>  per scored token, KL(p_ref || p_q) in nats of this model's next-token
+                         distribution from the unquantized model of the same checkpoint (val rows of a run's final
+                         checkpoint; null elsewhere)
+    token_same_top list<bool>  per scored token, whether both models' most likely next token is the same
+    generated     str    the model's greedy answer to the record's prompt (the generation subset of the val rows of
+                         a run's final checkpoint; null elsewhere), for the task metrics
+A unit file that holds these also records how they were made in its parquet metadata (UTILITY_METADATA_KEY).
 
 Versions: 1 = the columns above without token_top1 (tables written before it, and any table without
 version metadata); 2 = token_top1 added. llmaudit writes the version into the parquet metadata
@@ -71,7 +78,13 @@ OPTIONAL_COLUMNS: dict[str, str] = {
     "token_top1": "list<bool>",
     "zlib_bytes": "int",
     "point_id": "str",
+    "token_kl": "list<float>",
+    "token_same_top": "list<bool>",
+    "generated": "str",
 }
+
+UTILITY_METADATA_KEY = b"llmaudit.utility"
+"""Parquet schema metadata of a unit file with utility columns: JSON of the settings they were made with."""
 
 REFERENCE_RUN = -1
 
@@ -102,6 +115,9 @@ OPTIONAL_SCHEMA = {
     "token_top1": pa.list_(pa.bool_()),
     "zlib_bytes": pa.int32(),
     "point_id": pa.string(),
+    "token_kl": pa.list_(pa.float32()),
+    "token_same_top": pa.list_(pa.bool_()),
+    "generated": pa.string(),
 }
 
 
@@ -247,6 +263,7 @@ def _check_token_columns(df: pd.DataFrame, source: str) -> None:
         raise LossTableError(f"{source}: 'zlib_bytes' must be positive byte counts.")
     if "token_top1" in df.columns:
         _check_top1(df, source)
+    _check_divergence_columns(df, source)
 
 
 def _check_top1(df: pd.DataFrame, source: str) -> None:
@@ -303,6 +320,38 @@ def uniform_vocab_mean_evidence(token_losses, token_vocab_mean, *, min_positions
     return None
 
 
+def _missing(value) -> bool:
+    """None, NaN or pandas' NA: a row a column does not apply to."""
+    return value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value))
+
+
+def _check_divergence_columns(df: pd.DataFrame, source: str) -> None:
+    """token_kl / token_same_top where present (null rows allowed): one value per scored token, KL finite and
+    >= 0, agreement boolean; generated: text or null."""
+    for col in ("token_kl", "token_same_top"):
+        if col not in df.columns:
+            continue
+        present = ~df[col].map(_missing)
+        rows = df[present]
+        if rows.empty:
+            continue
+        if (rows[col].map(len) != rows["n_tokens"]).any():
+            raise LossTableError(
+                f"{source}: '{col}' does not hold one value per scored token in every row that has it."
+            )
+        values = _flat(rows[col], source, col)
+        bad = (
+            ~np.isfinite(values) | (values < -NEGATIVE_TOLERANCE) if col == "token_kl" else ~np.isin(values, (0.0, 1.0))
+        )
+        if bad.any():
+            raise LossTableError(
+                f"{source}: '{col}' holds {int(bad.sum())} invalid value(s) (KL must be finite and >= 0, agreement "
+                "boolean); rescore that unit (`llmaudit score` redoes a failed unit)."
+            )
+    if "generated" in df.columns and not df["generated"].map(lambda v: isinstance(v, str) or _missing(v)).all():
+        raise LossTableError(f"{source}: 'generated' must hold text or null.")
+
+
 def to_arrow(df: pd.DataFrame) -> pa.Table:
     fields = list(SCHEMA)
     for col, typ in OPTIONAL_SCHEMA.items():
@@ -328,11 +377,14 @@ def table_version(schema: pa.Schema, source: str) -> int:
     return version
 
 
-def write_loss_table(df: pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Validate and write atomically as parquet."""
+def write_loss_table(df: pd.DataFrame, path: str | os.PathLike, *, metadata: dict[bytes, bytes] | None = None) -> Path:
+    """Validate and write atomically as parquet; `metadata` is added to the file's schema metadata."""
     df = validate_loss_table(df, source=str(path))
+    table = to_arrow(df)
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     buf = io.BytesIO()
-    pq.write_table(to_arrow(df), buf, compression="zstd")
+    pq.write_table(table, buf, compression="zstd")
     return atomic_write_bytes(path, buf.getvalue())
 
 
@@ -350,12 +402,21 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
             "`llmaudit score RUN_DIR` scores it again."
         ) from None
     table_version(table.schema, str(path))
-    for col in ("token_losses", "token_vocab_mean", "token_vocab_std"):
+    for col in ("token_losses", "token_vocab_mean", "token_vocab_std", "token_kl"):
         if col in df.columns:
             df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
-    if "token_top1" in df.columns:
-        df["token_top1"] = df["token_top1"].map(lambda v: None if v is None else np.asarray(v, dtype=bool))
+    for col in ("token_top1", "token_same_top"):
+        if col in df.columns:
+            df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=bool))
     return df
+
+
+def unit_metadata(path: str | os.PathLike) -> dict[bytes, bytes]:
+    """A parquet file's schema metadata (empty when it has none or cannot be read)."""
+    try:
+        return dict(pq.read_schema(path).metadata or {})
+    except (pa.ArrowException, OSError, ValueError):
+        return {}
 
 
 def read_loss_table(path: str | os.PathLike, *, files: list[Path] | None = None) -> pd.DataFrame:

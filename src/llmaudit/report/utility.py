@@ -1,0 +1,155 @@
+"""The utility columns of a report beside the privacy ones: each quantizer's divergence from full precision and
+task metrics (from the result's utility block), what the checklist's utility criterion judges when
+`report.utility_metric` is not the loss, and the Pareto front of the privacy-utility figure.
+
+Pure functions over the result and report dicts (no rendering): the grid, the policy, the view and the figures
+all read them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from llmaudit.common.formatting import finite_or_none, interval_or_none
+
+DIVERGENCE_KEYS = (
+    "kl_mean",
+    "kl_median",
+    "kl_99",
+    "kl_max",
+    "same_top",
+    "delta_p_mean",
+    "delta_p_rms",
+    "ln_ppl_ratio",
+    "ppl_ratio",
+)
+
+DEFAULT_LIMITS = {"kl": 0.05, "same_top": 0.90}
+"""report.utility_limit when unset: mean KL per token at most 0.05 nats; the most likely token agrees on at least
+90% of the held-out tokens; any task metric at most 0.05 below full precision (TASK_DEFAULT_LIMIT)."""
+TASK_DEFAULT_LIMIT = 0.05
+
+METRIC_LABELS = {
+    "kl": "mean KL(p_ref || p_q) per validation token (nats)",
+    "same_top": "share of validation tokens whose most likely next token agrees with full precision",
+}
+
+
+def divergence_row(entry: dict[str, Any] | None) -> dict[str, Any]:
+    """A quantizer's divergence summary for its grid row: every statistic's mean over runs, interval and token
+    error, or not measured with the reason."""
+    entry = entry or {}
+    if not entry.get("measured"):
+        return {"measured": False, "reason": entry.get("reason") or "not measured"}
+    out: dict[str, Any] = {"measured": True, "reason": None, "n_runs": entry.get("n_runs")}
+    for key in DIVERGENCE_KEYS:
+        s = entry.get(key) or {}
+        out[key] = {
+            "mean": finite_or_none(s.get("mean")),
+            "ci": interval_or_none(*(s.get("ci") or [None, None])),
+            "token_se": finite_or_none(s.get("token_se")),
+        }
+    return out
+
+
+def task_metric_row(m: dict[str, Any]) -> dict[str, Any]:
+    """One task metric of one quantizer for its grid row: value, interval, its drop below the reference."""
+    drop = m.get("drop_vs_reference") or {}
+    return {
+        "value": finite_or_none(m.get("value")),
+        "ci": interval_or_none(*(m.get("ci") or [None, None])),
+        "higher_is_better": m.get("higher_is_better", True),
+        "n_runs": m.get("n_runs"),
+        "drop": {"value": finite_or_none(drop.get("value")), "ci": interval_or_none(*(drop.get("ci") or [None, None]))},
+    }
+
+
+def metric_estimate(row: dict[str, Any], metric: str, limit: float | None) -> dict[str, Any]:
+    """What the utility criterion judges for a non-loss `metric` on one grid row: value, interval, the direction
+    ("max": value <= limit, "min": value >= limit), the limit, runs behind it, and why it is missing (or None)."""
+    u = row["utility"]
+    if metric in ("kl", "same_top"):
+        d = u.get("divergence") or {}
+        stat = (d.get("kl_mean") if metric == "kl" else d.get("same_top")) or {}
+        return {
+            "value": stat.get("mean"),
+            "ci": stat.get("ci"),
+            "kind": "max" if metric == "kl" else "min",
+            "limit": DEFAULT_LIMITS[metric] if limit is None else float(limit),
+            "n_runs": d.get("n_runs") or 0,
+            "missing": None if d.get("measured") else f"divergence not measured: {d.get('reason')}",
+            "description": f"{METRIC_LABELS[metric]} {'<=' if metric == 'kl' else '>='} limit",
+        }
+    m = (u.get("task_metrics") or {}).get(metric)
+    drop = (m or {}).get("drop") or {}
+    return {
+        "value": drop.get("value"),
+        "ci": drop.get("ci"),
+        "kind": "max",
+        "limit": TASK_DEFAULT_LIMIT if limit is None else float(limit),
+        "n_runs": (m or {}).get("n_runs") or 0,
+        "missing": None if m else f"task metric {metric} not measured",
+        "description": f"drop of {metric} below full precision (reference - quantizer, paired by run) <= limit",
+    }
+
+
+def pareto_front(points: list[tuple[float, float]], *, lower_x_is_better: bool) -> list[bool]:
+    """Which points [(x, y)] are on the Pareto front when lower y is better and x is better lower (KL) or higher
+    (a task metric): a point is on it unless another is at least as good in both and better in one."""
+
+    def better_or_equal(a, b):
+        ax, bx = (a[0], b[0]) if lower_x_is_better else (-a[0], -b[0])
+        return ax <= bx and a[1] <= b[1]
+
+    out = []
+    for i, p in enumerate(points):
+        dominated = any(better_or_equal(q, p) and q != p for j, q in enumerate(points) if j != i)
+        out.append(not dominated)
+    return out
+
+
+def indistinguishable_by_kl(grid: list[dict[str, Any]]) -> list[list[str]]:
+    """Groups of quantizers (two or more, in KL order) whose mean KL intervals overlap a neighbour's: KL does not
+    order them (near-lossless quantizers typically)."""
+    rows = []
+    for r in grid:
+        stat = ((r["utility"].get("divergence") or {}).get("kl_mean")) or {}
+        if stat.get("mean") is not None and stat.get("ci"):
+            rows.append((stat["mean"], stat["ci"], r["quantizer"]))
+    rows.sort(key=lambda t: t[0])
+    groups: list[list[str]] = []
+    current: list[str] = []
+    top = -math.inf
+    for _, ci, name in rows:
+        if current and ci[0] <= top:
+            current.append(name)
+        else:
+            if len(current) > 1:
+                groups.append(current)
+            current = [name]
+            top = -math.inf
+        top = max(top, ci[1])
+    if len(current) > 1:
+        groups.append(current)
+    return groups
+
+
+def utility_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The report's block on how utility beyond the loss was measured: the divergence's definition, and the
+    task metrics' settings, metrics, and what was not measured with the fix."""
+    tasks = result.get("task_metrics") or {}
+    divergence = result.get("divergence") or {}
+    settings = tasks.get("settings") or {}
+    generation = settings.get("generation") or {}
+    return {
+        "divergence_definition": divergence.get("definition"),
+        "divergence_reference": divergence.get("reference_quantizer"),
+        "tasks_measured": bool(tasks.get("measured")),
+        "tasks_reason": tasks.get("reason"),
+        "task_metrics": dict(tasks.get("metrics") or {}),
+        "tasks_not_measured": dict(tasks.get("not_measured") or {}),
+        "generation_samples": tasks.get("n_samples") or len(generation.get("sample_ids") or []) or None,
+        "generation_max_new_tokens": generation.get("max_new_tokens"),
+        "generation_decoding": generation.get("decoding"),
+    }

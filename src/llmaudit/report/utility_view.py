@@ -1,0 +1,152 @@
+"""The report section on utility beyond the loss: divergence from full precision (llama.cpp's statistics) and
+the task metrics of greedy answers, per quantizer, each with its interval; what was not measured, and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmaudit.common.formatting import fmt_num, fmt_sig
+from llmaudit.report.cells import Cell, Section, Table, code, lit, value_cell
+from llmaudit.report.utility import indistinguishable_by_kl
+
+FIX = "`llmaudit score RUN_DIR --refresh-utility` adds them (it rescores each run's final units)"
+
+
+def _stat_cell(stat: dict[str, Any] | None, digits: int = 3, *, token: bool = True) -> Cell:
+    """mean [interval over runs], with the token-level error as '± se' (the errors, never a bare number)."""
+    stat = stat or {}
+    if stat.get("mean") is None:
+        return Cell("n/a")
+    se = f" ± {fmt_sig(stat['token_se'], 2)}" if token and stat.get("token_se") is not None else ""
+    ci = stat.get("ci")
+    return Cell(
+        fmt_sig(stat["mean"], digits) + se, f"[{fmt_sig(ci[0], digits)}, {fmt_sig(ci[1], digits)}]" if ci else ""
+    )
+
+
+def _divergence_table(grid: list[dict[str, Any]]) -> Table:
+    header = [
+        "quantizer",
+        "KL mean (nats/token)",
+        "KL median",
+        "KL 99%",
+        "same top p",
+        "RMS Δp",
+        "mean Δp",
+        "PPL_q / PPL_ref",
+        "ln(PPL_q / PPL_ref)",
+    ]
+    rows = []
+    for r in grid:
+        d = r["utility"].get("divergence") or {}
+        if not d.get("measured"):
+            rows.append(
+                [Cell(r["quantizer"], code=True), Cell("NOT MEASURED", lit(d.get("reason") or ""))] + [Cell("")] * 7
+            )
+            continue
+        rows.append(
+            [
+                Cell(r["quantizer"] + (" (ref)" if r["is_reference"] else ""), code=True),
+                _stat_cell(d.get("kl_mean")),
+                _stat_cell(d.get("kl_median"), token=False),
+                _stat_cell(d.get("kl_99"), token=False),
+                _stat_cell(d.get("same_top")),
+                _stat_cell(d.get("delta_p_rms")),
+                _stat_cell(d.get("delta_p_mean")),
+                _stat_cell(d.get("ppl_ratio"), 4),
+                _stat_cell(d.get("ln_ppl_ratio"), 3),
+            ]
+        )
+    return Table(header, rows, highlight_first=bool(grid) and grid[0]["is_reference"])
+
+
+def _task_table(grid: list[dict[str, Any]], names: list[str]) -> Table:
+    rows = []
+    for r in grid:
+        cells = [Cell(r["quantizer"] + (" (ref)" if r["is_reference"] else ""), code=True)]
+        for n in names:
+            m = r["utility"]["task_metrics"].get(n) or {}
+            drop = (m.get("drop") or {}).get("value")
+            cell = value_cell(m.get("value"), m.get("ci"))
+            if drop is not None and not r["is_reference"]:
+                cell.text += f" (Δ {'+' if drop <= 0 else '-'}{fmt_num(abs(drop))})"
+            cells.append(cell)
+        rows.append(cells)
+    return Table(["quantizer"] + names, rows, highlight_first=bool(grid) and grid[0]["is_reference"])
+
+
+def _divergence_paragraphs(report: dict[str, Any]) -> list[str]:
+    u = report.get("utility") or {}
+    paras = [
+        "Divergence from full precision, as llama.cpp's `--kl-divergence` reports it: per validation token of each "
+        f"run's final checkpoint, KL(p_ref || p_q) against the unquantized model of the same checkpoint ({code(u.get('divergence_reference'))} "
+        "for Δp and the perplexity ratio), exact over the whole vocabulary. Each cell: mean over runs ± the token-level "
+        "standard error of that mean, and in brackets the 95% bootstrap interval over runs (docs/science.md section 11). "
+        "Δp is the change of the probability of the true next token; same top p the share of tokens whose most likely "
+        "next token is the same."
+    ]
+    not_measured = [
+        r["quantizer"] for r in report["grid"] if not (r["utility"].get("divergence") or {}).get("measured")
+    ]
+    if not_measured:
+        paras.append(f"KL not measured for {lit(', '.join(not_measured))}: {FIX}.")
+    return paras
+
+
+def _task_paragraphs(report: dict[str, Any]) -> list[str]:
+    u = report.get("utility") or {}
+    if not u.get("tasks_measured"):
+        return [f"Task metrics NOT MEASURED: {lit(u.get('tasks_reason') or 'no answers were generated')}."]
+    paras = [
+        f"Task metrics of the answers ({lit(u.get('generation_decoding'))}) to {lit(u.get('generation_samples'))} "
+        f"validation records at each run's final checkpoint, at most {lit(u.get('generation_max_new_tokens'))} new tokens: "
+        "mean over runs [95% interval over runs], and in parentheses the change from full precision (docs/science.md "
+        "section 11)."
+    ]
+    bullets = [f"{code(n)}: {lit(d)}" for n, d in (u.get("task_metrics") or {}).items()]
+    bullets += [f"{code(n)}: NOT MEASURED, {lit(why)}" for n, why in (u.get("tasks_not_measured") or {}).items()]
+    return paras + (["; ".join(bullets) + "."] if bullets else [])
+
+
+def divergence_cells(utility: dict[str, Any]) -> list[Cell]:
+    """A grid row's KL and same-top cells (mean over runs, interval), or NOT MEASURED."""
+    d = utility.get("divergence") or {}
+    if not d.get("measured"):
+        return [Cell("NOT MEASURED"), Cell("NOT MEASURED")]
+    return [_stat_cell(d.get("kl_mean"), token=False), _stat_cell(d.get("same_top"), token=False)]
+
+
+def utility_limit_text(report: dict[str, Any]) -> str:
+    """The utility criterion's limit in words, for the summary."""
+    th = report["checklist"]["thresholds"]
+    metric = th.get("utility_metric") or "loss"
+    if metric == "loss":
+        return f"validation loss increase <= {100 * th['max_utility_loss']:g}%"
+    crit = next(
+        (c for v in report["checklist"]["per_quantizer"].values() for c in v["criteria"] if c["id"] == "utility"), {}
+    )
+    return f"utility on {metric} {crit.get('comparison', '<=')} {fmt_sig(crit.get('threshold'))}"
+
+
+def utility_section(report: dict[str, Any]) -> Section | None:
+    """The section, or None for a report whose result has no divergence block (made before llmaudit measured it)."""
+    if "divergence" not in (report.get("result") or {}):
+        return None
+    grid = report["grid"]
+    tables = [_divergence_table(grid)]
+    names = sorted({n for r in grid for n in r["utility"]["task_metrics"]})
+    if names:
+        tables.append(_task_table(grid, names))
+    groups = indistinguishable_by_kl(grid)
+    bullets = [
+        f"KL does not order {lit(', '.join(g))}: their intervals over runs overlap, so their difference in KL is "
+        "within what the runs disagree on (for near-lossless quantizers, read the task metrics and attacks instead)."
+        for g in groups
+    ]
+    return Section(
+        "Utility against full precision",
+        _divergence_paragraphs(report) + _task_paragraphs(report),
+        tables,
+        bullets=bullets,
+        anchor="utility",
+    )
