@@ -2,9 +2,10 @@
 included), and the report's strongest-attack-versus-LOSS line."""
 
 from llmaudit.analyze.metrics import fpr_key
+from llmaudit.report.cells import to_markdown
 from llmaudit.report.grid import strongest_vs_loss
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, release_checklist
-from llmaudit.report.view import _skipped_bullets, _strongest_table, to_markdown
+from llmaudit.report.view import _skipped_bullets, _strongest_table
 
 THRESHOLDS = {"max_tpr_at_1pct_fpr": 0.05, "min_r_q": 0.0, "max_utility_loss": 0.1, "min_runs": 5}
 
