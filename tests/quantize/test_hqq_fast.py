@@ -122,9 +122,9 @@ def test_equal_at_several_thread_counts_with_odd_thread_ranges(threads, chunk, m
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("numel", [1023, 40_120, 100_031])
 def test_pow_like_full_tensor_equals_the_full_call_at_every_position(numel, threads):
-    """The power element by element, at scattered positions and at the last 40 of every thread range, equals
-    the full-tensor call there. Those last 40 hold values whose vectorized and scalar powers differ, so a
-    wrong split of the tensor between the two loops fails this test."""
+    """The power element by element, at scattered positions and at the last 40 of every thread range (and at
+    every position), equals the full-tensor call there. Those last 40 hold values whose vectorized and
+    scalar powers differ, so a wrong split of the tensor between the two loops fails this test."""
     g = torch.Generator().manual_seed(numel)
     x = torch.rand(numel, generator=g) * 2.0
     candidates = torch.rand(4096, generator=g) * 2.0
@@ -139,6 +139,8 @@ def test_pow_like_full_tensor_equals_the_full_call_at_every_position(numel, thre
         index = torch.unique(torch.cat([ends, torch.randint(0, numel, (500,), generator=g)]))
         ours = hqq_fast.pow_like_full_tensor(x[index], index, numel, EXPONENT, full=x)
         assert torch.equal(ours, full[index])
+        everywhere = torch.arange(numel)  # beyond threads x grain: the vectorized loop in multi-thread pieces
+        assert torch.equal(hqq_fast.pow_like_full_tensor(x, everywhere, numel, EXPONENT, full=x), full)
         if differing.numel():  # this CPU's vectorized pow differs from std::pow: the split must be known ...
             assert hqq_fast._pow_block(EXPONENT, threads) is not None
             # ... and both loops were needed
@@ -146,6 +148,29 @@ def test_pow_like_full_tensor_equals_the_full_call_at_every_position(numel, thre
             assert (ours != hqq_fast._pow_vector_loop(x[index], EXPONENT, 32)).any()
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_tensor_mean_equals_torchs_mean_at_that_thread_count(threads):
+    """The tensor-wide error hqq's early stop compares, computed on one thread as ``threads`` threads sum it
+    (their ranges into slots): the same bits as torch's own mean at that count, around and far above the
+    grain size; the emulation (not its fallback) is what runs here. Values spanning six decades make the
+    summation order show: at 2 and 3 threads some of these means differ from the one-thread mean."""
+    g = torch.Generator().manual_seed(1)
+    order_shows = False
+    for numel in (1000, 32768, 32769, 40_120, 250_001, 884_736):
+        x = torch.rand(numel, generator=g) * torch.logspace(-3, 3, numel)[torch.randperm(numel, generator=g)]
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(threads)
+            expected = float(x.mean())
+            torch.set_num_threads(1)
+            order_shows |= float(x.mean()) != expected
+        finally:
+            torch.set_num_threads(before)
+        assert hqq_fast.tensor_mean(x, threads) == expected, numel
+    assert hqq_fast._mean_by_ranges_holds(threads)
+    assert order_shows == (threads > 1)
 
 
 def _range_ends(numel: int, threads: int) -> list[int]:

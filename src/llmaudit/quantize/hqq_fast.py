@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
+from llmaudit.common.runtime import torch_threads
+
 from .base import QuantizationError
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "fake_quantize",
     "pow_like_full_tensor",
     "pow_of_groups",
+    "tensor_mean",
 ]
 
 # hqq 0.2.8's defaults (optimize_weights_proximal_legacy's opt_params; Quantizer.quantize). A test checks
@@ -175,47 +178,64 @@ def _pow_scalar_loop(values: torch.Tensor, exponent: float) -> torch.Tensor:
 
 
 def _pow_vector_loop(values: torch.Tensor, exponent: float, block: int) -> torch.Tensor:
-    """``values ** exponent`` through the kernel's vectorized loop: padded to whole blocks, in single-range
-    pieces (shorter than the grain size)."""
+    """``values ** exponent`` through the kernel's vectorized loop only: padded to whole blocks, then in
+    pieces whose every thread range is whole blocks: ``threads x grain`` elements (each thread gets exactly
+    ``grain``), the rest in pieces shorter than the grain (one range)."""
     n = values.numel()
     padded = torch.ones(-(-n // block) * block, dtype=values.dtype)
     padded[:n] = values
-    piece = (_GRAIN // block - 1) * block
-    return torch.cat([padded[i : i + piece].pow(exponent) for i in range(0, padded.numel(), piece)])[:n]
+    out = torch.empty_like(padded)
+    wide = torch.get_num_threads() * _GRAIN if _GRAIN % block == 0 else 0
+    begin = 0
+    if wide:
+        for begin in range(0, padded.numel() - wide + 1, wide):
+            torch.pow(padded[begin : begin + wide], exponent, out=out[begin : begin + wide])
+        begin = padded.numel() - padded.numel() % wide
+    narrow = (_GRAIN // block - 1) * block
+    for i in range(begin, padded.numel(), narrow):
+        torch.pow(padded[i : i + narrow], exponent, out=out[i : i + narrow])
+    return out[:n]
 
 
 @functools.cache
 def _pow_block(exponent: float, threads: int) -> int | None:
     """The width of the vectorized loop's block (2 vectors) of ``pow`` on this machine, verified against
     torch's own split at ``threads`` threads; None where it cannot be read off or does not verify."""
-    probe = torch.linspace(0.01, 4.0, 4096)
-    vector = probe.pow(exponent)  # 4096 elements: one range of whole blocks
-    differ = (vector != _pow_scalar_loop(probe, exponent)).nonzero().flatten()
-    if differ.numel() == 0:
-        return None
-    value, vector_result = float(probe[int(differ[0])]), vector[int(differ[0])]
-    block = next((n for n in range(1, 513) if torch.full((n,), value).pow(exponent)[-1] == vector_result), None)
-    if block is None:
-        return None
-    for numel in (block - 1, 3 * block + 5, 2 * _GRAIN + 3 * block + 7, 3 * _GRAIN + 11):
-        seen = torch.full((numel,), value).pow(exponent) == vector_result
-        expected = torch.ones(numel, dtype=torch.bool)
-        for begin, end in _scalar_zones(numel, threads, block):
-            expected[begin:end] = False
-        if not torch.equal(seen, expected):
+    with torch_threads(threads):
+        probe = torch.linspace(0.01, 4.0, 4096)
+        vector = probe.pow(exponent)  # 4096 elements: one range of whole blocks
+        differ = (vector != _pow_scalar_loop(probe, exponent)).nonzero().flatten()
+        if differ.numel() == 0:
             return None
+        value, vector_result = float(probe[int(differ[0])]), vector[int(differ[0])]
+        sizes = range(1, 513)
+        block = next((n for n in sizes if torch.full((n,), value).pow(exponent)[-1] == vector_result), None)
+        if block is None:
+            return None
+        for numel in (block - 1, 3 * block + 5, 2 * _GRAIN + 3 * block + 7, 3 * _GRAIN + 11):
+            seen = torch.full((numel,), value).pow(exponent) == vector_result
+            expected = torch.ones(numel, dtype=torch.bool)
+            for begin, end in _scalar_zones(numel, threads, block):
+                expected[begin:end] = False
+            if not torch.equal(seen, expected):
+                return None
     return block
 
 
 def pow_like_full_tensor(
-    values: torch.Tensor, flat_index: torch.Tensor, numel: int, exponent: float, full: torch.Tensor | None = None
+    values: torch.Tensor,
+    flat_index: torch.Tensor,
+    numel: int,
+    exponent: float,
+    full: torch.Tensor | None = None,
+    threads: int | None = None,
 ) -> torch.Tensor:
     """``values ** exponent`` exactly as ``full.pow(exponent)`` computes it at ``flat_index`` (sorted, as
-    ``nonzero`` returns it) of a contiguous float32 tensor of ``numel`` elements, at the current thread
-    count. ``values, flat_index: [k]`` -> [k]. Where the kernel's split cannot be verified, ``full`` (the
-    whole tensor) is raised to the power."""
+    ``nonzero`` returns it) of a contiguous float32 tensor of ``numel`` elements at ``threads`` threads
+    (None: the current count), whatever the current count. ``values, flat_index: [k]`` -> [k]. Where the
+    kernel's split cannot be verified, ``full`` (the whole tensor) is raised to the power."""
     as_groups = values.reshape(-1, 1)
-    return pow_of_groups(as_groups, flat_index, (numel, 1), 1, exponent, full).reshape(-1)
+    return pow_of_groups(as_groups, flat_index, (numel, 1), 1, exponent, full, threads).reshape(-1)
 
 
 def pow_of_groups(
@@ -225,17 +245,20 @@ def pow_of_groups(
     axis: int,
     exponent: float,
     full: torch.Tensor | None = None,
+    threads: int | None = None,
 ) -> torch.Tensor:
     """``values ** exponent`` for some groups of a contiguous float32 [R, C] tensor, exactly as the full
-    tensor's ``full.pow(exponent)`` computes them at the current thread count. ``picked: [h]`` sorted group
-    indices (rows for axis 1, columns for axis 0); ``values``: those groups, [h, C] (axis 1) or [R, h]
-    (axis 0), contiguous. Where the kernel's split cannot be verified, ``full`` is raised to the power."""
-    threads = torch.get_num_threads()
+    tensor's ``full.pow(exponent)`` computes them at ``threads`` threads (None: the current count).
+    ``picked: [h]`` sorted group indices (rows for axis 1, columns for axis 0); ``values``: those groups,
+    [h, C] (axis 1) or [R, h] (axis 0), contiguous. Where the kernel's split cannot be verified, ``full``
+    is raised to the power (at ``threads`` threads)."""
+    threads = threads or torch.get_num_threads()
     block = _pow_block(exponent, threads)
     if block is None:
         if full is None:
             raise RuntimeError("torch's pow split could not be verified here and no full tensor was given")
-        return torch.index_select(full.reshape(shape).pow(exponent), 1 - axis, picked)
+        with torch_threads(threads):
+            return torch.index_select(full.reshape(shape).pow(exponent), 1 - axis, picked)
     out = _pow_vector_loop(values.reshape(-1), exponent, block).view(values.shape)
     columns = shape[1]
     for begin, end in _scalar_zones(shape[0] * columns, threads, block):
@@ -248,6 +271,52 @@ def pow_of_groups(
             at = (slot[found], column[found]) if axis == 1 else (row[found], slot[found])
             out[at] = _pow_scalar_loop(values[at], exponent)
     return out
+
+
+def _mean_ranges(numel: int, threads: int) -> list[tuple[int, int]]:
+    """How torch's CPU sum of ``numel`` contiguous elements splits them between threads (its two-pass
+    reduction: at::parallel_for's ranges, each summed into its own slot, the slots summed after)."""
+    ranges = 1 if numel <= _GRAIN or threads <= 1 else min(threads, -(-numel // _GRAIN))
+    chunk = -(-numel // ranges)
+    return [(b, min(numel, b + chunk)) for b in range(0, numel, chunk)]
+
+
+def _mean_by_ranges(x: torch.Tensor, threads: int) -> torch.Tensor:
+    """``x.mean()`` as ``threads`` threads compute it, computed on one: per-range sums into ``threads``
+    slots, the slots summed, divided by the count."""
+    flat = x.reshape(-1)
+    with torch_threads(1):
+        slots = torch.zeros(threads, dtype=x.dtype)
+        for slot, (begin, end) in enumerate(_mean_ranges(flat.numel(), threads)):
+            slots[slot] = flat[begin:end].sum()
+        return slots.sum().div_(flat.numel())
+
+
+@functools.cache
+def _mean_by_ranges_holds(threads: int) -> bool:
+    """Whether ``_mean_by_ranges`` reproduces torch's ``mean()`` here at ``threads`` threads, bit for bit,
+    on random tensors around and well above the grain size."""
+    g = torch.Generator().manual_seed(0)
+    for numel in (_GRAIN - 1, _GRAIN + 1, 3 * _GRAIN + 5, 10 * _GRAIN + 17, 777_777):
+        x = torch.rand(numel, generator=g) * torch.logspace(-3, 3, numel)[torch.randperm(numel, generator=g)]
+        with torch_threads(threads):
+            expected = x.mean()
+        if not torch.equal(_mean_by_ranges(x, threads), expected):
+            return False
+    return True
+
+
+def tensor_mean(x: torch.Tensor, threads: int) -> float:
+    """``float(x.mean())`` of a contiguous float32 tensor exactly as torch computes it at ``threads``
+    threads, run on one thread where that is verified to give the same bits (a barrier per operation stalls
+    a loaded CPU), else run at ``threads``."""
+    if threads <= 1 or x.numel() <= _GRAIN:
+        with torch_threads(1):
+            return float(x.mean())
+    if _mean_by_ranges_holds(threads):
+        return float(_mean_by_ranges(x, threads))
+    with torch_threads(threads):
+        return float(x.mean())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,10 +361,10 @@ def _shrunk_target(
     may be non-zero): (their indices within the chunk [h], their values [h, C] for axis 1 or [R, h] for
     axis 0); None when there is none. ``work = (V, Q, x = V - R, |x|)`` of the chunk; ``where``: the
     chunk's groups' indices in the tensor whose ``|x|`` is ``absdiff_full`` ([R, C]); ``params = (bound,
-    beta, p)``. Inside a picked group the shrink is computed for every element: where ``|x| < bound`` it is
+    beta, p, the thread count hqq's calls run at)``. Inside a picked group the shrink is computed for every element: where ``|x| < bound`` it is
     exactly 0 whatever the power's last bit."""
     groups, codes, diff, absdiff = work
-    bound, beta, lp_norm = params
+    bound, beta, lp_norm, threads = params
     picked = (absdiff.amax(dim=axis) >= bound).nonzero().flatten()
     if picked.numel() == 0:
         return None
@@ -305,7 +374,7 @@ def _shrunk_target(
         return torch.index_select(t, dim, picked)
 
     a = pick(absdiff)
-    power = pow_of_groups(a, where[picked], tuple(absdiff_full.shape), axis, lp_norm - 1, full=absdiff_full)
+    power = pow_of_groups(a, where[picked], tuple(absdiff_full.shape), axis, lp_norm - 1, absdiff_full, threads)
     shrunk = a.sub_((1.0 / beta) * power).clamp_min_(0.0).mul_(torch.sign(pick(diff)))
     return picked, pick(codes) - (pick(groups) - shrunk) * pick(scale)
 
@@ -335,7 +404,7 @@ def _step_chunk(
     target = torch.sub(codes, scaled, out=codes)  # Q - (V - E) s with E = 0 ...
     if patch is not None:
         target.index_copy_(1 - axis, *patch)  # ... except in the groups where it may not be
-    new = target.mean(dim=axis, keepdim=True)
+    new = target.mean(dim=axis, keepdim=True)  # a group's sum does not depend on the thread count
     changed = (new != z).flatten()
     z.copy_(new)
     return changed
@@ -361,11 +430,14 @@ def optimize_zero(
     lp_norm: float = LP_NORM,
     iters: int = ITERATIONS,
     workspace: Workspace | None = None,
+    threads: int | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """hqq's half-quadratic zero-point refinement of one tensor (scale fixed), with its early stop.
+    """hqq's half-quadratic zero-point refinement of one tensor (scale fixed), with its early stop, as hqq
+    computes it at ``threads`` threads (None: the current count; the work itself runs on one).
     ``groups: [R, C]``, ``scale, zero: [R, 1] | [1, C]`` -> (zero like ``zero``, steps run)."""
     workspace = workspace or Workspace()
-    params = (shrink_threshold(beta, lp_norm), beta, lp_norm)
+    threads = threads or torch.get_num_threads()
+    params = (shrink_threshold(beta, lp_norm), beta, lp_norm, threads)
     zero = zero.clone()
     absdiff = workspace.get("absdiff", tuple(groups.shape))
     rows, columns = groups.shape
@@ -373,21 +445,22 @@ def optimize_zero(
     scratch = [workspace.get(name, (min(per_chunk, rows), columns)) for name in ("scaled", "codes", "diff", "abs")]
     g = _Groups(groups, scale, zero)
     best, steps = math.inf, 0
-    while steps < iters:
-        steps += 1
-        active = g.v.shape[0]
-        changed = [
-            _step_chunk(g, slice(b, min(active, b + per_chunk)), axis, absdiff, scratch, max_code, params)
-            for b in range(0, active, per_chunk)
-        ]  # empty once every row has reached its fixed point: the error then repeats and the loop stops
-        if g.index is not None:
-            zero.index_copy_(0, g.index, g.z)
-        error = float(absdiff.mean())  # mean |V - R| over the whole tensor, summed as hqq's call sums it
-        if not error < best:
-            break
-        best = error
-        if axis == 1 and active and int(sum(c.sum() for c in changed)) < _COMPACT * active:
-            g = _compacted(g, torch.cat(changed))
+    with torch_threads(1):  # small operations on a loaded CPU stall at every multi-thread barrier
+        while steps < iters:
+            steps += 1
+            active = g.v.shape[0]
+            changed = [
+                _step_chunk(g, slice(b, min(active, b + per_chunk)), axis, absdiff, scratch, max_code, params)
+                for b in range(0, active, per_chunk)
+            ]  # empty once every row has reached its fixed point: the error then repeats and the loop stops
+            if g.index is not None:
+                zero.index_copy_(0, g.index, g.z)
+            error = tensor_mean(absdiff, threads)  # mean |V - R| over the tensor, summed as hqq's call sums it
+            if not error < best:
+                break
+            best = error
+            if axis == 1 and active and int(sum(c.sum() for c in changed)) < _COMPACT * active:
+                g = _compacted(g, torch.cat(changed))
     return zero, steps
 
 
@@ -400,25 +473,30 @@ def quantize(
     *,
     workspace: Workspace | None = None,
 ) -> HQQCodes:
-    """HQQ codes of ``weight: [out, in]`` (computed in float32 on CPU), as hqq's ``Quantizer.quantize``."""
+    """HQQ codes of ``weight: [out, in]`` (computed in float32 on CPU), as hqq's ``Quantizer.quantize`` at
+    the current thread count. Runs on one thread: every operation is either exact elementwise arithmetic,
+    a row sum, or emulated as the current count would compute it (the power, the tensor-wide mean, a
+    column sum), and a loaded CPU stalls at every multi-thread barrier of hundreds of small operations."""
     if nbits not in SUPPORTED_BITS:
         raise ValueError(f"nbits={nbits!r}: HQQ here supports {list(SUPPORTED_BITS)}")
-    w = weight.detach().to(device="cpu", dtype=torch.float32)
-    groups = grouped(w, group_size, axis)
-    scale, zero = initial_scale_zero(groups, nbits, axis)
-    if not bool(torch.isfinite(scale).all() & torch.isfinite(zero).all()):
-        raise QuantizationError(
-            f"HQQ: the {tuple(weight.shape)} weight holds non-finite values (NaN or inf), which cannot be "
-            "quantized; fix: the checkpoint is corrupt, restore or retrain it"
-        )
-    max_code = round(2**nbits - 1)
-    steps = 0
-    if optimize:
-        zero, steps = optimize_zero(groups, scale, zero, max_code, axis, workspace=workspace)
-        codes = torch.add(groups * scale, zero).round_().clamp_(0, max_code)
-    else:
-        codes = (groups * scale + zero).round_().clamp_(0, max_code)
-    return HQQCodes(codes=codes, scale=1.0 / scale, zero=zero, shape=w.shape, steps=steps)
+    threads = torch.get_num_threads()
+    with torch_threads(1):
+        w = weight.detach().to(device="cpu", dtype=torch.float32)
+        groups = grouped(w, group_size, axis)
+        scale, zero = initial_scale_zero(groups, nbits, axis)
+        if not bool(torch.isfinite(scale).all() & torch.isfinite(zero).all()):
+            raise QuantizationError(
+                f"HQQ: the {tuple(weight.shape)} weight holds non-finite values (NaN or inf), which cannot be "
+                "quantized; fix: the checkpoint is corrupt, restore or retrain it"
+            )
+        max_code = round(2**nbits - 1)
+        steps = 0
+        if optimize:
+            zero, steps = optimize_zero(groups, scale, zero, max_code, axis, workspace=workspace, threads=threads)
+            codes = torch.add(groups * scale, zero).round_().clamp_(0, max_code)
+        else:
+            codes = (groups * scale + zero).round_().clamp_(0, max_code)
+        return HQQCodes(codes=codes, scale=1.0 / scale, zero=zero, shape=w.shape, steps=steps)
 
 
 def fake_quantize(
@@ -431,5 +509,7 @@ def fake_quantize(
     workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """The dequantized HQQ weight: ``weight: [out, in]`` -> [out, in] float32, equal to hqq's
-    ``HQQLinear(...).dequantize()`` at compute dtype float32 on CPU."""
-    return quantize(weight, nbits, group_size, axis, optimize, workspace=workspace).dequantize()
+    ``HQQLinear(...).dequantize()`` at compute dtype float32 on CPU, at the current thread count."""
+    codes = quantize(weight, nbits, group_size, axis, optimize, workspace=workspace)
+    with torch_threads(1):
+        return codes.dequantize()
