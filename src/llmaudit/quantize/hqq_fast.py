@@ -15,22 +15,23 @@ docs/science.md ("HQQ, as computed"); in short, for ``W: [out, in]`` float32:
   ``e`` is not below the best so far, keeping that step's ``z``.
 - codes ``Q = clamp(round(V s + z), 0, 2^b - 1)``; dequantized ``(Q - z) * (1 / s)``, reshaped to [out, in].
 
-Where the time goes in hqq, and what is done instead (measured on SmolLM2-135M, docs/results.md): not
-Python overhead (about 15 tensor operations per step and layer) but (1) a fresh output tensor per
-operation, each of them first-touched memory, and (2) the power ``|x|^(p-1)`` inside the shrink, about 4 ns
-per element and step. Here every step writes into buffers reused across the layers of one shape, ``V s``
-is computed once (the scale never changes), and the power is evaluated only where the shrink can be
-non-zero: ``shrink_p(x) = 0`` whenever ``|x| < 0.9 (1/beta)^(1/(2-p))`` (0.153 for hqq's parameters, with a
-14% margin over any rounding), which holds for 95-100% of the weights.
+Where hqq's time goes (profiled on SmolLM2-135M, docs/results.md): not Python overhead but about 20 tensor
+operations per step, each writing a fresh tensor (first-touched memory; on several threads, a barrier
+each), and the power ``|x|^(p-1)`` inside the shrink, about 4 ns per element and step. Here instead:
 
-Bit-identity, and why it holds. Every other operation is an IEEE-exact elementwise operation (the same
-value at every position), or a reduction called on a tensor of the same shape and strides as hqq's (so
-torch sums in the same order). The power is not: torch's CPU kernel computes whole blocks of 2 vectors
-with a vectorized ``pow`` and the remainder of each thread's range with ``std::pow``, and the two differ in
-the last bit for about 10% of inputs. ``pow_like_full_tensor`` therefore evaluates each needed element
-with the same kernel loop hqq's full-tensor call used at its position; the block width and thread split
-are read off torch once per process and thread count and verified, and where they cannot be verified the
-full-tensor power is computed as hqq does.
+- buffers reused across layers; axis-1 steps on chunks of rows that stay in cache;
+- rows whose zero point stopped changing are dropped from later steps (a fixed point of their own step);
+- the shrink only in the groups holding some ``|x| >= shrink_threshold()`` (below it the shrink is exactly 0);
+- one thread (hundreds of small operations stall a loaded CPU at every multi-thread barrier).
+
+Bit-identity, and why it holds: every elementwise operation is IEEE-exact (the same value at any position),
+and a group's sum is the same in any tensor of groups and at any thread count. The rest depends on the
+position of an element in hqq's full-tensor call or on hqq's thread count, and is reproduced: the power
+(torch computes whole blocks of two vectors with a vectorized ``pow`` and the rest of each thread's range
+with ``std::pow``, differing in the last bit for about 10% of inputs: ``pow_of_groups`` evaluates each
+element with the loop hqq's call used there) and the tensor-wide mean of the early stop (``tensor_mean``:
+each thread's range summed into a slot, the slots summed). Both splits are read off torch once per process
+and thread count and verified, with a fallback to torch's own call at that count.
 """
 
 from __future__ import annotations
@@ -182,8 +183,11 @@ def _pow_vector_loop(values: torch.Tensor, exponent: float, block: int) -> torch
     pieces whose every thread range is whole blocks: ``threads x grain`` elements (each thread gets exactly
     ``grain``), the rest in pieces shorter than the grain (one range)."""
     n = values.numel()
-    padded = torch.ones(-(-n // block) * block, dtype=values.dtype)
-    padded[:n] = values
+    if n % block:
+        padded = torch.ones(-(-n // block) * block, dtype=values.dtype)
+        padded[:n] = values
+    else:
+        padded = values.reshape(-1)
     out = torch.empty_like(padded)
     wide = torch.get_num_threads() * _GRAIN if _GRAIN % block == 0 else 0
     begin = 0
