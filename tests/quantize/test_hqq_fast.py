@@ -291,3 +291,16 @@ def test_a_layer_hqq_cannot_pack_is_refused_before_any_work():
         get_quantizer("hqq-4", device="cpu").quantize_model(copy.deepcopy(model))
     out = get_quantizer("hqq-4", device="cpu", axis=0).quantize_model(copy.deepcopy(model))
     assert out.layers[0].proj.weight.shape == (3, 64)
+
+
+def test_non_finite_weights_are_refused_in_one_line_naming_the_layer():
+    """A tampered checkpoint with a NaN weight: exit-code-2 material (a QuantizationError), one line, the layer
+    and the fix named; hqq itself would pack the NaN into an undefined code."""
+    model = torch.nn.Sequential()
+    model.add_module("layers", torch.nn.ModuleList([torch.nn.ModuleDict({"proj": torch.nn.Linear(64, 8)})]))
+    with torch.no_grad():
+        model.layers[0].proj.weight[3, 5] = float("nan")
+    with pytest.raises(QuantizationError) as caught:
+        get_quantizer("hqq-4", device="cpu").quantize_model(model)
+    message = str(caught.value)
+    assert "\n" not in message and "layer 'layers.0.proj'" in message and "non-finite" in message and "fix:" in message

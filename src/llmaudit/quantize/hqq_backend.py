@@ -105,15 +105,14 @@ class HQQQuantizer(Quantizer):
         if self.resolved_mode != "fake" or self.device.type != "cpu":
             return self._quantize_hqqlinear(model)
         workspace = hqq_fast.Workspace()
-        for name, linear in target_modules(model, self.options["modules"]):
-            weight = hqq_fast.fake_quantize(
-                linear.weight,
-                self.nbits,
-                self.options["group_size"],
-                self.options["axis"],
-                self.options["optimize"],
-                workspace=workspace,
-            )
+        o = self.options
+        for name, linear in target_modules(model, o["modules"]):
+            try:
+                weight = hqq_fast.fake_quantize(
+                    linear.weight, self.nbits, o["group_size"], o["axis"], o["optimize"], workspace=workspace
+                )
+            except QuantizationError as exc:
+                raise QuantizationError(f"{self.name}: layer '{name}': {exc}") from None
             replace_module(model, name, linear_from_weight(weight, linear.bias, self.compute_dtype))
         return model
 

@@ -257,6 +257,8 @@ def pow_of_groups(
     [h, C] (axis 1) or [R, h] (axis 0), contiguous. Where the kernel's split cannot be verified, ``full``
     is raised to the power (at ``threads`` threads)."""
     threads = threads or torch.get_num_threads()
+    if picked.numel() == 0:
+        return values.clone()
     block = _pow_block(exponent, threads)
     if block is None:
         if full is None:
@@ -341,6 +343,9 @@ class Workspace:
         return self._tensors[key]
 
 
+_Params = tuple[float, float, float, int]  # (shrink bound, beta, p, the thread count hqq's calls run at)
+
+
 @dataclass
 class _Groups:
     """The groups an optimiser step runs on. Axis 1: the rows still changing, compacted (``index``: their
@@ -359,14 +364,14 @@ def _shrunk_target(
     axis: int,
     where: torch.Tensor,
     absdiff_full: torch.Tensor,
-    params,
+    params: _Params,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``Q - (V - shrink(x)) s`` for the groups of a chunk holding some ``|x| >= bound`` (where the shrink
     may be non-zero): (their indices within the chunk [h], their values [h, C] for axis 1 or [R, h] for
     axis 0); None when there is none. ``work = (V, Q, x = V - R, |x|)`` of the chunk; ``where``: the
     chunk's groups' indices in the tensor whose ``|x|`` is ``absdiff_full`` ([R, C]); ``params = (bound,
-    beta, p, the thread count hqq's calls run at)``. Inside a picked group the shrink is computed for every element: where ``|x| < bound`` it is
-    exactly 0 whatever the power's last bit."""
+    beta, p, the thread count hqq's calls run at)``. Inside a picked group the shrink is computed for every
+    element: where ``|x| < bound`` it is exactly 0 whatever the power's last bit."""
     groups, codes, diff, absdiff = work
     bound, beta, lp_norm, threads = params
     picked = (absdiff.amax(dim=axis) >= bound).nonzero().flatten()
@@ -384,7 +389,13 @@ def _shrunk_target(
 
 
 def _step_chunk(
-    g: _Groups, rows: slice, axis: int, absdiff: torch.Tensor, scratch, max_code: int, params
+    g: _Groups,
+    rows: slice,
+    axis: int,
+    absdiff: torch.Tensor,
+    scratch: list[torch.Tensor],
+    max_code: int,
+    params: _Params,
 ) -> torch.Tensor:
     """One optimiser step on the groups ``rows`` of ``g`` (all of them for axis 0): writes their ``|x|``
     into ``absdiff`` (the tensor's [R, C]), updates their zero points in ``g.z`` (a chunk reads only its
@@ -478,9 +489,10 @@ def quantize(
     workspace: Workspace | None = None,
 ) -> HQQCodes:
     """HQQ codes of ``weight: [out, in]`` (computed in float32 on CPU), as hqq's ``Quantizer.quantize`` at
-    the current thread count. Runs on one thread: every operation is either exact elementwise arithmetic,
-    a row sum, or emulated as the current count would compute it (the power, the tensor-wide mean, a
-    column sum), and a loaded CPU stalls at every multi-thread barrier of hundreds of small operations."""
+    the current thread count. Runs on one thread (a loaded CPU stalls at every multi-thread barrier of
+    hundreds of small operations): every operation is exact elementwise arithmetic, a group's sum (the same
+    at any thread count), or reproduced as the current count computes it (the power, the tensor-wide mean).
+    Raises QuantizationError for non-finite weights."""
     if nbits not in SUPPORTED_BITS:
         raise ValueError(f"nbits={nbits!r}: HQQ here supports {list(SUPPORTED_BITS)}")
     threads = torch.get_num_threads()
