@@ -1,6 +1,6 @@
 """The scoring benchmark runs end to end on a toy size, and its engine rows agree with its naive loop; the GPU
 check (benchmarks/gpu_check.py) runs all its checks on CPU at toy size, keeps to its time budget and survives a
-check that times out."""
+check that times out; the HQQ benchmark times both paths and catches a differing weight."""
 
 from __future__ import annotations
 
@@ -321,3 +321,43 @@ def test_bench_utility_quick_times_each_part_against_the_unit(tmp_path):
     assert 0 < result["generated_tokens"] <= result["generated_tokens_max"] == 2 * 8
     assert result["mean_kl"] > 0 and result["kl_max_error_vs_float64_relative_to_mean"] < 1e-4
     assert "of the unit" in done.stdout
+
+
+def _bench_hqq():
+    """benchmarks/bench_hqq.py as a module (run in this process: the built-in model is built once per session)."""
+    spec = importlib.util.spec_from_file_location("bench_hqq", SCRIPT.with_name("bench_hqq.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow  # builds the built-in model (untrained) once per session, then quantizes it four times
+def test_bench_hqq_quick_times_both_paths_and_checks_every_weight(tmp_path, monkeypatch, capsys):
+    """benchmarks/bench_hqq.py --quick on the built-in tiny model: both paths timed for hqq-2 and hqq-4, the
+    ratio printed, every weight identical; a fast path off by one ulp in one layer is caught (exit code 1,
+    the layer named)."""
+    from llmaudit.quantize import hqq_fast
+
+    mod = _bench_hqq()
+    out = tmp_path / "hqq.json"
+    assert mod.main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == "builtin:tiny-qwen2" and [r["quantizer"] for r in result["rows"]] == ["hqq-2", "hqq-4"]
+    for r in result["rows"]:
+        assert r["identical"] and r["layers"] == 14 and r["differing_layers"] == []
+        assert r["before_s"] > 0 and r["after_s"] > 0 and r["ratio"] == pytest.approx(r["before_s"] / r["after_s"])
+        assert 1 <= r["mean_steps"] <= 20
+    assert "ratio" in capsys.readouterr().out
+
+    real = hqq_fast.fake_quantize
+    calls = []
+
+    def off_by_one_ulp_once(*args, **kwargs):
+        w = real(*args, **kwargs)
+        calls.append(1)
+        return torch.nextafter(w, torch.full_like(w, 1e9)) if len(calls) == 3 else w
+
+    monkeypatch.setattr(hqq_fast, "fake_quantize", off_by_one_ulp_once)
+    assert mod.main(["--quick", "--json", str(out)]) == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert not rows[0]["identical"] and len(rows[0]["differing_layers"]) == 1
