@@ -204,7 +204,12 @@ def throughput(ctx: dict[str, Any], peak: dict[str, float], dtype: torch.dtype, 
     for key, values in seconds.items():
         s = statistics.median(values)
         gflops = flops(ctx) / s / 1e9
-        out[key] = {"seconds": s, "tokens_per_s": tokens / s, "gflops": gflops, "share_of_peak": gflops / peak[f"{key}_gflops"]}
+        out[key] = {
+            "seconds": s,
+            "tokens_per_s": tokens / s,
+            "gflops": gflops,
+            "share_of_peak": gflops / peak[f"{key}_gflops"],
+        }
     return out
 
 
@@ -253,7 +258,9 @@ def print_report(result: dict[str, Any]) -> None:
             f"{row['share_of_peak']:.0%} of the {key} peak"
         )
     ratio = speed["bfloat16"]["tokens_per_s"] / speed["float32"]["tokens_per_s"]
-    print(f"bf16 scoring / float32 scoring: {ratio:.2f}x; checkpoint merge (once per checkpoint): {result['merge_s']:.1f} s")
+    print(
+        f"bf16 scoring / float32 scoring: {ratio:.2f}x; checkpoint merge (once per checkpoint): {result['merge_s']:.1f} s"
+    )
     print("\nper-unit seconds (quantize + score)   before  (quant)     now  (quant)  before/now  now/unquantized")
     for row in result["rows"]:
         b, n = row["before"], row["now"]
@@ -261,7 +268,9 @@ def print_report(result: dict[str, Any]) -> None:
             f"  {row['quantizer']:<34} {b['unit_s']:7.1f} {b['quantize_s']:7.1f} {n['unit_s']:7.1f} {n['quantize_s']:7.1f}"
             f"  {row['speedup']:9.2f}x  {row['now_vs_unquantized']:12.2f}x"
         )
-    print("(goals: GPTQ unit <= 2x and HQQ unit <= 1.5x the unquantized unit of now; 'full' = fp32 before, the store's full precision now)")
+    print(
+        "(goals: GPTQ unit <= 2x and HQQ unit <= 1.5x the unquantized unit of now; 'full' = fp32 before, the store's full precision now)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ Every assumption is printed with the plan and written to its JSON.
 from __future__ import annotations
 
 import copy
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,16 +29,17 @@ import numpy as np
 import torch
 
 from llmaudit.common.errors import UserError
-from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, pick_device, resolve_dtype
+from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
 from llmaudit.data.records import record_text
 from llmaudit.data.tokenize import Example, collate, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
-from llmaudit.finetune.runs import checkpoint_steps
+from llmaudit.finetune.runs import autocast_dtype, checkpoint_steps, weights_dtype
+from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly
 from llmaudit.models.sources import ModelSource, resolve_model_source
-from llmaudit.models.training import batch_mean_nll, epoch_batches
+from llmaudit.models.training import autocast_to, batch_mean_nll, epoch_batches
 from llmaudit.quantize import get_quantizer
 from llmaudit.score.divergence import divergence_scores
 from llmaudit.score.engine import length_sorted_batches, score_examples
@@ -163,9 +165,32 @@ def _train_counts(cfg: ExperimentConfig, members: list[Example], run: int) -> tu
     return real, padded
 
 
-def count_workload(cfg: ExperimentConfig, draw: Draw, *, budget: int, dtype: torch.dtype = torch.float32) -> Workload:
+def gptq_calibrations(cfg: ExperimentConfig, units: list, *, device: str = "cpu") -> int:
+    """The GPTQ calibration passes the stage runs on `device`: one per GPTQ unit in GPTQ's sequential convention
+    (each bit width calibrates on its own partly quantized model), one per checkpoint and calibration key for the
+    quantizers whose Hessians are shared (`calibration: shared`, llmaudit's solver)."""
+    quantizers: dict[str, Any] = {}
+    shared, sequential = set(), 0
+    for u in units:
+        if not u.quantizer.startswith("gptq"):
+            continue
+        if u.quantizer not in quantizers:
+            opts = {**cfg.score.quantizer_options.get(u.quantizer, {}), "device": device}
+            quantizers[u.quantizer] = get_quantizer(u.quantizer, **opts)
+        key = quantizers[u.quantizer].calibration_key()
+        if key is None:
+            sequential += 1
+        else:
+            shared.add((u.run, u.step, json.dumps(key, sort_keys=True)))
+    return sequential + len(shared)
+
+
+def count_workload(
+    cfg: ExperimentConfig, draw: Draw, *, budget: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> Workload:
     """The exact workload of `cfg` on the drawn samples (see the module docstring); dtype: the models' compute
-    dtype (fp32 of a float32 model is the identity, whose own pass is the KL reference)."""
+    dtype (fp32 of a float32 model is the identity, whose own pass is the KL reference); device: where GPTQ runs
+    (its convention, hence how many calibration passes, depends on the solver the device gets)."""
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     pool = tokenize_records(draw.tokenizer, draw.pool, "pool", **kw)
     val = tokenize_records(draw.tokenizer, draw.val, "val", **kw)
@@ -194,7 +219,7 @@ def count_workload(cfg: ExperimentConfig, draw: Draw, *, budget: int, dtype: tor
         quantizers=quantizers,
         units=len(units),
         units_per_quantizer=sum(1 for u in units if u.quantizer == quantizers[-1] and u.run != REFERENCE_RUN),
-        gptq_calibrations=sum(1 for u in units if u.quantizer.startswith("gptq") and u.run != REFERENCE_RUN),
+        gptq_calibrations=gptq_calibrations(cfg, units, device=device),
         train_tokens=train_real,
         train_padded_tokens=train_padded,
         score_tokens=score_tokens,
@@ -335,8 +360,12 @@ def _lora(model: Any, cfg: ExperimentConfig) -> Any:
     return get_peft_model(model, lora)
 
 
-def measure_throughput(cfg: ExperimentConfig, draw: Draw, *, device: torch.device, budget: int) -> Throughput:
-    """A few-second calibration on this machine with a random-weight model of the recipe's shape."""
+def measure_throughput(
+    cfg: ExperimentConfig, draw: Draw, *, device: torch.device, budget: int, dtype: torch.dtype = torch.float32
+) -> Throughput:
+    """A few-second calibration on this machine with a random-weight model of the recipe's shape, in the compute
+    dtype a new store of the recipe gets here (`dtype`: bf16 where this CPU's bf16 matmuls are faster): scoring
+    with the parameters in that dtype, training as finetune trains (float32 weights under autocast on a CPU)."""
     config = _model_config(cfg, draw)
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     sample = tokenize_records(draw.tokenizer, draw.val[:16] or draw.pool[:16], "val", **kw)
@@ -359,22 +388,25 @@ def measure_throughput(cfg: ExperimentConfig, draw: Draw, *, device: torch.devic
             cpu_workers=cfg.score.cpu_workers,
         )
 
-    score_s = _timed(lambda: run_scoring(model))
+    scoring_model = cast_parameters(copy.deepcopy(model), dtype) if dtype != torch.float32 else model
+    score_s = _timed(lambda: run_scoring(scoring_model))
     merge_s = _timed(lambda: copy.deepcopy(model), repeats=1)
-    trainable = _lora(copy.deepcopy(model), cfg).to(device).train()
+    weights = weights_dtype(dtype, device)
+    trainable = _lora(cast_parameters(copy.deepcopy(model), weights), cfg).to(device).train()
     batch = collate(examples[: cfg.train.batch_size], pad, device)
     optimizer = torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-4)
 
     def step() -> None:
-        loss = batch_mean_nll(trainable, *batch)
+        with autocast_to(device, autocast_dtype(dtype, device)):
+            loss = batch_mean_nll(trainable, *batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
     train_s = _timed(step)
     train_tokens = int(batch[1].sum())
-    quantize_s, slowdown = _quantizer_costs(cfg, config, draw, device, examples, run_scoring)
-    divergence_s, step_s = _utility_costs(model, examples, pad, device)
+    quantize_s, slowdown = _quantizer_costs(cfg, config, draw, device, examples, run_scoring, dtype)
+    divergence_s, step_s = _utility_costs(scoring_model, examples, pad, device)
     return Throughput(
         device=device.type,
         score_tokens_per_s=tokens / score_s,
@@ -384,8 +416,8 @@ def measure_throughput(cfg: ExperimentConfig, draw: Draw, *, device: torch.devic
         checkpoint_s=merge_s,
         model_load_s=load_s,
         source={
-            "score": f"measured: scoring engine, {len(examples)} samples of the recipe's own lengths, random weights of its shape",
-            "train": f"measured: one LoRA step (batch {len(examples[: cfg.train.batch_size])}), fwd + bwd + AdamW",
+            "score": f"measured: scoring engine in {dtype_name(dtype)}, {len(examples)} samples of the recipe's own lengths, random weights of its shape",
+            "train": f"measured: one LoRA step (batch {len(examples[: cfg.train.batch_size])}), fwd + bwd + AdamW, as finetune trains in {dtype_name(dtype)}",
             "quantize": "measured on a 2-layer slice of the model, scaled to the full depth",
             "utility": "measured: the KL pass on the sample's positions, 8 greedy steps of its prompts in one batch",
         },
@@ -409,12 +441,16 @@ def _utility_costs(model: Any, examples: list, pad: int, device: torch.device) -
     return kl_s, max(nine - one, 1e-6) / 8
 
 
-def _quantizer_costs(cfg, config, draw, device, examples, run_scoring) -> tuple[dict[str, float], dict[str, float]]:
-    """Per quantizer: seconds to quantize the full model (from a 2-layer slice) and its scoring slowdown."""
+def _quantizer_costs(
+    cfg, config, draw, device, examples, run_scoring, dtype=torch.float32
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per quantizer: seconds to quantize the full model (from a 2-layer slice, float32 as the stage quantizes) and
+    its scoring slowdown against full precision in the compute dtype (both cast to `dtype` as the stage does)."""
     layers = int(getattr(config, "num_hidden_layers", 1))
     small = _random_model(config, layers=min(2, layers)).to(device)
     texts = [record_text(r) for r in draw.pool[:16]]
-    base_s = _timed(lambda: run_scoring(small), repeats=1)
+    reference = cast_parameters(copy.deepcopy(small), dtype)
+    base_s = _timed(lambda: run_scoring(reference), repeats=1)
     quantize_s, slowdown = {}, {}
     for name in cfg.score.quantizers:
         opts = dict(cfg.score.quantizer_options.get(name, {}))
@@ -422,7 +458,7 @@ def _quantizer_costs(cfg, config, draw, device, examples, run_scoring) -> tuple[
         q = get_quantizer(name, **opts)
         kwargs = {"tokenizer": draw.tokenizer, "calibration_texts": texts} if q.family == "gptq" else {}
         t0 = time.perf_counter()
-        qmodel = q.quantize_model(copy.deepcopy(small), **kwargs)
+        qmodel = cast_parameters(q.quantize_model(copy.deepcopy(small), **kwargs), dtype)
         quantize_s[name] = (time.perf_counter() - t0) * layers / max(1, min(2, layers))
         slowdown[name] = max(1.0, _timed(lambda qm=qmodel: run_scoring(qm), repeats=1) / base_s)
     return quantize_s, slowdown
@@ -529,11 +565,15 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
     compute = torch.bfloat16 if gpu else choose_compute_dtype(cfg.model.dtype, target).dtype
     cfg = cfg.model_copy(update={"score": cfg.score.with_reference(SHORT_DTYPE_NAMES[compute])})
     budget = token_budget(cfg, target)
-    work = count_workload(cfg, draw, budget=budget, dtype=resolve_dtype(cfg.model.dtype, target))
+    work = count_workload(cfg, draw, budget=budget, dtype=compute, device="cuda" if gpu else target.type)
     config = _model_config(cfg, draw)
     work.model_parameters = _count_params(config)[0]
     work.adapter_bytes = _adapter_bytes(cfg, config) * sum(len(s) for s in work.steps_per_run)
-    speed = named_gpu_throughput(cfg, draw, gpu) if gpu else measure_throughput(cfg, draw, device=target, budget=budget)
+    speed = (
+        named_gpu_throughput(cfg, draw, gpu)
+        if gpu
+        else measure_throughput(cfg, draw, device=target, budget=budget, dtype=compute)
+    )
     return {
         "experiment": cfg.name,
         "model": draw.source.describe(),
