@@ -120,6 +120,18 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "overall": {"enum": [PASS, FAIL, INCONCLUSIVE, NOT_MEASURED, None]},
                 "cleared_for_release": {"type": "boolean"},
                 "reason": {"type": "string"},
+                "explanation": {"type": "string"},
+                "ranking": {"type": "array", "items": {"type": "string"}},
+                "runner_up": {
+                    "oneOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "required": ["quantizer", "lost_on"],
+                            "properties": {"quantizer": {"type": "string"}, "lost_on": {"type": "string"}},
+                        },
+                    ]
+                },
             },
         },
         "r_q_vs_best_attack": _OBJ,
