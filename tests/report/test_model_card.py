@@ -228,3 +228,34 @@ def test_a_criterion_on_a_failed_indicator_is_off_not_a_permanent_not_measured()
     assert cl["per_quantizer"]["fp"]["overall"] == PASS
     row["r_q_status"] = "not validated"
     assert release_checklist([row], TH)["per_quantizer"]["fp"]["overall"] == NOT_MEASURED
+
+
+def test_an_unreliable_tpr_names_the_calibrated_non_members_behind_it():
+    """The checklist counts what `reliable` counts: non-members with a finite calibrated score, beside the pooled
+    ones, so a store with >= 1000 pooled non-members is not told it has too few of them without the reason."""
+    row = _row("fp", tpr=0.2, tpr_ci=(0.1, 0.3), reliable=False, ref=True)
+    row["attacks"]["loss"]["n_negatives"] = 1260
+    row["attacks"]["loss"]["low_fpr"]["pooled_calibrated"]["0.01"]["n_negatives"] = 837
+    crit = release_checklist([row], TH)["per_quantizer"]["fp"]["criteria"][0]
+    assert crit["status"] == NOT_MEASURED
+    assert "(837 calibrated of 1260 pooled: calibration drops samples" in crit["reason"]
+    assert "needs >= 1000)" in crit["reason"]
+
+
+def test_an_attack_without_spread_is_told_apart_from_one_without_references():
+    """A score with zero spread across each sample's OUT models cannot be calibrated however many runs there are;
+    the reason says so instead of asking for more runs."""
+    import numpy as np
+
+    from llmaudit.analyze.attacks.evaluate import CALIBRATION_NEEDS, ZERO_SPREAD, AttackSettings, _evaluate
+    from llmaudit.analyze.attacks.lira import out_reference_counts
+    from llmaudit.data.pool import membership_masks
+
+    keep = membership_masks(40, 6, 0.5, seed=0)
+    scores = np.tile(np.arange(40, dtype=float), (6, 1)) + 5.0 * keep  # OUT scores identical per sample
+    s = AttackSettings(n_boot=5)
+    entry = _evaluate("loss", scores, keep, out_reference_counts(keep), None, s)
+    assert entry["not_measured"]["pooled_calibrated"] == ZERO_SPREAD
+    one = keep[:2]  # two models: no sample is OUT in two OTHER models
+    entry = _evaluate("loss", scores[:2], one, out_reference_counts(one), None, s)
+    assert entry["not_measured"]["pooled_calibrated"] == CALIBRATION_NEEDS

@@ -101,6 +101,24 @@ def failed_indicator_reason(name: str) -> str:
     )
 
 
+def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
+    """Why a calibrated TPR at 1% FPR is unreliable, with the counts: the non-member scores it was computed on
+    (t["n_negatives"]: those with a finite calibrated score) against the pooled non-members (n_pooled) and the
+    10 / alpha it needs. The two differ where calibration drops scores: a sample with fewer than 2 OUT
+    references among the other models (online LiRA also needs 2 IN), or whose OUT scores have zero spread
+    (counting scores such as WBC's and RMIA's); more pooled non-members alone may then not be enough."""
+    need = t.get("min_negatives") or int(10 / CHECKLIST_FPR)
+    n_cal = t.get("n_negatives")
+    if n_cal is None:  # a report.json from before the calibrated count was recorded
+        return f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({n_pooled} pooled, needs >= {need})"
+    why = f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({n_cal} calibrated"
+    if n_pooled is not None and n_pooled > n_cal:
+        why += (
+            f" of {n_pooled} pooled: calibration drops samples with too few OUT references or zero spread across them"
+        )
+    return why + f"; needs >= {need})"
+
+
 def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
     per_attack = {}
@@ -112,10 +130,7 @@ def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, 
         elif n_models < min_runs:
             measured, why = False, f"{n_models} target models < min_runs {min_runs}"
         elif not t["reliable"]:
-            why = (
-                f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({att.get('n_negatives')} pooled, needs >= "
-                f"{t.get('min_negatives') or int(10 / CHECKLIST_FPR)})"
-            )
+            why = too_few_negatives_reason(t, att.get("n_negatives"))
             measured = False
         else:
             measured, why = True, ""

@@ -173,7 +173,13 @@ REPORT_SCHEMA: dict[str, Any] = {
         "tpr": {
             "type": "object",
             "required": ["tpr", "ci", "reliable"],
-            "properties": {"tpr": _NUM, "ci": _CI, "reliable": {"type": "boolean"}, "min_negatives": _INT},
+            "properties": {
+                "tpr": _NUM,
+                "ci": _CI,
+                "reliable": {"type": "boolean"},
+                "min_negatives": _INT,
+                "n_negatives": _INT,
+            },
         },
         "attack": {
             "type": "object",
