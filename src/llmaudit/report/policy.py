@@ -2,7 +2,8 @@
 
 Release checklist (`release_checklist`), per quantizer, thresholds from the recipe's `report` section:
   attack_tpr  the highest per-sample-calibrated TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr
-  r_q         r_Q (mean over runs) must be >= min_r_q (min_r_q = 0 disables the criterion: DISABLED)
+  r_q         r_Q (mean over runs) must be >= min_r_q (min_r_q = 0 disables the criterion: DISABLED; so does a
+              failed validation: no audit size can measure it; docs/science.md section 10)
   utility     the relative increase of validation loss vs full precision must be <= max_utility_loss (or, with
               report.utility_metric, the KL / same-top / task-metric figure against utility_limit)
 Each criterion is judged conservatively on its estimate and 95% interval:
