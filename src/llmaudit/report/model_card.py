@@ -198,15 +198,22 @@ def _limits_section(report: dict[str, Any], q: str) -> list[str]:
     lines = ["### Limits of this audit", ""]
     for name, att in sorted(row["attacks"].items()):
         verdict = crit["attack_tpr"]["per_attack"].get(name) or {}
+        n_cal = ((att.get("low_fpr") or {}).get("pooled_calibrated", {}).get("0.01") or {}).get("n_negatives")
+        negatives = f"{_e(att.get('n_negatives'))} non-member" + (
+            "" if n_cal is None else f" ({_e(n_cal)} of them with a calibrated score)"
+        )
         lines.append(
-            f"- {_c(name)}: {_e(att.get('n_negatives'))} non-member and {_e(att.get('n_positives'))} member scores "
-            f"behind its TPR (pooled over {_e(att.get('n_models'))} target models; a TPR at 1% FPR needs >= {need} "
-            f"non-members); {verdict.get('status', NOT_MEASURED)}"
+            f"- {_c(name)}: {negatives} and {_e(att.get('n_positives'))} member scores behind its TPR (pooled over "
+            f"{_e(att.get('n_models'))} target models; a TPR at 1% FPR needs >= {need} calibrated non-members); "
+            f"{verdict.get('status', NOT_MEASURED)}"
             + (f": {_e(verdict.get('reason'))}" if verdict.get("status") not in (PASS, None) else "")
             + "."
         )
+    by_reason: dict[str, list[str]] = {}
     for name, why in sorted((row.get("skipped_attacks") or {}).items()):
-        lines.append(f"- {_c(name)} was not run: {_e(why)}.")
+        by_reason.setdefault(why, []).append(name)
+    for why, names in by_reason.items():
+        lines.append(f"- {', '.join(_c(n) for n in names)} {'was' if len(names) == 1 else 'were'} not run: {_e(why)}.")
     lines.append(
         f"- Runs: {_e(row.get('n_models'))} target models; an interval over fewer than {_e(th.get('min_runs'))} "
         "runs never clears a criterion."
@@ -223,7 +230,8 @@ def _limits_section(report: dict[str, Any], q: str) -> list[str]:
     if indicator:
         lines.append(
             f"- The attack-free indicator {_c(indicator.get('name'))} has validation status "
-            f"{_e(indicator.get('status'))}; r_Q's is {_e(row.get('r_q_status'))}."
+            f"{_e(indicator.get('status'))} (r_Q: {_e(row.get('r_q_status'))}); an indicator is context beside the "
+            "attacks, never a verdict on its own."
         )
     source = report["provenance"].get("model_source") or {}
     if source.get("gguf_file_type"):

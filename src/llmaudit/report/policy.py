@@ -330,6 +330,23 @@ def _validated_mean(estimate: dict[str, Any] | None, status: str | None) -> floa
     return float(mean)
 
 
+def _privacy_key(r: dict[str, Any], checklist: dict[str, Any]) -> tuple:
+    """recommend()'s ordering of one candidate grid row r (lower = more private): a failed privacy criterion,
+    the upper TPR bound, the best-attack AUROC, minus the validated indicator, minus the validated r_Q."""
+    q = r["quantizer"]
+    failed = any(_crit(checklist, q, c)["status"] == FAIL for c in ("attack_tpr", "r_q"))
+    best = r.get("best_attack") or {}
+    tpr_bound = (best.get("ci") or [None, best.get("value")])[1]
+    auroc = (r.get("best_attack_by_auroc") or {}).get("value")
+    return (
+        failed,
+        tpr_bound if tpr_bound is not None else math.inf,
+        auroc if auroc is not None else math.inf,
+        -_validated_mean(r.get("indicator"), (r.get("indicator") or {}).get("status")),
+        -_validated_mean(r.get("r_q"), r.get("r_q_status")),
+    )
+
+
 def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
     """The most private quantizer within the utility budget.
 
@@ -359,18 +376,7 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
         }
 
     def key(r: dict[str, Any]) -> tuple:
-        q = r["quantizer"]
-        failed = any(crit(q, c)["status"] == FAIL for c in ("attack_tpr", "r_q"))
-        best = r.get("best_attack") or {}
-        tpr_bound = (best.get("ci") or [None, best.get("value")])[1]
-        auroc = (r.get("best_attack_by_auroc") or {}).get("value")
-        return (
-            failed,
-            tpr_bound if tpr_bound is not None else math.inf,
-            auroc if auroc is not None else math.inf,
-            -_validated_mean(r.get("indicator"), (r.get("indicator") or {}).get("status")),
-            -_validated_mean(r.get("r_q"), r.get("r_q_status")),
-        )
+        return _privacy_key(r, checklist)
 
     ranked = sorted(candidates, key=key)
     chosen = ranked[0]
