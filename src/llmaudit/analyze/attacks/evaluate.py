@@ -298,7 +298,12 @@ def _evaluate(
     kw = dict(n_boot=s.n_boot, seed=s.seed, confidence=s.confidence)
     # Calibration standardizes each score by that sample's out-scores under the other models
     # (offline LiRA is its own calibration).
-    z = scores if attack == "lira_offline" else leave_one_out(lira_offline, scores, keep, fpc_value)
+    # A sample whose OUT references tie (counting scores: WBC, RMIA) is standardized by the pooled sd.
+    z = (
+        scores
+        if attack == "lira_offline"
+        else leave_one_out(lira_offline, scores, keep, fpc_value, zero_spread="pooled")
+    )
     n_ref_eff = None if s.lira_variance == "global" and attack == "lira_offline" else n_ref
     fin, zfin = np.isfinite(scores), np.isfinite(z)
     entry = {
