@@ -14,6 +14,7 @@ llmaudit submit STAGE RECIPE                shard jobs on SLURM (submitit) or lo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -37,6 +38,7 @@ from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, resol
 from llmaudit.quantize import list_quantizers
 from llmaudit.report.build import build_report
 from llmaudit.report.markdown import render_markdown
+from llmaudit.report.model_card import UnknownQuantizerError
 from llmaudit.report.tables import attack_command, attack_summary_lines, indicator_command, memorization_command
 from llmaudit.report.write import write_report
 from llmaudit.score.stage import score as do_score
@@ -161,15 +163,25 @@ def report(
         "--quantizers",
         help="Comma-separated quantizers to report (default: every quantizer scored in the store).",
     ),
+    release: str | None = typer.Option(
+        None,
+        "--release",
+        help="The quantizer you ship: report/model_card.md describes it (default: the recommended one).",
+    ),
 ) -> None:
     """Compute r_Q, the attacks and memorization from the verified loss tables and write report.json,
-    report.md and a self-contained report.html (plots embedded). An inconsistent store is refused."""
+    report.md, a self-contained report.html (plots embedded) and model_card.md (the privacy section of the
+    released model's card). An inconsistent store is refused."""
     store = RunStore(run_dir)
     cfg = config_from_run_dir(run_dir, [])
     chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
+    if release is not None and chosen is not None and release not in chosen:  # refused before the analysis
+        raise UnknownQuantizerError(f"--release {release!r} is not among --quantizers {', '.join(chosen)}: add it")
     result = analyze(cfg, store, quantizers=chosen)
-    paths = write_report(store, result, include_samples=include_samples)
+    paths = write_report(store, result, include_samples=include_samples, release=release)
     typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
+    written = json.loads(Path(paths["json"]).read_text(encoding="utf-8"))
+    typer.echo(f"[report] recommendation: {written['recommendation']['explanation']}")
 
 
 @app.command("import", context_settings={"allow_extra_args": True})

@@ -315,7 +315,8 @@ def test_only_a_validated_indicator_drives_a_criterion():
     candidate; a candidate that passed is judged like any estimate."""
     row = _row("fp", tpr=0.01, tpr_ci=(0.0, 0.02), ref=True) | {"r_q_status": "failed"}
     crit = {c["id"]: c for c in release_checklist([row], TH)["per_quantizer"]["fp"]["criteria"]}
-    assert crit["r_q"]["status"] == NOT_MEASURED and "'failed'" in crit["r_q"]["reason"]
+    # a failed indicator is off at every audit size (DISABLED), never a NOT MEASURED that no audit could lift
+    assert crit["r_q"]["status"] == "DISABLED" and "failed validation" in crit["r_q"]["reason"]
     assert crit["indicator"]["status"] == "DISABLED"  # min_indicator unset
     ind = {"name": "gap_std_final", "mean": -0.1, "ci": [-0.15, -0.05], "n_finite": 6}
     for status, want in (("not validated", NOT_MEASURED), ("passed", PASS)):

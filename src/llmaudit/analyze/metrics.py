@@ -394,6 +394,7 @@ def _calibrated_level(
         else f"student-t where n_ref < {t_cutoff:g}",
         "reliable": is_reliable(n_out, alpha),
         "min_negatives": int(np.ceil(10 / alpha - 1e-9)),
+        "n_negatives": int(n_out),  # non-member scores with a finite calibrated score: what `reliable` counts
     }
     return sums, entry
 

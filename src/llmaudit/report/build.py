@@ -10,7 +10,7 @@ from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
-from llmaudit.report.policy import checklist_tpr, recommend, release_checklist, thresholds_of
+from llmaudit.report.policy import checklist_tpr, explain_recommendation, recommend, release_checklist, thresholds_of
 from llmaudit.report.utility import utility_summary
 
 REPORT_SCHEMA_VERSION = 3
@@ -302,6 +302,8 @@ def build_report(
     checklist = release_checklist(grid, thresholds)
     r_q_vs_best = r_q_vs_best_attack(grid)
     attacks = result.get("attacks") or {}
+    recommendation = recommend(grid, checklist)
+    recommendation["explanation"] = explain_recommendation(recommendation, checklist)
     report = {
         "report_schema_version": REPORT_SCHEMA_VERSION,
         "llmaudit_version": result.get("llmaudit_version"),
@@ -313,7 +315,7 @@ def build_report(
         "quantizers": [r["quantizer"] for r in grid],
         "grid": grid,
         "checklist": checklist,
-        "recommendation": recommend(grid, checklist),
+        "recommendation": recommendation,
         "r_q_vs_best_attack": r_q_vs_best,
         "indicator_agreement": indicator_agreement(r_q_vs_best, attacks.get("spearman_vs_r_q")),
         "spearman_r_q_vs_attacks": attacks.get("spearman_vs_r_q"),

@@ -41,6 +41,7 @@ def attack_summary(entry: dict[str, Any], n_models: int | None) -> dict[str, Any
                 "ci": _tpr_ci(block, key),
                 "reliable": bool(t.get("reliable", False)),
                 "min_negatives": t.get("min_negatives"),
+                "n_negatives": t.get("n_negatives"),
             }
     return {
         "definition": entry.get("definition"),

@@ -2,7 +2,8 @@
 
 Release checklist (`release_checklist`), per quantizer, thresholds from the recipe's `report` section:
   attack_tpr  the highest per-sample-calibrated TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr
-  r_q         r_Q (mean over runs) must be >= min_r_q (min_r_q = 0 disables the criterion: DISABLED)
+  r_q         r_Q (mean over runs) must be >= min_r_q (min_r_q = 0 disables the criterion: DISABLED; so does a
+              failed validation: no audit size can measure it; docs/science.md section 10)
   utility     the relative increase of validation loss vs full precision must be <= max_utility_loss (or, with
               report.utility_metric, the KL / same-top / task-metric figure against utility_limit)
 Each criterion is judged conservatively on its estimate and 95% interval:
@@ -91,6 +92,34 @@ def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
     return th
 
 
+def failed_indicator_reason(name: str) -> str:
+    """Why a criterion on an indicator that FAILED validation is DISABLED rather than NOT MEASURED: no audit size
+    can measure it (the validation verdict is the indicator's, not this audit's), and an indicator shown not to
+    track the attacks is evidence neither for nor against a release; the attack criterion judges leakage."""
+    return (
+        f"{name} failed validation (docs/science.md section 8): it is not evidence for or against a release at any "
+        "audit size, so this criterion is off; the attack criterion judges leakage"
+    )
+
+
+def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
+    """Why a calibrated TPR at 1% FPR is unreliable, with the counts: the non-member scores it was computed on
+    (t["n_negatives"]: those with a finite calibrated score) against the pooled non-members (n_pooled) and the
+    10 / alpha it needs. The two differ where calibration drops scores: a sample with fewer than 2 OUT
+    references among the other models (online LiRA also needs 2 IN), or whose OUT scores have zero spread
+    (counting scores such as WBC's and RMIA's); more pooled non-members alone may then not be enough."""
+    need = t.get("min_negatives") or int(10 / CHECKLIST_FPR)
+    n_cal = t.get("n_negatives")
+    if n_cal is None:  # a report.json from before the calibrated count was recorded
+        return f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({n_pooled} pooled, needs >= {need})"
+    why = f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({n_cal} calibrated"
+    if n_pooled is not None and n_pooled > n_cal:
+        why += (
+            f" of {n_pooled} pooled: calibration drops samples with too few OUT references or zero spread across them"
+        )
+    return why + f"; needs >= {need})"
+
+
 def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
     per_attack = {}
@@ -102,7 +131,7 @@ def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, 
         elif n_models < min_runs:
             measured, why = False, f"{n_models} target models < min_runs {min_runs}"
         elif not t["reliable"]:
-            why = f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR (needs >= {t.get('min_negatives') or int(10 / CHECKLIST_FPR)})"
+            why = too_few_negatives_reason(t, att.get("n_negatives"))
             measured = False
         else:
             measured, why = True, ""
@@ -152,6 +181,8 @@ def _r_q_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     }
     if limit <= 0:
         return out | {"status": DISABLED, "reason": "min_r_q = 0 disables this criterion"}
+    if row.get("r_q_status", "not validated") == "failed":
+        return out | {"status": DISABLED, "reason": failed_indicator_reason("r_Q")}
     if row.get("r_q_status", "not validated") != "passed":
         return out | {
             "status": NOT_MEASURED,
@@ -180,6 +211,8 @@ def _indicator_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, A
     }
     if limit is None:
         return out | {"status": DISABLED, "reason": "report.min_indicator is not set"}
+    if ind.get("status") == "failed":
+        return out | {"status": DISABLED, "reason": failed_indicator_reason(str(ind.get("name")))}
     if ind.get("status") != "passed":
         return out | {
             "status": NOT_MEASURED,
@@ -274,9 +307,10 @@ CHECKLIST_RULES = [
     "attack_tpr: the highest per-sample-calibrated pooled TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr; "
     "each attack is judged on its own, the criterion takes the worst verdict.",
     "r_q: r_Q (mean over runs) must be >= min_r_q; min_r_q = 0 disables it (DISABLED). Like every indicator, it "
-    "drives the checklist only if it passed validation (docs/science.md section 8); otherwise NOT MEASURED.",
+    "drives the checklist only if it passed validation (docs/science.md section 8): one that failed validation is "
+    "DISABLED (no audit size can measure it), one not yet validated is NOT MEASURED.",
     "indicator: the validated attack-free indicator (report.indicator, higher = more secure) must be >= "
-    "min_indicator; unset disables it; an indicator that did not pass validation is NOT MEASURED.",
+    "min_indicator; unset disables it; one that failed validation is DISABLED, one not validated NOT MEASURED.",
     "utility: the relative increase of validation loss over full precision must be <= max_utility_loss; with "
     "report.utility_metric = kl / same_top / a task metric instead: mean KL per token <= utility_limit, the "
     "same-top share >= utility_limit, or the task metric's drop below full precision <= utility_limit.",
@@ -294,6 +328,23 @@ def _validated_mean(estimate: dict[str, Any] | None, status: str | None) -> floa
     if status != "passed" or mean is None or not math.isfinite(mean):
         return -math.inf
     return float(mean)
+
+
+def _privacy_key(r: dict[str, Any], checklist: dict[str, Any]) -> tuple:
+    """recommend()'s ordering of one candidate grid row r (lower = more private): a failed privacy criterion,
+    the upper TPR bound, the best-attack AUROC, minus the validated indicator, minus the validated r_Q."""
+    q = r["quantizer"]
+    failed = any(_crit(checklist, q, c)["status"] == FAIL for c in ("attack_tpr", "r_q"))
+    best = r.get("best_attack") or {}
+    tpr_bound = (best.get("ci") or [None, best.get("value")])[1]
+    auroc = (r.get("best_attack_by_auroc") or {}).get("value")
+    return (
+        failed,
+        tpr_bound if tpr_bound is not None else math.inf,
+        auroc if auroc is not None else math.inf,
+        -_validated_mean(r.get("indicator"), (r.get("indicator") or {}).get("status")),
+        -_validated_mean(r.get("r_q"), r.get("r_q_status")),
+    )
 
 
 def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
@@ -325,20 +376,10 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
         }
 
     def key(r: dict[str, Any]) -> tuple:
-        q = r["quantizer"]
-        failed = any(crit(q, c)["status"] == FAIL for c in ("attack_tpr", "r_q"))
-        best = r.get("best_attack") or {}
-        tpr_bound = (best.get("ci") or [None, best.get("value")])[1]
-        auroc = (r.get("best_attack_by_auroc") or {}).get("value")
-        return (
-            failed,
-            tpr_bound if tpr_bound is not None else math.inf,
-            auroc if auroc is not None else math.inf,
-            -_validated_mean(r.get("indicator"), (r.get("indicator") or {}).get("status")),
-            -_validated_mean(r.get("r_q"), r.get("r_q_status")),
-        )
+        return _privacy_key(r, checklist)
 
-    chosen = min(candidates, key=key)
+    ranked = sorted(candidates, key=key)
+    chosen = ranked[0]
     q = chosen["quantizer"]
     overall = per_q[q]["overall"]
     best = chosen.get("best_attack") or {}
@@ -360,4 +401,111 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
         "cleared_for_release": overall == PASS,
         "reason": reason,
         "candidates": [r["quantizer"] for r in candidates],
+        "ranking": [r["quantizer"] for r in ranked],
+        "runner_up": _runner_up(key(ranked[0]), ranked[1:2], key),
     }
+
+
+_KEY_WORDS = (
+    "a failed privacy criterion",
+    "the upper 95% bound of its best attack's TPR at 1% FPR",
+    "its best-attack AUROC",
+    "its validated indicator",
+    "its r_Q",
+)
+
+
+def _runner_up(chosen_key: tuple, rest: list[dict[str, Any]], key) -> dict[str, Any] | None:
+    """The second-ranked candidate and the first ordering key on which it lost to the chosen one."""
+    if not rest:
+        return None
+    theirs = key(rest[0])
+    i = next((i for i, (a, b) in enumerate(zip(chosen_key, theirs)) if a != b), None)
+    if i is None:
+        return {"quantizer": rest[0]["quantizer"], "lost_on": "a tie on every key (grid order decided)"}
+    if i == 0:
+        lost = _KEY_WORDS[0]
+    else:
+        sign = -1 if i >= 3 else 1  # keys 3 and 4 are negated (higher is better)
+        lost = f"{_KEY_WORDS[i]}: {fmt_num(sign * theirs[i])} against {fmt_num(sign * chosen_key[i])}"
+    return {"quantizer": rest[0]["quantizer"], "lost_on": lost}
+
+
+def _crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
+    return next(c for c in checklist["per_quantizer"][q]["criteria"] if c["id"] == cid)
+
+
+def criterion_phrase(c: dict[str, Any]) -> str:
+    """One criterion in words: its name, estimate with 95% interval, the limit and the status."""
+    name = {"attack_tpr": "attack TPR at 1% FPR", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}[c["id"]]
+    if c["id"] == "attack_tpr" and c.get("attack"):
+        name += f" ({c['attack']})"
+    if c["id"] == "utility":
+        name += f" ({c.get('metric', 'loss')})"
+    limit = "no limit" if c.get("threshold") is None else f"limit {c['comparison']} {c['threshold']:g}"
+    return f"{name} {fmt_num(c.get('value'))}{fmt_ci(c.get('ci'))} against {limit}: {c['status']}"
+
+
+def _deciding(checklist: dict[str, Any], q: str) -> dict[str, Any] | None:
+    """The criterion that keeps quantizer q from PASS: the worst-judged one (first in checklist order)."""
+    bad = [c for c in checklist["per_quantizer"][q]["criteria"] if c["status"] in _SEVERITY and c["status"] != PASS]
+    return max(bad, key=lambda c: _SEVERITY[c["status"]]) if bad else None
+
+
+def _excess(c: dict[str, Any]) -> float:
+    """How far criterion c's estimate is on the unsafe side of its limit (negative: safe side; inf: no estimate)."""
+    if c.get("value") is None or c.get("threshold") is None:
+        return math.inf
+    return c["value"] - c["threshold"] if c.get("comparison") == "<=" else c["threshold"] - c["value"]
+
+
+def _what_to_do(c: dict[str, Any]) -> str:
+    """What would turn criterion c into PASS, said from its own numbers."""
+    if c["status"] == NOT_MEASURED:
+        return f"grow the measurement behind {c['id']}: {c.get('reason')}"
+    if c["status"] == FAIL:
+        return (
+            f"{c['id']} fails on its estimate {fmt_num(c.get('value'))}: only a limit beyond it, or a less leaky "
+            "fine-tuning, changes that"
+        )
+    ci = c.get("ci") or [None, None]
+    bound = ci[1] if c.get("comparison") == "<=" else ci[0]
+    return (
+        f"the {c['id']} interval reaches {fmt_num(bound)}, across the limit {c['threshold']:g}: more runs or more "
+        f"non-members narrow it (or a limit of {fmt_num(bound)} would clear it)"
+    )
+
+
+def explain_recommendation(recommendation: dict[str, Any], checklist: dict[str, Any]) -> str:
+    """The recommendation in one paragraph a release manager can read: the quantizer, cleared or not and which
+    criterion decided (its number and interval against the limit), the runner-up and why it lost, and what to
+    do when nothing is cleared."""
+    per_q = checklist["per_quantizer"]
+    q = recommendation.get("quantizer")
+    if q is None:
+        utility = {name: _crit(checklist, name, "utility") for name in per_q}
+        closest = min(utility.items(), key=lambda kv: (_SEVERITY.get(kv[1]["status"], 9), _excess(kv[1])))
+        return (
+            f"No quantizer can be released: none keeps enough utility with a PASS (utility criterion). Closest: "
+            f"{closest[0]}, {criterion_phrase(closest[1])}. To release one, {_what_to_do(closest[1])}."
+        )
+    cleared = recommendation.get("cleared_for_release")
+    text = f"Release {q}" if cleared else f"The best candidate is {q}, but it is NOT cleared for release"
+    decided = _deciding(checklist, q)
+    if cleared:
+        text += ": every criterion passes; " + "; ".join(
+            criterion_phrase(c) for c in per_q[q]["criteria"] if c["status"] == PASS
+        )
+    else:
+        text += f": {criterion_phrase(decided)}" if decided else ""
+    text += "."
+    runner = recommendation.get("runner_up")
+    if runner:
+        lost = _deciding(checklist, runner["quantizer"])
+        text += f" Runner-up: {runner['quantizer']}, which lost on {runner['lost_on']}"
+        text += f"; its weakest criterion: {criterion_phrase(lost)}." if lost else "; every criterion PASS."
+    else:
+        text += " No other quantizer is within the utility budget."
+    if not cleared and decided:
+        text += f" To clear it, {_what_to_do(decided)}."
+    return text

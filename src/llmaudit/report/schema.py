@@ -120,6 +120,18 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "overall": {"enum": [PASS, FAIL, INCONCLUSIVE, NOT_MEASURED, None]},
                 "cleared_for_release": {"type": "boolean"},
                 "reason": {"type": "string"},
+                "explanation": {"type": "string"},
+                "ranking": {"type": "array", "items": {"type": "string"}},
+                "runner_up": {
+                    "oneOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "required": ["quantizer", "lost_on"],
+                            "properties": {"quantizer": {"type": "string"}, "lost_on": {"type": "string"}},
+                        },
+                    ]
+                },
             },
         },
         "r_q_vs_best_attack": _OBJ,
@@ -161,7 +173,13 @@ REPORT_SCHEMA: dict[str, Any] = {
         "tpr": {
             "type": "object",
             "required": ["tpr", "ci", "reliable"],
-            "properties": {"tpr": _NUM, "ci": _CI, "reliable": {"type": "boolean"}, "min_negatives": _INT},
+            "properties": {
+                "tpr": _NUM,
+                "ci": _CI,
+                "reliable": {"type": "boolean"},
+                "min_negatives": _INT,
+                "n_negatives": _INT,
+            },
         },
         "attack": {
             "type": "object",

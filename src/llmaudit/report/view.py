@@ -41,7 +41,8 @@ def _summary_section(report: dict[str, Any]) -> Section:
             f"**Recommendation: {code(rec['quantizer'])}**: {lit(rec['reason'])}."
             if rec["quantizer"]
             else f"**Recommendation: none**: {lit(rec['reason'])}."
-        ),
+        )
+        + (f" {lit(rec['explanation'])}" if rec.get("explanation") else ""),
         "Release checklist: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         + f" (limits: best attack TPR at 1% FPR <= {th['max_tpr_at_1pct_fpr']:g}, r_Q >= {th['min_r_q']:g}"

@@ -9,14 +9,19 @@ from llmaudit.common.io import atomic_write_bytes, atomic_write_text
 from llmaudit.report.build import build_report
 from llmaudit.report.html import render_html
 from llmaudit.report.markdown import render_markdown
+from llmaudit.report.model_card import UnknownQuantizerError, render_model_card
 from llmaudit.report.plots import render_all
 from llmaudit.report.schema import validate_report
 from llmaudit.store.run_store import RunStore
 
 
-def write_report(store: RunStore, result: dict[str, Any], include_samples: bool = False) -> dict[str, str]:
+def write_report(
+    store: RunStore, result: dict[str, Any], include_samples: bool = False, release: str | None = None
+) -> dict[str, str]:
     """Write report/report.json (validated against REPORT_SCHEMA; raises ReportSchemaError on mismatch),
-    report.md, report.html and report/plots/*.png. Returns {kind: path}."""
+    report.md, report.html, report/plots/*.png and model_card.md, the model card's privacy section for the
+    quantizer `release` (default: the recommended one). Returns {kind: path}. An unknown `release` is refused
+    (UnknownQuantizerError) after the report itself is written, so the analysis is never lost."""
 
     records = store.read_records("pool") if include_samples else None
     report = build_report(result, include_samples=include_samples, sample_records=records)
@@ -31,4 +36,9 @@ def write_report(store: RunStore, result: dict[str, Any], include_samples: bool 
     paths["markdown"] = str(atomic_write_text(out / "report.md", render_markdown(report)))
     paths["html"] = str(atomic_write_text(out / "report.html", render_html(report, figures)))
     paths["plots"] = str(out / "plots")
+    try:
+        card = render_model_card(report, quantizer=release)
+    except UnknownQuantizerError as exc:
+        raise UnknownQuantizerError(f"{exc} (report.json, report.md and report.html are written in {out})") from exc
+    paths["model_card"] = str(atomic_write_text(out / "model_card.md", card))
     return paths

@@ -124,5 +124,5 @@ def attack_definitions(
         "ref_qbase": "1:-(L_target-L_base),base=same-quantizer",
         "rmia": "1:offline,p=exp(-L),refs=other-runs-out,a=tuned-on-paired-run,gamma=1,z=val",
         "rmia_online": "1:online,p=exp(-L),refs=other-runs-in+out,gamma=1,z=val",
-        "calibration": f"1:per-sample-out-zscore,fpc={fpc_txt},student_t_below={t_cutoff:g}",
+        "calibration": f"2:per-sample-out-zscore,zero_spread=pooled_sd,fpc={fpc_txt},student_t_below={t_cutoff:g}",
     }

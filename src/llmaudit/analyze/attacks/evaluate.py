@@ -279,6 +279,18 @@ CALIBRATION_NEEDS = (
 )
 
 
+ZERO_SPREAD = (
+    "no calibrated scores of both members and non-members although samples have >= 2 OUT references: the "
+    "attack's score has zero spread across the models where each sample was OUT (a counting score that does not "
+    "resolve them), so per-sample calibration cannot standardize it; the pooled naive evaluation still stands"
+)
+
+
+def _calibration_missing(n_ref: np.ndarray) -> str:
+    """Why no pooled calibrated evaluation exists: too few OUT references, or (with enough) no spread among them."""
+    return ZERO_SPREAD if (np.asarray(n_ref) >= 2).any() else CALIBRATION_NEEDS
+
+
 def _evaluate(
     attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray, fpc_value: float | None, s: AttackSettings
 ) -> dict:
@@ -286,7 +298,12 @@ def _evaluate(
     kw = dict(n_boot=s.n_boot, seed=s.seed, confidence=s.confidence)
     # Calibration standardizes each score by that sample's out-scores under the other models
     # (offline LiRA is its own calibration).
-    z = scores if attack == "lira_offline" else leave_one_out(lira_offline, scores, keep, fpc_value)
+    # A sample whose OUT references tie (counting scores: WBC, RMIA) is standardized by the pooled sd.
+    z = (
+        scores
+        if attack == "lira_offline"
+        else leave_one_out(lira_offline, scores, keep, fpc_value, zero_spread="pooled")
+    )
     n_ref_eff = None if s.lira_variance == "global" and attack == "lira_offline" else n_ref
     fin, zfin = np.isfinite(scores), np.isfinite(z)
     entry = {
@@ -296,8 +313,8 @@ def _evaluate(
     }
     if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
         entry["pooled_calibrated"] = pooled_calibrated(z, keep, s.fprs, n_ref_eff, t_cutoff=s.t_cutoff, **kw)
-    else:  # one run, or no sample out in two other runs: nothing to calibrate against
-        entry["not_measured"] = {"pooled_calibrated": CALIBRATION_NEEDS}
+    else:  # one run, or no sample out in two other runs, or no spread: nothing to calibrate against
+        entry["not_measured"] = {"pooled_calibrated": _calibration_missing(n_ref)}
     if scores.shape[0] > 1 and (keep.any(0) & (~keep).any(0)).any():
         entry["per_sample"] = per_sample_tpr(scores, keep, s.fprs, **kw)
     else:

@@ -100,8 +100,37 @@ def out_reference_counts(keep) -> np.ndarray:
     return (~keep).sum(0)[None, :] - (~keep).astype(int)
 
 
+ZERO_SPREAD_RULES = ("nan", "pooled")
+"""What `lira_offline` does with a sample whose OUT references all score the same (zero spread): NaN, or
+standardize it with the pooled within-sample sd of every sample (fixed-variance LiRA for that sample)."""
+
+
+def _zero_spread_pooled(scores, refs, mu, sd, n, fpc_value, min_out: int):
+    """mu, sd with every zero-spread sample (n >= min_out, sd == 0) given the pooled within-sample sd, and
+    the samples still without a usable sd (the pooled sd is zero too: every sample tied) given sd = inf where
+    the target equals its references (z = 0, no evidence either way)."""
+    raw_mu = np.where(refs, scores, 0.0).sum(0) / np.maximum(n, 1)
+    sq = np.where(refs, (scores - raw_mu) ** 2, 0.0).sum(0)
+    dof = np.maximum(n - 1, 0)
+    pooled = sq.sum() / dof.sum() if dof.sum() > 0 else 0.0
+    if fpc_value is not None:
+        pooled = pooled / fpc_value
+    tied = (n >= min_out) & ~np.isfinite(sd) & (sq == 0)
+    mu = np.where(tied, raw_mu, mu)
+    if pooled > 0:
+        return mu, np.where(tied, np.sqrt(pooled), sd)
+    return mu, np.where(tied, np.inf, sd)
+
+
 def lira_offline(
-    scores, keep, target, fpc=None, *, variance: str = "per_sample", min_out: int | None = None
+    scores,
+    keep,
+    target,
+    fpc=None,
+    *,
+    variance: str = "per_sample",
+    min_out: int | None = None,
+    zero_spread: str = "nan",
 ) -> np.ndarray:
     """Offline LiRA: [N] target scores standardized by each sample's OUT distribution.
 
@@ -111,16 +140,25 @@ def lira_offline(
     `fpc` when given (finite population correction, `fpc(n_train, n_pool)`). variance="global" uses one
     pooled within-sample variance for all samples (steadier with few references). Returns
     (t_target - mu_out) / sigma_out: ~N(0, 1) for non-members, higher = member. Samples with fewer than
-    `min_out` out references (default 2 per-sample, 1 global) or a zero spread get NaN; a LiraWarning
-    reports how many."""
+    `min_out` out references (default 2 per-sample, 1 global) get NaN, and so do samples whose references
+    all score the same (zero spread) unless zero_spread="pooled": then such a sample is standardized by the
+    pooled within-sample sd of all samples, and where that is zero too (every sample tied) it scores 0 if
+    the target equals its references and NaN otherwise. A LiraWarning reports how many are NaN."""
     scores, keep, target = _check_lira(scores, keep, target)
     refs = ~keep
     refs[target] = False
     refs &= np.isfinite(scores)
     if min_out is None:
         min_out = 2 if variance == "per_sample" else 1
-    mu, sd, _ = _gaussian_fit(scores, refs, variance, fpc, min_out)
-    z = (scores[target] - mu) / sd
+    if zero_spread not in ZERO_SPREAD_RULES:
+        raise ValueError(f"zero_spread must be one of {ZERO_SPREAD_RULES}; got {zero_spread!r}.")
+    mu, sd, n = _gaussian_fit(scores, refs, variance, fpc, min_out)
+    if zero_spread == "pooled":
+        mu, sd = _zero_spread_pooled(scores, refs, mu, sd, n, fpc, min_out)
+    with np.errstate(invalid="ignore"):
+        z = (scores[target] - mu) / sd
+    if zero_spread == "pooled":  # sd = inf (everything tied): 0 where the target ties too, else no evidence
+        z = np.where(np.isinf(sd) & (scores[target] != mu), np.nan, z)
     n_nan = int(np.isnan(z).sum())
     if n_nan:
         warnings.warn(
