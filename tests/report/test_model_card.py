@@ -300,3 +300,19 @@ def test_an_attack_without_spread_is_told_apart_from_one_without_references():
     one = keep[:2]  # two models: no sample is OUT in two OTHER models
     entry = _evaluate("loss", scores[:2], one, out_reference_counts(one), None, s)
     assert entry["not_measured"]["pooled_calibrated"] == CALIBRATION_NEEDS
+
+
+def test_attacks_left_out_of_the_list_and_the_indicators_beyond_damage_answer_are_limits(audited):
+    """An attack the audit did not configure is named as not run; the indicator's beyond-damage answer is said."""
+    report = copy.deepcopy(audited["report"])
+    for row in report["grid"]:
+        row["attacks"].pop("lira_online", None)
+        (row.get("skipped_attacks") or {}).pop("lira_online", None)
+    name = report["grid"][0]["indicator"]["name"]
+    for entry in report["indicators"]["indicators"]:
+        if entry["name"] == name:
+            entry["beyond_damage"] = "no"
+    card = render_model_card(report)
+    line = next(x for x in card.splitlines() if "left out of this audit's attack list" in x)
+    assert "`lira_online`" in line
+    assert "not shown to go beyond what quantization damage explains" in card

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS
 from llmaudit.common.errors import UserError
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci
 from llmaudit.report.cells import md_code, md_escape
@@ -190,6 +191,17 @@ def _verdict_table(report: dict[str, Any], q: str) -> list[str]:
     return lines
 
 
+def _beyond_damage(report: dict[str, Any], name: str) -> str:
+    """The validation's answer to whether the indicator tracks the attacks beyond quantization damage."""
+    entries = (report.get("indicators") or {}).get("indicators") or []
+    answer = next((e.get("beyond_damage") for e in entries if e.get("name") == name), None)
+    if answer == "no":
+        return " Its agreement with the attacks is not shown to go beyond what quantization damage explains."
+    if answer == "yes":
+        return " It tracks the attacks beyond what quantization damage explains."
+    return ""
+
+
 def _limits_section(report: dict[str, Any], q: str) -> list[str]:
     row = next(r for r in report["grid"] if r["quantizer"] == q)
     crit = {c["id"]: c for c in report["checklist"]["per_quantizer"][q]["criteria"]}
@@ -214,6 +226,12 @@ def _limits_section(report: dict[str, Any], q: str) -> list[str]:
         by_reason.setdefault(why, []).append(name)
     for why, names in by_reason.items():
         lines.append(f"- {', '.join(_c(n) for n in names)} {'was' if len(names) == 1 else 'were'} not run: {_e(why)}.")
+    left_out = [a for a in DEFAULT_ATTACKS if a not in row["attacks"] and a not in (row.get("skipped_attacks") or {})]
+    if left_out:
+        lines.append(
+            f"- Not run, left out of this audit's attack list (`attack.attacks`): {', '.join(_c(a) for a in left_out)}; "
+            "the verdict says nothing about them."
+        )
     lines.append(
         f"- Runs: {_e(row.get('n_models'))} target models; an interval over fewer than {_e(th.get('min_runs'))} "
         "runs never clears a criterion."
@@ -231,7 +249,7 @@ def _limits_section(report: dict[str, Any], q: str) -> list[str]:
         lines.append(
             f"- The attack-free indicator {_c(indicator.get('name'))} has validation status "
             f"{_e(indicator.get('status'))} (r_Q: {_e(row.get('r_q_status'))}); an indicator is context beside the "
-            "attacks, never a verdict on its own."
+            "attacks, never a verdict on its own." + _beyond_damage(report, str(indicator.get("name")))
         )
     source = report["provenance"].get("model_source") or {}
     if source.get("gguf_file_type"):
