@@ -300,12 +300,22 @@ class ScoreConfig(_Section):
     statistics, docs/science.md section 11). Costs two vocabulary passes over the validation positions per final
     unit, and one validation pass of the unquantized checkpoint where no identity quantizer (fp32 of an fp32
     model) scored it first."""
-    generation_samples: int = Field(16, ge=0, le=100_000)
+    generation_samples: int = size_field(
+        16,
+        ge=0,
+        le=100_000,
+        why="each answer is generated token by token at every final unit: more is hours of decoding",
+    )
     """Validation records answered by greedy generation at each run's final checkpoint, per quantizer, for the
     task metrics (canonical-SMILES exact match, validity, Morgan Tanimoto; BLEU-2/4, ROUGE-L; docs/science.md
     section 11). The tasks take turns; plain-text records are never chosen; more than the validation set takes
     all of it; 0 disables generation."""
-    generation_max_new_tokens: int | None = Field(None, ge=1, le=8192)
+    generation_max_new_tokens: int | None = size_field(
+        None,
+        ge=1,
+        le=8192,
+        why="an answer longer than the longest SMolInstruct response by far; the KV cache grows with it",
+    )
     """Tokens each answer may have; null = from the data: 1.5 x the subset's longest reference response."""
 
 

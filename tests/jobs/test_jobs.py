@@ -109,7 +109,16 @@ def assert_same_scores(a: RunStore, b: RunStore) -> None:
         assert list(da.columns) == list(db.columns), name
         for col in da.columns:
             for x, y in zip(da[col], db[col]):
-                assert np.array_equal(np.asarray(x), np.asarray(y)), f"{name}: {col} differs"
+                assert _same_cell(x, y), f"{name}: {col} differs"
+
+
+def _same_cell(x, y) -> bool:
+    """Equal values, arrays element for element, and a missing value (None / NaN, e.g. the answer column of a
+    record that was not generated) equal to a missing value."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype.kind == "f" and y.dtype.kind == "f":
+        return bool(np.array_equal(x, y, equal_nan=True))
+    return bool(np.array_equal(x, y))
 
 
 def cli_process(*args: str) -> subprocess.Popen:
