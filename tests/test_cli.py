@@ -115,3 +115,22 @@ def test_third_party_import_notices_are_quiet_unless_asked(monkeypatch):
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_logging_set_up_by_an_in_process_command_follows_the_current_stderr(monkeypatch, capsys):
+    """A command run in-process with stderr redirected (a test runner, a notebook) must not leave the root logger
+    writing to that stream once it is closed: a later warning goes to the stderr of the moment."""
+    import contextlib
+    import io
+    import logging
+
+    from llmaudit import cli
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    redirected = io.StringIO()
+    with contextlib.redirect_stderr(redirected):
+        cli._setup()
+    redirected.close()
+    logging.getLogger("llmaudit.test").warning("after the command")
+    assert "WARNING llmaudit.test: after the command" in capsys.readouterr().err

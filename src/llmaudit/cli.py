@@ -65,12 +65,30 @@ SHARD_HELP = "Do only shard I of N (0-based, e.g. 0/4): units are dealt round-ro
 QUIET_LOGGERS = ("torchao", "bitsandbytes", "torch.utils._pytree")
 
 
+class CurrentStderrHandler(logging.StreamHandler):
+    """A log handler that writes to whatever sys.stderr is when a record is emitted, not to the stream that was
+    sys.stderr when logging was set up: a command run in-process (a test, a notebook) with its stderr redirected
+    must not leave the root logger holding that stream after it is closed."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the current sys.stderr is used instead
+        pass
+
+
 def _setup() -> None:
     # Deprecation chatter from transformers/peft internals says nothing about the user's audit.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    logging.basicConfig(level=os.environ.get("LLMAUDIT_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("LLMAUDIT_LOG", "WARNING"),
+        format="%(levelname)s %(name)s: %(message)s",
+        handlers=[CurrentStderrHandler()],
+    )
     if "LLMAUDIT_LOG" not in os.environ:
         # Import-time notices of optional kernels that llmaudit does not use on this machine (torchao's
         # CUDA extensions, bitsandbytes' CPU gemm from `kernels`, torch's pytree deprecation of torchao's
