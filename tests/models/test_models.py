@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from llmaudit.common.runtime import DeviceError, pick_device
+from llmaudit.common.runtime import DeviceError, pick_device, resolve_dtype
 from llmaudit.config import ModelConfig
 from llmaudit.models.loading import ModelError, load_base_model, load_tokenizer, resolve_model_route
 
@@ -42,7 +42,11 @@ def test_hub_id_goes_through_from_pretrained_without_remote_code(monkeypatch):
     assert not model.training and tok.pad_token == "<|im_end|>"
     (_, name, kw), (_, tname, tkw) = calls
     assert name == tname == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert kw["revision"] == "main" and kw["trust_remote_code"] is False and kw["dtype"] == torch.float32
+    assert (
+        kw["revision"] == "main"
+        and kw["trust_remote_code"] is False
+        and kw["dtype"] == resolve_dtype("auto", torch.device("cpu"))
+    )  # the machine's choice
     assert tkw["trust_remote_code"] is False
 
 

@@ -94,6 +94,9 @@ def test_smollm2_end_to_end(tmp_path):
     # The utility columns on the real vocabulary: KL 0 against itself, positive for nf4; two answers in text.
     last = val[val["checkpoint"] == val["checkpoint"].max()]
     kl = {q: np.concatenate(list(g["token_kl"])) for q, g in last.groupby("quantizer")}
-    assert (kl["fp32"] == 0).all() and 0.01 < kl["bnb-nf4"].mean() < 5
+    # full precision against the store's reference: 0 for the identity, bf16 rounding only (< 0.01 nats) for the
+    # fp32 quantizer of a store that computes in bf16 (the machine's choice)
+    full = kl.get("bf16", kl["fp32"]) if "bf16" in kl else kl["fp32"]
+    assert full.mean() < 0.01 and 0.01 < kl["bnb-nf4"].mean() < 5
     answers = last[last["generated"].map(lambda v: isinstance(v, str))]
     assert len(answers) == 2 * 2 and all(len(a) > 0 for a in answers["generated"])
