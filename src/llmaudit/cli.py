@@ -36,10 +36,9 @@ from llmaudit.jobs.status import format_status, stage_status
 from llmaudit.jobs.submit import submit as do_submit
 from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, resolve_target, split_recipe_args
 from llmaudit.quantize import list_quantizers
-from llmaudit.report.build import build_report
-from llmaudit.report.markdown import render_markdown
 from llmaudit.report.model_card import UnknownQuantizerError
 from llmaudit.report.tables import attack_command, attack_summary_lines, indicator_command, memorization_command
+from llmaudit.report.terminal import gate_decision, print_summary
 from llmaudit.report.write import write_report
 from llmaudit.score.stage import score as do_score
 from llmaudit.store.run_store import RunStore
@@ -56,6 +55,9 @@ app = typer.Typer(
 )
 validate_app = typer.Typer(no_args_is_help=True, help="Validations on data where the truth is known.")
 app.add_typer(validate_app, name="validate")
+
+GATE_EXIT_CODE = 3
+"""Exit code of `--gate` when the quantizer to ship is not cleared (2 means bad input; 1 an internal error)."""
 
 RECIPE_HELP = "A recipe YAML file or the name of a shipped recipe (demo-cpu, qwen2.5-0.5b-smolinstruct, ...)."
 OVERRIDES_HELP = "Overrides as dotted key=value pairs, e.g. train.epochs=3 score.quantizers='[fp32,hqq-4]'."
@@ -107,6 +109,24 @@ def _progress(no_progress: bool) -> bool:
         disable_progress_bars()
         hf_logging.disable_progress_bar()
     return not no_progress
+
+
+RELEASE_HELP = "The quantizer you ship: model_card.md describes it and --gate judges it (default: the recommended one)."
+GATE_HELP = (
+    f"Exit with code {GATE_EXIT_CODE} when the quantizer to ship (--release, default the recommended one) is not "
+    "cleared for release (overall verdict not PASS), so a CI job can block the release; 0 when it is cleared."
+)
+
+
+def _finish(report: dict, *, release: str | None, gate: bool) -> None:
+    """The verdict on one screen (the recommendation last); with --gate, exit GATE_EXIT_CODE unless cleared."""
+    typer.echo("")
+    print_summary(report)
+    if gate:
+        cleared, why = gate_decision(report, release)
+        typer.echo(f"[gate] {'cleared' if cleared else 'BLOCKED'}: {why}", err=True)
+        if not cleared:
+            raise typer.Exit(GATE_EXIT_CODE)
 
 
 TRUST_HELP = (
@@ -181,15 +201,12 @@ def report(
         "--quantizers",
         help="Comma-separated quantizers to report (default: every quantizer scored in the store).",
     ),
-    release: str | None = typer.Option(
-        None,
-        "--release",
-        help="The quantizer you ship: report/model_card.md describes it (default: the recommended one).",
-    ),
+    release: str | None = typer.Option(None, "--release", help=RELEASE_HELP),
+    gate: bool = typer.Option(False, "--gate", help=GATE_HELP),
 ) -> None:
     """Compute r_Q, the attacks and memorization from the verified loss tables and write report.json,
     report.md, a self-contained report.html (plots embedded) and model_card.md (the privacy section of the
-    released model's card). An inconsistent store is refused."""
+    released model's card); print the verdict. An inconsistent store is refused."""
     store = RunStore(run_dir)
     cfg = config_from_run_dir(run_dir, [])
     chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
@@ -198,8 +215,7 @@ def report(
     result = analyze(cfg, store, quantizers=chosen)
     paths = write_report(store, result, include_samples=include_samples, release=release)
     typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
-    written = json.loads(Path(paths["json"]).read_text(encoding="utf-8"))
-    typer.echo(f"[report] recommendation: {written['recommendation']['explanation']}")
+    _finish(json.loads(Path(paths["json"]).read_text(encoding="utf-8")), release=release, gate=gate)
 
 
 @app.command("import", context_settings={"allow_extra_args": True})
@@ -264,8 +280,11 @@ def audit(
     args: list[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]; default: the CPU demo. {OVERRIDES_HELP}"),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
+    release: str | None = typer.Option(None, "--release", help=RELEASE_HELP),
+    gate: bool = typer.Option(False, "--gate", help=GATE_HELP),
 ) -> None:
-    """finetune, score and report in order. `llmaudit audit` alone runs the CPU demo (a few minutes)."""
+    """finetune, score and report in order, then print the verdict. `llmaudit audit` alone runs the CPU demo (a
+    few minutes)."""
     t0 = time.time()
     recipe, overrides = split_recipe_args(list(args or []))
     cfg = config_from_recipe(recipe, overrides, out)
@@ -276,13 +295,11 @@ def audit(
     else:
         do_score(cfg, store, progress=progress)
     result = analyze(cfg, store)
-    paths = write_report(store, result)
-    typer.echo("")
-    typer.echo(render_markdown(build_report(result), only=("summary", "checklist")).rstrip())
-    typer.echo("")
+    paths = write_report(store, result, release=release)
     typer.echo(
         f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}"
     )
+    _finish(json.loads(Path(paths["json"]).read_text(encoding="utf-8")), release=release, gate=gate)
 
 
 @app.command(context_settings={"allow_extra_args": True})

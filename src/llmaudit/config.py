@@ -416,7 +416,24 @@ class ReportConfig(_Section):
     """Criterion on that indicator (higher = more secure), applied only when the indicator passed its
     validation; None disables it."""
     min_runs: int = size_field(5, ge=1, le=MAX_RUNS, why=RUNS_WHY)
-    """A criterion estimated from fewer fine-tuning runs than this is NOT MEASURED, never PASS."""
+    """A criterion that needs several fine-tuning runs (r_Q, the indicator, utility intervals over runs) is NOT
+    MEASURED with fewer runs than this. The attack criterion judges stores with at least this many runs (and at
+    least 2) on per-sample calibrated scores, and stores with fewer (one imported fine-tune) on each run's own
+    held-out non-members with an empirical threshold (docs/science.md section 12)."""
+    alpha: float = Field(0.05, gt=0, le=0.2)
+    """One-sided error rate of every release decision (docs/science.md section 12): a false FAIL, a false PASS, a
+    false "leaks more / less / the same as full precision" each have probability at most alpha."""
+    equivalence_margin: float = Field(0.01, ge=0, le=0.5)
+    """A quantizer "leaks the same" as full precision when the paired difference of their strongest attacks' TPR at
+    1% FPR lies within +-margin (two one-sided tests). Default 0.01: a change below the FPR level itself is a change
+    the evaluation at 1% FPR does not resolve (an attack at chance has TPR 0.01)."""
+    selection_folds: int = Field(5, ge=2, le=100)
+    """Cross-fitting folds: the strongest attack is chosen on the other folds and measured on each (folds of target
+    models; of samples with fewer than min_runs runs)."""
+    decision_resamples: int = size_field(
+        1000, ge=100, le=100_000, why="bounds from the bootstrap's variance settle within a few thousand resamples"
+    )
+    """Bootstrap resamples of samples behind every bound of the release decision and the paired comparisons."""
 
 
 class ClusterConfig(_Section):

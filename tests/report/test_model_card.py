@@ -14,17 +14,11 @@ from llmaudit.analyze.experiment import analyze
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci
 from llmaudit.report.cells import md_escape
 from llmaudit.report.model_card import UnknownQuantizerError, render_model_card
-from llmaudit.report.policy import (
-    DISABLED,
-    NOT_MEASURED,
-    PASS,
-    explain_recommendation,
-    recommend,
-    release_checklist,
-)
+from llmaudit.report.policy import DISABLED, NOT_MEASURED, PASS, release_checklist
+from llmaudit.report.recommend import explain_recommendation, recommend
 from llmaudit.report.write import write_report
 from tests.conftest import run_cli
-from tests.report.test_report import TH, _make_store, _row
+from tests.report.test_report import TH, _make_store, _row, decided
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +178,10 @@ def test_report_release_option_on_the_command_line(audited):
     assert code == 2 and err.strip().count("\n") == 0 and "--release 'nf4'" in err  # refused before analysis
     code, out, err = run_cli(["report", root, "--release", "sign"])
     assert code == 0, err
-    assert "[report] recommendation: The best candidate is" in out
+    tail = " ".join(out.strip().splitlines()[-15:])
+    assert "Nothing is cleared for release; the best candidate is" in tail and "The best candidate is" in tail
+    code, _, err = run_cli(["report", root, "--release", "sign", "--gate"])  # sign is not cleared: blocked
+    assert code == 3 and "[gate] BLOCKED: sign: overall" in err
     assert "Released quantization: `sign`" in (root / "report" / "model_card.md").read_text(encoding="utf-8")
     code, _, err = run_cli(["report", root, "--release", "nf4"])  # refused after the report is kept
     assert code == 2 and err.strip().count("\n") == 0 and "choose one of" in err
@@ -194,68 +191,61 @@ def test_report_release_option_on_the_command_line(audited):
 # ------------------------------------------------------------------------------------------ the paragraph
 
 
+PROVENANCE = {"membership": {"pool_size": 256, "runs": 6}, "origin": "finetune"}
+
+
 def _explained(grid, th=TH):
     cl = release_checklist(grid, th)
     rec = recommend(grid, cl)
-    return rec, explain_recommendation(rec, cl)
+    return rec, explain_recommendation(rec, cl, grid, PROVENANCE)
 
 
 def test_recommendation_paragraph_when_a_quantizer_is_cleared():
     grid = [
-        _row("fp", tpr=0.20, tpr_ci=(0.15, 0.25), ref=True),
-        _row("q8", tpr=0.02, tpr_ci=(0.01, 0.04), rel=0.02, rel_ci=(0.01, 0.03)),
-        _row("q4", tpr=0.01, tpr_ci=(0.0, 0.03), rel=0.05, rel_ci=(0.03, 0.08)),
+        decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "FAIL", bits=32),
+        decided(_row("q8", tpr=0.0, tpr_ci=None, rel=0.02, rel_ci=(0.01, 0.03)), "PASS", bits=8.5),
+        decided(_row("q4", tpr=0.0, tpr_ci=None, rel=0.05, rel_ci=(0.03, 0.08)), "PASS", bits=4.5),
     ]
     rec, text = _explained(grid)
     assert rec["quantizer"] == "q4" and rec["ranking"] == ["q4", "q8", "fp"]
-    assert text.startswith("Release q4: every criterion passes;")
-    assert "attack TPR at 1% FPR (loss) 0.010 [0.000, 0.030] against limit <= 0.05: PASS" in text
-    assert "utility (loss) 0.050 [0.030, 0.080] against limit <= 0.1: PASS" in text
-    # the runner-up lost on the TPR's upper bound, 0.04 against 0.03
-    assert (
-        "Runner-up: q8, which lost on the upper 95% bound of its best attack's TPR at 1% FPR: 0.040 against 0.030"
-        in text
-    )
-    assert "To clear" not in text
+    assert text.startswith("Release q4: cleared, every criterion passes (attack TPR at 1% FPR (strongest, ")
+    assert "cross-fitted: loss) 0.020 [0.010, 0.040] against limit <= 0.05: PASS)" in text
+    assert "q4 leaks same (planted), at +5.0% validation loss." in text
+    assert "Runner-up: q8, which lost on its size: 8.50 against 4.50 effective bits per weight." in text
+    assert "To decide it" not in text
 
 
 def test_recommendation_paragraph_when_the_best_candidate_is_not_cleared():
-    grid = [
-        _row("fp", tpr=0.03, tpr_ci=(0.01, 0.09), ref=True),  # interval crosses 0.05: INCONCLUSIVE
-        _row("q8", tpr=0.04, tpr_ci=(0.02, 0.12), rel=0.02, rel_ci=(0.01, 0.03)),
-    ]
+    open_verdict = decided(_row("q8", tpr=0.0, tpr_ci=None, rel=0.02, rel_ci=(0.01, 0.03)), "INCONCLUSIVE", bits=8.5)
+    open_verdict["decision"]["size_needed"] = {
+        "factor": 2.25,
+        "towards": "PASS",
+        "sentence": "about 2.2x the audited samples would clear PASS if the estimates hold",
+    }
+    grid = [decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "FAIL", bits=32), open_verdict]
     rec, text = _explained(grid)
-    assert rec["quantizer"] == "fp" and not rec["cleared_for_release"]
+    assert rec["quantizer"] == "q8" and not rec["cleared_for_release"]
     assert text.startswith(
-        "The best candidate is fp, but it is NOT cleared for release: attack TPR at 1% FPR (loss) "
-        "0.030 [0.010, 0.090] against limit <= 0.05: INCONCLUSIVE."
+        "The best candidate is q8, but it is NOT cleared for release: attack TPR at 1% FPR (strongest, cross-fitted: "
+        "loss) 0.020 [0.010, 0.040] against limit <= 0.05: INCONCLUSIVE."
     )
     assert (
-        "Runner-up: q8, which lost on the upper 95% bound of its best attack's TPR at 1% FPR: 0.120 against 0.090"
-        in text
+        "To decide it: about 2.2x the audited samples would clear PASS if the estimates hold: a pool of 576 records "
+        "instead of 256 (data.pool_size=576; `llmaudit plan RECIPE data.pool_size=576` prices it)." in text
     )
-    assert (
-        "To clear it, the attack_tpr interval reaches 0.090, across the limit 0.05: more runs or more non-members"
-        in text
-    )
-    unreliable = [_row("fp", tpr=0.01, tpr_ci=(0.0, 0.02), reliable=False, ref=True)]
-    unreliable[0]["attacks"]["loss"]["n_negatives"] = 180
-    _, text = _explained(unreliable)
-    assert "NOT MEASURED" in text and "To clear it, grow the measurement behind attack_tpr" in text
-    assert "(180 pooled, needs >= 1000)" in text
+    assert "Runner-up: fp, which lost on its verdict: FAIL against INCONCLUSIVE." in text
 
 
 def test_recommendation_paragraph_when_nothing_is_within_the_utility_budget():
     grid = [
-        _row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.50, rel_ci=(0.40, 0.60)),  # FAIL by 0.40
+        _row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.50, rel_ci=(0.40, 0.60)),  # FAIL: the whole interval above
         _row("q3", tpr=0.0, tpr_ci=(0.0, 0.01), rel=0.08, rel_ci=(0.05, 0.12)),  # INCONCLUSIVE
     ]
     rec, text = _explained(grid)
     assert rec["quantizer"] is None
     assert text.startswith("No quantizer can be released: none keeps enough utility with a PASS")
     assert "Closest: q3, utility (loss) 0.080 [0.050, 0.120] against limit <= 0.1: INCONCLUSIVE" in text
-    assert "the utility interval reaches 0.120, across the limit 0.1" in text
-    assert "a limit of 0.120 would clear it" in text
+    assert "the utility interval reaches 0.120, across the limit 0.1: more runs or more samples narrow it" in text
 
 
 def test_a_criterion_on_a_failed_indicator_is_off_not_a_permanent_not_measured():
@@ -295,10 +285,10 @@ def test_an_attack_without_spread_is_told_apart_from_one_without_references():
     keep = membership_masks(40, 6, 0.5, seed=0)
     scores = np.tile(np.arange(40, dtype=float), (6, 1)) + 5.0 * keep  # OUT scores identical per sample
     s = AttackSettings(n_boot=5)
-    entry = _evaluate("loss", scores, keep, out_reference_counts(keep), None, s)
+    entry, _, _ = _evaluate("loss", scores, keep, out_reference_counts(keep), None, s)
     assert entry["not_measured"]["pooled_calibrated"] == ZERO_SPREAD
     one = keep[:2]  # two models: no sample is OUT in two OTHER models
-    entry = _evaluate("loss", scores[:2], one, out_reference_counts(one), None, s)
+    entry, _, _ = _evaluate("loss", scores[:2], one, out_reference_counts(one), None, s)
     assert entry["not_measured"]["pooled_calibrated"] == CALIBRATION_NEEDS
 
 

@@ -16,13 +16,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from llmaudit.analyze.decision.models import (
+    AttackJudgement,
+    Comparison,
+    Estimate,
+    QuantizerDecision,
+    StrongestAttack,
+)
 from llmaudit.analyze.experiment import analyze
 from llmaudit.common.io import atomic_write_json, to_strict_json
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.pool import membership_masks
 from llmaudit.report.build import build_report, indicator_agreement
 from llmaudit.report.markdown import render_markdown
-from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, recommend, release_checklist
+from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, release_checklist
+from llmaudit.report.recommend import recommend
 from llmaudit.report.schema import REPORT_SCHEMA, ReportSchemaError, validate_report
 from llmaudit.report.write import write_report
 from llmaudit.store.losstable import validate_loss_table
@@ -241,8 +249,10 @@ def test_include_samples_adds_the_text_and_the_schema_forbids_it_otherwise(exper
 
 def test_judge_follows_the_conservative_rule():
     assert judge(0.02, [0.01, 0.04], limit=0.05, kind="max", measured=True)["status"] == PASS
-    assert judge(0.06, [0.01, 0.09], limit=0.05, kind="max", measured=True)["status"] == FAIL
+    assert judge(0.08, [0.06, 0.10], limit=0.05, kind="max", measured=True)["status"] == FAIL
     assert judge(0.04, [0.02, 0.07], limit=0.05, kind="max", measured=True)["status"] == INCONCLUSIVE
+    # a point estimate beyond the limit whose interval reaches back across it shows nothing: not FAIL
+    assert judge(0.06, [0.01, 0.09], limit=0.05, kind="max", measured=True)["status"] == INCONCLUSIVE
     assert judge(0.02, None, limit=0.05, kind="max", measured=True)["status"] == NOT_MEASURED
     assert judge(None, None, limit=0.05, kind="max", measured=True)["status"] == NOT_MEASURED
     # an unreliable estimate is never PASS, however tight its interval
@@ -253,6 +263,7 @@ def test_judge_follows_the_conservative_rule():
     assert judge(2.0, [1.5, 2.5], limit=1.0, kind="min", measured=True)["status"] == PASS
     assert judge(0.5, [0.4, 0.6], limit=1.0, kind="min", measured=True)["status"] == FAIL
     assert judge(1.2, [0.8, 1.6], limit=1.0, kind="min", measured=True)["status"] == INCONCLUSIVE
+    assert judge(0.9, [0.7, 1.1], limit=1.0, kind="min", measured=True)["status"] == INCONCLUSIVE
 
 
 def _row(
@@ -342,49 +353,86 @@ def test_demo_sized_experiment_cannot_clear_tpr_at_one_percent(experiment):
     assert report["recommendation"]["cleared_for_release"] is False
 
 
-def test_recommendation_is_the_most_private_quantizer_within_the_utility_budget():
+def decided(row: dict, status: str, direction: str = "SAME", *, bits: float | None = None, est=(0.02, 0.01, 0.04)):
+    """A grid row with a release decision (the typed model, as the analysis writes it) and a size."""
+    value, low, high = est
+    tpr = Estimate(value=value, low=low, high=high, confidence=0.9)
+    strongest = StrongestAttack(
+        tpr=tpr,
+        realised_fpr=0.01,
+        selected=["loss"] * 5,
+        folds=5,
+        fold_kind="target models",
+        selection_stability={"loss": 1.0},
+        members=400.0,
+        nonmembers=1200.0,
+    )
+    judged = AttackJudgement(
+        attack="loss", tpr=tpr, upper_bound=high, realised_fpr=0.01, members=400.0, nonmembers=1200.0, judged=True
+    )
+    comparison = Comparison(
+        reference="fp",
+        direction=direction,
+        difference=Estimate(value=0.001, low=-0.004, high=0.006, confidence=0.9),
+        margin=0.01,
+        equivalent=direction == "SAME",
+        sentence=f"{row['quantizer']} leaks {direction.lower()} (planted)",
+    )
+    decision = QuantizerDecision(
+        quantizer=row["quantizer"],
+        mode="calibrated",
+        status=status,
+        reason=f"planted {status}",
+        limit=0.05,
+        fpr=0.01,
+        strongest=strongest,
+        in_sample_max=Estimate(value=high),
+        in_sample_max_attack="loss",
+        attacks=[judged],
+        comparison=None if row.get("is_reference") else comparison,
+        size_needed=None,
+        run_to_run_covered=True,
+        n_targets=8,
+    )
+    return row | {"decision": decision.model_dump(mode="json"), "effective_bits": bits}
+
+
+def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
+    """Verdict first, then leakage against full precision, then size, then utility; never an estimate's noise."""
     grid = [
-        _row("fp", tpr=0.20, tpr_ci=(0.15, 0.25), ref=True),
-        _row("q8", tpr=0.02, tpr_ci=(0.01, 0.04), rel=0.02, rel_ci=(0.01, 0.03)),
-        _row("q4", tpr=0.01, tpr_ci=(0.0, 0.03), rel=0.05, rel_ci=(0.03, 0.08)),
-        _row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.50, rel_ci=(0.4, 0.6)),  # most private, over budget
-        _row("q3", tpr=0.0, tpr_ci=(0.0, 0.01), rel=0.08, rel_ci=(0.05, 0.12)),  # budget INCONCLUSIVE
+        decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "FAIL", bits=32),
+        decided(_row("q8", tpr=0.0, tpr_ci=None, rel=0.01, rel_ci=(0.0, 0.02)), "PASS", "SAME", bits=8.5),
+        decided(_row("q4", tpr=0.0, tpr_ci=None, rel=0.05, rel_ci=(0.03, 0.08)), "PASS", "SAME", bits=4.5),
+        decided(_row("q4b", tpr=0.0, tpr_ci=None, rel=0.03, rel_ci=(0.02, 0.05)), "PASS", "MORE", bits=4.5),
+        decided(_row("q2", tpr=0.0, tpr_ci=None, rel=0.50, rel_ci=(0.4, 0.6)), "PASS", "LESS", bits=2.5),
+        decided(_row("q3", tpr=0.0, tpr_ci=None, rel=0.08, rel_ci=(0.05, 0.12)), "PASS", "LESS", bits=3.5),
     ]
     cl = release_checklist(grid, TH)
     rec = recommend(grid, cl)
-    assert rec["quantizer"] == "q4" and rec["cleared_for_release"] and rec["overall"] == PASS
-    assert set(rec["candidates"]) == {"fp", "q8", "q4"}
+    # q2 is over the utility budget, q3's budget is INCONCLUSIVE: not candidates
+    assert set(rec["candidates"]) == {"fp", "q8", "q4", "q4b"}
+    # q4b leaks MORE than full precision and loses to the larger q8 that leaks the same; q4 is smaller than q8
+    assert rec["ranking"] == ["q4", "q8", "q4b", "fp"] and rec["cleared_for_release"]
+    assert rec["runner_up"] == {"quantizer": "q8", "lost_on": "its size: 8.50 against 4.50 effective bits per weight"}
+    # the same verdict, comparison and size: the utility decides, not the TPR estimates (planted far apart)
+    twins = [
+        decided(_row("a", tpr=0.0, tpr_ci=None, rel=0.04, rel_ci=(0.03, 0.05)), "PASS", bits=4.5, est=(0.0, 0.0, 0.01)),
+        decided(
+            _row("b", tpr=0.0, tpr_ci=None, rel=0.02, rel_ci=(0.01, 0.03)), "PASS", bits=4.5, est=(0.04, 0.03, 0.049)
+        ),
+    ]
+    assert recommend(twins, release_checklist(twins, TH))["quantizer"] == "b"
     over = [_row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.5, rel_ci=(0.4, 0.6))]
     assert recommend(over, release_checklist(over, TH))["quantizer"] is None
 
 
-def test_recommendation_ties_are_broken_by_the_attacks_never_by_a_failed_indicator():
-    """Small experiments tie on the calibrated TPR (all 0): the strongest attack's AUROC decides, then a
-    validated indicator; r_Q whose validation failed never does, however high."""
-
-    def row(q, auroc, r_q, r_q_status="failed", indicator=None):
-        r = _row(q, tpr=0.0, tpr_ci=(0.0, 0.0), r_q=r_q) | {"r_q_status": r_q_status}
-        r["best_attack_by_auroc"] = {"name": "loss", "metric": "auroc", "value": auroc, "ci": None}
-        return r | ({"indicator": indicator} if indicator else {})
-
-    th = TH | {"min_r_q": 0.0}
-    grid = [row("weak-attack", 0.70, r_q=1.0), row("high-r_q", 0.90, r_q=9.0)]
-    assert recommend(grid, release_checklist(grid, th))["quantizer"] == "weak-attack"
-    assert "lowest best-attack AUROC" in recommend(grid, release_checklist(grid, th))["rule"]
-    ind = {"name": "gap_std_final", "ci": [-2.0, 0.0], "n_finite": 8}
-    tied = [
-        row("low-gap", 0.8, r_q=9.0, indicator=ind | {"mean": -1.5, "status": "passed"}),
-        row("high-gap", 0.8, r_q=1.0, indicator=ind | {"mean": -0.5, "status": "passed"}),
-    ]
-    assert recommend(tied, release_checklist(tied, th))["quantizer"] == "high-gap"
-    for r in tied:
-        r["indicator"]["status"] = "failed"
-    assert recommend(tied, release_checklist(tied, th))["quantizer"] == "low-gap"  # grid order, not r_Q
-    tied.reverse()
-    assert recommend(tied, release_checklist(tied, th))["quantizer"] == "high-gap"
-    for r in tied:
-        r["r_q_status"] = "passed"
-    assert recommend(tied, release_checklist(tied, th))["quantizer"] == "low-gap"  # validated r_Q 9.0 decides
+def test_the_attack_criterion_reads_the_release_decision():
+    row = decided(_row("q8", tpr=0.0, tpr_ci=None), "INCONCLUSIVE", est=(0.052, 0.034, 0.075))
+    crit = next(c for c in release_checklist([row], TH)["per_quantizer"]["q8"]["criteria"] if c["id"] == "attack_tpr")
+    assert crit["status"] == INCONCLUSIVE and crit["reason"] == "planted INCONCLUSIVE"
+    assert crit["value"] == 0.052 and crit["ci"] == [0.034, 0.075] and crit["attack"] == "loss"
+    assert crit["in_sample_max"] == {"attack": "loss", "value": 0.075}
+    assert crit["per_attack"]["loss"]["upper_bound"] == 0.075 and crit["per_attack"]["loss"]["judged"]
 
 
 # ------------------------------------------------------------------------------------------ Markdown

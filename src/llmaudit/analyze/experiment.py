@@ -16,6 +16,7 @@ from llmaudit import __version__
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.blind import blind_baseline_for_pool
+from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.indicator import indicator_from_table
@@ -100,11 +101,26 @@ def _attacks(
             n_train=float(np.mean(membership["n_train"])),
             r_q=r_q,
             reference_quantizer=reference,
+            decision=decision_settings(cfg),
         )
         for q, block in attacks.get("quantizers", {}).items():
             fpc_value = block.get("fpc") if isinstance(block.get("fpc"), (int, float)) else None
             block["vulnerable_samples"] = vulnerable_samples(table, q, fpc_value)
     return attacks
+
+
+def decision_settings(cfg: ExperimentConfig) -> DecisionSettings:
+    """The release rule's settings from a recipe's report section (docs/science.md section 12)."""
+    r = cfg.report
+    return DecisionSettings(
+        limit=r.max_tpr_at_1pct_fpr,
+        alpha=r.alpha,
+        margin=r.equivalence_margin,
+        folds=r.selection_folds,
+        resamples=r.decision_resamples,
+        seed=cfg.attack.seed,
+        min_runs=r.min_runs,
+    )
 
 
 def _without_matched_base(table: pd.DataFrame, reference: str) -> pd.DataFrame:

@@ -28,6 +28,7 @@ def utility_from_table(
         final = sub[sub["checkpoint"] == sub.groupby("run")["checkpoint"].transform("max")]
         per_run[q] = final.groupby("run")["loss"].mean().sort_index().to_numpy()
     ref = per_run.get(reference)
+    ref_samples = _final_sample_losses(val, reference)
     for q, losses in per_run.items():
         agg = aggregate_r_q(losses, n_boot=n_boot, seed=seed)
         entry = {
@@ -41,11 +42,50 @@ def utility_from_table(
             entry["relative_change"] = float(rel.mean())
             rel_agg = aggregate_r_q(rel, n_boot=n_boot, seed=seed)
             entry["relative_change_ci"] = [rel_agg["ci_low"], rel_agg["ci_high"]]
+            entry |= sample_interval(_final_sample_losses(val, q), ref_samples, n_boot=n_boot, seed=seed)
         out[q] = entry
     base = df[(df["run"] == REFERENCE_RUN) & (df["split"] == "val")]
     if not base.empty:
         out["_base_model"] = {"val_loss": float(base["loss"].mean())}
     return out
+
+
+def _final_sample_losses(val: pd.DataFrame, quantizer: str) -> pd.DataFrame | None:
+    """[runs, samples] validation losses of one quantizer's final checkpoints (None without rows)."""
+    sub = val[val["quantizer"] == quantizer]
+    if sub.empty:
+        return None
+    final = sub[sub["checkpoint"] == sub.groupby("run")["checkpoint"].transform("max")]
+    return final.pivot_table(index="run", columns="sample_id", values="loss")
+
+
+def relative_change_resampled(q: np.ndarray, ref: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """mean(q) / mean(ref) - 1 under each row of sample multiplicities. q, ref: [runs, samples] validation losses
+    of the same runs and samples; weights: [B, samples]. -> [B]."""
+    return (weights @ q.sum(axis=0)) / (weights @ ref.sum(axis=0)) - 1.0
+
+
+def sample_interval(q: pd.DataFrame | None, ref: pd.DataFrame | None, *, n_boot: int, seed: int) -> dict[str, Any]:
+    """The relative change of validation loss with a 95% interval over validation SAMPLES (paired: each resampled
+    sample brings its losses under both quantizers and every run). What a single fine-tune's utility criterion is
+    judged on; run-to-run variation of training is not in it. {} when the two do not share runs and samples."""
+    if q is None or ref is None or n_boot <= 0:
+        return {}
+    runs = q.index.intersection(ref.index)
+    samples = q.columns.intersection(ref.columns)
+    a, b = q.loc[runs, samples].to_numpy(np.float64), ref.loc[runs, samples].to_numpy(np.float64)
+    if a.size == 0 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return {}
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, samples.size, size=(n_boot, samples.size))
+    weights = np.zeros((n_boot, samples.size))
+    np.add.at(weights, (np.arange(n_boot)[:, None], draws), 1.0)
+    lo, hi = np.quantile(relative_change_resampled(a, b, weights), [0.025, 0.975])
+    return {
+        "relative_change_pooled": float(a.sum() / b.sum() - 1.0),
+        "relative_change_ci_samples": [float(lo), float(hi)],
+        "n_val_samples": int(samples.size),
+    }
 
 
 def trajectory_from_table(df: pd.DataFrame) -> dict[str, Any]:

@@ -5,9 +5,10 @@ Inputs: the base model (every spelling `model.name` takes), one training output 
 
 The store it writes is an ordinary one (`llmaudit score` and `llmaudit report` work on it unchanged):
 
-    pool        every run's training records + a deterministic half of the held-out records (non-members
-                of every run); membership of run r = "the record is in run r's training file"
-    val         the other held-out half (r_Q's trajectory losses and utility; never trained on)
+    pool        every run's training records + the held-out records not in val (non-members of every run);
+                membership of run r = "the record is in run r's training file"
+    val         a deterministic half of the held-out records, at most MAX_VAL (r_Q's trajectory losses and
+                utility; never trained on)
     manifest    imported = {runs: [{source, train_file, train_sha256, checkpoints: [{step, path, format,
                 files: {name: sha256}}], trainer, notes}], heldout_file, heldout_sha256, record_format, trainer};
                 the checkpoints stay where the training wrote them (scoring checks their digests)
@@ -52,6 +53,10 @@ from llmaudit.models.loading import (
 from llmaudit.store.run_store import RunStore, StoreError, file_digest
 
 MIN_HELDOUT = 4
+
+MAX_VAL = 256
+"""Held-out records that go to validation (utility, r_Q's trajectory): half of them, at most this many; the rest
+are the pool's non-members, which a verdict at 1% FPR needs at least 1000 of (docs/science.md section 12)."""
 """Held-out records needed: 2 for validation and 2 non-members in the pool."""
 
 SET_BY_IMPORT = {
@@ -267,9 +272,9 @@ def _draw(
             "(half are non-members in the pool, half validation samples)."
         )
     held = sorted(held, key=lambda r: _rank(seed, "split", r["sample_id"]))
-    half = len(held) // 2
-    pool = sorted(train + held[:half], key=lambda r: _rank(seed, "pool", r["sample_id"]))
-    val = held[half:]
+    n_pool = len(held) - min(len(held) - len(held) // 2, MAX_VAL)  # a plain half up to 2 * MAX_VAL records
+    pool = sorted(train + held[:n_pool], key=lambda r: _rank(seed, "pool", r["sample_id"]))
+    val = held[n_pool:]
     member_fps = [{record_fingerprint(r) for r in records} for records in train_sets]
     pool_fps = [record_fingerprint(r) for r in pool]
     masks = np.array([[fp in fps for fp in pool_fps] for fps in member_fps], dtype=bool)

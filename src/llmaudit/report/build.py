@@ -10,10 +10,11 @@ from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
-from llmaudit.report.policy import checklist_tpr, explain_recommendation, recommend, release_checklist, thresholds_of
+from llmaudit.report.policy import checklist_tpr, release_checklist, thresholds_of
+from llmaudit.report.recommend import explain_recommendation, recommend
 from llmaudit.report.utility import utility_summary
 
-REPORT_SCHEMA_VERSION = 3
+REPORT_SCHEMA_VERSION = 4
 
 VULNERABLE_TOP_K = 20
 
@@ -303,14 +304,16 @@ def build_report(
     r_q_vs_best = r_q_vs_best_attack(grid)
     attacks = result.get("attacks") or {}
     recommendation = recommend(grid, checklist)
-    recommendation["explanation"] = explain_recommendation(recommendation, checklist)
+    provenance = _provenance(result)
+    recommendation["explanation"] = explain_recommendation(recommendation, checklist, grid, provenance)
     report = {
         "report_schema_version": REPORT_SCHEMA_VERSION,
         "llmaudit_version": result.get("llmaudit_version"),
         "generated_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "include_samples": bool(include_samples),
         "non_finite_policy": "NaN and +-inf are written as null (strict JSON); counts and reasons beside them say why",
-        "provenance": _provenance(result),
+        "provenance": provenance,
+        "decision_rule": ((result.get("attacks") or {}).get("decision") or {}).get("rule"),
         "reference_quantizer": result.get("reference_quantizer"),
         "quantizers": [r["quantizer"] for r in grid],
         "grid": grid,

@@ -66,18 +66,22 @@ def to_markdown(text: str) -> str:
 
 
 def to_html(text: str) -> str:
-    """View text as HTML: llmaudit's own `code` and **bold** become tags; marked data is only escaped."""
-    out = []
+    """View text as HTML: llmaudit's own `code` and **bold** become tags (bold may span marked data); marked data
+    is only escaped, never read as markup."""
+    data: list[str] = []
+    own = []
     for part in _SEGMENTS.split(text):
         if part.startswith(LIT[0]):
-            out.append(html.escape(part[1:-1]))
+            data.append(html.escape(part[1:-1]))
         elif part.startswith(CODE[0]):
-            out.append(f"<code>{html.escape(part[1:-1])}</code>")
+            data.append(f"<code>{html.escape(part[1:-1])}</code>")
         else:
-            own = html.escape(part)
-            own = re.sub(r"`([^`]+)`", r"<code>\1</code>", own)
-            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", own))
-    return "".join(out)
+            own.append(html.escape(part))
+            continue
+        own.append(f"\x06{len(data) - 1}\x07")
+    joined = re.sub(r"`([^`\x06\x07]+)`", r"<code>\1</code>", "".join(own))
+    joined = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", joined)
+    return re.sub("\x06(\\d+)\x07", lambda m: data[int(m.group(1))], joined)
 
 
 class Cell:
@@ -128,15 +132,19 @@ def value_cell(value: Any, ci: Any = None, digits: int = 3, *, unreliable: bool 
 
 
 class Table:
+    """A table of cells; `highlight_first` marks the reference row, `marked_row` the recommended one."""
+
     def __init__(
-        self, header: list[str], rows: list[list[Cell]], *, transpose_html: bool = False, highlight_first: bool = False
+        self,
+        header: list[str],
+        rows: list[list[Cell]],
+        *,
+        transpose_html: bool = False,
+        highlight_first: bool = False,
+        marked_row: int | None = None,
     ):
-        self.header, self.rows, self.transpose_html, self.highlight_first = (
-            header,
-            rows,
-            transpose_html,
-            highlight_first,
-        )
+        self.header, self.rows, self.transpose_html = header, rows, transpose_html
+        self.highlight_first, self.marked_row = highlight_first, marked_row
 
 
 class Section:

@@ -90,6 +90,12 @@ def _utility_row(util: dict[str, Any]) -> dict[str, Any]:
         "relative_change_ci": (util.get("relative_change_ci") and interval_or_none(*util["relative_change_ci"]))
         or None,
         "n_runs": util.get("n_runs"),
+        "relative_change_pooled": finite_or_none(util.get("relative_change_pooled")),
+        "relative_change_ci_samples": (
+            util.get("relative_change_ci_samples") and interval_or_none(*util["relative_change_ci_samples"])
+        )
+        or None,
+        "n_val_samples": util.get("n_val_samples"),
         "task_metrics": {name: task_metric_row(m) for name, m in (util.get("task_metrics") or {}).items()},
         "divergence": divergence_row(util.get("divergence")),
     }
@@ -173,6 +179,7 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
     rq = (result.get("indicator") or {}).get("per_quantizer") or {}
     per_q_attacks = (result.get("attacks") or {}).get("quantizers") or {}
+    decisions = ((result.get("attacks") or {}).get("decision") or {}).get("per_quantizer") or {}
     ref = result.get("reference_quantizer")
     ref_size = finite_or_none((result["quantizer_info"].get(ref) or {}).get("model_size_bytes"))
     rows = []
@@ -202,6 +209,7 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "best_attack": best_by_tpr,
                 "best_attack_by_auroc": best_by_auroc,
                 "strongest_vs_loss": strongest_vs_loss(attacks),
+                "decision": decisions.get(q),
             }
         )
     return rows

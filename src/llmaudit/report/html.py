@@ -10,6 +10,7 @@ from typing import Any
 
 from llmaudit.report.cells import Table, to_html
 from llmaudit.report.plots import FIGURES, WIDE_FIGURES
+from llmaudit.report.summary import headline
 from llmaudit.report.view import sections
 
 _CSS = """
@@ -22,6 +23,11 @@ table{border-collapse:collapse;margin:8px 0 14px;background:#fff;font-size:12.5p
 th,td{border:1px solid #dcdcdc;padding:4px 7px;text-align:left;vertical-align:top}
 th{background:#f0f2f5;font-weight:600} tr:nth-child(even) td{background:#fbfbfd}
 tr.ref td{background:#eef3fb !important}
+tr.rec td{background:#e3f5e6 !important;border-top:2px solid #11602a;border-bottom:2px solid #11602a;font-weight:600}
+.banner{border-radius:6px;padding:12px 18px;margin:12px 0;font-size:17px;font-weight:700}
+.banner.cleared{background:#d9f2dd;color:#11602a;border:1px solid #11602a}
+.banner.notcleared{background:#fdf0c8;color:#7a5300;border:1px solid #7a5300}
+.banner.none{background:#fbd9d7;color:#9b1c14;border:1px solid #9b1c14}
 td.ref,th.ref{background:#eef3fb !important;border-left:2px solid #2358a6;border-right:2px solid #2358a6}
 .scroll{overflow-x:auto}
 .ci{color:#666;font-size:11px;white-space:nowrap}
@@ -37,6 +43,19 @@ figure img{max-width:100%;height:auto;display:block;margin:0 auto} figcaption{fo
 ul{margin:4px 0 10px;padding-left:22px} li{margin:2px 0}
 footer{color:#777;font-size:11.5px;margin-top:30px}
 """
+
+
+def _row_class(t: Table, i: int) -> str:
+    classes = (["rec"] if t.marked_row == i else []) + (["ref"] if i == 0 and t.highlight_first else [])
+    return f' class="{" ".join(classes)}"' if classes else ""
+
+
+def _banner(report: dict[str, Any]) -> str:
+    """The verdict at the top of the page: green when the recommended quantizer is cleared, amber when the best
+    candidate is not, red when nothing keeps enough utility."""
+    rec = report.get("recommendation") or {}
+    kind = "none" if rec.get("quantizer") is None else "cleared" if rec.get("cleared_for_release") else "notcleared"
+    return f'<div class="banner {kind}" role="status">{html.escape(headline(report))}</div>'
 
 
 def _html_table(t: Table) -> str:
@@ -67,9 +86,7 @@ def _html_table(t: Table) -> str:
     else:
         head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in t.header) + "</tr>"
         body = "".join(
-            ('<tr class="ref">' if (i == 0 and t.highlight_first) else "<tr>")
-            + "".join(f"<td>{c.html()}</td>" for c in row)
-            + "</tr>"
+            f"<tr{_row_class(t, i)}>" + "".join(f"<td>{c.html()}</td>" for c in row) + "</tr>"
             for i, row in enumerate(t.rows)
         )
     return f'<div class="scroll"><table><thead>{head}</thead><tbody>{body}</tbody></table></div>'
@@ -87,12 +104,11 @@ def render_html(report: dict[str, Any], figures: dict[str, bytes]) -> str:
         f"<style>{_CSS}</style></head><body><main>",
         f"<h1>llmaudit report: {html.escape(str(report['provenance']['experiment_name']))}</h1>",
         "<nav>" + "".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in secs) + "</nav>",
+        _banner(report),
     ]
     for s in secs:
-        cls = ' class="summary"' if s.anchor == "summary" else ""
-        parts.append(
-            f'<section id="{s.anchor}"{cls}>' + ("" if s.anchor == "summary" else f"<h2>{html.escape(s.title)}</h2>")
-        )
+        cls = ' class="summary"' if s.anchor == "verdict" else ""
+        parts.append(f'<section id="{s.anchor}"{cls}><h2>{html.escape(s.title)}</h2>')
         parts += [f"<p>{to_html(p)}</p>" for p in s.paras]
         parts += [_html_table(t) for t in s.tables]
         if s.bullets:

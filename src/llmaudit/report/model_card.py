@@ -16,7 +16,9 @@ from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS
 from llmaudit.common.errors import UserError
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci
 from llmaudit.report.cells import md_code, md_escape
-from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, NOT_MEASURED, PASS, explain_recommendation, recommend
+from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, NOT_MEASURED, PASS
+from llmaudit.report.recommend import explain_recommendation, recommend
+from llmaudit.report.release import decision_of
 
 CARD_FPRS = ("0.01", "0.05")
 
@@ -153,11 +155,14 @@ def _verdict_table(report: dict[str, Any], q: str) -> list[str]:
     a = crit["attack_tpr"]
     table: list[tuple[str, str, str, str]] = [
         (
-            f"calibrated TPR at 1% FPR, strongest attack {_c(a.get('attack') or 'n/a')}",
+            f"TPR at 1% FPR, strongest attack chosen by cross-fitting ({_c(a.get('attack') or 'n/a')})"
+            if a.get("mode")
+            else f"calibrated TPR at 1% FPR, strongest attack {_c(a.get('attack') or 'n/a')}",
             f"{fmt_num(a['value'])}{fmt_ci(a['ci'])}",
             f"{a['comparison']} {a['threshold']:g}",
             a["status"],
         ),
+        *_decision_rows(row, a),
         (
             f"calibrated TPR at 5% FPR, {_c(best.get('name') or 'n/a')}",
             f"{fmt_num(_tpr_at(att, '0.05')[0])}{fmt_ci(_tpr_at(att, '0.05')[1])}",
@@ -191,6 +196,38 @@ def _verdict_table(report: dict[str, Any], q: str) -> list[str]:
     return lines
 
 
+def _decision_rows(row: dict[str, Any], a: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The comparison with full precision and the in-sample maximum (selection-biased), where the release rule
+    recorded them."""
+    if not a.get("mode"):
+        return []
+    rows = []
+    d = decision_of(row)
+    if d is not None and d.comparison is not None and not row.get("is_reference"):
+        e = d.comparison.difference
+        span = "" if e.low is None or e.high is None else f" [{e.low:+.3f}, {e.high:+.3f}]"
+        value = "n/a" if e.value is None else f"{e.value:+.3f}{span}"
+        rows.append(
+            (
+                f"leakage against full precision {_c(d.comparison.reference)} (strongest-attack TPR difference)",
+                value,
+                f"+-{d.comparison.margin:g} = the same",
+                d.comparison.direction,
+            )
+        )
+    top = a.get("in_sample_max") or {}
+    if top.get("attack"):
+        rows.append(
+            (
+                f"highest attack on the data it was chosen on ({_c(top['attack'])}; selection-biased upward)",
+                fmt_num(top.get("value")),
+                "",
+                "",
+            )
+        )
+    return rows
+
+
 def _beyond_damage(report: dict[str, Any], name: str) -> str:
     """The validation's answer to whether the indicator tracks the attacks beyond quantization damage."""
     entries = (report.get("indicators") or {}).get("indicators") or []
@@ -209,18 +246,7 @@ def _limits_section(report: dict[str, Any], q: str) -> list[str]:
     need = int(round(10 / CHECKLIST_FPR))
     lines = ["### Limits of this audit", ""]
     for name, att in sorted(row["attacks"].items()):
-        verdict = crit["attack_tpr"]["per_attack"].get(name) or {}
-        n_cal = ((att.get("low_fpr") or {}).get("pooled_calibrated", {}).get("0.01") or {}).get("n_negatives")
-        negatives = f"{_e(att.get('n_negatives'))} non-member" + (
-            "" if n_cal is None else f" ({_e(n_cal)} of them with a calibrated score)"
-        )
-        lines.append(
-            f"- {_c(name)}: {negatives} and {_e(att.get('n_positives'))} member scores behind its TPR (pooled over "
-            f"{_e(att.get('n_models'))} target models; a TPR at 1% FPR needs >= {need} calibrated non-members); "
-            f"{verdict.get('status', NOT_MEASURED)}"
-            + (f": {_e(verdict.get('reason'))}" if verdict.get("status") not in (PASS, None) else "")
-            + "."
-        )
+        lines.append(_attack_limit_line(name, att, crit["attack_tpr"], need))
     by_reason: dict[str, list[str]] = {}
     for name, why in sorted((row.get("skipped_attacks") or {}).items()):
         by_reason.setdefault(why, []).append(name)
@@ -232,10 +258,17 @@ def _limits_section(report: dict[str, Any], q: str) -> list[str]:
             f"- Not run, left out of this audit's attack list (`attack.attacks`): {', '.join(_c(a) for a in left_out)}; "
             "the verdict says nothing about them."
         )
-    lines.append(
-        f"- Runs: {_e(row.get('n_models'))} target models; an interval over fewer than {_e(th.get('min_runs'))} "
-        "runs never clears a criterion."
-    )
+    if crit["attack_tpr"].get("mode") == "empirical":
+        lines.append(
+            f"- Runs: {_e(row.get('n_models'))} target model(s), judged on held-out non-members with an empirical "
+            "threshold; with fewer than 2 runs the run-to-run variation of fine-tuning is not covered: another "
+            "fine-tuning run of the same recipe may leak more or less."
+        )
+    else:
+        lines.append(
+            f"- Runs: {_e(row.get('n_models'))} target models; a criterion over runs needs at least "
+            f"{_e(th.get('min_runs'))} of them."
+        )
     lines.append(
         "- A PASS bounds the success of these attacks on this data and this fine-tuning recipe; it is not a proof "
         "that no attack can infer membership."
@@ -266,6 +299,28 @@ def _limits_section(report: dict[str, Any], q: str) -> list[str]:
     return lines
 
 
+def _attack_limit_line(name: str, att: dict[str, Any], attack_crit: dict[str, Any], need: int) -> str:
+    """One attack in the limits: the scores behind its TPR and how the release rule judged it."""
+    verdict = attack_crit["per_attack"].get(name) or {}
+    n_cal = ((att.get("low_fpr") or {}).get("pooled_calibrated", {}).get("0.01") or {}).get("n_negatives")
+    negatives = f"{_e(att.get('n_negatives'))} non-member" + (
+        "" if n_cal is None else f" ({_e(n_cal)} of them with a calibrated score)"
+    )
+    head = (
+        f"- {_c(name)}: {negatives} and {_e(att.get('n_positives'))} member scores (pooled over "
+        f"{_e(att.get('n_models'))} target models; a TPR at 1% FPR needs >= {need} non-member scores); "
+    )
+    if "judged" in verdict:  # the release rule
+        if verdict["judged"]:
+            return (
+                head
+                + f"TPR {fmt_num(verdict.get('value'))}, simultaneous upper bound {fmt_num(verdict.get('upper_bound'))}."
+            )
+        return head + f"not judged: {_e(verdict.get('reason'))}."
+    status = verdict.get("status", NOT_MEASURED)
+    return head + status + (f": {_e(verdict.get('reason'))}" if status not in (PASS, None) else "") + "."
+
+
 def render_model_card(report: dict[str, Any], *, quantizer: str | None = None) -> str:
     """The model card's privacy section (Markdown) for the quantizer released (default: the recommended one).
 
@@ -274,7 +329,7 @@ def render_model_card(report: dict[str, Any], *, quantizer: str | None = None) -
     rec = report.get("recommendation") or {}
     if "explanation" not in rec:  # a report.json from before the explanation: rank again, from its own rows
         rec = recommend(report["grid"], report["checklist"])
-        rec["explanation"] = explain_recommendation(rec, report["checklist"])
+        rec["explanation"] = explain_recommendation(rec, report["checklist"], report["grid"], report["provenance"])
     overall = report["checklist"]["per_quantizer"][q]["overall"]
     prov = report["provenance"]
     lines = [

@@ -1,20 +1,19 @@
-"""The release checklist and the recommendation: the policy that turns estimates into PASS / FAIL.
+"""The release checklist: the policy that turns estimates into PASS / FAIL / INCONCLUSIVE / NOT MEASURED.
 
-Release checklist (`release_checklist`), per quantizer, thresholds from the recipe's `report` section:
-  attack_tpr  the highest per-sample-calibrated TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr
+Release checklist (`release_checklist`), per quantizer, thresholds from the recipe's `report` section (the rules,
+word for word, are CHECKLIST_RULES; docs/science.md section 12 states them with what they guarantee):
+  attack_tpr  the release rule's decision (`llmaudit.report.release`): the cross-fitted strongest attack's lower
+              bound above max_tpr_at_1pct_fpr FAILs, every attack's simultaneous upper bound below it PASSes
   r_q         r_Q (mean over runs) must be >= min_r_q (min_r_q = 0 disables the criterion: DISABLED; so does a
               failed validation: no audit size can measure it; docs/science.md section 10)
+  indicator   the validated attack-free indicator >= min_indicator (unset: DISABLED)
   utility     the relative increase of validation loss vs full precision must be <= max_utility_loss (or, with
               report.utility_metric, the KL / same-top / task-metric figure against utility_limit)
-Each criterion is judged conservatively on its estimate and 95% interval:
-  NOT MEASURED  the estimate is unreliable: flagged unreliable by the attack module (fewer than 10/alpha
-                non-members), fewer than `min_runs` runs, no finite value, or no interval; never PASS
-  FAIL          the point estimate is on the unsafe side of the threshold
-  PASS          the whole interval is on the safe side
-  INCONCLUSIVE  the point estimate is safe but the interval crosses the threshold
-For attack_tpr each attack is judged on its own; the criterion FAILs if any attack fails, else it is NOT
-MEASURED if any attack is, else INCONCLUSIVE if any is, else PASS. A quantizer's overall status is the
-worst of its criteria (FAIL > NOT MEASURED > INCONCLUSIVE > PASS); it is cleared for release only if PASS.
+The criteria other than attack_tpr are judged on their estimate and 95% interval (`judge`): FAIL when the whole
+interval is on the unsafe side, PASS when it is on the safe side, INCONCLUSIVE when it crosses the limit, NOT
+MEASURED without an estimate or interval or with fewer runs than a criterion over runs needs. A quantizer's
+overall status is the worst of its criteria (FAIL > NOT MEASURED > INCONCLUSIVE > PASS); it is cleared for
+release only if PASS. The recommendation is `llmaudit.report.recommend`.
 
 Non-finite numbers: report.json is strict JSON (RFC 8259): NaN and +-inf become null. The counts beside
 them (r_Q's n_undefined and n_infinite, `reliable` flags, checklist reasons) say why a value is missing.
@@ -22,12 +21,11 @@ them (r_Q's n_undefined and n_infinite, `reliable` flags, checklist reasons) say
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
-from llmaudit.common.formatting import fmt_ci, fmt_num
+from llmaudit.report.release import attack_criterion, decision_of
 from llmaudit.report.utility import metric_estimate
 
 PASS, FAIL, INCONCLUSIVE, NOT_MEASURED, DISABLED = "PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED", "DISABLED"
@@ -61,20 +59,18 @@ def judge(
         return {"status": NOT_MEASURED, "reason": why_not or "estimate unreliable"}
     if value is None:
         return {"status": NOT_MEASURED, "reason": "no finite estimate"}
-    unsafe = value > limit if kind == "max" else value < limit
-    if unsafe:
-        return {"status": FAIL, "reason": f"estimate {value:.4g} {'>' if kind == 'max' else '<'} limit {limit:g}"}
-    if ci is None:
+    if ci is None or ci[0] is None or ci[1] is None:
         return {"status": NOT_MEASURED, "reason": "no confidence interval (n_boot = 0?)"}
-    bound = ci[1] if kind == "max" else ci[0]
-    if (bound <= limit) if kind == "max" else (bound >= limit):
-        return {
-            "status": PASS,
-            "reason": f"95% interval [{ci[0]:.4g}, {ci[1]:.4g}] {'<=' if kind == 'max' else '>='} limit {limit:g}",
-        }
+    span = f"[{ci[0]:.4g}, {ci[1]:.4g}]"
+    safe_bound, unsafe_bound = (ci[1], ci[0]) if kind == "max" else (ci[0], ci[1])
+    if (unsafe_bound > limit) if kind == "max" else (unsafe_bound < limit):
+        side = ">" if kind == "max" else "<"
+        return {"status": FAIL, "reason": f"estimate {value:.4g}, the whole 95% interval {span} {side} limit {limit:g}"}
+    if (safe_bound <= limit) if kind == "max" else (safe_bound >= limit):
+        return {"status": PASS, "reason": f"95% interval {span} {'<=' if kind == 'max' else '>='} limit {limit:g}"}
     return {
         "status": INCONCLUSIVE,
-        "reason": f"estimate {value:.4g} is within the limit {limit:g} but the 95% interval [{ci[0]:.4g}, {ci[1]:.4g}] crosses it",
+        "reason": f"estimate {value:.4g}: the 95% interval {span} crosses the limit {limit:g}",
     }
 
 
@@ -121,6 +117,15 @@ def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
 
 
 def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+    """The attack criterion: the release rule's decision (`llmaudit.report.release`); a result written without one
+    (an earlier llmaudit) is judged attack by attack (`_legacy_attack_tpr_criterion`)."""
+    decision = decision_of(row)
+    return _legacy_attack_tpr_criterion(row, th) if decision is None else attack_criterion(row, decision)
+
+
+def _legacy_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+    """A result written without the release rule's decision: every attack judged on its own calibrated TPR and 95%
+    interval (`judge`), at least min_runs runs; the worst verdict over the attacks."""
     limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
     per_attack = {}
     for name, att in row["attacks"].items():
@@ -249,13 +254,35 @@ def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any
     }
     if u["relative_change"] is None:
         return out | {"status": NOT_MEASURED, "reason": "no validation loss relative to the reference (missing runs?)"}
-    return out | judge(
-        u["relative_change"],
-        u["relative_change_ci"],
-        limit=limit,
-        kind="max",
-        measured=n_runs >= min_runs,
-        why_not=f"{n_runs} runs < min_runs {min_runs}",
+    if n_runs < min_runs and u.get("relative_change_ci_samples"):  # fewer runs: the interval over samples
+        verdict = judge(
+            u["relative_change_pooled"], u["relative_change_ci_samples"], limit=limit, kind="max", measured=True
+        )
+        verdict["reason"] += (
+            f" (interval over {u.get('n_val_samples')} validation samples: {n_runs} run(s) < min_runs {min_runs}, so "
+            "run-to-run variation of training is not covered)"
+        )
+        return (
+            out
+            | {
+                "value": u["relative_change_pooled"],
+                "ci": u["relative_change_ci_samples"],
+                "reliable": True,
+                "interval_over": "samples",
+            }
+            | verdict
+        )
+    return (
+        out
+        | {"interval_over": "runs"}
+        | judge(
+            u["relative_change"],
+            u["relative_change_ci"],
+            limit=limit,
+            kind="max",
+            measured=n_runs >= min_runs,
+            why_not=f"{n_runs} runs < min_runs {min_runs}",
+        )
     )
 
 
@@ -304,8 +331,19 @@ def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) ->
 
 
 CHECKLIST_RULES = [
-    "attack_tpr: the highest per-sample-calibrated pooled TPR at 1% FPR over every attack run must be <= max_tpr_at_1pct_fpr; "
-    "each attack is judged on its own, the criterion takes the worst verdict.",
+    "attack_tpr (docs/science.md section 12): the strongest attack is chosen on some folds (of target models; of "
+    "samples with a single target) and its TPR at 1% FPR measured on the others (cross-fitting). FAIL when that "
+    "honest estimate's one-sided lower bound (1 - alpha) is above max_tpr_at_1pct_fpr: leakage above the limit is "
+    "shown, and a quantizer at or below the limit FAILs with probability at most alpha. PASS when every attack's "
+    "simultaneous upper bound (Bonferroni over the attacks judged) is below the limit: a quantizer with any attack "
+    "at or above the limit PASSes with probability at most alpha. Otherwise INCONCLUSIVE, with the audit size that "
+    "would decide it. The in-sample maximum over attacks is shown too, labelled selection-biased.",
+    "attack_tpr with at least max(2, min_runs) runs reads per-sample calibrated scores pooled over the runs as "
+    "targets; with fewer (one imported fine-tune) each run's own held-out non-members set an empirical threshold, "
+    "and the run-to-run variation of training is not covered.",
+    "Compared with full precision: the paired difference of the two cross-fitted strongest-attack TPRs (same folds "
+    "and resampled samples): MORE / LESS when its 1 - 2 alpha interval excludes 0, SAME when it lies within "
+    "+-equivalence_margin, else CANNOT TELL; each wrong answer has probability at most alpha.",
     "r_q: r_Q (mean over runs) must be >= min_r_q; min_r_q = 0 disables it (DISABLED). Like every indicator, it "
     "drives the checklist only if it passed validation (docs/science.md section 8): one that failed validation is "
     "DISABLED (no audit size can measure it), one not yet validated is NOT MEASURED.",
@@ -313,199 +351,9 @@ CHECKLIST_RULES = [
     "min_indicator; unset disables it; one that failed validation is DISABLED, one not validated NOT MEASURED.",
     "utility: the relative increase of validation loss over full precision must be <= max_utility_loss; with "
     "report.utility_metric = kl / same_top / a task metric instead: mean KL per token <= utility_limit, the "
-    "same-top share >= utility_limit, or the task metric's drop below full precision <= utility_limit.",
-    "NOT MEASURED: the estimate is unreliable (fewer than 10/alpha non-members, fewer than min_runs runs, no finite value, "
-    "or no interval). An unreliable estimate is never PASS.",
-    "FAIL: the point estimate is on the unsafe side of the limit. PASS: the whole 95% interval is on the safe side. "
-    "INCONCLUSIVE: the point estimate is safe but the interval crosses the limit.",
+    "same-top share >= utility_limit, or the task metric's drop below full precision <= utility_limit. Its interval "
+    "is over runs with at least min_runs runs, else over validation samples (run-to-run variation not covered).",
+    "r_q, indicator, utility: FAIL when the whole 95% interval is on the unsafe side of the limit, PASS when it is "
+    "on the safe side, INCONCLUSIVE when it crosses the limit; NOT MEASURED without a finite estimate or interval.",
     "Overall: the worst criterion (FAIL > NOT MEASURED > INCONCLUSIVE > PASS); only PASS clears a quantizer for release.",
 ]
-
-
-def _validated_mean(estimate: dict[str, Any] | None, status: str | None) -> float:
-    """An indicator's mean as a tie-break key: -inf unless it passed validation and is finite."""
-    mean = (estimate or {}).get("mean")
-    if status != "passed" or mean is None or not math.isfinite(mean):
-        return -math.inf
-    return float(mean)
-
-
-def _privacy_key(r: dict[str, Any], checklist: dict[str, Any]) -> tuple:
-    """recommend()'s ordering of one candidate grid row r (lower = more private): a failed privacy criterion,
-    the upper TPR bound, the best-attack AUROC, minus the validated indicator, minus the validated r_Q."""
-    q = r["quantizer"]
-    failed = any(_crit(checklist, q, c)["status"] == FAIL for c in ("attack_tpr", "r_q"))
-    best = r.get("best_attack") or {}
-    tpr_bound = (best.get("ci") or [None, best.get("value")])[1]
-    auroc = (r.get("best_attack_by_auroc") or {}).get("value")
-    return (
-        failed,
-        tpr_bound if tpr_bound is not None else math.inf,
-        auroc if auroc is not None else math.inf,
-        -_validated_mean(r.get("indicator"), (r.get("indicator") or {}).get("status")),
-        -_validated_mean(r.get("r_q"), r.get("r_q_status")),
-    )
-
-
-def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
-    """The most private quantizer within the utility budget.
-
-    Candidates: quantizers whose utility criterion is PASS. Most private: no failed privacy criterion
-    first, then the lowest upper 95% bound of the best attack's calibrated TPR at 1% FPR (the point
-    estimate where no interval exists), then the lowest AUROC of the strongest attack (small experiments tie
-    on the TPR, often all at 0), then the highest validated indicator and the highest r_Q, each only if it
-    passed validation (docs/science.md section 8): a failed indicator never decides."""
-    rule = (
-        "candidates: utility criterion PASS; order: no failed privacy criterion, then lowest upper 95% bound of the best "
-        "attack's calibrated TPR at 1% FPR, then lowest best-attack AUROC, then highest validated indicator, then "
-        "highest r_Q if r_Q passed validation"
-    )
-    per_q = checklist["per_quantizer"]
-
-    def crit(q: str, cid: str) -> dict[str, Any]:
-        return next(c for c in per_q[q]["criteria"] if c["id"] == cid)
-
-    candidates = [r for r in grid if crit(r["quantizer"], "utility")["status"] == PASS]
-    if not candidates:
-        return {
-            "quantizer": None,
-            "rule": rule,
-            "overall": None,
-            "cleared_for_release": False,
-            "reason": "no quantizer is within the utility budget with a PASS (see the utility criterion)",
-        }
-
-    def key(r: dict[str, Any]) -> tuple:
-        return _privacy_key(r, checklist)
-
-    ranked = sorted(candidates, key=key)
-    chosen = ranked[0]
-    q = chosen["quantizer"]
-    overall = per_q[q]["overall"]
-    best = chosen.get("best_attack") or {}
-    why = [f"{c['id']} {c['status']}" for c in per_q[q]["criteria"] if c["status"] not in (PASS, DISABLED)]
-    reason = f"most private of {len(candidates)} quantizer(s) within the utility budget" + (
-        f"; best attack {best.get('name')} TPR at 1% FPR {fmt_num(best.get('value'))}{fmt_ci(best.get('ci'))}"
-        if best
-        else ""
-    )
-    reason += (
-        "; cleared for release (every criterion PASS)"
-        if overall == PASS
-        else f"; NOT cleared for release ({', '.join(why)})"
-    )
-    return {
-        "quantizer": q,
-        "rule": rule,
-        "overall": overall,
-        "cleared_for_release": overall == PASS,
-        "reason": reason,
-        "candidates": [r["quantizer"] for r in candidates],
-        "ranking": [r["quantizer"] for r in ranked],
-        "runner_up": _runner_up(key(ranked[0]), ranked[1:2], key),
-    }
-
-
-_KEY_WORDS = (
-    "a failed privacy criterion",
-    "the upper 95% bound of its best attack's TPR at 1% FPR",
-    "its best-attack AUROC",
-    "its validated indicator",
-    "its r_Q",
-)
-
-
-def _runner_up(chosen_key: tuple, rest: list[dict[str, Any]], key) -> dict[str, Any] | None:
-    """The second-ranked candidate and the first ordering key on which it lost to the chosen one."""
-    if not rest:
-        return None
-    theirs = key(rest[0])
-    i = next((i for i, (a, b) in enumerate(zip(chosen_key, theirs)) if a != b), None)
-    if i is None:
-        return {"quantizer": rest[0]["quantizer"], "lost_on": "a tie on every key (grid order decided)"}
-    if i == 0:
-        lost = _KEY_WORDS[0]
-    else:
-        sign = -1 if i >= 3 else 1  # keys 3 and 4 are negated (higher is better)
-        lost = f"{_KEY_WORDS[i]}: {fmt_num(sign * theirs[i])} against {fmt_num(sign * chosen_key[i])}"
-    return {"quantizer": rest[0]["quantizer"], "lost_on": lost}
-
-
-def _crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
-    return next(c for c in checklist["per_quantizer"][q]["criteria"] if c["id"] == cid)
-
-
-def criterion_phrase(c: dict[str, Any]) -> str:
-    """One criterion in words: its name, estimate with 95% interval, the limit and the status."""
-    name = {"attack_tpr": "attack TPR at 1% FPR", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}[c["id"]]
-    if c["id"] == "attack_tpr" and c.get("attack"):
-        name += f" ({c['attack']})"
-    if c["id"] == "utility":
-        name += f" ({c.get('metric', 'loss')})"
-    limit = "no limit" if c.get("threshold") is None else f"limit {c['comparison']} {c['threshold']:g}"
-    return f"{name} {fmt_num(c.get('value'))}{fmt_ci(c.get('ci'))} against {limit}: {c['status']}"
-
-
-def _deciding(checklist: dict[str, Any], q: str) -> dict[str, Any] | None:
-    """The criterion that keeps quantizer q from PASS: the worst-judged one (first in checklist order)."""
-    bad = [c for c in checklist["per_quantizer"][q]["criteria"] if c["status"] in _SEVERITY and c["status"] != PASS]
-    return max(bad, key=lambda c: _SEVERITY[c["status"]]) if bad else None
-
-
-def _excess(c: dict[str, Any]) -> float:
-    """How far criterion c's estimate is on the unsafe side of its limit (negative: safe side; inf: no estimate)."""
-    if c.get("value") is None or c.get("threshold") is None:
-        return math.inf
-    return c["value"] - c["threshold"] if c.get("comparison") == "<=" else c["threshold"] - c["value"]
-
-
-def _what_to_do(c: dict[str, Any]) -> str:
-    """What would turn criterion c into PASS, said from its own numbers."""
-    if c["status"] == NOT_MEASURED:
-        return f"grow the measurement behind {c['id']}: {c.get('reason')}"
-    if c["status"] == FAIL:
-        return (
-            f"{c['id']} fails on its estimate {fmt_num(c.get('value'))}: only a limit beyond it, or a less leaky "
-            "fine-tuning, changes that"
-        )
-    ci = c.get("ci") or [None, None]
-    bound = ci[1] if c.get("comparison") == "<=" else ci[0]
-    return (
-        f"the {c['id']} interval reaches {fmt_num(bound)}, across the limit {c['threshold']:g}: more runs or more "
-        f"non-members narrow it (or a limit of {fmt_num(bound)} would clear it)"
-    )
-
-
-def explain_recommendation(recommendation: dict[str, Any], checklist: dict[str, Any]) -> str:
-    """The recommendation in one paragraph a release manager can read: the quantizer, cleared or not and which
-    criterion decided (its number and interval against the limit), the runner-up and why it lost, and what to
-    do when nothing is cleared."""
-    per_q = checklist["per_quantizer"]
-    q = recommendation.get("quantizer")
-    if q is None:
-        utility = {name: _crit(checklist, name, "utility") for name in per_q}
-        closest = min(utility.items(), key=lambda kv: (_SEVERITY.get(kv[1]["status"], 9), _excess(kv[1])))
-        return (
-            f"No quantizer can be released: none keeps enough utility with a PASS (utility criterion). Closest: "
-            f"{closest[0]}, {criterion_phrase(closest[1])}. To release one, {_what_to_do(closest[1])}."
-        )
-    cleared = recommendation.get("cleared_for_release")
-    text = f"Release {q}" if cleared else f"The best candidate is {q}, but it is NOT cleared for release"
-    decided = _deciding(checklist, q)
-    if cleared:
-        text += ": every criterion passes; " + "; ".join(
-            criterion_phrase(c) for c in per_q[q]["criteria"] if c["status"] == PASS
-        )
-    else:
-        text += f": {criterion_phrase(decided)}" if decided else ""
-    text += "."
-    runner = recommendation.get("runner_up")
-    if runner:
-        lost = _deciding(checklist, runner["quantizer"])
-        text += f" Runner-up: {runner['quantizer']}, which lost on {runner['lost_on']}"
-        text += f"; its weakest criterion: {criterion_phrase(lost)}." if lost else "; every criterion PASS."
-    else:
-        text += " No other quantizer is within the utility budget."
-    if not cleared and decided:
-        text += f" To clear it, {_what_to_do(decided)}."
-    return text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from llmaudit.analyze.decision.models import QuantizerDecision
 from llmaudit.report.build import REPORT_SCHEMA_VERSION
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, STATUSES
 from llmaudit.report.utility import DIVERGENCE_KEYS
@@ -28,7 +29,7 @@ _OBJ = {"type": "object"}
 
 REPORT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "llmaudit/report_schema/v2",
+    "$id": "llmaudit/report_schema/v4",
     "title": "llmaudit report",
     "type": "object",
     "required": [
@@ -290,6 +291,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                     },
                 },
                 "n_models": _INT,
+                "decision": {"oneOf": [{"type": "null"}, {"$ref": "#/$defs/QuantizerDecision"}]},
                 "attacks": {"type": "object", "additionalProperties": {"$ref": "#/$defs/attack"}},
                 "skipped_attacks": {"type": "object", "additionalProperties": {"type": "string"}},
                 "best_attack": {"$ref": "#/$defs/best"},
@@ -326,15 +328,41 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "per_attack": {
                     "type": "object",
                     "additionalProperties": {
-                        "type": "object",
-                        "required": ["status", "value", "ci", "reliable"],
-                        "properties": {"status": _STATUS, "value": _NUM, "ci": _CI, "reliable": {"type": "boolean"}},
+                        "oneOf": [
+                            {  # judged by the release rule (a simultaneous upper bound per attack)
+                                "type": "object",
+                                "required": ["value", "upper_bound", "judged", "reason"],
+                                "properties": {"value": _NUM, "upper_bound": _NUM, "judged": {"type": "boolean"}},
+                            },
+                            {  # a result without the release rule's decision: each attack judged on its own
+                                "type": "object",
+                                "required": ["status", "value", "ci", "reliable"],
+                                "properties": {
+                                    "status": _STATUS,
+                                    "value": _NUM,
+                                    "ci": _CI,
+                                    "reliable": {"type": "boolean"},
+                                },
+                            },
+                        ]
                     },
                 },
             },
         },
     },
 }
+
+
+def _with_decision_models(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with the release decision's typed models (generated from them, never written by hand)."""
+    generated = QuantizerDecision.model_json_schema(ref_template="#/$defs/{model}")
+    defs = dict(generated.pop("$defs", {}))
+    defs["QuantizerDecision"] = generated
+    schema["$defs"] |= defs
+    return schema
+
+
+REPORT_SCHEMA = _with_decision_models(REPORT_SCHEMA)
 
 
 def validate_report(report: dict[str, Any]) -> None:

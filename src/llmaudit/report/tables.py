@@ -11,6 +11,7 @@ from typing import Any
 
 from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.indicator import indicator_from_table
 from llmaudit.analyze.memorization import (
     DEFAULT_BITS_PER_PARAM,
@@ -52,9 +53,12 @@ def attack_command(
     r_q: Mapping[str, float] | Path | None = None,
     reference_quantizer: str | None = None,
     plots: bool = True,
+    decision: DecisionSettings | None = None,
 ) -> dict:
     """`llmaudit attack LOSS_TABLE --out FILE`: run the attacks, write FILE (JSON) and, with plots, the
-    log-log ROC PNGs FILE_STEM_roc_<quantizer>.png next to it. r_q: {quantizer: r_Q} or a JSON file of it."""
+    log-log ROC PNGs FILE_STEM_roc_<quantizer>.png next to it. r_q: {quantizer: r_Q} or a JSON file of it.
+    decision: the release rule's settings (default: its defaults with this seed); its verdict and comparison with
+    the full-precision quantizer are in FILE under "decision"."""
 
     df = read_loss_table(loss_table)
     if r_q is not None and not isinstance(r_q, Mapping):
@@ -70,6 +74,7 @@ def attack_command(
         n_train=n_train,
         r_q=r_q,
         reference_quantizer=reference_quantizer,
+        decision=decision or DecisionSettings(seed=seed),
     )
     results["loss_table"] = str(loss_table)
     out = Path(out)
@@ -95,6 +100,9 @@ def attack_summary_lines(results: Mapping[str, Any]) -> list[str]:
     for why, attacks in skipped.items():
         quantizers = sorted({q for qs in attacks.values() for q in qs})
         lines.append(f"skipped {', '.join(attacks)} on {', '.join(quantizers)}: {why}")
+    for q, d in ((results.get("decision") or {}).get("per_quantizer") or {}).items():
+        comparison = (d.get("comparison") or {}).get("sentence")
+        lines.append(f"{q}: release rule {d['status']}: {d['reason']}" + (f"; {comparison}" if comparison else ""))
     return lines
 
 

@@ -13,7 +13,9 @@ from llmaudit.report.cells import Cell, Section, Table, code, lit
 from llmaudit.report.cells import value_cell as _v
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
+from llmaudit.report.release import comparison_sentence, direction_of
 from llmaudit.report.utility_view import divergence_cells, utility_limit_text, utility_section
+from llmaudit.report.verdict_view import comparison_section, rule_bullets, verdict_section
 
 
 def _criterion_cell(c: dict[str, Any]) -> Cell:
@@ -28,7 +30,6 @@ def _criterion_cell(c: dict[str, Any]) -> Cell:
 
 def _summary_section(report: dict[str, Any]) -> Section:
     prov = report["provenance"]
-    rec = report["recommendation"]
     mem = prov.get("membership") or {}
     th = report["checklist"]["thresholds"]
     overall = {q: v["overall"] for q, v in report["checklist"]["per_quantizer"].items()}
@@ -37,17 +38,11 @@ def _summary_section(report: dict[str, Any]) -> Section:
         f"Model {code(prov['model'])} with a LoRA adapter (r={lit((prov.get('adapter') or {}).get('r'))}), {lit(mem.get('runs'))} fine-tuning runs on "
         f"random halves of {lit(mem.get('pool_size'))} pool samples; data fingerprint {code((prov.get('data') or {}).get('fingerprint'))}; "
         f"{len(report['grid'])} quantizers against the full-precision reference {code(report['reference_quantizer'])}.",
-        (
-            f"**Recommendation: {code(rec['quantizer'])}**: {lit(rec['reason'])}."
-            if rec["quantizer"]
-            else f"**Recommendation: none**: {lit(rec['reason'])}."
-        )
-        + (f" {lit(rec['explanation'])}" if rec.get("explanation") else ""),
         "Release checklist: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        + f" (limits: best attack TPR at 1% FPR <= {th['max_tpr_at_1pct_fpr']:g}, r_Q >= {th['min_r_q']:g}"
+        + f" (limits: strongest attack's TPR at 1% FPR <= {th['max_tpr_at_1pct_fpr']:g}, r_Q >= {th['min_r_q']:g}"
         f"{' (disabled)' if th['min_r_q'] <= 0 else ''}, {utility_limit_text(report)}, "
-        f"at least {th['min_runs']} runs).",
+        f"at least {th['min_runs']} runs for a criterion over runs).",
     ]
     blind = report.get("blind_baseline") or {}
     if blind.get("warning"):
@@ -84,13 +79,18 @@ def _summary_section(report: dict[str, Any]) -> Section:
 
 def _checklist_section(report: dict[str, Any]) -> Section:
     rows = []
+    grid = {r["quantizer"]: r for r in report["grid"]}
     for q, v in report["checklist"]["per_quantizer"].items():
         crit = {c["id"]: c for c in v["criteria"]}
+        row = grid[q]
         rows.append(
             [
                 Cell(q, code=True),
                 Cell(v["overall"], status=v["overall"]),
                 _criterion_cell(crit["attack_tpr"]),
+                Cell(
+                    direction_of(row), (comparison_sentence(row) or "") if not row.get("is_reference") else "reference"
+                ),
                 _criterion_cell(crit["r_q"]),
                 _criterion_cell(crit["indicator"]),
                 _criterion_cell(crit["utility"]),
@@ -102,7 +102,15 @@ def _checklist_section(report: dict[str, Any]) -> Section:
         if bad:
             reasons.append(f"{code(q)}: " + "; ".join(bad))
     table = Table(
-        ["quantizer", "overall", "attack TPR at 1% FPR", "r_Q", "indicator", "utility (val loss vs ref)"],
+        [
+            "quantizer",
+            "overall",
+            "attack TPR at 1% FPR (strongest, cross-fitted)",
+            "vs full precision",
+            "r_Q",
+            "indicator",
+            "utility (val loss vs ref)",
+        ],
         rows,
         highlight_first=report["grid"][0]["is_reference"],
     )
@@ -110,9 +118,27 @@ def _checklist_section(report: dict[str, Any]) -> Section:
         "Release checklist",
         ["Per quantizer, each criterion's status with its estimate and 95% interval; the rules:"],
         [table],
-        bullets=list(report["checklist"]["rules"]) + ["Why not PASS: " + r for r in reasons],
+        bullets=[lit(r) for r in report["checklist"]["rules"]]
+        + rule_bullets(report)
+        + ["Why not PASS: " + r for r in reasons]
+        + _biased_bullets(report),
         anchor="checklist",
     )
+
+
+def _biased_bullets(report: dict[str, Any]) -> list[str]:
+    """Per quantizer, the in-sample maximum over attacks, labelled selection-biased, beside the honest estimate."""
+    out = []
+    for q, v in report["checklist"]["per_quantizer"].items():
+        a = next(c for c in v["criteria"] if c["id"] == "attack_tpr")
+        top = a.get("in_sample_max") or {}
+        if top.get("attack"):
+            out.append(
+                f"{code(q)}: in-sample maximum {code(top['attack'])} {fmt_num(top['value'])} (the highest of the attacks on "
+                f"the data it was chosen on: selection-biased upward; the verdict reads the cross-fitted "
+                f"{fmt_num(a.get('value'))})"
+            )
+    return out
 
 
 def _grid_section(report: dict[str, Any]) -> Section:
@@ -243,6 +269,9 @@ def _lira_table(grid: list[dict[str, Any]], names: list[str]) -> Table | None:
     for r in grid:
         for n in lira:
             att = r["attacks"].get(n)
+            if att is None:  # not run, or not measurable, on this quantizer
+                lira_rows.append([Cell(r["quantizer"], code=True), Cell(n)] + [Cell("skipped")] * 5)
+                continue
             lira_rows.append(
                 [
                     Cell(r["quantizer"], code=True),
@@ -539,8 +568,10 @@ def sections(report: dict[str, Any]) -> list[Section]:
 
     figs = Section("Figures", figures=[n for n in FIGURES if n in report.get("plots", {})], anchor="figures")
     out = [
+        verdict_section(report),
         _summary_section(report),
         _checklist_section(report),
+        comparison_section(report),
         _grid_section(report),
         utility_section(report),
         figs,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
@@ -33,9 +33,11 @@ from llmaudit.analyze.attacks.matrices import (
     target_matrices,
 )
 from llmaudit.analyze.attacks.text import combine_scores, min_k_plus_plus_score, min_k_score, ref_score
+from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide, decision_mode
 from llmaudit.analyze.metrics import (
     DEFAULT_FPRS,
     T_CUTOFF,
+    calibrated_threshold,
     fpr_key,
     per_sample_tpr,
     pooled_calibrated,
@@ -293,8 +295,9 @@ def _calibration_missing(n_ref: np.ndarray) -> str:
 
 def _evaluate(
     attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray, fpc_value: float | None, s: AttackSettings
-) -> dict:
-    """Pooled naive, pooled calibrated and per-sample evaluations of one attack's [M, N] scores."""
+) -> tuple[dict, np.ndarray, np.ndarray | None]:
+    """Pooled naive, pooled calibrated and per-sample evaluations of one attack's [M, N] scores; with the calibrated
+    scores z [M, N] and the number of references behind each (None: the normal threshold applies)."""
     kw = dict(n_boot=s.n_boot, seed=s.seed, confidence=s.confidence)
     # Calibration standardizes each score by that sample's out-scores under the other models
     # (offline LiRA is its own calibration).
@@ -324,16 +327,51 @@ def _evaluate(
     if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
         entry["roc_curve"]["pooled_calibrated"] = roc_curve_loglog(z[zfin], keep[zfin])
     entry["headline"] = _headline(entry)
-    return entry
+    return entry, z, n_ref_eff
+
+
+@dataclass
+class _EvidenceBuilder:
+    """Collects what the release decision reads from each attack of one quantizer (`QuantizerEvidence`)."""
+
+    quantizer: str
+    mode: str
+    samples: list[str]
+    keep: np.ndarray
+    fpr: float
+    t_cutoff: float
+    scores: dict = field(default_factory=dict)
+    thresholds: dict = field(default_factory=dict)
+    unjudged: dict = field(default_factory=dict)
+
+    def add(self, attack: str, raw: np.ndarray, z: np.ndarray, n_ref, entry: dict) -> None:
+        if self.mode == "empirical":
+            self.scores[attack] = raw.astype(np.float32)
+        elif "pooled_calibrated" in entry:
+            self.scores[attack] = z.astype(np.float32)
+            thr = calibrated_threshold(self.fpr, n_ref, self.t_cutoff)
+            self.thresholds[attack] = thr.astype(np.float32) if isinstance(thr, np.ndarray) else thr
+        else:
+            self.unjudged[attack] = entry["not_measured"]["pooled_calibrated"]
+
+    def evidence(self) -> QuantizerEvidence:
+        return QuantizerEvidence(
+            self.quantizer, self.mode, self.samples, self.keep, self.scores, self.thresholds, self.unjudged
+        )
 
 
 def attack_quantizer(
-    df: pd.DataFrame, quantizer: str, s: AttackSettings, base_q: str | None = None
-) -> tuple[dict, dict]:
+    df: pd.DataFrame,
+    quantizer: str,
+    s: AttackSettings,
+    base_q: str | None = None,
+    decision: DecisionSettings | None = None,
+) -> tuple[dict, dict, QuantizerEvidence | None]:
     """Every attack on one quantizer's final checkpoints, each run in turn as the target. base_q: the
     quantizer of the base-model rows that "base" means (`base_quantizer`).
 
-    Returns (the quantizer's result block, the attack definitions with its FPC)."""
+    Returns (the quantizer's result block, the attack definitions with its FPC, what the release decision reads
+    when `decision` settings are given, else None)."""
     t = target_matrices(df, quantizer)
     pool_size = int(s.n_pool) if s.n_pool is not None else len(t.samples) + t.n_dropped
     train_size = float(s.n_train) if s.n_train is not None else float(t.keep.sum(1).mean())
@@ -341,6 +379,10 @@ def attack_quantizer(
     definitions = s.definitions(fpc_value)
     matrices, skipped, used = _score_matrices(df, quantizer, t, s, fpc_value, base_q)
     n_ref = out_reference_counts(t.keep)
+    builder = None
+    if decision is not None:
+        mode = decision_mode(int(t.runs.size), decision.min_runs)
+        builder = _EvidenceBuilder(quantizer, mode, list(t.samples), t.keep, decision.fpr, s.t_cutoff)
     results: dict = {}
     for attack in s.attacks:
         if attack not in matrices:
@@ -350,9 +392,12 @@ def attack_quantizer(
         if why:
             skipped[attack] = why
             continue
-        results[attack] = {"definition": definitions[attack]} | _evaluate(
-            attack, matrices[attack], t.keep, n_ref, fpc_value, s
-        )
+        entry, z, n_ref_eff = _evaluate(attack, matrices[attack], t.keep, n_ref, fpc_value, s)
+        results[attack] = {"definition": definitions[attack]} | entry
+        if builder is not None:
+            builder.add(attack, matrices[attack], z, n_ref_eff, entry)
+    if builder is not None:
+        builder.unjudged |= {a: why for a, why in skipped.items() if a in s.attacks}
     non_lira = [a for a in results if not a.startswith("lira")]
     block = {
         "runs": [int(r) for r in t.runs],
@@ -371,7 +416,7 @@ def attack_quantizer(
         "skipped": skipped,
         "best_attack": max(non_lira, key=lambda a: results[a]["headline"]["auroc"]) if non_lira else None,
     }
-    return block, definitions
+    return block, definitions, None if builder is None else builder.evidence()
 
 
 def run_attacks(
@@ -380,19 +425,22 @@ def run_attacks(
     quantizers: Sequence[str] | None = None,
     r_q: Mapping[str, float] | None = None,
     reference_quantizer: str | None = None,
+    decision: DecisionSettings | None = None,
     **settings,
 ) -> dict:
     """Run every attack on a validated loss table, each run in turn as the target (leave-one-out).
 
-    For each quantizer: each run's FINAL checkpoint (max checkpoint per run) on split "pool"; samples
-    scored by every run (others dropped, counted). Per attack: pooled naive, pooled calibrated (the
-    attack score standardized per sample by the other models' out-scores, `lira_offline`; LiRA offline
-    is its own calibration) and per-sample evaluations with bootstrap CIs over samples. `settings` are
-    the fields of `AttackSettings` (attacks, fpc, n_boot, seed, n_pool, n_train, fprs, k, ref_models,
-    statistic, lira_variance, t_cutoff, confidence). The finite population correction targets the threat
-    of a model trained on an independent draw; within one pool (targets and references from the same
-    pool, as here) it is conservative: the realised FPR of the calibrated evaluation falls below alpha,
-    and is reported. The bootstraps dominate the cost. Returns a JSON-ready dict."""
+        For each quantizer: each run's FINAL checkpoint (max checkpoint per run) on split "pool"; samples
+        scored by every run (others dropped, counted). Per attack: pooled naive, pooled calibrated (the
+        attack score standardized per sample by the other models' out-scores, `lira_offline`; LiRA offline
+        is its own calibration) and per-sample evaluations with bootstrap CIs over samples. `settings` are
+        the fields of `AttackSettings` (attacks, fpc, n_boot, seed, n_pool, n_train, fprs, k, ref_models,
+        statistic, lira_variance, t_cutoff, confidence). The finite population correction targets the threat
+        of a model trained on an independent draw; within one pool (targets and references from the same
+        pool, as here) it is conservative: the realised FPR of the calibrated evaluation falls below alpha,
+        and is reported. The bootstraps dominate the cost. With `decision` settings, the release decision of every
+    quantizer and its paired comparison with the reference (`llmaudit.analyze.decision`) are added as "decision".
+    Returns a JSON-ready dict."""
     s = AttackSettings(**{k: tuple(v) if k in ("attacks", "fprs") else v for k, v in settings.items()})
     s.check()
     available = sorted(df.loc[(df["split"] == "pool") & (df["run"] != REFERENCE_RUN), "quantizer"].unique())
@@ -404,8 +452,11 @@ def run_attacks(
     base_q = base_quantizer(df, reference)
     per_q: dict = {}
     definitions = s.definitions()
+    evidence: dict[str, QuantizerEvidence] = {}
     for q in quantizers:
-        per_q[q], definitions = attack_quantizer(df, q, s, base_q)
+        per_q[q], definitions, ev = attack_quantizer(df, q, s, base_q, decision)
+        if ev is not None:
+            evidence[q] = ev
     if reference is not None:
         for block in per_q.values():
             for attack, entry in block["attacks"].items():
@@ -422,4 +473,6 @@ def run_attacks(
         "quantizers": per_q,
     }
     out["spearman_vs_r_q"] = spearman_vs_indicator(out, r_q) if r_q else None
+    if decision is not None:
+        out["decision"] = decide(evidence, reference, decision).model_dump(mode="json")
     return out

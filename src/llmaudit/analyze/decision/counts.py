@@ -1,0 +1,186 @@
+"""Resampled hit counts behind every release decision (docs/science.md section 12).
+
+A decision reads, for each attack, four weighted counts at the decision's FPR level: members above the threshold
+(true positives), members, non-members above the threshold (false positives), non-members. Every count is a sum
+over samples, so a bootstrap resample (samples drawn with replacement, each bringing all its target models) is a
+vector of per-sample multiplicities w [N], and the resampled counts are w @ (per-sample counts). Row 0 of every
+count array is the observed data (w = 1); rows 1..B are the resamples. Two quantizers resampled with the same
+multiplicities are paired.
+
+Shapes: M target models, N samples, A attacks, F folds, B resamples (+1 for the observed row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TP, POS, FP, NEG = 0, 1, 2, 3
+"""Indices of the last axis of every count array: true positives, members, false positives, non-members."""
+
+
+def multiplicities(n_units: int, n_boot: int, seed: int, strata: np.ndarray | None = None) -> np.ndarray:
+    """[B + 1, N] float64 sample multiplicities: row 0 all ones (the observed data), rows 1..B bootstrap
+    resamples drawn with `numpy.random.default_rng(seed)` (within each stratum when `strata` [N] is given, so
+    that every resample keeps the numbers of each stratum)."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n_boot + 1, n_units))
+    out[0] = 1.0
+    groups = [np.arange(n_units)] if strata is None else [np.flatnonzero(strata == s) for s in np.unique(strata)]
+    rows = np.arange(1, n_boot + 1)[:, None]
+    for members in groups:
+        if members.size == 0:
+            continue
+        draw = members[rng.integers(0, members.size, size=(n_boot, members.size))]
+        np.add.at(out, (np.broadcast_to(rows, draw.shape), draw), 1.0)
+    return out
+
+
+def target_folds(n_targets: int, n_folds: int) -> np.ndarray:
+    """[M] fold of each target model: round-robin over min(n_folds, M) folds (target m in fold m mod F)."""
+    return np.arange(n_targets) % max(1, min(n_folds, n_targets))
+
+
+def sample_folds(labels: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
+    """[N] fold of each sample: a seeded permutation dealt round-robin within each label, so every fold holds
+    about 1/F of the members and of the non-members. labels: [N] (e.g. membership under the only target)."""
+    rng = np.random.default_rng(seed)
+    folds = np.empty(labels.size, dtype=np.int64)
+    for value in np.unique(labels):
+        idx = np.flatnonzero(labels == value)
+        folds[rng.permutation(idx)] = np.arange(idx.size) % n_folds
+    return folds
+
+
+def calibrated_indicators(z: np.ndarray, keep: np.ndarray, threshold) -> np.ndarray:
+    """[4, M, N] booleans of a per-sample calibrated attack: member above, member, non-member above, non-member.
+    z: [M, N] calibrated scores (NaN = not scored); threshold: scalar or [M, N] (the analytic calibrated one)."""
+    finite = np.isfinite(z)
+    with np.errstate(invalid="ignore"):
+        above = finite & (z >= threshold)
+    return np.stack([keep & above, keep & finite, ~keep & above, ~keep & finite])
+
+
+def fold_sums(indicators: np.ndarray, fold_of_target: np.ndarray, n_folds: int) -> np.ndarray:
+    """[F, 4, N] per-sample counts of `calibrated_indicators` summed over the target models of each fold."""
+    out = np.zeros((n_folds, 4, indicators.shape[2]))
+    for f in range(n_folds):
+        out[f] = indicators[:, fold_of_target == f, :].sum(axis=1)
+    return out
+
+
+def resampled_fold_counts(sums: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[B + 1, A, F, 4] counts per fold from per-sample sums [A, F, 4, N] and multiplicities [B + 1, N]."""
+    A, F, K, N = sums.shape
+    flat = weights @ sums.reshape(A * F * K, N).T
+    return flat.reshape(weights.shape[0], A, F, K)
+
+
+def _cumulative_by_fold(weights: np.ndarray, member: np.ndarray, fold: np.ndarray, n_folds: int) -> np.ndarray:
+    """[2, F, B + 1, n] running weight, along the ascending scores, of each class (0 non-members, 1 members) and
+    fold: float32 holds these integer counts exactly (below 2^24)."""
+    out = np.empty((2, n_folds) + weights.shape, dtype=np.float32)
+    for c, is_member in enumerate((False, True)):
+        for f in range(n_folds):
+            np.cumsum(weights * ((member == is_member) & (fold == f)), axis=1, out=out[c, f])
+    return out
+
+
+def _above(scores: np.ndarray, cum: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """[B + 1] weight strictly above thresholds[b], for ascending scores [n] and a running weight cum [B + 1, n]."""
+    if not scores.size:
+        return np.zeros(cum.shape[0])
+    last = np.searchsorted(scores, thresholds, side="right") - 1  # last position with score <= threshold
+    below = np.where(last >= 0, np.take_along_axis(cum, np.maximum(last, 0)[:, None], axis=1)[:, 0], 0.0)
+    return cum[:, -1] - below
+
+
+def sorted_threshold(scores: np.ndarray, cum: np.ndarray, fpr: float, held_out: bool) -> np.ndarray:
+    """[B + 1] per resample, the score s_j of the empirical threshold at FPR `fpr` (members count when their score
+    is strictly above it), from ascending scores [n] and the non-members' running weight cum [B + 1, n]:
+    with D_i = W - cum_{i-1} the weight at positions >= i, in-sample the largest i with D_i > fpr * W, held out the
+    largest i with D_i >= floor(fpr * (W + 1)) (the k-th largest). D only steps down at positions with weight, so
+    the position found always holds a non-member of the resample.
+
+    In-sample (the threshold is judged on the same non-members): every threshold above s_j keeps the weighted
+    false positives <= fpr * W and none at or below it does, the largest TPR with FPR <= fpr on the empirical ROC
+    (`llmaudit.analyze.metrics.tpr_at_fpr`). Held out (the threshold is applied to OTHER non-members, as in
+    cross-fitting): s_j is the k-th largest non-member, k = floor(fpr * (W + 1)), which a fresh non-member exceeds
+    with probability k / (n + 1) <= fpr (the conformal quantile); the in-sample rule's (k+1)-th largest would give
+    it (k + 1) / (n + 1), above fpr. +inf with k = 0 (too few non-members: nothing is called a member) or without
+    non-member weight; -inf in-sample when every position is within the budget (fpr >= 1)."""
+    if not scores.size:
+        return np.full(cum.shape[0], np.inf)
+    total = cum[:, -1].astype(np.float64)
+    at_or_above = total[:, None] - np.concatenate([np.zeros((cum.shape[0], 1), cum.dtype), cum[:, :-1]], axis=1)
+    if held_out:
+        k = np.floor(fpr * (total + 1) + 1e-9)
+        i = (at_or_above >= k[:, None] - 1e-6).sum(axis=1) - 1
+        thr = np.where((k >= 1) & (i >= 0), scores[np.maximum(i, 0)], np.inf)
+    else:
+        i = (at_or_above > fpr * total[:, None] + 1e-6).sum(axis=1) - 1
+        thr = np.where(i >= 0, scores[np.maximum(i, 0)], -np.inf)
+    return np.where(total > 0, thr, np.inf)
+
+
+def empirical_counts(
+    scores: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack judged with an empirical threshold per
+    target model. scores, keep: [M, N] (NaN = not scored); weights: [B + 1, N]. For each target and fold f the
+    threshold comes from that target's non-members OUTSIDE fold f (the held-out rule of `sorted_threshold`);
+    "train" counts that target's samples outside f against it, "test" its samples in f. fold_of_sample None = one
+    fold holding every sample, judged against a threshold from all non-members (the in-sample rule; train and
+    test are then the same counts)."""
+    folds = np.zeros(scores.shape[1], dtype=np.int64) if fold_of_sample is None else fold_of_sample
+    n_folds = int(folds.max()) + 1
+    train = np.zeros((weights.shape[0], n_folds, 4))
+    test = np.zeros_like(train)
+    for m in range(scores.shape[0]):
+        finite = np.flatnonzero(np.isfinite(scores[m]))
+        order = finite[np.argsort(scores[m, finite], kind="stable")]
+        s = scores[m, order]
+        cum = _cumulative_by_fold(weights[:, order].astype(np.float32), keep[m, order], folds[order], n_folds)
+        total = cum.sum(axis=1)  # [2, B + 1, n]
+        for f in range(n_folds):
+            fit = total - cum[:, f] if fold_of_sample is not None else total
+            evaluated = cum[:, f] if fold_of_sample is not None else total
+            thr = sorted_threshold(s, fit[0], fpr, held_out=fold_of_sample is not None)
+            for out, part in ((train, fit), (test, evaluated)):
+                out[:, f, TP] += _above(s, part[1], thr)
+                out[:, f, POS] += part[1][:, -1] if s.size else 0.0
+                out[:, f, FP] += _above(s, part[0], thr)
+                out[:, f, NEG] += part[0][:, -1] if s.size else 0.0
+    return train, test
+
+
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise, NaN where den == 0."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def weighted_auroc(
+    scores: np.ndarray, labels: np.ndarray, unit: np.ndarray, weights: np.ndarray, budget: int = 4_000_000
+) -> np.ndarray:
+    """[B + 1] AUROC of pooled rows under each row of sample multiplicities (ties count one half).
+
+    scores, labels, unit: [R] rows (score, member flag, sample index); weights: [B + 1, N]. A row weighs the
+    multiplicity of its sample. Rows with equal scores form one group; the sum runs over groups in ascending
+    order, P(member > non-member) + P(tie) / 2, computed for `budget` / groups resamples at a time."""
+    import scipy.sparse as sp
+
+    _, group = np.unique(scores, return_inverse=True)
+    n_groups = int(group.max()) + 1 if group.size else 0
+    shape = (weights.shape[1], n_groups)
+    to_pos = sp.csr_matrix((labels.astype(np.float64), (unit, group)), shape=shape)
+    to_neg = sp.csr_matrix(((~labels).astype(np.float64), (unit, group)), shape=shape)
+    out = np.empty(weights.shape[0])
+    step = max(1, budget // max(n_groups, 1))
+    for start in range(0, weights.shape[0], step):
+        w = weights[start : start + step]
+        pos = np.asarray((to_pos.T @ w.T).T)
+        neg = np.asarray((to_neg.T @ w.T).T)
+        below = np.cumsum(neg, axis=1) - neg
+        num = (pos * (below + 0.5 * neg)).sum(axis=1)
+        out[start : start + step] = ratio(num, pos.sum(axis=1) * neg.sum(axis=1))
+    return out

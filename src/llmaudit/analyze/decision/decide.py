@@ -1,0 +1,214 @@
+"""The release decision of every quantizer, and its paired comparison with full precision (docs/science.md
+section 12): from the attacks' scores on each quantizer (`QuantizerEvidence`, made by the attack evaluation) to
+one typed `ReleaseDecision`.
+
+Two modes, chosen once per store from the number of target models M (fine-tuning runs):
+- calibrated (M >= max(2, min_runs)): every attack's per-sample calibrated scores z (each sample's OUT scores under
+  the other models standardised to N(0, 1)) against the analytic calibrated threshold; the strongest attack is
+  cross-fitted over folds of target models; samples are resampled with all their models.
+- empirical (fewer targets, e.g. one imported fine-tune): each target's raw scores against an empirical threshold
+  from its own held-out non-members (the TPR at a fixed FPR that MIMIR and the EZ-MIA paper report); the
+  strongest attack is cross-fitted over folds of samples (threshold and choice from the other folds); with one
+  target, members and non-members are resampled separately. Run-to-run variation of training is not covered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llmaudit.analyze.decision.bounds import percentile_interval
+from llmaudit.analyze.decision.counts import (
+    POS,
+    TP,
+    calibrated_indicators,
+    empirical_counts,
+    fold_sums,
+    multiplicities,
+    ratio,
+    resampled_fold_counts,
+    sample_folds,
+    target_folds,
+    weighted_auroc,
+)
+from llmaudit.analyze.decision.models import DecisionRule, Difference, Estimate, QuantizerDecision, ReleaseDecision
+from llmaudit.analyze.decision.rule import CountArrays, DecisionSettings, compare, decision_of
+
+RULE_STATEMENTS = [
+    "FAIL: the strongest attack, chosen on some folds and measured on the others (cross-fitting), has a one-sided "
+    "lower bound above the limit: leakage above the limit is shown; a quantizer whose strongest attack's true TPR "
+    "is at or below the limit FAILs with probability at most alpha.",
+    "PASS: every attack judged has a simultaneous one-sided upper bound below the limit (Bonferroni over the k "
+    "attacks: each at 1 - alpha / k): a quantizer with any attack's true TPR at or above the limit PASSes with "
+    "probability at most alpha. PASS means no attack of this suite is above the limit; an attack outside the "
+    "suite may do better.",
+    "INCONCLUSIVE: neither; the report says how many more samples would decide it if the estimates hold.",
+    "NOT MEASURED: too few non-member scores for a TPR at this FPR (fewer than 10 / FPR).",
+    "Compared with full precision: the paired difference of the two cross-fitted strongest-attack TPRs (same "
+    "folds, same resampled samples); MORE / LESS when its 1 - 2 alpha interval excludes 0 (a false MORE or LESS "
+    "has probability at most alpha), SAME when the interval lies within +-margin (two one-sided tests), else "
+    "CANNOT TELL.",
+    "Each quantizer is decided on its own at these rates: picking one quantizer among several that PASS keeps "
+    "alpha only when the quantizer to release (--release) is named before the audit.",
+]
+
+
+@dataclass
+class QuantizerEvidence:
+    """The attacks' scores on one quantizer, as the decision reads them.
+
+    scores: attack -> [M, N] (calibrated z in calibrated mode, raw scores in empirical mode; NaN = not scored);
+    thresholds: attack -> the analytic calibrated threshold at the decision FPR (scalar or [M, N]; calibrated mode
+    only); keep: [M, N] membership; unjudged: attack -> why it cannot be judged."""
+
+    quantizer: str
+    mode: str
+    sample_ids: list[str]
+    keep: np.ndarray
+    scores: dict[str, np.ndarray]
+    thresholds: dict[str, np.ndarray | float] = field(default_factory=dict)
+    unjudged: dict[str, str] = field(default_factory=dict)
+
+    def restricted(self, sample_ids: list[str]) -> QuantizerEvidence:
+        """The same evidence on a subset of its samples, in the given order."""
+        pos = {s: i for i, s in enumerate(self.sample_ids)}
+        idx = np.array([pos[s] for s in sample_ids], dtype=np.int64)
+
+        def cut(a):
+            return a[:, idx] if isinstance(a, np.ndarray) and a.ndim == 2 else a
+
+        return QuantizerEvidence(
+            self.quantizer,
+            self.mode,
+            list(sample_ids),
+            self.keep[:, idx],
+            {k: v[:, idx] for k, v in self.scores.items()},
+            {k: cut(v) for k, v in self.thresholds.items()},
+            dict(self.unjudged),
+        )
+
+
+def decision_mode(n_targets: int, min_runs: int) -> str:
+    """calibrated with at least max(2, min_runs) target models, else empirical."""
+    return "calibrated" if n_targets >= max(2, min_runs) else "empirical"
+
+
+def _weights(ev: QuantizerEvidence, s: DecisionSettings) -> np.ndarray:
+    strata = ev.keep[0] if ev.keep.shape[0] == 1 else None
+    return multiplicities(len(ev.sample_ids), s.resamples, s.seed, strata)
+
+
+def count_arrays(ev: QuantizerEvidence, weights: np.ndarray, s: DecisionSettings) -> CountArrays:
+    """The resampled counts of every scored attack of one quantizer (`CountArrays`), in either mode."""
+    names = list(ev.scores)
+    M = ev.keep.shape[0]
+    if ev.mode == "calibrated":
+        folds = target_folds(M, s.folds)
+        n_folds = int(folds.max()) + 1
+        sums = np.stack(
+            [fold_sums(calibrated_indicators(ev.scores[a], ev.keep, ev.thresholds[a]), folds, n_folds) for a in names]
+        )
+        per_fold = resampled_fold_counts(sums, weights)
+        total = per_fold.sum(axis=2)
+        return CountArrays(names, total, total[:, :, None, :] - per_fold, per_fold, "target models")
+    folds = sample_folds(ev.keep.sum(axis=0), s.folds, s.seed)
+    train, test, whole = [], [], []
+    for a in names:
+        tr, te = empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, folds)
+        train.append(tr)
+        test.append(te)
+        whole.append(empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, None)[1][:, 0])
+    return CountArrays(names, np.stack(whole, axis=1), np.stack(train, axis=1), np.stack(test, axis=1), "samples")
+
+
+def _auroc(ev: QuantizerEvidence, attack: str, weights: np.ndarray) -> np.ndarray:
+    z = ev.scores[attack]
+    finite = np.isfinite(z)
+    unit = np.broadcast_to(np.arange(z.shape[1]), z.shape)[finite]
+    return weighted_auroc(z[finite], ev.keep[finite], unit, weights)
+
+
+def per_attack_differences(
+    q: QuantizerEvidence,
+    ref: QuantizerEvidence,
+    qa: CountArrays,
+    ra: CountArrays,
+    weights: np.ndarray,
+    s: DecisionSettings,
+) -> list[Difference]:
+    """Per attack scored on both: the paired differences (quantizer - reference) of the TPR at the decision FPR and
+    of the AUROC, each with its 95% percentile interval over the same resamples."""
+    out = []
+    for a in [a for a in qa.attacks if a in ra.attacks]:
+        i, j = qa.attacks.index(a), ra.attacks.index(a)
+        d_tpr = ratio(qa.per_attack[:, i, TP], qa.per_attack[:, i, POS]) - ratio(
+            ra.per_attack[:, j, TP], ra.per_attack[:, j, POS]
+        )
+        d_auc = _auroc(q, a, weights) - _auroc(ref, a, weights)
+        for metric, d in (("tpr", d_tpr), ("auroc", d_auc)):
+            lo, hi = percentile_interval(d[1:], 0.025, 0.975)
+            value = float(d[0]) if np.isfinite(d[0]) else None
+            est = Estimate(
+                value=value,
+                low=lo if np.isfinite(lo) else None,
+                high=hi if np.isfinite(hi) else None,
+                confidence=0.95,
+                method="paired percentile bootstrap",
+            )
+            out.append(Difference(attack=a, metric=metric, estimate=est))  # type: ignore[arg-type]
+    return out
+
+
+def _decide_one(
+    ev: QuantizerEvidence, s: DecisionSettings
+) -> tuple[QuantizerDecision, np.ndarray, CountArrays, np.ndarray]:
+    weights = _weights(ev, s)
+    arrays = count_arrays(ev, weights, s)
+    decision, resampled = decision_of(ev.quantizer, arrays, s, ev.unjudged, ev.keep.shape[0], ev.mode)
+    return decision, resampled, arrays, weights
+
+
+def _with_comparison(
+    q: QuantizerEvidence, ref: QuantizerEvidence, own: tuple, ref_own: tuple, s: DecisionSettings
+) -> QuantizerDecision:
+    """The quantizer's decision with its paired comparison with the reference (on the samples both scored)."""
+    decision, resampled, arrays, weights = own
+    _, ref_resampled, ref_arrays, _ = ref_own
+    if q.sample_ids != ref.sample_ids:  # pair on the common samples, recounted with common resamples
+        common = [x for x in ref.sample_ids if x in set(q.sample_ids)]
+        q, ref = q.restricted(common), ref.restricted(common)
+        _, resampled, arrays, weights = _decide_one(q, s)
+        _, ref_resampled, ref_arrays, _ = _decide_one(ref, s)
+    comparison = compare(q.quantizer, ref.quantizer, resampled - ref_resampled, s, len(q.sample_ids))
+    diffs = per_attack_differences(q, ref, arrays, ref_arrays, weights, s)
+    return decision.model_copy(update={"comparison": comparison.model_copy(update={"per_attack": diffs})})
+
+
+def decide(evidence: dict[str, QuantizerEvidence], reference: str | None, s: DecisionSettings) -> ReleaseDecision:
+    """The release decision of every quantizer in `evidence` (rules: RULE_STATEMENTS), each compared with
+    `reference` (the store's full precision) where it is among them."""
+    s.check()
+    modes = {ev.mode for ev in evidence.values()}
+    if len(modes) > 1:
+        raise ValueError(f"every quantizer must be judged in one mode; got {sorted(modes)}.")
+    own = {q: _decide_one(ev, s) for q, ev in evidence.items()}
+    per_q = {}
+    for q, ev in evidence.items():
+        if reference in evidence:
+            per_q[q] = _with_comparison(ev, evidence[reference], own[q], own[reference], s)
+        else:
+            per_q[q] = own[q][0]
+    rule = DecisionRule(
+        limit=s.limit,
+        fpr=s.fpr,
+        alpha=s.alpha,
+        margin=s.margin,
+        folds=s.folds,
+        resamples=s.resamples,
+        seed=s.seed,
+        mode=(modes.pop() if modes else "calibrated"),  # type: ignore[arg-type]
+        min_runs=s.min_runs,
+        statements=RULE_STATEMENTS,
+    )
+    return ReleaseDecision(rule=rule, reference=reference if reference in evidence else None, per_quantizer=per_q)

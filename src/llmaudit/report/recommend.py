@@ -1,0 +1,185 @@
+"""The recommendation: which quantizer to release, and the paragraph that says why (docs/science.md section 12).
+
+Candidates are the quantizers whose utility criterion PASSes. They are ranked on what the audit can actually tell
+apart, never on the noise of an estimate: the overall verdict first (PASS, INCONCLUSIVE, NOT MEASURED, FAIL), then
+the comparison with full precision (leaks LESS, the SAME, CANNOT TELL, NOT MEASURED, MORE), then the smaller model
+(effective bits per weight), then the smaller utility loss. Two quantizers the data cannot tell apart on leakage
+are thus separated by what the releaser gains (size) and loses (utility), both measured without selection.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct
+from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
+from llmaudit.report.release import DIRECTION_ORDER, comparison_sentence, direction_of, size_phrase
+
+SEVERITY = {PASS: 0, INCONCLUSIVE: 1, NOT_MEASURED: 2, FAIL: 3}
+
+RULE = (
+    "candidates: utility criterion PASS; order: the overall verdict (PASS, INCONCLUSIVE, NOT MEASURED, FAIL), then "
+    "the comparison with full precision (leaks less, the same, cannot tell, not measured, more), then the smaller "
+    "model (effective bits per weight), then the smaller utility loss"
+)
+
+_KEY_WORDS = ("its verdict", "its comparison with full precision", "its size", "its utility")
+
+
+def crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
+    return next(c for c in checklist["per_quantizer"][q]["criteria"] if c["id"] == cid)
+
+
+def _bits(r: dict[str, Any]) -> float:
+    for key in ("effective_bits", "bits"):
+        if r.get(key) is not None:
+            return float(r[key])
+    return math.inf
+
+
+def excess(c: dict[str, Any]) -> float:
+    """How far criterion c's estimate is on the unsafe side of its limit (negative: safe side; inf: no estimate)."""
+    if c.get("value") is None or c.get("threshold") is None:
+        return math.inf
+    return c["value"] - c["threshold"] if c.get("comparison") == "<=" else c["threshold"] - c["value"]
+
+
+def ranking_key(r: dict[str, Any], checklist: dict[str, Any]) -> tuple:
+    """The recommendation's ordering of a candidate grid row (lower = preferred): module doc."""
+    q = r["quantizer"]
+    overall = checklist["per_quantizer"][q]["overall"]
+    return (SEVERITY.get(overall, 9), DIRECTION_ORDER[direction_of(r)], _bits(r), excess(crit(checklist, q, "utility")))
+
+
+def _lost_on(chosen: tuple, theirs: tuple, names: tuple[dict, dict]) -> str:
+    i = next((i for i, (a, b) in enumerate(zip(chosen, theirs)) if a != b), None)
+    if i is None:
+        return "a tie on every key (grid order decided)"
+    mine, other = names
+    if i == 0:
+        return f"{_KEY_WORDS[0]}: {other['overall']} against {mine['overall']}"
+    if i == 1:
+        return f"{_KEY_WORDS[1]}: {other['direction']} against {mine['direction']}"
+    if i == 2:
+        return f"{_KEY_WORDS[2]}: {fmt_num(theirs[2], 2)} against {fmt_num(chosen[2], 2)} effective bits per weight"
+    return f"{_KEY_WORDS[3]}: {fmt_num(theirs[3])} against {fmt_num(chosen[3])} from its limit"
+
+
+def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
+    """The quantizer to release (rules: module doc), whether it is cleared, the ranking and the runner-up."""
+    per_q = checklist["per_quantizer"]
+    candidates = [r for r in grid if crit(checklist, r["quantizer"], "utility")["status"] == PASS]
+    if not candidates:
+        return {
+            "quantizer": None,
+            "rule": RULE,
+            "overall": None,
+            "cleared_for_release": False,
+            "reason": "no quantizer is within the utility budget with a PASS (see the utility criterion)",
+        }
+    ranked = sorted(candidates, key=lambda r: ranking_key(r, checklist))
+    chosen, q = ranked[0], ranked[0]["quantizer"]
+    overall = per_q[q]["overall"]
+    reason = f"first of {len(candidates)} quantizer(s) within the utility budget: overall {overall}; " + (
+        f"{q} is the full-precision reference" if chosen.get("is_reference") else (comparison_sentence(chosen) or "")
+    )
+    runner = None
+    if len(ranked) > 1:
+        other = ranked[1]
+        names = tuple(
+            {"overall": per_q[x["quantizer"]]["overall"], "direction": direction_of(x)} for x in (chosen, other)
+        )
+        runner = {
+            "quantizer": other["quantizer"],
+            "lost_on": _lost_on(ranking_key(chosen, checklist), ranking_key(other, checklist), names),
+        }
+    return {
+        "quantizer": q,
+        "rule": RULE,
+        "overall": overall,
+        "cleared_for_release": overall == PASS,
+        "reason": reason,
+        "comparison": direction_of(chosen),
+        "candidates": [r["quantizer"] for r in candidates],
+        "ranking": [r["quantizer"] for r in ranked],
+        "runner_up": runner,
+    }
+
+
+def criterion_phrase(c: dict[str, Any]) -> str:
+    """One criterion in words: its name, estimate with interval, the limit and the status."""
+    name = {"attack_tpr": "attack TPR at 1% FPR", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}[c["id"]]
+    if c["id"] == "attack_tpr" and c.get("attack"):
+        name += f" (strongest, cross-fitted: {c['attack']})" if c.get("mode") else f" ({c['attack']})"
+    if c["id"] == "utility":
+        name += f" ({c.get('metric', 'loss')})"
+    limit = "no limit" if c.get("threshold") is None else f"limit {c['comparison']} {c['threshold']:g}"
+    return f"{name} {fmt_num(c.get('value'))}{fmt_ci(c.get('ci'))} against {limit}: {c['status']}"
+
+
+def deciding(checklist: dict[str, Any], q: str) -> dict[str, Any] | None:
+    """The criterion that keeps quantizer q from PASS: the worst-judged one (first in checklist order)."""
+    bad = [c for c in checklist["per_quantizer"][q]["criteria"] if c["status"] in SEVERITY and c["status"] != PASS]
+    return max(bad, key=lambda c: SEVERITY[c["status"]]) if bad else None
+
+
+def what_to_do(c: dict[str, Any], provenance: dict[str, Any]) -> str:
+    """What would turn criterion c into PASS, said from its own numbers."""
+    if c["id"] == "attack_tpr" and c.get("mode") and c["status"] in (INCONCLUSIVE, NOT_MEASURED):
+        return size_phrase(c.get("size_needed"), provenance) or f"grow the audit: {c.get('reason')}"
+    if c["status"] == NOT_MEASURED:
+        return f"grow the measurement behind {c['id']}: {c.get('reason')}"
+    if c["status"] == FAIL:
+        return f"{c['id']} fails: its whole interval is beyond the limit; only a limit beyond it, or another model, changes that"
+    ci = c.get("ci") or [None, None]
+    bound = ci[1] if c.get("comparison") == "<=" else ci[0]
+    return (
+        f"the {c['id']} interval reaches {fmt_num(bound)}, across the limit {c['threshold']:g}: more runs or more "
+        f"samples narrow it"
+    )
+
+
+def _utility_words(checklist: dict[str, Any], q: str) -> str:
+    u = crit(checklist, q, "utility")
+    if u.get("metric", "loss") == "loss" and u.get("value") is not None:
+        return f"at {fmt_pct(u['value'])} validation loss"
+    return f"at utility ({u.get('metric')}) {fmt_num(u.get('value'))}"
+
+
+def explain_recommendation(
+    recommendation: dict[str, Any], checklist: dict[str, Any], grid: list[dict[str, Any]], provenance: dict[str, Any]
+) -> str:
+    """The recommendation in one paragraph a release manager can read: the quantizer, cleared or not and which
+    criterion decided, how it leaks against full precision and at what utility, what would decide an open verdict,
+    and the runner-up and why it lost."""
+    per_q = checklist["per_quantizer"]
+    q = recommendation.get("quantizer")
+    if q is None:
+        utility = {name: crit(checklist, name, "utility") for name in per_q}
+        closest = min(utility.items(), key=lambda kv: (SEVERITY.get(kv[1]["status"], 9), excess(kv[1])))
+        return (
+            f"No quantizer can be released: none keeps enough utility with a PASS (utility criterion). Closest: "
+            f"{closest[0]}, {criterion_phrase(closest[1])}. To release one, {what_to_do(closest[1], provenance)}."
+        )
+    row = next(r for r in grid if r["quantizer"] == q)
+    compared = f"{q} is the full-precision reference" if row.get("is_reference") else comparison_sentence(row)
+    decided = deciding(checklist, q)
+    if recommendation.get("cleared_for_release"):
+        text = f"Release {q}: cleared, every criterion passes ({criterion_phrase(crit(checklist, q, 'attack_tpr'))})"
+    else:
+        text = f"The best candidate is {q}, but it is NOT cleared for release" + (
+            f": {criterion_phrase(decided)}" if decided else ""
+        )
+    text += f". {compared or 'No comparison with full precision was measured'}, {_utility_words(checklist, q)}."
+    if decided and not recommendation.get("cleared_for_release"):
+        text += f" To decide it: {what_to_do(decided, provenance)}."
+    runner = recommendation.get("runner_up")
+    if runner:
+        text += f" Runner-up: {runner['quantizer']}, which lost on {runner['lost_on']}."
+    else:
+        text += " No other quantizer is within the utility budget."
+    return text
+
+
+__all__ = ["RULE", "criterion_phrase", "explain_recommendation", "recommend"]

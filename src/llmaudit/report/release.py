@@ -1,0 +1,110 @@
+"""The attack criterion under the release rule (docs/science.md section 12), read from the analysis' typed
+decision: status, the cross-fitted strongest attack with its interval, every attack's simultaneous upper bound,
+the comparison with full precision, and what would decide an open verdict, in the checklist's shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from llmaudit.analyze.decision.models import QuantizerDecision, SizeNeeded
+
+DIRECTION_ORDER = {"LESS": 0, "SAME": 1, "CANNOT TELL": 2, "NOT MEASURED": 3, "MORE": 4}
+"""How the recommendation ranks a quantizer's comparison with full precision (lower = better)."""
+
+
+def decision_of(row: dict[str, Any]) -> QuantizerDecision | None:
+    """The typed decision of a grid row; None for a report.json written before the release rule existed."""
+    raw = row.get("decision")
+    return None if raw is None else QuantizerDecision.model_validate(raw)
+
+
+def chosen_attack(d: QuantizerDecision) -> str | None:
+    """The attack the cross-fitting picked most often across folds (ties: the first picked)."""
+    picked = [a for a in (d.strongest.selected if d.strongest else []) if a]
+    return Counter(picked).most_common(1)[0][0] if picked else None
+
+
+def _interval(low: float | None, high: float | None) -> list[float] | None:
+    return None if low is None or high is None else [low, high]
+
+
+def attack_criterion(row: dict[str, Any], d: QuantizerDecision) -> dict[str, Any]:
+    """The attack criterion of one quantizer in the checklist's shape, from its decision."""
+    s = d.strongest
+    mode = (
+        "per-sample calibrated, pooled over target models"
+        if d.mode == "calibrated"
+        else "empirical threshold on held-out non-members"
+    )
+    per_attack = {
+        a.attack: {
+            "value": a.tpr.value,
+            "upper_bound": a.upper_bound,
+            "judged": a.judged,
+            "reason": a.reason,
+            "realised_fpr": a.realised_fpr,
+        }
+        for a in d.attacks
+    }
+    return {
+        "id": "attack_tpr",
+        "description": f"strongest attack's TPR at {d.fpr:.0%} FPR ({mode}), chosen on other folds and measured on "
+        "each (cross-fitting): FAIL if its lower bound is above the limit, PASS if every attack's simultaneous upper "
+        "bound is below it",
+        "threshold": d.limit,
+        "comparison": "<=",
+        "attack": chosen_attack(d),
+        "value": s.tpr.value if s else None,
+        "ci": _interval(s.tpr.low, s.tpr.high) if s else None,
+        "confidence": s.tpr.confidence if s else None,
+        "reliable": d.status != "NOT MEASURED",
+        "status": d.status,
+        "reason": d.reason,
+        "mode": d.mode,
+        "in_sample_max": {
+            "attack": d.in_sample_max_attack,
+            "value": d.in_sample_max.value if d.in_sample_max else None,
+        },
+        "per_attack": per_attack,
+        "size_needed": d.size_needed.model_dump() if d.size_needed else None,
+        "run_to_run_covered": d.run_to_run_covered,
+        "skipped_attacks": row["skipped_attacks"],
+    }
+
+
+def direction_of(row: dict[str, Any]) -> str:
+    """MORE / SAME / LESS / CANNOT TELL / NOT MEASURED against full precision; SAME for the reference itself."""
+    if row.get("is_reference"):
+        return "SAME"
+    d = decision_of(row)
+    return "NOT MEASURED" if d is None or d.comparison is None else d.comparison.direction
+
+
+def comparison_sentence(row: dict[str, Any]) -> str | None:
+    d = decision_of(row)
+    return None if d is None or d.comparison is None else d.comparison.sentence
+
+
+def size_phrase(size: dict[str, Any] | SizeNeeded | None, provenance: dict[str, Any]) -> str:
+    """What would decide an open verdict in the store's own numbers: the pool (a recipe's data.pool_size) or the
+    imported records, scaled by the factor the decision computed."""
+    if size is None:
+        return ""
+    size = size if isinstance(size, SizeNeeded) else SizeNeeded.model_validate(size)
+    if size.factor is None or not math.isfinite(size.factor):
+        return size.sentence
+    membership = provenance.get("membership") or {}
+    pool = membership.get("pool_size")
+    if pool and provenance.get("origin") != "import":
+        new = int(math.ceil(pool * size.factor))
+        return f"{size.sentence}: a pool of {new} records instead of {pool} (data.pool_size={new}; `llmaudit plan RECIPE data.pool_size={new}` prices it)"
+    if pool:
+        return (
+            f"{size.sentence}: about {int(math.ceil(pool * size.factor))} audited records instead of {pool}, members "
+            "and held-out non-members in proportion (--max-train / --max-heldout draw more where the files hold "
+            "them; the TPR's interval narrows with the members audited)"
+        )
+    return size.sentence

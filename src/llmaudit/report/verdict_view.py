@@ -1,0 +1,98 @@
+"""The report's answer sections (docs/science.md section 12): the verdict first (headline, recommendation, one
+table of every quantizer), the comparison with full precision per attack, and the rule with what it controls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmaudit.report.cells import Cell, Section, Table, code, lit
+from llmaudit.report.release import decision_of
+from llmaudit.report.summary import headline, leakage_statement, summary_rows
+
+SUMMARY_HEADER = [
+    "quantizer",
+    "verdict",
+    "vs full precision",
+    "strongest attack, TPR at 1% FPR (cross-fitted)",
+    "in-sample max (selection-biased)",
+    "Δ val loss",
+    "KL vs ref",
+]
+
+
+def summary_table(report: dict[str, Any]) -> Table:
+    """Every quantizer on one table: verdict, leakage against full precision, the honest strongest attack, utility."""
+    rows, marked = [], None
+    for i, s in enumerate(summary_rows(report)):
+        if s.recommended:
+            marked = i
+        label = s.quantizer + (" (ref)" if s.is_reference else "") + (" (recommended)" if s.recommended else "")
+        rows.append(
+            [
+                Cell(label, code=True),
+                Cell(s.verdict, status=s.verdict),
+                Cell(s.vs_full_precision, s.vs_detail),
+                Cell(s.strongest, s.strongest_interval),
+                Cell(s.in_sample_max),
+                Cell(s.loss_change),
+                Cell(s.kl),
+            ]
+        )
+    return Table(SUMMARY_HEADER, rows, highlight_first=bool(report["grid"][0].get("is_reference")), marked_row=marked)
+
+
+def verdict_section(report: dict[str, Any]) -> Section:
+    """The answer: the headline, the recommendation paragraph and the summary table."""
+    rec = report.get("recommendation") or {}
+    paras = [f"**{lit(headline(report))}**"]
+    if rec.get("explanation"):
+        paras.append(lit(rec["explanation"]))
+    paras.append(lit(leakage_statement(report)))
+    return Section("Verdict", paras, [summary_table(report)], anchor="verdict")
+
+
+def _difference_cell(row: dict[str, Any], attack: str, metric: str) -> Cell:
+    d = decision_of(row)
+    if d is None or d.comparison is None:
+        return Cell("n/a")
+    e = next((x.estimate for x in d.comparison.per_attack if x.attack == attack and x.metric == metric), None)
+    if e is None or e.value is None:
+        return Cell("n/a")
+    span = "" if e.low is None or e.high is None else f"[{e.low:+.3f}, {e.high:+.3f}]"
+    return Cell(f"{e.value:+.3f}", span)
+
+
+def comparison_section(report: dict[str, Any]) -> Section | None:
+    """Per quantizer, the comparison with full precision and, per attack, the paired differences of the TPR at 1% FPR
+    and of the AUROC (quantizer minus reference, 95% intervals over the same resampled samples)."""
+    rows = [r for r in report["grid"] if not r.get("is_reference") and decision_of(r) is not None]
+    decisions = [decision_of(r) for r in rows]
+    if not rows or all(d is None or d.comparison is None for d in decisions):
+        return None
+    bullets = [
+        f"{code(r['quantizer'])}: **{d.comparison.direction}**: {lit(d.comparison.sentence)}"
+        for r, d in zip(rows, decisions)
+        if d is not None and d.comparison is not None
+    ]
+    attacks = list(dict.fromkeys(x.attack for d in decisions if d and d.comparison for x in d.comparison.per_attack))
+    tables = [
+        Table(
+            [f"Δ {label} vs {report['reference_quantizer']}"] + [r["quantizer"] for r in rows],
+            [[Cell(a, code=True)] + [_difference_cell(r, a, metric) for r in rows] for a in attacks],
+        )
+        for metric, label in (("tpr", "TPR at 1% FPR"), ("auroc", "AUROC"))
+    ]
+    paras = [
+        "Does quantizing leak more, the same or less than shipping full precision? The answer per quantizer compares "
+        "the two cross-fitted strongest attacks on the same runs and samples (paired bootstrap): MORE or LESS when the "
+        "interval of the difference excludes 0, the SAME when it lies within the equivalence margin, else the data "
+        "cannot tell. Below, per attack, the paired differences (quantizer minus reference) with 95% intervals."
+    ]
+    return Section("Compared with full precision", paras, tables, bullets=bullets, anchor="comparison")
+
+
+def rule_bullets(report: dict[str, Any]) -> list[str]:
+    """The release rule's statements as recorded with the decision (what each verdict controls)."""
+    rule = report.get("decision_rule") or {}
+    return [lit(s) for s in rule.get("statements") or []]

@@ -1,0 +1,283 @@
+"""The release decision (docs/science.md section 12): its counts against slow reference loops, its bounds by hand,
+and simulations with known truth that show the error rates the rule claims (false FAIL, false PASS, false MORE)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from sklearn.metrics import roc_auc_score
+
+from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide
+from llmaudit.analyze.decision.bounds import effective_n, samples_factor, wilson
+from llmaudit.analyze.decision.counts import (
+    FP,
+    NEG,
+    POS,
+    TP,
+    calibrated_indicators,
+    empirical_counts,
+    fold_sums,
+    multiplicities,
+    resampled_fold_counts,
+    sample_folds,
+    weighted_auroc,
+)
+from llmaudit.analyze.decision.rule import cross_fit
+from llmaudit.analyze.metrics import tpr_at_fpr
+
+THRESHOLD_1PCT = float(stats.norm.ppf(0.99))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# counts against slow references
+
+
+def _reference_counts(scores, keep, weights, fpr, folds):
+    """The same counts as `empirical_counts`, one resample, target and fold at a time, rows repeated by weight."""
+    n_folds = 1 if folds is None else int(folds.max()) + 1
+    fold_of = np.zeros(scores.shape[1], int) if folds is None else folds
+    train = np.zeros((weights.shape[0], n_folds, 4))
+    test = np.zeros_like(train)
+    for b, w in enumerate(weights.astype(int)):
+        for m in range(scores.shape[0]):
+            ok = np.isfinite(scores[m])
+            for f in range(n_folds):
+                fit = ok & ((fold_of != f) if folds is not None else True)
+                neg = np.repeat(scores[m, fit & ~keep[m]], w[fit & ~keep[m]])
+                if folds is None:  # in-sample: the threshold t (members and non-members count when > t) with the
+                    # most members above it among those with at most fpr of the non-members above it
+                    pos = np.repeat(scores[m, fit & keep[m]], w[fit & keep[m]])
+                    feasible = [
+                        t for t in np.r_[-np.inf, np.unique(scores[m, ok])] if (neg > t).sum() <= fpr * neg.size
+                    ]
+                    thr = min(feasible, key=lambda t: (-(pos > t).sum(), t)) if neg.size else np.inf
+                else:  # held out: the k-th largest, k = floor(fpr * (n + 1))
+                    k = math.floor(fpr * (neg.size + 1) + 1e-9)
+                    thr = np.sort(neg)[::-1][k - 1] if k >= 1 else np.inf
+                parts = [(train, fit), (test, ok & ((fold_of == f) if folds is not None else True))]
+                for out, part in parts:
+                    for idx_above, idx_all, cls in ((TP, POS, keep[m]), (FP, NEG, ~keep[m])):
+                        vals = np.repeat(scores[m, part & cls], w[part & cls])
+                        out[b, f, idx_above] += (vals > thr).sum()
+                        out[b, f, idx_all] += vals.size
+    return train, test
+
+
+@pytest.mark.parametrize("folds", [None, 3])
+def test_empirical_counts_equal_a_slow_reference(folds):
+    rng = np.random.default_rng(0)
+    M, N = 2, 80
+    keep = rng.random((M, N)) < 0.5
+    scores = np.round(rng.normal(size=(M, N)) + 0.8 * keep, 1)  # rounded: ties across classes
+    scores[0, 3] = np.nan
+    weights = multiplicities(N, 6, seed=1)
+    fold_of = None if folds is None else sample_folds(keep.sum(0), folds, seed=2)
+    got_train, got_test = empirical_counts(scores, keep, weights, 0.1, fold_of)
+    want_train, want_test = _reference_counts(scores, keep, weights, 0.1, fold_of)
+    np.testing.assert_allclose(got_train, want_train)
+    np.testing.assert_allclose(got_test, want_test)
+
+
+def test_in_sample_counts_give_tpr_at_fpr_of_the_metrics_module():
+    rng = np.random.default_rng(3)
+    keep = rng.random((1, 500)) < 0.4
+    scores = rng.normal(size=(1, 500)) + keep
+    _, test = empirical_counts(scores, keep, multiplicities(500, 0, seed=0), 0.05, None)
+    tpr, _ = tpr_at_fpr(scores[0], keep[0], 0.05)
+    assert test[0, 0, TP] / test[0, 0, POS] == pytest.approx(tpr)
+    assert test[0, 0, FP] / test[0, 0, NEG] <= 0.05
+
+
+def test_held_out_threshold_is_exceeded_by_fresh_non_members_at_most_fpr():
+    """The conformal quantile: a fresh non-member exceeds the k-th largest of n with probability k / (n + 1)."""
+    rng = np.random.default_rng(4)
+    n, fpr, reps = 199, 0.05, 3000
+    keep = np.zeros((1, n + 1), bool)
+    rates = []
+    for _ in range(reps):
+        scores = rng.normal(size=(1, n + 1))
+        folds = np.r_[np.zeros(n, int), 1]  # fold 1 holds one fresh non-member; its threshold comes from fold 0
+        _, test = empirical_counts(scores, keep, np.ones((1, n + 1)), fpr, folds)
+        rates.append(test[0, 1, FP])
+    k = math.floor(fpr * (n + 1))
+    assert np.mean(rates) == pytest.approx(k / (n + 1), abs=3 * math.sqrt(0.05 * 0.95 / reps))
+    assert k / (n + 1) <= fpr
+
+
+def test_multiplicities_keep_row_zero_observed_and_strata_sizes():
+    strata = np.r_[np.ones(30, bool), np.zeros(70, bool)]
+    w = multiplicities(100, 50, seed=5, strata=strata)
+    assert w.shape == (51, 100) and np.all(w[0] == 1)
+    assert np.all(w[1:, strata].sum(1) == 30) and np.all(w[1:, ~strata].sum(1) == 70)
+    assert np.array_equal(w, multiplicities(100, 50, seed=5, strata=strata))  # seeded
+
+
+def test_calibrated_counts_by_hand():
+    z = np.array([[3.0, 0.0, np.nan], [1.0, 2.5, 0.5]])
+    keep = np.array([[True, False, True], [False, True, True]])
+    ind = calibrated_indicators(z, keep, 2.0)
+    sums = fold_sums(ind, np.array([0, 1]), 2)  # [F, 4, N]
+    counts = resampled_fold_counts(sums[None], np.array([[1.0, 1.0, 1.0], [2.0, 0.0, 1.0]]))  # [B + 1, A, F, 4]
+    # observed: target 0 (fold 0): one member above (sample 0), one member with a score, one non-member, none above
+    assert counts[0, 0, 0].tolist() == [1, 1, 0, 1]
+    # target 1 (fold 1): members 1 (2.5 above) and 2 (0.5 below); non-member 0 below
+    assert counts[0, 0, 1].tolist() == [1, 2, 0, 1]
+    # resample 1: sample 0 twice, sample 1 not at all
+    assert counts[1, 0, 0].tolist() == [2, 2, 0, 0]
+    assert counts[1, 0, 1].tolist() == [0, 1, 0, 2]
+
+
+def test_cross_fit_chooses_on_the_other_folds_and_measures_on_its_own():
+    # 2 attacks, 2 folds. Attack 0 looks best when fold 1 is held out (train = fold 0), attack 1 when fold 0 is.
+    train = np.zeros((1, 2, 2, 4))
+    test = np.zeros((1, 2, 2, 4))
+    train[0, 0, 0] = [9, 10, 0, 10]  # attack 0 on the complement of fold 0: 0.9
+    train[0, 1, 0] = [1, 10, 0, 10]
+    train[0, 0, 1] = [1, 10, 0, 10]
+    train[0, 1, 1] = [9, 10, 0, 10]  # attack 1 on the complement of fold 1: 0.9
+    test[0, 0, 0] = [2, 10, 1, 50]  # measured: attack 0 on fold 0
+    test[0, 1, 1] = [3, 10, 0, 50]  # attack 1 on fold 1
+    test[0, 1, 0] = [10, 10, 0, 50]  # never picked for fold 0: must not count
+    tpr, fpr, picked, pooled = cross_fit(train, test)
+    assert picked[0].tolist() == [0, 1]
+    assert tpr[0] == pytest.approx(5 / 20) and fpr[0] == pytest.approx(1 / 100)
+    assert pooled[0].tolist() == [5, 20, 1, 100]
+
+
+def test_wilson_and_effective_n_by_hand():
+    lo, hi = wilson(0.1, 100, 1.959964)
+    assert lo == pytest.approx(0.05522, abs=1e-4) and hi == pytest.approx(0.17436, abs=1e-4)
+    assert wilson(0.0, 384, 2.0)[1] == pytest.approx(4 / (384 + 4))  # z^2 / (n + z^2) at p = 0
+    assert effective_n(0.1, 0.03, 1000) == pytest.approx(100)  # 0.09 / 0.0009
+    assert effective_n(0.0, 0.03, 1000) == 1000 and effective_n(0.1, 0.0, 1000) == 1000
+    assert samples_factor(0.02, 0.01) == pytest.approx(4.0) and samples_factor(0.02, -0.01) is None
+
+
+def test_weighted_auroc_equals_sklearn_and_repetition():
+    rng = np.random.default_rng(6)
+    scores = np.round(rng.normal(size=200), 1)
+    labels = rng.random(200) < 0.3
+    unit = np.arange(200) % 100  # two rows per sample
+    w = np.ones((2, 100))
+    w[1, :10] = 3.0
+    got = weighted_auroc(scores, labels, unit, w)
+    assert got[0] == pytest.approx(roc_auc_score(labels, scores))
+    rep = np.repeat(np.arange(200), w[1][unit].astype(int))
+    assert got[1] == pytest.approx(roc_auc_score(labels[rep], scores[rep]))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# simulations with known truth
+
+
+def _calibrated(rng, tprs, *, M=6, N=256, frac=0.25, rho=0.5, tau=0.3, base=None):
+    """Per-sample calibrated scores of len(tprs) correlated attacks with the given true TPRs at 1% FPR: a non-member's
+    z is N(0, 1) (a sample effect tau, an effect shared by the attacks rho), a member's is shifted by
+    Phi^-1(0.99) - Phi^-1(1 - tpr). `base`: (keep, noise) of a reference quantizer to pair with."""
+    if base is None:
+        keep = np.zeros((M, N), bool)
+        for m in range(M):
+            keep[m, rng.choice(N, int(frac * N), replace=False)] = True
+        noise = [
+            np.sqrt(tau) * rng.normal(size=N) + np.sqrt(1 - tau) * rng.normal(size=(M, N)) for _ in range(len(tprs) + 1)
+        ]
+    else:
+        keep, noise = base
+    scores = {}
+    for a, t in enumerate(tprs):
+        shift = THRESHOLD_1PCT - stats.norm.ppf(1 - t)
+        scores[f"a{a}"] = np.sqrt(rho) * noise[-1] + np.sqrt(1 - rho) * noise[a] + shift * keep
+    ids = [str(i) for i in range(keep.shape[1])]
+    ev = QuantizerEvidence("q", "calibrated", ids, keep, scores, dict.fromkeys(scores, THRESHOLD_1PCT))
+    return ev, (keep, noise)
+
+
+def _rates(make, reps, settings, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {"PASS": 0, "FAIL": 0, "INCONCLUSIVE": 0, "NOT MEASURED": 0, "old_fail": 0}
+    for _ in range(reps):
+        d = decide({"q": make(rng)}, None, settings).per_quantizer["q"]
+        out[d.status] += 1
+        out["old_fail"] += d.in_sample_max.value > settings.limit  # the rule before: any estimate above the limit
+    return {k: v / reps for k, v in out.items()}
+
+
+MC = 0.035  # allowance for Monte-Carlo error: about 2.3 standard errors of a 5% rate over 400 repetitions
+
+
+def test_false_fail_rate_at_the_limit_is_at_most_alpha_where_the_old_rule_fails_almost_always():
+    """16 correlated attacks whose true TPR at 1% FPR all equal the limit (the worst case of choosing the strongest
+    on the data it is judged on): the cross-fitted rule FAILs at most alpha of the time."""
+    s = DecisionSettings(resamples=300)
+    r = _rates(lambda rng: _calibrated(rng, [0.05] * 16)[0], 400, s)
+    assert r["FAIL"] <= 0.05 + MC
+    assert r["old_fail"] >= 0.9
+
+
+def test_false_pass_rate_with_one_attack_at_the_limit_is_at_most_alpha():
+    s = DecisionSettings(resamples=300)
+    r = _rates(lambda rng: _calibrated(rng, [0.05] + [0.01] * 15)[0], 400, s, seed=1)
+    assert r["PASS"] <= 0.05 + MC
+
+
+def test_no_leakage_never_fails_and_clear_leakage_fails():
+    s = DecisionSettings(resamples=300)
+    null = _rates(lambda rng: _calibrated(rng, [0.01] * 16)[0], 100, s, seed=2)
+    assert null["FAIL"] == 0
+    # PASS needs every one of 16 simultaneous upper bounds below 0.05: 384 member rows (the verdict recipe's size)
+    # often cannot show that for attacks at chance (about a third of the audits PASS); four times the samples can
+    big = _rates(lambda rng: _calibrated(rng, [0.01] * 16, N=1024)[0], 30, s, seed=2)
+    assert 0.1 <= null["PASS"] <= 0.7 and big["PASS"] >= 0.9 and big["FAIL"] == 0
+    leaky = _rates(lambda rng: _calibrated(rng, [0.2] + [0.01] * 15)[0], 50, s, seed=3)
+    assert leaky["FAIL"] >= 0.95
+
+
+def _empirical(rng, tprs, n_mem=600, n_non=1000, rho=0.5):
+    N = n_mem + n_non
+    keep = np.zeros((1, N), bool)
+    keep[0, :n_mem] = True
+    shared = rng.normal(size=(1, N))
+    scores = {
+        f"a{a}": np.sqrt(rho) * shared
+        + np.sqrt(1 - rho) * rng.normal(size=(1, N))
+        + (THRESHOLD_1PCT - stats.norm.ppf(1 - t)) * keep
+        for a, t in enumerate(tprs)
+    }
+    return QuantizerEvidence("q", "empirical", [str(i) for i in range(N)], keep, scores)
+
+
+@pytest.mark.slow
+def test_single_target_false_fail_rate_at_the_limit_is_at_most_alpha():
+    """One target model judged on its own held-out non-members (empirical thresholds, folds of samples)."""
+    s = DecisionSettings(resamples=200)
+    r = _rates(lambda rng: _empirical(rng, [0.05] * 8), 200, s, seed=4)
+    assert r["FAIL"] <= 0.05 + 0.045  # 200 repetitions: about 3 standard errors
+    assert r["old_fail"] >= 0.7
+
+
+def _paired(rng, shift_more: float):
+    """A reference and a quantizer whose scores are the reference's plus small quantization noise; with shift_more
+    > 0 the quantizer's members score higher by that much (it leaks more)."""
+    ref, base = _calibrated(rng, [0.05] * 4)
+    keep, _ = base
+    q_scores = {k: v + 0.15 * rng.normal(size=v.shape) + shift_more * keep for k, v in ref.scores.items()}
+    q = QuantizerEvidence("q", "calibrated", ref.sample_ids, keep, q_scores, dict(ref.thresholds))
+    return {
+        "ref": QuantizerEvidence("ref", "calibrated", ref.sample_ids, keep, ref.scores, dict(ref.thresholds)),
+        "q": q,
+    }
+
+
+def test_comparison_with_full_precision_controls_false_more_and_finds_a_planted_difference():
+    s = DecisionSettings(resamples=300)
+    rng = np.random.default_rng(5)
+    same = [decide(_paired(rng, 0.0), "ref", s).per_quantizer["q"].comparison.direction for _ in range(200)]
+    assert same.count("MORE") / 200 <= 0.05 + 0.045 and same.count("LESS") / 200 <= 0.05 + 0.045
+    more = [decide(_paired(rng, 0.6), "ref", s).per_quantizer["q"] for _ in range(30)]
+    assert sum(d.comparison.direction == "MORE" for d in more) >= 27
+    assert all(d.comparison.difference.value > 0 for d in more)
+    ref_itself = decide(_paired(rng, 0.0), "ref", s).per_quantizer["ref"].comparison
+    assert ref_itself.direction == "SAME" and ref_itself.difference.value == 0.0
