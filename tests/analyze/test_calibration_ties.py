@@ -58,3 +58,66 @@ def test_tied_references_keep_their_non_members_in_the_calibrated_count():
     assert res["tpr_at_fpr"]["0.01"]["realised_fpr"] <= 0.03
     old = leave_one_out(lira_offline, scores, keep, None)
     assert np.isnan(old[usable]).mean() > 0.2  # the default rule drops the tied samples
+
+
+# ------------------------------------------------------------------------------------------ rounding ties
+
+
+def test_equal_losses_give_a_reference_score_of_exactly_zero_whatever_the_number_of_references():
+    """The mean of k copies of x need not be x in floating point ((0.1 + 0.1 + 0.1) / 3 - 0.1 = 1.4e-17), and k
+    (a sample's OUT references) depends on membership: a difference within rounding must be 0."""
+    from llmaudit.analyze.attacks.text import ref_score
+
+    for x in (0.1, 0.7, 1 / 3, 2.718281828459045, 13.37):
+        for k in range(1, 12):
+            refs = np.full((k, 1), x)
+            assert ref_score(np.array([x]), refs)[0] == 0.0, (x, k)
+    assert ref_score(np.array([1.0]), np.array([[1.0 + 1e-9]]))[0] != 0.0  # a real difference stays
+
+
+def test_a_component_constant_but_for_rounding_adds_nothing_to_a_combination():
+    from llmaudit.analyze.attacks.text import combine_scores
+
+    x = 0.1
+    rounding = np.array([[x, (x + x + x) / 3, x, np.nextafter(x, 1.0)]])  # 0.1 but for the last bit
+    signal = np.array([[1.0, 2.0, 3.0, 4.0]])
+    combined = combine_scores(signal, rounding, axis=1)
+    np.testing.assert_allclose(combined, combine_scores(signal, axis=1))
+
+
+def test_references_equal_but_for_rounding_are_ties_for_the_calibration():
+    x = 0.1
+    scores = np.array([[x, x], [x, x + 1e-17], [(x + x + x) / 3, x], [x, x]])  # one model per row
+    keep = np.zeros((4, 2), dtype=bool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LiraWarning)
+        assert np.isnan(lira_offline(scores, keep, 0)).all()  # zero spread: NaN by default
+        z = lira_offline(scores, keep, 0, zero_spread="pooled")
+    assert (z == 0.0).all()  # every sample tied, the target ties too: no evidence either way
+
+
+def test_runs_with_identical_losses_leak_nothing_whatever_their_membership():
+    """The artefact of a fine-tune that learned nothing (quantization erased the update, every run scores the
+    pool identically): per-sample calibration of ref-based combinations turned the rounding of means over a
+    membership-dependent number of references into a 'TPR' of 0.06-0.09 at 1% FPR. Now no attack finds anything."""
+    from llmaudit.analyze.attacks.evaluate import run_attacks
+    from llmaudit.store.losstable import validate_loss_table
+
+    rng = np.random.default_rng(3)
+    n_runs, n_samples, n_tokens = 8, 300, 6
+    keep = rng.random((n_runs, n_samples)) < 0.5
+    tokens = rng.uniform(0.05, 4.0, (n_samples, n_tokens))
+    import pandas as pd
+
+    rows = [
+        dict(run=r, checkpoint=1, quantizer="q", sample_id=f"s{j:04d}", split="pool", member=bool(keep[r, j]),
+             loss=float(tokens[j].mean()), n_tokens=n_tokens, token_losses=tokens[j].copy())
+        for r in range(n_runs) for j in range(n_samples)
+    ]  # fmt: skip
+    res = run_attacks(
+        validate_loss_table(pd.DataFrame(rows)), attacks=("loss", "ref", "loss+ref", "lira_offline"), n_boot=0
+    )
+    for name, entry in res["quantizers"]["q"]["attacks"].items():
+        calibrated = entry.get("pooled_calibrated")
+        if calibrated is not None:
+            assert calibrated["tpr_at_fpr"]["0.01"]["tpr"] == 0.0, name

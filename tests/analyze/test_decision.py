@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
+from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide
 from llmaudit.analyze.decision.bounds import effective_n, samples_factor, wilson
 from llmaudit.analyze.decision.counts import (
@@ -27,6 +29,7 @@ from llmaudit.analyze.decision.counts import (
 )
 from llmaudit.analyze.decision.rule import cross_fit
 from llmaudit.analyze.metrics import tpr_at_fpr
+from llmaudit.store.losstable import validate_loss_table
 
 THRESHOLD_1PCT = float(stats.norm.ppf(0.99))
 
@@ -281,3 +284,49 @@ def test_comparison_with_full_precision_controls_false_more_and_finds_a_planted_
     assert all(d.comparison.difference.value > 0 for d in more)
     ref_itself = decide(_paired(rng, 0.0), "ref", s).per_quantizer["ref"].comparison
     assert ref_itself.direction == "SAME" and ref_itself.difference.value == 0.0
+
+
+def _store_table(rng, *, n_runs=6, n_samples=400, n_tokens=8, planted=0.25):
+    """A loss table of a store: full precision "fp", "q-same" = fp's token losses plus quantization noise, and
+    "q-more" = the same plus a further drop of its members' losses by `planted` nats (it leaks more)."""
+    difficulty = rng.uniform(1.0, 3.0, n_samples)
+    keep = np.zeros((n_runs, n_samples), bool)
+    for r in range(n_runs):
+        keep[r, rng.choice(n_samples, n_samples // 4, replace=False)] = True
+    rows = []
+    for run in range(n_runs):
+        for j in range(n_samples):
+            member = bool(keep[run, j])
+            fp = np.abs(rng.normal(difficulty[j] - 0.3 * member, 0.5, n_tokens))
+            noise = rng.normal(0, 0.02, n_tokens)
+            for q, tl in (
+                ("fp32", fp),
+                ("q-same", np.abs(fp + noise)),
+                ("q-more", np.abs(fp + noise - planted * member)),
+            ):
+                rows.append(
+                    dict(run=run, checkpoint=1, quantizer=q, sample_id=f"s{j:04d}", split="pool", member=member,
+                         loss=float(tl.mean()), n_tokens=n_tokens, token_losses=tl)
+                )  # fmt: skip
+    return validate_loss_table(pd.DataFrame(rows))
+
+
+@pytest.mark.slow
+def test_a_planted_difference_in_a_store_is_found_as_more_and_an_unshifted_quantizer_is_not():
+    df = _store_table(np.random.default_rng(7))
+    res = run_attacks(
+        df,
+        attacks=("loss", "ref", "lira_offline"),
+        n_boot=0,
+        reference_quantizer="fp32",
+        decision=DecisionSettings(resamples=300),
+    )
+    per_q = res["decision"]["per_quantizer"]
+    assert res["decision"]["rule"]["mode"] == "calibrated"
+    more, same = per_q["q-more"]["comparison"], per_q["q-same"]["comparison"]
+    assert more["direction"] == "MORE" and more["difference"]["low"] > 0
+    assert same["direction"] in ("SAME", "CANNOT TELL") and same["difference"]["low"] <= 0 <= same["difference"]["high"]
+    assert per_q["fp32"]["comparison"]["direction"] == "SAME"  # the reference against itself: difference 0
+    # the per-attack paired differences point the same way for the planted quantizer
+    loss_tpr = next(d for d in more["per_attack"] if d["attack"] == "loss" and d["metric"] == "auroc")
+    assert loss_tpr["estimate"]["value"] > 0

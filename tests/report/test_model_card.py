@@ -233,6 +233,9 @@ def test_recommendation_paragraph_when_the_best_candidate_is_not_cleared():
         "To decide it: about 2.2x the audited samples would clear PASS if the estimates hold: a pool of 576 records "
         "instead of 256 (data.pool_size=576; `llmaudit plan RECIPE data.pool_size=576` prices it)." in text
     )
+    provenance = PROVENANCE | {"run_dir": "llmaudit-out/demo-cpu"}
+    text = explain_recommendation(rec, release_checklist(grid, TH), grid, provenance)
+    assert "`llmaudit plan llmaudit-out/demo-cpu/config.yaml data.pool_size=576` prices it" in text
     assert "Runner-up: fp, which lost on its verdict: FAIL against INCONCLUSIVE." in text
 
 

@@ -14,6 +14,20 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+ROUNDING_ULPS = 8
+"""A spread within this many units in the last place (float64) of the values it is computed from is rounding, not
+variation: scores equal but for the rounding of a mean (k copies of x summed and divided by k need not give x
+back) are ties. Without this rule the membership-dependent NUMBER of references a mean runs over turns rounding
+noise into a score that a per-sample standardisation amplifies to unit scale (docs/science.md section 4, ties)."""
+
+
+def rounding_tolerance(values, mask=None, axis: int = 0) -> np.ndarray:
+    """ROUNDING_ULPS * eps * max |values| along `axis` over the finite (and `mask`ed) entries: the spread below
+    which the values are equal but for floating-point rounding (0 where there are none)."""
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    keep = np.isfinite(v) if mask is None else (np.isfinite(v) & np.asarray(mask, bool))
+    return ROUNDING_ULPS * np.finfo(np.float64).eps * np.where(keep, v, 0.0).max(axis=axis)
+
 
 def finite_values(values) -> np.ndarray:
     """The finite entries of `values` as a flat float64 array (NaN and +-inf dropped)."""

@@ -215,6 +215,17 @@ def _decision_rows(row: dict[str, Any], a: dict[str, Any]) -> list[tuple[str, st
                 d.comparison.direction,
             )
         )
+    if d is not None and d.loss_gap is not None and d.loss_gap.value is not None:
+        g = d.loss_gap
+        span = "" if g.low is None or g.high is None else f" [{fmt_num(g.low, 4)}, {fmt_num(g.high, 4)}]"
+        rows.append(
+            (
+                "loss of non-members minus members, nats per token (the difference behind the TPR)",
+                f"{fmt_num(g.value, 4)}{span}",
+                "",
+                "",
+            )
+        )
     top = a.get("in_sample_max") or {}
     if top.get("attack"):
         rows.append(

@@ -100,7 +100,11 @@ def size_phrase(size: dict[str, Any] | SizeNeeded | None, provenance: dict[str, 
     pool = membership.get("pool_size")
     if pool and provenance.get("origin") != "import":
         new = int(math.ceil(pool * size.factor))
-        return f"{size.sentence}: a pool of {new} records instead of {pool} (data.pool_size={new}; `llmaudit plan RECIPE data.pool_size={new}` prices it)"
+        recipe = f"{provenance['run_dir']}/config.yaml" if provenance.get("run_dir") else "RECIPE"
+        return (
+            f"{size.sentence}: a pool of {new} records instead of {pool} (data.pool_size={new}; "
+            f"`llmaudit plan {recipe} data.pool_size={new}` prices it)"
+        )
     if pool:
         return (
             f"{size.sentence}: about {int(math.ceil(pool * size.factor))} audited records instead of {pool}, members "

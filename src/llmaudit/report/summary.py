@@ -25,6 +25,7 @@ class SummaryRow:
     strongest: str
     strongest_interval: str
     in_sample_max: str
+    loss_gap: str
     loss_change: str
     kl: str
 
@@ -56,6 +57,15 @@ def _strongest(row: dict[str, Any], attack_crit: dict[str, Any]) -> tuple[str, s
     return shown, _interval(ci[0], ci[1]), biased
 
 
+def _gap(row: dict[str, Any]) -> str:
+    """The member / non-member loss gap behind the TPR, nats per token with its interval."""
+    d = decision_of(row)
+    e = None if d is None else d.loss_gap
+    if e is None or e.value is None:
+        return "n/a"
+    return f"{fmt_num(e.value, 4)} {_interval(e.low, e.high)}".strip()
+
+
 def summary_rows(report: dict[str, Any]) -> list[SummaryRow]:
     """One SummaryRow per quantizer, in the report's grid order (full precision first)."""
     rec = (report.get("recommendation") or {}).get("quantizer")
@@ -79,6 +89,7 @@ def summary_rows(report: dict[str, Any]) -> list[SummaryRow]:
                 strongest=strongest,
                 strongest_interval=interval,
                 in_sample_max=biased,
+                loss_gap=_gap(r),
                 loss_change=f"{fmt_pct(u['relative_change'])}{fmt_pct_ci(u['relative_change_ci'])}",
                 kl="n/a" if kl is None else fmt_num(kl, 4),
             )
@@ -110,6 +121,7 @@ def leakage_statement(report: dict[str, Any]) -> str:
     return (
         f"Strongest attack: TPR at {rule['fpr']:.0%} FPR, chosen on other folds and measured on each (cross-fitting), "
         f"{100 * (1 - 2 * rule['alpha']):.0f}% interval, on {mode}; limit {rule['limit']:g}. In-sample maximum: "
-        f"the highest attack on the data it was chosen on (selection-biased upward). Against full precision: paired "
+        f"the highest attack on the data it was chosen on (selection-biased upward). Loss gap: mean loss of "
+        f"non-members minus members in nats per token, the difference behind the TPR. Against full precision: paired "
         f"difference of the strongest attacks, SAME within +-{rule['margin']:g}."
     )

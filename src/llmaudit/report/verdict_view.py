@@ -16,6 +16,7 @@ SUMMARY_HEADER = [
     "vs full precision",
     "strongest attack, TPR at 1% FPR (cross-fitted)",
     "in-sample max (selection-biased)",
+    "loss gap non-members - members (nats)",
     "Δ val loss",
     "KL vs ref",
 ]
@@ -35,6 +36,7 @@ def summary_table(report: dict[str, Any]) -> Table:
                 Cell(s.vs_full_precision, s.vs_detail),
                 Cell(s.strongest, s.strongest_interval),
                 Cell(s.in_sample_max),
+                Cell(s.loss_gap),
                 Cell(s.loss_change),
                 Cell(s.kl),
             ]

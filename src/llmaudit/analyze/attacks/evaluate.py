@@ -354,9 +354,18 @@ class _EvidenceBuilder:
         else:
             self.unjudged[attack] = entry["not_measured"]["pooled_calibrated"]
 
+    loss: np.ndarray | None = None
+
     def evidence(self) -> QuantizerEvidence:
         return QuantizerEvidence(
-            self.quantizer, self.mode, self.samples, self.keep, self.scores, self.thresholds, self.unjudged
+            self.quantizer,
+            self.mode,
+            self.samples,
+            self.keep,
+            self.scores,
+            self.thresholds,
+            self.unjudged,
+            self.loss,
         )
 
 
@@ -382,7 +391,7 @@ def attack_quantizer(
     builder = None
     if decision is not None:
         mode = decision_mode(int(t.runs.size), decision.min_runs)
-        builder = _EvidenceBuilder(quantizer, mode, list(t.samples), t.keep, decision.fpr, s.t_cutoff)
+        builder = _EvidenceBuilder(quantizer, mode, list(t.samples), t.keep, decision.fpr, s.t_cutoff, loss=t.loss)
     results: dict = {}
     for attack in s.attacks:
         if attack not in matrices:

@@ -7,6 +7,8 @@ import warnings
 import numpy as np
 from scipy import stats
 
+from llmaudit.common.stats import ROUNDING_ULPS, rounding_tolerance
+
 STATISTICS = ("logit", "neg_loss")
 
 VARIANCES = ("per_sample", "global")
@@ -71,14 +73,21 @@ def _check_lira(scores, keep, target) -> tuple[np.ndarray, np.ndarray, int]:
     return scores, keep, target % scores.shape[0]
 
 
+def _squared_deviations(scores, mask):
+    """(n, mean, sum of squared deviations) of scores[mask] per column, deviations within rounding counted as 0."""
+    n = mask.sum(0)
+    mu = np.where(mask, scores, 0.0).sum(0) / np.maximum(n, 1)
+    dev = np.where(mask, scores - mu, 0.0)
+    dev = np.where(np.abs(dev) <= rounding_tolerance(scores, mask), 0.0, dev)
+    return n, mu, (dev**2).sum(0)
+
+
 def _gaussian_fit(scores, mask, variance: str, fpc_value, min_refs: int):
-    """Mean and sd of scores[mask] per column; per-sample or pooled (global) variance; var / fpc."""
+    """Mean and sd of scores[mask] per column; per-sample or pooled (global) variance; var / fpc. Deviations within
+    rounding of the values are 0 (`rounding_tolerance`): references equal but for rounding have zero spread."""
     if variance not in VARIANCES:
         raise ValueError(f"variance must be one of {VARIANCES}; got {variance!r}.")
-    n = mask.sum(0)
-    safe_n = np.maximum(n, 1)
-    mu = np.where(mask, scores, 0.0).sum(0) / safe_n
-    sq = np.where(mask, (scores - mu) ** 2, 0.0).sum(0)
+    n, mu, sq = _squared_deviations(scores, mask)
     if variance == "per_sample":
         with np.errstate(invalid="ignore", divide="ignore"):
             var = np.where(n >= 2, sq / np.maximum(n - 1, 1), np.nan)
@@ -109,8 +118,7 @@ def _zero_spread_pooled(scores, refs, mu, sd, n, fpc_value, min_out: int):
     """mu, sd with every zero-spread sample (n >= min_out, sd == 0) given the pooled within-sample sd, and
     the samples still without a usable sd (the pooled sd is zero too: every sample tied) given sd = inf where
     the target equals its references (z = 0, no evidence either way)."""
-    raw_mu = np.where(refs, scores, 0.0).sum(0) / np.maximum(n, 1)
-    sq = np.where(refs, (scores - raw_mu) ** 2, 0.0).sum(0)
+    _, raw_mu, sq = _squared_deviations(scores, refs)
     dof = np.maximum(n - 1, 0)
     pooled = sq.sum() / dof.sum() if dof.sum() > 0 else 0.0
     if fpc_value is not None:
@@ -158,7 +166,9 @@ def lira_offline(
     with np.errstate(invalid="ignore"):
         z = (scores[target] - mu) / sd
     if zero_spread == "pooled":  # sd = inf (everything tied): 0 where the target ties too, else no evidence
-        z = np.where(np.isinf(sd) & (scores[target] != mu), np.nan, z)
+        tol = np.maximum(rounding_tolerance(scores, refs), ROUNDING_ULPS * np.finfo(np.float64).eps * np.abs(mu))
+        ties = np.abs(scores[target] - mu) <= tol
+        z = np.where(np.isinf(sd), np.where(ties, 0.0, np.nan), z)
     n_nan = int(np.isnan(z).sum())
     if n_nan:
         warnings.warn(

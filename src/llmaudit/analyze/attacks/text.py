@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from llmaudit.common.stats import ROUNDING_ULPS, rounding_tolerance
+
 TEXT_ATTACKS = ("loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref", "loss+zlib+ref")
 
 
@@ -91,14 +93,19 @@ def ref_score(target_loss, reference_losses, reference_mask=None) -> np.ndarray:
     n = mask.sum(0)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_ref = np.where(n > 0, np.where(mask, refs, 0.0).sum(0) / n, np.nan)
-    return -(target - mean_ref)
+    diff = target - mean_ref
+    # equal losses give exactly 0: the mean of k equal losses can differ from them by rounding, and k (the
+    # references a sample has) depends on membership (docs/science.md section 4, ties)
+    tol = ROUNDING_ULPS * np.finfo(np.float64).eps * np.maximum(np.abs(target), np.abs(mean_ref))
+    return -np.where(np.abs(diff) <= tol, 0.0, diff)
 
 
 def combine_scores(*components, axis: int = -1) -> np.ndarray:
     """Equal-weight combination: z-score each component along `axis` (the samples), then sum.
 
     components: arrays of the same shape, e.g. [M, N] with axis=-1 (z-scored per target model over its
-    samples). NaN entries are ignored in the mean and sd and stay NaN in the sum."""
+    samples). NaN entries are ignored in the mean and sd and stay NaN in the sum. A component constant but for
+    rounding along `axis` (sd within ROUNDING_ULPS of its values) contributes 0 instead of amplified rounding."""
     if not components:
         raise ValueError("combine_scores needs at least one component.")
     total = 0.0
@@ -106,5 +113,6 @@ def combine_scores(*components, axis: int = -1) -> np.ndarray:
         comp = np.asarray(comp, dtype=np.float64)
         mu = np.nanmean(comp, axis=axis, keepdims=True)
         sd = np.nanstd(comp, axis=axis, keepdims=True)
-        total = total + (comp - mu) / np.where(sd > 0, sd, 1.0)
+        constant = sd <= np.expand_dims(rounding_tolerance(comp, axis=axis), axis)  # constant but for rounding: 0
+        total = total + np.where(constant, 0.0, (comp - mu) / np.where(constant, 1.0, sd))
     return total

@@ -108,6 +108,9 @@ class QuantizerDecision(_Model):
     size_needed: SizeNeeded | None
     run_to_run_covered: bool
     n_targets: int
+    loss_gap: Estimate | None = None
+    """Mean loss of non-members minus members (nats per token, pooled over the targets, 95% interval over samples):
+    how large the difference behind the TPR is, so that a TPR from a microscopic difference can be judged."""
 
 
 class DecisionRule(_Model):
