@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llmaudit.analyze.attacks.evaluate import leave_one_out
-from llmaudit.analyze.attacks.lira import LiraWarning, lira_offline
+from llmaudit.analyze.attacks.lira import LiraWarning, lira_offline, out_reference_counts
 from llmaudit.analyze.metrics import pooled_calibrated
 
 KEEP = np.zeros((4, 2), dtype=bool)  # every sample OUT everywhere; target 0, references = models 1..3
@@ -50,11 +50,11 @@ def test_tied_references_keep_their_non_members_in_the_calibrated_count():
     scores = np.where(rng.random((m, n)) < 0.7, 1.0, rng.random((m, n)))  # 70% of scores tie at 1.0
     scores = np.where(keep, scores + 3.0, scores)  # members score far above every non-member
     z = leave_one_out(lira_offline, scores, keep, None, zero_spread="pooled")
-    n_ref = (~keep).sum(0)[None, :] - (~keep).astype(int)
+    n_ref = out_reference_counts(keep)
     usable = n_ref >= 2
     assert np.isfinite(z[usable]).all()
     res = pooled_calibrated(z, keep, (0.01,), n_ref)
-    assert res["tpr_at_fpr"]["0.01"]["tpr"] > 0.75  # Student-t thresholds where a sample has few references
+    assert res["tpr_at_fpr"]["0.01"]["tpr"] > 0.5  # Student-t thresholds at a sample's few (balanced) references
     assert res["tpr_at_fpr"]["0.01"]["realised_fpr"] <= 0.03
     old = leave_one_out(lira_offline, scores, keep, None)
     assert np.isnan(old[usable]).mean() > 0.2  # the default rule drops the tied samples
@@ -121,3 +121,27 @@ def test_runs_with_identical_losses_leak_nothing_whatever_their_membership():
         calibrated = entry.get("pooled_calibrated")
         if calibrated is not None:
             assert calibrated["tpr_at_fpr"]["0.01"]["tpr"] == 0.0, name
+
+
+def test_balanced_references_give_members_and_non_members_the_same_calibration_under_the_null():
+    """Scores that do not depend on membership but are not Gaussian (a few discrete values, like losses that
+    differ only by float32 rounding between runs): with as many references for a member of the target as for a
+    non-member, both classes are equally often above the calibrated threshold. With one OUT reference more for
+    members (the unbalanced design) their Student-t threshold is lower and members were 'detected' far more."""
+    from llmaudit.analyze.attacks.lira import balanced_references
+    from llmaudit.analyze.metrics import calibrated_threshold
+
+    rng = np.random.default_rng(11)
+    m, n = 8, 4000
+    keep = rng.random((m, n)) < 0.5
+    scores = rng.integers(0, 3, (m, n)).astype(float) * 1e-7 + 2.0  # three values, independent of membership
+    z = leave_one_out(lira_offline, scores, keep, None, zero_spread="pooled")
+    thr = calibrated_threshold(0.01, out_reference_counts(keep))
+    above = np.isfinite(z) & (z >= thr)
+    hit_members = above[keep & np.isfinite(z)].mean()
+    hit_non = above[~keep & np.isfinite(z)].mean()
+    assert abs(hit_members - hit_non) < 0.01, (hit_members, hit_non)
+    out_refs, in_refs = balanced_references(keep, 3)
+    counts = out_refs.sum(0)
+    assert (counts == np.maximum((~keep).sum(0) - 1, 0)).all() and not out_refs[3].any() and not in_refs[3].any()
+    assert (in_refs.sum(0) == np.maximum(keep.sum(0) - 1, 0)).all()

@@ -19,11 +19,9 @@ from llmaudit.analyze.decision.counts import (
     NEG,
     POS,
     TP,
-    calibrated_indicators,
     empirical_counts,
-    fold_sums,
     multiplicities,
-    resampled_fold_counts,
+    pooled_counts,
     sample_folds,
     weighted_auroc,
 )
@@ -118,19 +116,37 @@ def test_multiplicities_keep_row_zero_observed_and_strata_sizes():
     assert np.array_equal(w, multiplicities(100, 50, seed=5, strata=strata))  # seeded
 
 
-def test_calibrated_counts_by_hand():
-    z = np.array([[3.0, 0.0, np.nan], [1.0, 2.5, 0.5]])
-    keep = np.array([[True, False, True], [False, True, True]])
-    ind = calibrated_indicators(z, keep, 2.0)
-    sums = fold_sums(ind, np.array([0, 1]), 2)  # [F, 4, N]
-    counts = resampled_fold_counts(sums[None], np.array([[1.0, 1.0, 1.0], [2.0, 0.0, 1.0]]))  # [B + 1, A, F, 4]
-    # observed: target 0 (fold 0): one member above (sample 0), one member with a score, one non-member, none above
-    assert counts[0, 0, 0].tolist() == [1, 1, 0, 1]
-    # target 1 (fold 1): members 1 (2.5 above) and 2 (0.5 below); non-member 0 below
-    assert counts[0, 0, 1].tolist() == [1, 2, 0, 1]
-    # resample 1: sample 0 twice, sample 1 not at all
-    assert counts[1, 0, 0].tolist() == [2, 2, 0, 0]
-    assert counts[1, 0, 1].tolist() == [0, 1, 0, 2]
+@pytest.mark.parametrize("folded", [False, True])
+def test_pooled_counts_equal_a_slow_reference(folded):
+    """Calibrated scores pooled over targets: one threshold from the non-member rows of the OTHER targets' folds."""
+    rng = np.random.default_rng(8)
+    M, N = 5, 40
+    keep = rng.random((M, N)) < 0.4
+    z = np.round(rng.normal(size=(M, N)) + keep, 1)
+    z[2, 5] = np.nan
+    weights = multiplicities(N, 4, seed=9)
+    fold_of_target = np.array([0, 1, 2, 0, 1]) if folded else None
+    got_train, got_test = pooled_counts(z, keep, weights, 0.1, fold_of_target)
+    folds = np.zeros(M, int) if fold_of_target is None else fold_of_target
+    for b, w in enumerate(weights.astype(int)):
+        for f in range(int(folds.max()) + 1):
+            fit = (folds != f) if folded else np.ones(M, bool)
+
+            def rows(targets, cls, w=w):
+                picked = [cls[m] & np.isfinite(z[m]) for m in range(M)]
+                return np.concatenate([np.repeat(z[m, picked[m]], w[picked[m]]) for m in np.flatnonzero(targets)])
+
+            neg = rows(fit, ~keep)
+            if folded:
+                k = math.floor(0.1 * (neg.size + 1) + 1e-9)
+                thr = np.sort(neg)[::-1][k - 1] if k >= 1 else np.inf
+            else:
+                pos_all = rows(fit, keep)
+                cands = [t for t in np.r_[-np.inf, np.unique(z[np.isfinite(z)])] if (neg > t).sum() <= 0.1 * neg.size]
+                thr = min(cands, key=lambda t: (-(pos_all > t).sum(), t))
+            for got, targets in ((got_train, fit), (got_test, (folds == f) if folded else fit)):
+                pos, negs = rows(targets, keep), rows(targets, ~keep)
+                assert got[b, f].tolist() == [(pos > thr).sum(), pos.size, (negs > thr).sum(), negs.size]
 
 
 def test_cross_fit_chooses_on_the_other_folds_and_measures_on_its_own():
@@ -179,7 +195,8 @@ def test_weighted_auroc_equals_sklearn_and_repetition():
 def _calibrated(rng, tprs, *, M=6, N=256, frac=0.25, rho=0.5, tau=0.3, base=None):
     """Per-sample calibrated scores of len(tprs) correlated attacks with the given true TPRs at 1% FPR: a non-member's
     z is N(0, 1) (a sample effect tau, an effect shared by the attacks rho), a member's is shifted by
-    Phi^-1(0.99) - Phi^-1(1 - tpr). `base`: (keep, noise) of a reference quantizer to pair with."""
+    Phi^-1(0.99) - Phi^-1(1 - tpr), so that its TPR at the threshold where non-members are above 1% of the time
+    is tpr. `base`: (keep, noise) of a reference quantizer to pair with."""
     if base is None:
         keep = np.zeros((M, N), bool)
         for m in range(M):
@@ -194,8 +211,7 @@ def _calibrated(rng, tprs, *, M=6, N=256, frac=0.25, rho=0.5, tau=0.3, base=None
         shift = THRESHOLD_1PCT - stats.norm.ppf(1 - t)
         scores[f"a{a}"] = np.sqrt(rho) * noise[-1] + np.sqrt(1 - rho) * noise[a] + shift * keep
     ids = [str(i) for i in range(keep.shape[1])]
-    ev = QuantizerEvidence("q", "calibrated", ids, keep, scores, dict.fromkeys(scores, THRESHOLD_1PCT))
-    return ev, (keep, noise)
+    return QuantizerEvidence("q", "calibrated", ids, keep, scores), (keep, noise)
 
 
 def _rates(make, reps, settings, seed=0):
@@ -330,3 +346,13 @@ def test_a_planted_difference_in_a_store_is_found_as_more_and_an_unshifted_quant
     # the per-attack paired differences point the same way for the planted quantizer
     loss_tpr = next(d for d in more["per_attack"] if d["attack"] == "loss" and d["metric"] == "auroc")
     assert loss_tpr["estimate"]["value"] > 0
+
+
+def test_the_loss_gap_beside_the_tpr_by_hand():
+    from llmaudit.analyze.decision.decide import loss_gap
+
+    loss = np.array([[1.0, 2.0, 4.0], [3.0, 2.0, np.nan]])
+    keep = np.array([[True, False, False], [False, True, True]])
+    gap = loss_gap(loss, keep, multiplicities(3, 50, seed=0))
+    # non-members 2, 4, 3 (mean 3); members 1, 2 (the NaN left out: mean 1.5)
+    assert gap.value == pytest.approx(1.5) and gap.low <= gap.value <= gap.high

@@ -15,6 +15,8 @@ from llmaudit import __version__
 from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS, REF_MODELS, attack_definitions
 from llmaudit.analyze.attacks.lira import (
     LiraWarning,
+    balanced_references,
+    in_reference_counts,
     lira_offline,
     lira_online,
     lira_statistic,
@@ -37,7 +39,6 @@ from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decid
 from llmaudit.analyze.metrics import (
     DEFAULT_FPRS,
     T_CUTOFF,
-    calibrated_threshold,
     fpr_key,
     per_sample_tpr,
     pooled_calibrated,
@@ -68,7 +69,8 @@ def _row_text_scores(rows: pd.DataFrame, k: float) -> dict[str, np.ndarray | Non
 
 
 def _ref_matrix(loss: np.ndarray, keep: np.ndarray, base: np.ndarray | None, ref_models: str) -> np.ndarray:
-    """[M, N] ref scores with each run as target: references are other runs' out-models and/or the base."""
+    """[M, N] ref scores with each run as target: references are other runs' out-models (as many for a member of the
+    target as for a non-member, `balanced_references`) and/or the base."""
     M, N = loss.shape
     out = np.empty((M, N))
     for m in range(M):
@@ -76,7 +78,7 @@ def _ref_matrix(loss: np.ndarray, keep: np.ndarray, base: np.ndarray | None, ref
         if ref_models in ("runs", "both"):
             others = np.arange(M) != m
             refs.append(loss[others])
-            mask.append(~keep[others])
+            mask.append(balanced_references(keep, m)[0][others])
         if ref_models in ("base", "both"):
             refs.append(base[None, :])
             mask.append(np.isfinite(base)[None, :])
@@ -222,7 +224,7 @@ def _lira_matrices(
     if "lira_offline" in s.attacks:
         matrices["lira_offline"] = leave_one_out(lira_offline, stat, t.keep, fpc_value, variance=s.lira_variance)
     if "lira_online" in s.attacks:
-        n_in = t.keep.sum(0)[None, :] - t.keep.astype(int)
+        n_in = in_reference_counts(t.keep)
         n_out = out_reference_counts(t.keep)
         if np.median(n_in) < 2 or np.median(n_out) < 2:
             skipped["lira_online"] = (
@@ -295,9 +297,9 @@ def _calibration_missing(n_ref: np.ndarray) -> str:
 
 def _evaluate(
     attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray, fpc_value: float | None, s: AttackSettings
-) -> tuple[dict, np.ndarray, np.ndarray | None]:
+) -> tuple[dict, np.ndarray]:
     """Pooled naive, pooled calibrated and per-sample evaluations of one attack's [M, N] scores; with the calibrated
-    scores z [M, N] and the number of references behind each (None: the normal threshold applies)."""
+    scores z [M, N]."""
     kw = dict(n_boot=s.n_boot, seed=s.seed, confidence=s.confidence)
     # Calibration standardizes each score by that sample's out-scores under the other models
     # (offline LiRA is its own calibration).
@@ -327,45 +329,33 @@ def _evaluate(
     if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
         entry["roc_curve"]["pooled_calibrated"] = roc_curve_loglog(z[zfin], keep[zfin])
     entry["headline"] = _headline(entry)
-    return entry, z, n_ref_eff
+    return entry, z
 
 
 @dataclass
 class _EvidenceBuilder:
-    """Collects what the release decision reads from each attack of one quantizer (`QuantizerEvidence`)."""
+    """Collects what the release decision reads from each attack of one quantizer (`QuantizerEvidence`): the
+    per-sample calibrated scores (calibrated mode) or the raw scores (empirical mode), and the loss matrix."""
 
     quantizer: str
     mode: str
     samples: list[str]
     keep: np.ndarray
-    fpr: float
-    t_cutoff: float
+    loss: np.ndarray
     scores: dict = field(default_factory=dict)
-    thresholds: dict = field(default_factory=dict)
     unjudged: dict = field(default_factory=dict)
 
-    def add(self, attack: str, raw: np.ndarray, z: np.ndarray, n_ref, entry: dict) -> None:
+    def add(self, attack: str, raw: np.ndarray, z: np.ndarray, entry: dict) -> None:
         if self.mode == "empirical":
             self.scores[attack] = raw.astype(np.float32)
         elif "pooled_calibrated" in entry:
             self.scores[attack] = z.astype(np.float32)
-            thr = calibrated_threshold(self.fpr, n_ref, self.t_cutoff)
-            self.thresholds[attack] = thr.astype(np.float32) if isinstance(thr, np.ndarray) else thr
         else:
             self.unjudged[attack] = entry["not_measured"]["pooled_calibrated"]
 
-    loss: np.ndarray | None = None
-
     def evidence(self) -> QuantizerEvidence:
         return QuantizerEvidence(
-            self.quantizer,
-            self.mode,
-            self.samples,
-            self.keep,
-            self.scores,
-            self.thresholds,
-            self.unjudged,
-            self.loss,
+            self.quantizer, self.mode, self.samples, self.keep, self.scores, self.unjudged, self.loss
         )
 
 
@@ -391,7 +381,7 @@ def attack_quantizer(
     builder = None
     if decision is not None:
         mode = decision_mode(int(t.runs.size), decision.min_runs)
-        builder = _EvidenceBuilder(quantizer, mode, list(t.samples), t.keep, decision.fpr, s.t_cutoff, loss=t.loss)
+        builder = _EvidenceBuilder(quantizer, mode, list(t.samples), t.keep, t.loss)
     results: dict = {}
     for attack in s.attacks:
         if attack not in matrices:
@@ -401,10 +391,10 @@ def attack_quantizer(
         if why:
             skipped[attack] = why
             continue
-        entry, z, n_ref_eff = _evaluate(attack, matrices[attack], t.keep, n_ref, fpc_value, s)
+        entry, z = _evaluate(attack, matrices[attack], t.keep, n_ref, fpc_value, s)
         results[attack] = {"definition": definitions[attack]} | entry
         if builder is not None:
-            builder.add(attack, matrices[attack], z, n_ref_eff, entry)
+            builder.add(attack, matrices[attack], z, entry)
     if builder is not None:
         builder.unjudged |= {a: why for a, why in skipped.items() if a in s.attacks}
     non_lira = [a for a in results if not a.startswith("lira")]

@@ -103,10 +103,48 @@ def _gaussian_fit(scores, mask, variance: str, fpc_value, min_refs: int):
     return np.where(ok, mu, np.nan), np.where(ok, sd, np.nan), n
 
 
-def out_reference_counts(keep) -> np.ndarray:
-    """[M, N]: for target m and sample j, the number of OTHER models where j was out."""
+def _drop_first(mask: np.ndarray, order: np.ndarray, columns: np.ndarray) -> None:
+    """In place: in each column where `columns` is True, the first True of `mask` in row order `order` -> False."""
+    cols = np.flatnonzero(columns)
+    sub = mask[np.ix_(order, cols)]
+    has = sub.any(axis=0)
+    mask[order[sub.argmax(axis=0)[has]], cols[has]] = False
+
+
+def balanced_references(keep, target: int) -> tuple[np.ndarray, np.ndarray]:
+    """([M, N] OUT references, [M, N] IN references) of `target`: the OTHER models where each sample was out (in),
+    with as many for a sample the target trained on as for one it did not. Without the balance a member of the
+    target would have one OUT reference more than a non-member (and one IN reference fewer), so the calibration
+    of a member's score (its Student-t threshold, the noise of a mean over references) would differ from a
+    non-member's by construction: a null score (no membership effect) would then give members and non-members
+    different hit rates at the threshold whenever it is not exactly Gaussian. With the balance, a member's and a
+    non-member's calibrated scores of the same sample are identically distributed under the null, whatever the
+    score's distribution. The reference dropped is the first other model after the target (cyclically) that
+    holds one; docs/science.md section 4."""
     keep = np.asarray(keep).astype(bool)
-    return (~keep).sum(0)[None, :] - (~keep).astype(int)
+    M = keep.shape[0]
+    out_refs, in_refs = ~keep, keep.copy()
+    out_refs[target] = False
+    in_refs[target] = False
+    order = (target + 1 + np.arange(M - 1)) % M
+    _drop_first(out_refs, order, keep[target])  # a member would have one OUT reference more
+    _drop_first(in_refs, order, ~keep[target])  # a non-member would have one IN reference more
+    return out_refs, in_refs
+
+
+def out_reference_counts(keep) -> np.ndarray:
+    """[M, N]: for target m and sample j, the number of OUT references calibration uses (`balanced_references`):
+    the models other than the target where j was out, one fewer than all models where it was out, whatever
+    the target's own membership (0 where j was out nowhere)."""
+    keep = np.asarray(keep).astype(bool)
+    return np.broadcast_to(np.maximum((~keep).sum(0) - 1, 0)[None, :], keep.shape).copy()
+
+
+def in_reference_counts(keep) -> np.ndarray:
+    """[M, N]: the number of IN references of target m for sample j (`balanced_references`): one fewer than all
+    models that trained on j."""
+    keep = np.asarray(keep).astype(bool)
+    return np.broadcast_to(np.maximum(keep.sum(0) - 1, 0)[None, :], keep.shape).copy()
 
 
 ZERO_SPREAD_RULES = ("nan", "pooled")
@@ -145,7 +183,8 @@ def lira_offline(
     scores: [M, N] LiRA statistic (higher = member, e.g. `confidence_logit(loss)`); keep: [M, N] booleans,
     True where model m trained on sample j; target: index of the attacked model. For each sample j,
     mu_out and sigma_out come only from models i != target with keep[i, j] False; sigma^2 is divided by
-    `fpc` when given (finite population correction, `fpc(n_train, n_pool)`). variance="global" uses one
+    `fpc` when given (finite population correction, `fpc(n_train, n_pool)`); as many references for a member of
+    the target as for a non-member (`balanced_references`). variance="global" uses one
     pooled within-sample variance for all samples (steadier with few references). Returns
     (t_target - mu_out) / sigma_out: ~N(0, 1) for non-members, higher = member. Samples with fewer than
     `min_out` out references (default 2 per-sample, 1 global) get NaN, and so do samples whose references
@@ -153,8 +192,7 @@ def lira_offline(
     pooled within-sample sd of all samples, and where that is zero too (every sample tied) it scores 0 if
     the target equals its references and NaN otherwise. A LiraWarning reports how many are NaN."""
     scores, keep, target = _check_lira(scores, keep, target)
-    refs = ~keep
-    refs[target] = False
+    refs, _ = balanced_references(keep, target)
     refs &= np.isfinite(scores)
     if min_out is None:
         min_out = 2 if variance == "per_sample" else 1
@@ -188,11 +226,10 @@ def lira_online(
     Same inputs as `lira_offline`; the IN Gaussian comes from the other models that trained on the
     sample. Samples with fewer than min_in in- or min_out out-references score NaN (LiraWarning)."""
     scores, keep, target = _check_lira(scores, keep, target)
-    others = np.ones(scores.shape, bool)
-    others[target] = False
-    others &= np.isfinite(scores)
-    mu_in, sd_in, _ = _gaussian_fit(scores, keep & others, variance, fpc, min_in)
-    mu_out, sd_out, _ = _gaussian_fit(scores, ~keep & others, variance, fpc, min_out)
+    out_refs, in_refs = balanced_references(keep, target)
+    finite = np.isfinite(scores)
+    mu_in, sd_in, _ = _gaussian_fit(scores, in_refs & finite, variance, fpc, min_in)
+    mu_out, sd_out, _ = _gaussian_fit(scores, out_refs & finite, variance, fpc, min_out)
     t = scores[target]
     llr = stats.norm.logpdf(t, mu_in, sd_in) - stats.norm.logpdf(t, mu_out, sd_out)
     n_nan = int(np.isnan(llr).sum())

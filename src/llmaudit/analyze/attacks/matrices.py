@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from llmaudit.analyze.attacks.definitions import EZ_MIA_VARIANTS, RMIA_ATTACKS, WBC_VARIANTS
+from llmaudit.analyze.attacks.lira import balanced_references
 from llmaudit.analyze.attacks.rmia import (
     offline_marginal,
     online_marginal,
@@ -187,8 +188,9 @@ def rmia_matrices(
     df: pd.DataFrame, quantizer: str, t: Target, attacks: tuple[str, ...]
 ) -> tuple[dict[str, np.ndarray], dict[str, str], dict]:
     """[M, N] RMIA scores, each run in turn the target and the other runs its references (offline: their
-    OUT models with the tuned a; online: IN and OUT), with the reasons of those that cannot run and the
-    offline coefficient chosen per target."""
+    OUT models with the tuned a; online: IN and OUT; as many for a member of the target as for a non-member,
+    `balanced_references`), with the reasons of those that cannot run and the offline coefficient chosen per
+    target."""
     wanted = [a for a in attacks if a in RMIA_ATTACKS]
     if not wanted:
         return {}, {}, {}
@@ -206,15 +208,17 @@ def rmia_matrices(
     chosen_a = []
     for m in range(M):
         others = np.arange(M) != m
+        out_refs, in_refs = (refs[others] for refs in balanced_references(t.keep, m))
         if "rmia" in out:
             a = _tuned_a(p, t.keep, z, m)
             chosen_a.append(a)
-            marg_x = offline_marginal(p[others], ~t.keep[others], a)
+            marg_x = offline_marginal(p[others], out_refs, a)
             marg_z = offline_marginal(z[others], np.ones(z[others].shape, bool), a)
             out["rmia"][m] = rmia_score(p[m], marg_x, z[m], marg_z)
         if "rmia_online" in out:
             marg_z = z[others].mean(0)  # every reference is OUT for a population text
-            out["rmia_online"][m] = rmia_score(p[m], online_marginal(p[others], t.keep[others]), z[m], marg_z)
+            marg_x = online_marginal(p[others], in_refs, out_refs)
+            out["rmia_online"][m] = rmia_score(p[m], marg_x, z[m], marg_z)
     return out, {}, ({"rmia_offline_a": chosen_a} if chosen_a else {})
 
 

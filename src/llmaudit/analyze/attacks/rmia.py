@@ -46,14 +46,16 @@ def offline_marginal(p_refs, out_mask, a: float) -> np.ndarray:
     return (1 + a) / 2 * mean_out + (1 - a) / 2
 
 
-def online_marginal(p_refs, in_mask) -> np.ndarray:
+def online_marginal(p_refs, in_mask, out_mask=None) -> np.ndarray:
     """p(x) from IN and OUT references: the mean of mean_in(x) and mean_out(x) (a balanced marginal even
-    when the counts differ); NaN where a text has no IN or no OUT reference. p_refs, in_mask: [R, n]."""
+    when the counts differ); NaN where a text has no IN or no OUT reference. p_refs, in_mask: [R, n]; out_mask:
+    [R, n] the OUT references (default: every reference that is not IN)."""
     p_refs, in_mask = np.atleast_2d(np.asarray(p_refs, dtype=np.float64)), np.atleast_2d(np.asarray(in_mask, bool))
-    n_in, n_out = in_mask.sum(0), (~in_mask).sum(0)
+    out_mask = ~in_mask if out_mask is None else np.atleast_2d(np.asarray(out_mask, bool))
+    n_in, n_out = in_mask.sum(0), out_mask.sum(0)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_in = np.where(n_in > 0, np.where(in_mask, p_refs, 0.0).sum(0) / n_in, np.nan)
-        mean_out = np.where(n_out > 0, np.where(~in_mask, p_refs, 0.0).sum(0) / n_out, np.nan)
+        mean_out = np.where(n_out > 0, np.where(out_mask, p_refs, 0.0).sum(0) / n_out, np.nan)
     return (mean_in + mean_out) / 2
 
 

@@ -1,11 +1,12 @@
 """Resampled hit counts behind every release decision (docs/science.md section 12).
 
 A decision reads, for each attack, four weighted counts at the decision's FPR level: members above the threshold
-(true positives), members, non-members above the threshold (false positives), non-members. Every count is a sum
-over samples, so a bootstrap resample (samples drawn with replacement, each bringing all its target models) is a
-vector of per-sample multiplicities w [N], and the resampled counts are w @ (per-sample counts). Row 0 of every
-count array is the observed data (w = 1); rows 1..B are the resamples. Two quantizers resampled with the same
-multiplicities are paired.
+(true positives), members, non-members above the threshold (false positives), non-members. The threshold is
+empirical (the largest TPR whose FPR on non-member rows is at most the level), so the FPR is what it says without
+any assumption on the score's distribution. A bootstrap resample (samples drawn with replacement, each bringing
+all its target models) is a vector of per-sample multiplicities w [N]: a row (target, sample) weighs its sample's
+multiplicity. Row 0 of every count array is the observed data (w = 1); rows 1..B are the resamples. Two
+quantizers resampled with the same multiplicities are paired.
 
 Shapes: M target models, N samples, A attacks, F folds, B resamples (+1 for the observed row).
 """
@@ -49,30 +50,6 @@ def sample_folds(labels: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
         idx = np.flatnonzero(labels == value)
         folds[rng.permutation(idx)] = np.arange(idx.size) % n_folds
     return folds
-
-
-def calibrated_indicators(z: np.ndarray, keep: np.ndarray, threshold) -> np.ndarray:
-    """[4, M, N] booleans of a per-sample calibrated attack: member above, member, non-member above, non-member.
-    z: [M, N] calibrated scores (NaN = not scored); threshold: scalar or [M, N] (the analytic calibrated one)."""
-    finite = np.isfinite(z)
-    with np.errstate(invalid="ignore"):
-        above = finite & (z >= threshold)
-    return np.stack([keep & above, keep & finite, ~keep & above, ~keep & finite])
-
-
-def fold_sums(indicators: np.ndarray, fold_of_target: np.ndarray, n_folds: int) -> np.ndarray:
-    """[F, 4, N] per-sample counts of `calibrated_indicators` summed over the target models of each fold."""
-    out = np.zeros((n_folds, 4, indicators.shape[2]))
-    for f in range(n_folds):
-        out[f] = indicators[:, fold_of_target == f, :].sum(axis=1)
-    return out
-
-
-def resampled_fold_counts(sums: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """[B + 1, A, F, 4] counts per fold from per-sample sums [A, F, 4, N] and multiplicities [B + 1, N]."""
-    A, F, K, N = sums.shape
-    flat = weights @ sums.reshape(A * F * K, N).T
-    return flat.reshape(weights.shape[0], A, F, K)
 
 
 def _cumulative_by_fold(weights: np.ndarray, member: np.ndarray, fold: np.ndarray, n_folds: int) -> np.ndarray:
@@ -122,35 +99,79 @@ def sorted_threshold(scores: np.ndarray, cum: np.ndarray, fpr: float, held_out: 
     return np.where(total > 0, thr, np.inf)
 
 
+ROW_BUDGET = 20_000_000
+"""Resampled row weights held at once (float32 elements of one [resamples, rows] array): resamples are counted in
+chunks of ROW_BUDGET / rows, so memory stays bounded however large the grid."""
+
+
+def row_counts(
+    scores: np.ndarray,
+    member: np.ndarray,
+    fold: np.ndarray,
+    unit: np.ndarray,
+    weights: np.ndarray,
+    fpr: float,
+    folded: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train [B + 1, F, 4], test [B + 1, F, 4]) counts of scored rows against empirical thresholds.
+
+    scores, member, fold, unit: [R] finite rows (a row weighs the multiplicity of its sample `unit`); weights:
+    [B + 1, N]. folded: for each fold f the threshold comes from the non-member rows OUTSIDE f (the held-out rule
+    of `sorted_threshold`), "train" counts the rows outside f against it and "test" the rows in f; not folded: one
+    threshold from every non-member row (the in-sample rule) and train = test = every row (fold must be all 0)."""
+    n_folds = int(fold.max()) + 1 if fold.size else 1
+    train = np.zeros((weights.shape[0], n_folds, 4))
+    test = np.zeros_like(train)
+    order = np.argsort(scores, kind="stable")
+    s, member, fold, unit = scores[order], member[order], fold[order], unit[order]
+    step = max(1, ROW_BUDGET // max(1, s.size * 2 * n_folds))
+    for start in range(0, weights.shape[0], step):
+        rows = slice(start, start + step)
+        cum = _cumulative_by_fold(weights[rows][:, unit].astype(np.float32), member, fold, n_folds)
+        total = cum.sum(axis=1)  # [2, b, n]
+        for f in range(n_folds):
+            fit = total - cum[:, f] if folded else total
+            evaluated = cum[:, f] if folded else total
+            thr = sorted_threshold(s, fit[0], fpr, held_out=folded)
+            for out, part in ((train, fit), (test, evaluated)):
+                out[rows, f, TP] += _above(s, part[1], thr)
+                out[rows, f, POS] += part[1][:, -1] if s.size else 0.0
+                out[rows, f, FP] += _above(s, part[0], thr)
+                out[rows, f, NEG] += part[0][:, -1] if s.size else 0.0
+    return train, test
+
+
 def empirical_counts(
     scores: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack judged with an empirical threshold per
-    target model. scores, keep: [M, N] (NaN = not scored); weights: [B + 1, N]. For each target and fold f the
-    threshold comes from that target's non-members OUTSIDE fold f (the held-out rule of `sorted_threshold`);
-    "train" counts that target's samples outside f against it, "test" its samples in f. fold_of_sample None = one
-    fold holding every sample, judged against a threshold from all non-members (the in-sample rule; train and
-    test are then the same counts)."""
+    """(train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack with an empirical threshold PER TARGET model
+    (one imported fine-tune: its own held-out non-members set its threshold). scores, keep: [M, N] (NaN = not
+    scored); weights: [B + 1, N]; fold_of_sample [N] (None: one fold, in-sample threshold). Folds are folds of
+    samples within each target (`row_counts`)."""
     folds = np.zeros(scores.shape[1], dtype=np.int64) if fold_of_sample is None else fold_of_sample
     n_folds = int(folds.max()) + 1
     train = np.zeros((weights.shape[0], n_folds, 4))
     test = np.zeros_like(train)
     for m in range(scores.shape[0]):
-        finite = np.flatnonzero(np.isfinite(scores[m]))
-        order = finite[np.argsort(scores[m, finite], kind="stable")]
-        s = scores[m, order]
-        cum = _cumulative_by_fold(weights[:, order].astype(np.float32), keep[m, order], folds[order], n_folds)
-        total = cum.sum(axis=1)  # [2, B + 1, n]
-        for f in range(n_folds):
-            fit = total - cum[:, f] if fold_of_sample is not None else total
-            evaluated = cum[:, f] if fold_of_sample is not None else total
-            thr = sorted_threshold(s, fit[0], fpr, held_out=fold_of_sample is not None)
-            for out, part in ((train, fit), (test, evaluated)):
-                out[:, f, TP] += _above(s, part[1], thr)
-                out[:, f, POS] += part[1][:, -1] if s.size else 0.0
-                out[:, f, FP] += _above(s, part[0], thr)
-                out[:, f, NEG] += part[0][:, -1] if s.size else 0.0
+        ok = np.flatnonzero(np.isfinite(scores[m]))
+        tr, te = row_counts(scores[m, ok], keep[m, ok], folds[ok], ok, weights, fpr, fold_of_sample is not None)
+        train[:, : tr.shape[1]] += tr
+        test[:, : te.shape[1]] += te
     return train, test
+
+
+def pooled_counts(
+    scores: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_target: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack's per-sample calibrated scores pooled over the
+    target models, against ONE empirical threshold on the pooled non-member rows (calibrated scores are comparable
+    across samples and targets). Folds are folds of target models (fold_of_target [M]; None: one fold, in-sample
+    threshold): the threshold and the choice come from the other targets' rows (`row_counts`)."""
+    M, N = scores.shape
+    folds = np.zeros(M, dtype=np.int64) if fold_of_target is None else fold_of_target
+    ok = np.isfinite(scores)
+    target, unit = np.nonzero(ok)
+    return row_counts(scores[ok], keep[ok], folds[target], unit, weights, fpr, fold_of_target is not None)
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:

@@ -4,8 +4,9 @@ one typed `ReleaseDecision`.
 
 Two modes, chosen once per store from the number of target models M (fine-tuning runs):
 - calibrated (M >= max(2, min_runs)): every attack's per-sample calibrated scores z (each sample's OUT scores under
-  the other models standardised to N(0, 1)) against the analytic calibrated threshold; the strongest attack is
-  cross-fitted over folds of target models; samples are resampled with all their models.
+  the other models standardised to N(0, 1)), pooled over the targets, against ONE empirical threshold on the
+  pooled non-member rows (so the FPR holds whatever the distribution of z); the strongest attack is cross-fitted
+  over folds of target models; samples are resampled with all their models.
 - empirical (fewer targets, e.g. one imported fine-tune): each target's raw scores against an empirical threshold
   from its own held-out non-members (the TPR at a fixed FPR that MIMIR and the EZ-MIA paper report); the
   strongest attack is cross-fitted over folds of samples (threshold and choice from the other folds); with one
@@ -22,12 +23,10 @@ from llmaudit.analyze.decision.bounds import percentile_interval
 from llmaudit.analyze.decision.counts import (
     POS,
     TP,
-    calibrated_indicators,
     empirical_counts,
-    fold_sums,
     multiplicities,
+    pooled_counts,
     ratio,
-    resampled_fold_counts,
     sample_folds,
     target_folds,
     weighted_auroc,
@@ -59,24 +58,21 @@ class QuantizerEvidence:
     """The attacks' scores on one quantizer, as the decision reads them.
 
     scores: attack -> [M, N] (calibrated z in calibrated mode, raw scores in empirical mode; NaN = not scored);
-    thresholds: attack -> the analytic calibrated threshold at the decision FPR (scalar or [M, N]; calibrated mode
-    only); keep: [M, N] membership; unjudged: attack -> why it cannot be judged."""
+    keep: [M, N] membership; unjudged: attack -> why it cannot be judged."""
 
     quantizer: str
     mode: str
     sample_ids: list[str]
     keep: np.ndarray
     scores: dict[str, np.ndarray]
-    thresholds: dict[str, np.ndarray | float] = field(default_factory=dict)
     unjudged: dict[str, str] = field(default_factory=dict)
+    loss: np.ndarray | None = None
+    """[M, N] mean token loss of each target on each sample (the loss gap beside the TPR)."""
 
     def restricted(self, sample_ids: list[str]) -> QuantizerEvidence:
         """The same evidence on a subset of its samples, in the given order."""
         pos = {s: i for i, s in enumerate(self.sample_ids)}
         idx = np.array([pos[s] for s in sample_ids], dtype=np.int64)
-
-        def cut(a):
-            return a[:, idx] if isinstance(a, np.ndarray) and a.ndim == 2 else a
 
         return QuantizerEvidence(
             self.quantizer,
@@ -84,8 +80,8 @@ class QuantizerEvidence:
             list(sample_ids),
             self.keep[:, idx],
             {k: v[:, idx] for k, v in self.scores.items()},
-            {k: cut(v) for k, v in self.thresholds.items()},
             dict(self.unjudged),
+            None if self.loss is None else self.loss[:, idx],
         )
 
 
@@ -100,26 +96,27 @@ def _weights(ev: QuantizerEvidence, s: DecisionSettings) -> np.ndarray:
 
 
 def count_arrays(ev: QuantizerEvidence, weights: np.ndarray, s: DecisionSettings) -> CountArrays:
-    """The resampled counts of every scored attack of one quantizer (`CountArrays`), in either mode."""
+    """The resampled counts of every scored attack of one quantizer (`CountArrays`), in either mode: calibrated
+    scores pooled over targets against one threshold, folds of targets; raw scores against each target's own
+    threshold, folds of samples."""
     names = list(ev.scores)
     M = ev.keep.shape[0]
     if ev.mode == "calibrated":
         folds = target_folds(M, s.folds)
-        n_folds = int(folds.max()) + 1
-        sums = np.stack(
-            [fold_sums(calibrated_indicators(ev.scores[a], ev.keep, ev.thresholds[a]), folds, n_folds) for a in names]
-        )
-        per_fold = resampled_fold_counts(sums, weights)
-        total = per_fold.sum(axis=2)
-        return CountArrays(names, total, total[:, :, None, :] - per_fold, per_fold, "target models")
-    folds = sample_folds(ev.keep.sum(axis=0), s.folds, s.seed)
-    train, test, whole = [], [], []
-    for a in names:
-        tr, te = empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, folds)
-        train.append(tr)
-        test.append(te)
-        whole.append(empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, None)[1][:, 0])
-    return CountArrays(names, np.stack(whole, axis=1), np.stack(train, axis=1), np.stack(test, axis=1), "samples")
+        parts = [pooled_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
+        whole = [pooled_counts(ev.scores[a], ev.keep, weights, s.fpr, None)[1][:, 0] for a in names]
+        kind = "target models"
+    else:
+        folds = sample_folds(ev.keep.sum(axis=0), s.folds, s.seed)
+        parts = [empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
+        whole = [empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, None)[1][:, 0] for a in names]
+        kind = "samples"
+    if not names:
+        empty = np.zeros((weights.shape[0], 0, 1, 4))
+        return CountArrays([], np.zeros((weights.shape[0], 0, 4)), empty, empty, kind)
+    train = np.stack([p[0] for p in parts], axis=1)
+    test = np.stack([p[1] for p in parts], axis=1)
+    return CountArrays(names, np.stack(whole, axis=1), train, test, kind)
 
 
 def _auroc(ev: QuantizerEvidence, attack: str, weights: np.ndarray) -> np.ndarray:
@@ -136,28 +133,49 @@ def per_attack_differences(
     ra: CountArrays,
     weights: np.ndarray,
     s: DecisionSettings,
+    attacks: set[str],
 ) -> list[Difference]:
-    """Per attack scored on both: the paired differences (quantizer - reference) of the TPR at the decision FPR and
-    of the AUROC, each with its 95% percentile interval over the same resamples."""
+    """Per attack judged on both (`attacks`): the paired differences (quantizer - reference) of the TPR at the decision FPR and
+    of the AUROC, each with its percentile interval at the decision's level (1 - 2 alpha) over the same
+    resamples."""
     out = []
-    for a in [a for a in qa.attacks if a in ra.attacks]:
+    for a in [a for a in qa.attacks if a in ra.attacks and a in attacks]:
         i, j = qa.attacks.index(a), ra.attacks.index(a)
         d_tpr = ratio(qa.per_attack[:, i, TP], qa.per_attack[:, i, POS]) - ratio(
             ra.per_attack[:, j, TP], ra.per_attack[:, j, POS]
         )
         d_auc = _auroc(q, a, weights) - _auroc(ref, a, weights)
         for metric, d in (("tpr", d_tpr), ("auroc", d_auc)):
-            lo, hi = percentile_interval(d[1:], 0.025, 0.975)
+            lo, hi = percentile_interval(d[1:], s.alpha, 1 - s.alpha)
             value = float(d[0]) if np.isfinite(d[0]) else None
             est = Estimate(
                 value=value,
                 low=lo if np.isfinite(lo) else None,
                 high=hi if np.isfinite(hi) else None,
-                confidence=0.95,
+                confidence=1 - 2 * s.alpha,
                 method="paired percentile bootstrap",
             )
             out.append(Difference(attack=a, metric=metric, estimate=est))  # type: ignore[arg-type]
     return out
+
+
+def loss_gap(loss: np.ndarray, keep: np.ndarray, weights: np.ndarray) -> Estimate:
+    """Mean loss of non-member rows minus member rows (nats per token), pooled over the targets, under each row of
+    sample multiplicities [B + 1, N]: the observed value with its 95% percentile interval."""
+    ok = np.isfinite(loss)
+    sums = np.stack(
+        [
+            np.where(ok & ~keep, loss, 0).sum(0),
+            (ok & ~keep).sum(0),
+            np.where(ok & keep, loss, 0).sum(0),
+            (ok & keep).sum(0),
+        ]
+    )
+    c = weights @ sums.T  # [B + 1, 4]
+    gap = ratio(c[:, 0], c[:, 1]) - ratio(c[:, 2], c[:, 3])
+    lo, hi = percentile_interval(gap[1:], 0.025, 0.975)
+    value, low, high = (float(x) if np.isfinite(x) else None for x in (gap[0], lo, hi))
+    return Estimate(value=value, low=low, high=high, confidence=0.95, method="percentile bootstrap over samples")
 
 
 def _decide_one(
@@ -166,6 +184,8 @@ def _decide_one(
     weights = _weights(ev, s)
     arrays = count_arrays(ev, weights, s)
     decision, resampled = decision_of(ev.quantizer, arrays, s, ev.unjudged, ev.keep.shape[0], ev.mode)
+    if ev.loss is not None:
+        decision = decision.model_copy(update={"loss_gap": loss_gap(ev.loss, ev.keep, weights)})
     return decision, resampled, arrays, weights
 
 
@@ -174,15 +194,16 @@ def _with_comparison(
 ) -> QuantizerDecision:
     """The quantizer's decision with its paired comparison with the reference (on the samples both scored)."""
     decision, resampled, arrays, weights = own
-    _, ref_resampled, ref_arrays, _ = ref_own
+    ref_decision, ref_resampled, ref_arrays, _ = ref_own
     if q.sample_ids != ref.sample_ids:  # pair on the common samples, recounted with common resamples
         common = [x for x in ref.sample_ids if x in set(q.sample_ids)]
         q, ref = q.restricted(common), ref.restricted(common)
         _, resampled, arrays, weights = _decide_one(q, s)
         _, ref_resampled, ref_arrays, _ = _decide_one(ref, s)
-    comparison = compare(q.quantizer, ref.quantizer, resampled - ref_resampled, s, len(q.sample_ids))
-    diffs = per_attack_differences(q, ref, arrays, ref_arrays, weights, s)
-    return decision.model_copy(update={"comparison": comparison.model_copy(update={"per_attack": diffs})})
+    judged = {a.attack for a in decision.attacks if a.judged} & {a.attack for a in ref_decision.attacks if a.judged}
+    diffs = per_attack_differences(q, ref, arrays, ref_arrays, weights, s, judged)
+    comparison = compare(q.quantizer, ref.quantizer, resampled - ref_resampled, diffs, s)
+    return decision.model_copy(update={"comparison": comparison})
 
 
 def decide(evidence: dict[str, QuantizerEvidence], reference: str | None, s: DecisionSettings) -> ReleaseDecision:

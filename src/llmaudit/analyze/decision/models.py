@@ -68,9 +68,10 @@ class Difference(_Model):
 
 
 class Comparison(_Model):
-    """Does the quantizer leak more, the same, or less than the reference (full precision)? The strongest-attack
-    TPR difference decides (both sides cross-fitted on the same folds and resamples); per attack the TPR and
-    AUROC differences are shown beside it."""
+    """Does the quantizer leak more, the same, or less than the reference (full precision)? MORE / LESS: the
+    strongest-attack TPR difference (both sides cross-fitted on the same folds and resamples); SAME: every attack's
+    paired TPR difference within the margin (`llmaudit.analyze.decision.rule.compare`). Per attack the TPR and
+    AUROC differences with their intervals."""
 
     reference: str
     direction: Direction
@@ -79,7 +80,6 @@ class Comparison(_Model):
     equivalent: bool
     sentence: str
     per_attack: list[Difference] = Field(default_factory=list)
-    n_samples: int = 0
 
 
 class SizeNeeded(_Model):

@@ -17,6 +17,7 @@ from llmaudit.analyze.decision.counts import FP, NEG, POS, TP, ratio
 from llmaudit.analyze.decision.models import (
     AttackJudgement,
     Comparison,
+    Difference,
     Estimate,
     QuantizerDecision,
     SizeNeeded,
@@ -65,6 +66,12 @@ class CountArrays:
     train: np.ndarray
     test: np.ndarray
     fold_kind: str
+
+    def judged_only(self, names: list[str]) -> CountArrays:
+        """The same counts for the attacks in `names` only: the cross-fitting chooses among the attacks that can be
+        judged at the decision's FPR (enough non-members), never one whose TPR rests on too few of them."""
+        idx = [self.attacks.index(n) for n in names]
+        return CountArrays(names, self.per_attack[:, idx], self.train[:, idx], self.test[:, idx], self.fold_kind)
 
 
 def cross_fit(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -149,6 +156,18 @@ def _why_not_judged(c: np.ndarray, tpr: float, need: float) -> str:
 def strongest_attack(arrays: CountArrays, s: DecisionSettings) -> tuple[StrongestAttack, np.ndarray]:
     """The cross-fitted strongest attack (`cross_fit`) with a one-sided lower bound at 1 - alpha (Wilson at the
     bootstrap's effective sample size, the selection redone in every resample); and its resampled TPRs [B + 1]."""
+    if not arrays.attacks:  # no attack can be judged: nothing to choose from
+        empty = StrongestAttack(
+            tpr=Estimate(value=None),
+            realised_fpr=None,
+            selected=[],
+            folds=int(arrays.train.shape[2]),
+            fold_kind=arrays.fold_kind,  # type: ignore[arg-type]
+            selection_stability={},
+            members=0.0,
+            nonmembers=0.0,
+        )
+        return empty, np.full(arrays.train.shape[0], np.nan)
     tpr, fpr, picked, pooled = cross_fit(arrays.train, arrays.test)
     lo, hi = proportion_bounds(tpr[0], tpr[1:], pooled[0, POS], z_value(s.alpha))
     names = [arrays.attacks[i] if i >= 0 else None for i in picked[0]]
@@ -245,15 +264,32 @@ def _size_sentence(factor: float | None, towards: str) -> str:
     return f"about {factor:.1f}x the audited samples would {word} if the estimates hold"
 
 
+def _equivalent_per_attack(per_attack: list[Difference], margin: float) -> tuple[bool, Difference | None]:
+    """(every attack's paired TPR difference has its interval inside (-margin, +margin), the attack whose interval
+    reaches furthest); False without any interval."""
+    tpr = [d for d in per_attack if d.metric == "tpr" and d.estimate.low is not None and d.estimate.high is not None]
+    if not tpr:
+        return False, None
+    widest = max(tpr, key=lambda d: max(abs(d.estimate.low), abs(d.estimate.high)))  # type: ignore[arg-type]
+    return all(-margin < d.estimate.low < d.estimate.high < margin for d in tpr), widest  # type: ignore[operator]
+
+
 def compare(
-    quantizer: str, reference: str, diff_resampled: np.ndarray, s: DecisionSettings, n_samples: int
+    quantizer: str,
+    reference: str,
+    diff_resampled: np.ndarray,
+    per_attack: list[Difference],
+    s: DecisionSettings,
 ) -> Comparison:
-    """MORE / SAME / LESS / CANNOT TELL from the paired difference D = strongest(quantizer) - strongest(reference)
-    (both cross-fitted on the same folds, resampled with the same samples; diff_resampled [B + 1], row 0 observed)
-    and its percentile interval [alpha, 1 - alpha] (two-sided 1 - 2 alpha). MORE: the lower end > 0 (a false MORE
-    has probability <= alpha); LESS: the upper end < 0; SAME: the interval inside (-margin, +margin) (two one-sided
-    tests, TOST: a false SAME has probability <= alpha); else CANNOT TELL. A significant difference inside the
-    margin keeps MORE/LESS and says it is within the margin."""
+    """MORE / SAME / LESS / CANNOT TELL against the reference (full precision).
+
+    D = strongest(quantizer) - strongest(reference), both cross-fitted on the same folds and resampled with the
+    same samples (diff_resampled [B + 1], row 0 observed), with its percentile interval [alpha, 1 - alpha]. MORE: its
+    lower end > 0 (a false MORE has probability <= alpha); LESS: its upper end < 0. SAME: every attack's paired
+    TPR difference (`per_attack`, intervals at the same level) lies inside (-margin, +margin): an intersection-union
+    test of two one-sided tests per attack (TOST), so a false SAME has probability <= alpha without a multiplicity
+    correction, and equivalence of every attack bounds the difference of the strongest one too. Else CANNOT TELL.
+    A significant difference inside the margin keeps MORE/LESS and says it is within the margin."""
     d = diff_resampled[0]
     lo, hi = percentile_interval(diff_resampled[1:], s.alpha, 1 - s.alpha)
     est = Estimate(
@@ -263,36 +299,25 @@ def compare(
         confidence=1 - 2 * s.alpha,
         method="paired percentile bootstrap",
     )
+    base = {"reference": reference, "difference": est, "margin": s.margin, "per_attack": per_attack}
     if not math.isfinite(d) or not math.isfinite(lo):
-        return Comparison(
-            reference=reference,
-            direction="NOT MEASURED",
-            difference=est,
-            margin=s.margin,
-            equivalent=False,
-            sentence=f"{quantizer} cannot be compared with {reference}: no strongest-attack estimate on both",
-            n_samples=n_samples,
-        )
-    equivalent = -s.margin < lo and hi < s.margin
+        why = f"{quantizer} cannot be compared with {reference}: no strongest-attack estimate on both"
+        return Comparison(direction="NOT MEASURED", equivalent=False, sentence=why, **base)
+    equivalent, widest = _equivalent_per_attack(per_attack, s.margin)
     direction = "MORE" if lo > 0 else "LESS" if hi < 0 else "SAME" if equivalent else "CANNOT TELL"
-    span = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    span = f"strongest attack {d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    if widest is not None:
+        w = widest.estimate
+        span += f"; widest per attack {widest.attack} {w.value:+.3f} [{w.low:+.3f}, {w.high:+.3f}]"
     sentence = {
-        "MORE": f"{quantizer} leaks more than {reference} (difference {span})",
-        "LESS": f"{quantizer} leaks less than {reference} (difference {span})",
-        "SAME": f"{quantizer} leaks the same as {reference} (difference {span}, within +-{s.margin:g})",
-        "CANNOT TELL": f"the data cannot tell whether {quantizer} leaks more or less than {reference} (difference {span} reaches beyond +-{s.margin:g})",
+        "MORE": f"{quantizer} leaks more than {reference} ({span})",
+        "LESS": f"{quantizer} leaks less than {reference} ({span})",
+        "SAME": f"{quantizer} leaks the same as {reference}: every attack within +-{s.margin:g} ({span})",
+        "CANNOT TELL": f"the data cannot tell whether {quantizer} leaks more or less than {reference} (intervals reach beyond +-{s.margin:g}: {span})",
     }[direction]
     if direction in ("MORE", "LESS") and equivalent:
-        sentence += f", by less than the margin +-{s.margin:g}"
-    return Comparison(
-        reference=reference,
-        direction=direction,
-        difference=est,
-        margin=s.margin,
-        equivalent=equivalent,
-        sentence=sentence,
-        n_samples=n_samples,
-    )  # type: ignore[arg-type]
+        sentence += f", by less than the margin +-{s.margin:g} on every attack"
+    return Comparison(direction=direction, equivalent=equivalent, sentence=sentence, **base)  # type: ignore[arg-type]
 
 
 def decision_of(
@@ -300,8 +325,8 @@ def decision_of(
 ) -> tuple[QuantizerDecision, np.ndarray]:
     """The attack criterion of one quantizer (comparison left empty: `with_comparison` adds it), and the
     resampled cross-fitted TPRs [B + 1] the paired comparison reads."""
-    strongest, resampled = strongest_attack(arrays, s)
     attacks = judge_attacks(arrays, s, unjudged)
+    strongest, resampled = strongest_attack(arrays.judged_only([a.attack for a in attacks if a.judged]), s)
     status, reason, size = verdict(strongest, attacks, s)
     judged = [a for a in attacks if a.judged and a.tpr.value is not None]
     top = max(judged, key=lambda a: a.tpr.value, default=None)  # type: ignore[arg-type, return-value]
