@@ -44,6 +44,7 @@ from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_checkpoint_model, load_tokenizer
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.base import Quantizer
+from llmaudit.quantize.calibration import read_calibration_file
 from llmaudit.score.engine import TokenScores, score_examples, weights_digest
 from llmaudit.score.utility import UnitUtility, UtilityWork, nonfinite_divergence, work_fields
 from llmaudit.store.integrity import check_checkpoint_dir, check_unit_file, quarantine, verify_store
@@ -93,22 +94,23 @@ def _rows(
     return pd.DataFrame(rows)
 
 
-def _record_quantizer(store: RunStore, quantizer: Quantizer, qmodel: Any) -> None:
-    """Once per quantizer: its options, effective bits per weight and model size (for the report)."""
+def _record_quantizer(store: RunStore, quantizer: Quantizer, qmodel: Any, calibration: dict | None = None) -> None:
+    """Once per quantizer: its options, effective bits per weight and model size (for the report), and for a calibrated
+    quantizer where its calibration text came from (`calibration_record`)."""
     path = store.quantizer_info_path(quantizer.name)
     if path.exists():
         return
-    atomic_write_json(
-        path,
-        {
-            "name": quantizer.name,
-            "family": quantizer.family,
-            "bits": quantizer.bits,
-            "effective_bits": quantizer.effective_bits(qmodel),
-            "model_size_bytes": quantizer.model_size_bytes(qmodel),
-            "options": quantizer.options,
-        },
-    )
+    record = {
+        "name": quantizer.name,
+        "family": quantizer.family,
+        "bits": quantizer.bits,
+        "effective_bits": quantizer.effective_bits(qmodel),
+        "model_size_bytes": quantizer.model_size_bytes(qmodel),
+        "options": quantizer.options,
+    }
+    if calibration is not None:
+        record["calibration"] = calibration
+    atomic_write_json(path, record)
 
 
 def check_recorded_options(store: RunStore, quantizers: dict[str, Quantizer]) -> None:
@@ -131,6 +133,8 @@ def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Q
     for name in cfg.score.quantizers:
         opts = dict(cfg.score.quantizer_options.get(name, {}))
         opts.setdefault("device", device.type)
+        if get_quantizer(name).calibrated:  # the recipe's calibration source, unless the quantizer's own option says
+            opts.setdefault("calibration_source", cfg.score.calibration_source)
         q = get_quantizer(name, **opts)
         q.check()
         quantizers[name] = q
@@ -154,6 +158,8 @@ class _Inputs:
     dtype: torch.dtype
     """The store's scoring dtype (RunStore.scoring_choice)."""
     utility: UnitUtility
+    calibration_file: tuple[list[str], str] | None = None
+    """(texts, sha256) of score.calibration_file when a quantizer calibrates on it."""
 
 
 def _load_inputs(
@@ -171,8 +177,22 @@ def _load_inputs(
         quantizer.check(base)
     import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
     utility = make_utility(cfg, store, tok, val)
+    on_file = any(q.calibrated and q.options["calibration_source"] == "file" for q in quantizers.values())
+    calibration_file = read_calibration_file(cfg.score.calibration_file) if on_file else None
     return _Inputs(
-        cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base, dtype, utility
+        cfg,
+        store,
+        device,
+        quantizers,
+        tok,
+        pool_records,
+        pool,
+        val,
+        store.membership(),
+        base,
+        dtype,
+        utility,
+        calibration_file,
     )
 
 
@@ -236,15 +256,36 @@ def unit_dtype(quantizer: Quantizer, store_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if quantizer.family == "full" and quantizer.name == "fp32" else store_dtype
 
 
-def _gptq_kwargs(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> dict[str, Any]:
-    """Calibration of a GPTQ unit: the run's own training samples (the base: run 0's); its Hessians are computed once
-    per checkpoint and calibration, and shared by the GPTQ quantizers that calibrate alike."""
-    members = np.flatnonzero(inputs.masks[max(run, 0)])
-    kwargs: dict[str, Any] = {
-        "tokenizer": inputs.tok,
-        "calibration_texts": [record_text(inputs.pool_records[i]) for i in members],
-    }
-    key = quantizer.calibration_key()
+def calibration_texts(inputs: _Inputs, quantizer: Quantizer, run: int) -> list[str]:
+    """The calibration text of a calibrated quantizer's unit, by its calibration_source (quantize.calibration): the
+    store's validation records (heldout), the run's own training records (members; the base: run 0's), or the
+    user's file (file)."""
+    source = quantizer.options["calibration_source"]
+    if source == "members":
+        return [record_text(inputs.pool_records[i]) for i in np.flatnonzero(inputs.masks[max(run, 0)])]
+    if source == "file":
+        if inputs.calibration_file is None:
+            raise ScoringError(f"{quantizer.name}: calibration_source=file needs score.calibration_file=PATH")
+        return list(inputs.calibration_file[0])
+    return [record_text(r) for r in inputs.store.read_records("val")]
+
+
+def calibration_record(inputs: _Inputs, quantizer: Quantizer) -> dict[str, Any] | None:
+    """What a calibrated quantizer's record says about its calibration text (None for the others)."""
+    if not quantizer.calibrated:
+        return None
+    source = quantizer.options["calibration_source"]
+    record: dict[str, Any] = {"source": source}
+    if source == "file" and inputs.calibration_file is not None:
+        record.update(file=str(inputs.cfg.score.calibration_file), sha256=inputs.calibration_file[1])
+    return record
+
+
+def _calibration_kwargs(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> dict[str, Any]:
+    """Calibration of a calibrated quantizer's unit (`calibration_texts`); GPTQ's Hessians are computed once per
+    checkpoint and calibration, and shared by the GPTQ quantizers that calibrate alike."""
+    kwargs: dict[str, Any] = {"tokenizer": inputs.tok, "calibration_texts": calibration_texts(inputs, quantizer, run)}
+    key = quantizer.calibration_key() if quantizer.family == "gptq" else None
     if key is not None:  # Hessians of the unquantized checkpoint: the same for every bit width and group size
         shared = ("gptq", json.dumps(key, sort_keys=True))
         kwargs["hessians"] = work.get(shared, lambda: quantizer.collect_hessians(work.model, **kwargs))
@@ -262,7 +303,7 @@ def _quantized(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run:
     dtype = unit_dtype(quantizer, inputs.dtype)
     if is_identity(quantizer, dtype):
         return work.reference(dtype)
-    kwargs = _gptq_kwargs(inputs, quantizer, work, run) if quantizer.family == "gptq" else {}
+    kwargs = _calibration_kwargs(inputs, quantizer, work, run) if quantizer.calibrated else {}
     return cast_parameters(quantizer.quantize_model(copy.deepcopy(work.model), **kwargs), dtype)
 
 
@@ -297,7 +338,7 @@ def score_unit(inputs: _Inputs, unit: Unit, work: CheckpointWork) -> tuple[pd.Da
     the checkpoint in the store's dtype (`work.reference`), and what they cost."""
     quantizer = inputs.quantizers[unit.quantizer]
     qmodel = _quantized(inputs, quantizer, work, unit.run)
-    _record_quantizer(inputs.store, quantizer, qmodel)
+    _record_quantizer(inputs.store, quantizer, qmodel, calibration_record(inputs, quantizer))
     examples = unit_examples(inputs.val, inputs.pool, unit)
     extra, uwork = None, None
     if inputs.utility.applies(unit):  # validation and pool in separate passes: the reference sees the same batches
