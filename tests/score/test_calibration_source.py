@@ -14,7 +14,8 @@ from llmaudit.common.errors import UserError
 from llmaudit.config import RecipeError, load_recipe
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.calibration import read_calibration_file
-from llmaudit.score.stage import calibration_record, calibration_texts, check_quantizers
+from llmaudit.score.calibration import calibration_record, calibration_texts
+from llmaudit.score.stage import check_quantizers
 from llmaudit.store.run_store import RunStore
 
 from ..conftest import TINY_OVERRIDES

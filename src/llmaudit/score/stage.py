@@ -38,13 +38,14 @@ from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig
-from llmaudit.data.records import record_text
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_checkpoint_model, load_tokenizer
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.base import Quantizer
 from llmaudit.quantize.calibration import read_calibration_file
+from llmaudit.quantize.given import GivenFile, load_given
+from llmaudit.score.calibration import calibration_record, calibration_texts, given_file
 from llmaudit.score.engine import TokenScores, score_examples, weights_digest
 from llmaudit.score.utility import UnitUtility, UtilityWork, nonfinite_divergence, work_fields
 from llmaudit.store.integrity import check_checkpoint_dir, check_unit_file, quarantine, verify_store
@@ -256,31 +257,6 @@ def unit_dtype(quantizer: Quantizer, store_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if quantizer.family == "full" and quantizer.name == "fp32" else store_dtype
 
 
-def calibration_texts(inputs: _Inputs, quantizer: Quantizer, run: int) -> list[str]:
-    """The calibration text of a calibrated quantizer's unit, by its calibration_source (quantize.calibration): the
-    store's validation records (heldout), the run's own training records (members; the base: run 0's), or the
-    user's file (file)."""
-    source = quantizer.options["calibration_source"]
-    if source == "members":
-        return [record_text(inputs.pool_records[i]) for i in np.flatnonzero(inputs.masks[max(run, 0)])]
-    if source == "file":
-        if inputs.calibration_file is None:
-            raise ScoringError(f"{quantizer.name}: calibration_source=file needs score.calibration_file=PATH")
-        return list(inputs.calibration_file[0])
-    return [record_text(r) for r in inputs.store.read_records("val")]
-
-
-def calibration_record(inputs: _Inputs, quantizer: Quantizer) -> dict[str, Any] | None:
-    """What a calibrated quantizer's record says about its calibration text (None for the others)."""
-    if not quantizer.calibrated:
-        return None
-    source = quantizer.options["calibration_source"]
-    record: dict[str, Any] = {"source": source}
-    if source == "file" and inputs.calibration_file is not None:
-        record.update(file=str(inputs.cfg.score.calibration_file), sha256=inputs.calibration_file[1])
-    return record
-
-
 def _calibration_kwargs(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> dict[str, Any]:
     """Calibration of a calibrated quantizer's unit (`calibration_texts`); GPTQ's Hessians are computed once per
     checkpoint and calibration, and shared by the GPTQ quantizers that calibrate alike."""
@@ -298,11 +274,14 @@ def is_identity(quantizer: Quantizer, dtype: torch.dtype) -> bool:
     return quantizer.family == "full" and getattr(quantizer, "dtype", None) == dtype
 
 
-def _quantized(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> Any:
-    """The unit's model: the checkpoint quantized (float32 math on a CPU), its parameters in the unit's dtype."""
-    dtype = unit_dtype(quantizer, inputs.dtype)
+def _quantized(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, unit: Unit, given: GivenFile | None) -> Any:
+    """The unit's model: the checkpoint quantized (float32 math on a CPU), or the user's own quantized model of it
+    (`given`) scored as given, its parameters in the unit's dtype."""
+    dtype, run = unit_dtype(quantizer, inputs.dtype), unit.run
     if is_identity(quantizer, dtype):
         return work.reference(dtype)
+    if given is not None:
+        return cast_parameters(load_given(given, copy.deepcopy(work.model), inputs.device), dtype)
     kwargs = _calibration_kwargs(inputs, quantizer, work, run) if quantizer.calibrated else {}
     return cast_parameters(quantizer.quantize_model(copy.deepcopy(work.model), **kwargs), dtype)
 
@@ -337,8 +316,10 @@ def score_unit(inputs: _Inputs, unit: Unit, work: CheckpointWork) -> tuple[pd.Da
     final checkpoint with the utility columns of its validation rows (llmaudit.score.utility), measured against
     the checkpoint in the store's dtype (`work.reference`), and what they cost."""
     quantizer = inputs.quantizers[unit.quantizer]
-    qmodel = _quantized(inputs, quantizer, work, unit.run)
-    _record_quantizer(inputs.store, quantizer, qmodel, calibration_record(inputs, quantizer))
+    given = given_file(inputs.store, unit)
+    qmodel = _quantized(inputs, quantizer, work, unit, given)
+    if given is None:  # the record describes llmaudit's quantization; a user's own file is recorded at import
+        _record_quantizer(inputs.store, quantizer, qmodel, calibration_record(inputs, quantizer))
     examples = unit_examples(inputs.val, inputs.pool, unit)
     extra, uwork = None, None
     if inputs.utility.applies(unit):  # validation and pool in separate passes: the reference sees the same batches
