@@ -12,7 +12,9 @@ from llmaudit.quantize.base import library_available, target_modules
 
 from .conftest import build_lora_merged, per_sample_loss
 
-pytestmark = pytest.mark.skipif(not library_available("gptqmodel"), reason="gptqmodel (the gptq extra) is not installed")
+pytestmark = pytest.mark.skipif(
+    not library_available("gptqmodel"), reason="gptqmodel (the gptq extra) is not installed"
+)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 import torch
 import transformers
 
-from llmaudit.quantize import get_quantizer
+from llmaudit.quantize import QuantizationError, get_quantizer
 from llmaudit.quantize.gguf_backend import GGUF_NAMES
 
 REQUIRED = os.environ.get("LLMAUDIT_LLAMA_CPP_REQUIRED") == "1"
@@ -206,3 +206,38 @@ def test_effective_bits_and_size_are_the_files(references):
     norms = sum(p.numel() * 4 for n, p in model.named_parameters() if "norm" in n)
     weights = sum(p.numel() for n, p in model.named_parameters() if "norm" not in n)
     assert quantizer.model_size_bytes(model) == weights * 34 // 32 + norms
+
+
+def test_rotary_rows_are_the_converters_layout(references):
+    from llmaudit.quantize.given import rotary_rows
+
+    ref = references["llama"]
+    for layer in range(2):
+        attn = ref.model.model.layers[layer].self_attn
+        for gguf, module, heads in (("attn_q", attn.q_proj, 4), ("attn_k", attn.k_proj, 1)):
+            order = ref.row_order(f"blk.{layer}.{gguf}.weight", module.weight)
+            assert order.tolist() == rotary_rows(module.weight.shape[0], heads).tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_users_own_gguf_is_scored_as_llmaudits_quantization_of_it(references, arch):
+    """A .gguf made by llama.cpp's converter + quantizer of the checkpoint is read back (un-permuted) into exactly
+    the weights llmaudit's own gguf-q4_k_m gives; another model's file is refused."""
+    from llmaudit.quantize.given import load_gguf
+
+    ref = references[arch]
+    path = ref.root / f"user-{arch}.gguf"
+    llama_cpp_lib.quantize_file(ref.f32, path, ftype=15, imatrix=None, threads=2)  # Q4_K_M, llama.cpp's own file
+    given = load_gguf(path, copy.deepcopy(ref.model), "gguf-q4_k_m")
+    own = get_quantizer("gguf-q4_k_m", device="cpu").quantize_model(copy.deepcopy(ref.model))
+    for (name, a), (_, b) in zip(given.named_parameters(), own.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    other = "qwen2" if arch == "llama" else "llama"
+    with pytest.raises(QuantizationError, match="architecture"):
+        load_gguf(path, copy.deepcopy(references[other].model), "gguf-q4_k_m")
+    stranger = tiny(arch)
+    torch.manual_seed(99)
+    for p in stranger.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    with pytest.raises(QuantizationError, match="not a quantization of this checkpoint"):
+        load_gguf(path, stranger, "gguf-q4_k_m")

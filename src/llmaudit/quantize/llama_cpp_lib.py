@@ -100,6 +100,7 @@ def _libs() -> _Libs:
         _LOG.append(text.decode("utf-8", errors="replace"))
 
     binding.llama_log_set(log_callback, ctypes.c_void_p(0))
+    binding.llama_backend_init()  # what the llama-quantize tool calls first
     return _Libs(binding, ggml, log_callback)
 
 
