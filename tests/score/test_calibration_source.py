@@ -122,3 +122,12 @@ def test_scoring_records_where_the_calibration_text_came_from(audited_tiny_store
     record = json.loads(store.quantizer_info_path("gptq-4").read_text())
     assert record["calibration"] == {"source": "heldout"} and record["options"]["calibration_source"] == "heldout"
     assert "calibration" not in json.loads(store.quantizer_info_path("uniform-4").read_text())
+
+
+def test_the_report_states_the_calibration_source_of_each_quantizer():
+    from llmaudit.report.grid import calibration_source
+
+    assert calibration_source({"family": "gptq", "calibration": {"source": "heldout"}}) == "heldout"
+    assert calibration_source({"family": "gptq", "options": {"bits": 4}}) == "members"  # recorded before the setting
+    assert calibration_source({"family": "awq", "calibration": {"source": "file", "sha256": "0" * 64}}) == "file"
+    assert calibration_source({"family": "hqq"}) is None and calibration_source({"family": "gguf"}) is None
