@@ -62,18 +62,18 @@ convert.main()
 
 
 def tiny(arch: str) -> transformers.PreTrainedModel:
-    """Llama: widths that are multiples of 256 (the k-quant block), 8 layers (the mixes depend on the layer), GQA 4,
-    tied embeddings (as SmolLM2). Qwen2: hidden 192, not a multiple of 256 (llama.cpp falls back to 32-blocks there),
-    biases, an untied head."""
+    """Llama: widths that are multiples of 256 (the k-quant block), 4 layers (the mixes depend on the layer: Q4_K_M
+    raises layers 2 and 3), GQA 4, tied embeddings (as SmolLM2). Qwen2: hidden 192, not a multiple of 256 (llama.cpp
+    falls back to 32-blocks there), biases, an untied head."""
     torch.manual_seed(7)
     if arch == "llama":
         config = transformers.LlamaConfig(
-            hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
+            hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=1, vocab_size=512, max_position_embeddings=256, tie_word_embeddings=True,
         )  # fmt: skip
         return transformers.LlamaForCausalLM(config).eval()
     config = transformers.Qwen2Config(
-        hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=192, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=512, max_position_embeddings=256, tie_word_embeddings=False,
     )  # fmt: skip
     return transformers.Qwen2ForCausalLM(config).eval()
@@ -167,7 +167,7 @@ def test_types_and_bytes_equal_llama_cpp(references, tokenizer, calibration, arc
         ("llama", "gguf-q4_k_m", {"Q4_K", "Q6_K"}),  # the mix: Q6_K on some attn_v / ffn_down and on the head
         ("llama", "gguf-q3_k_m-imatrix", {"Q3_K", "Q4_K", "Q5_K", "Q6_K"}),
         ("qwen2", "gguf-q4_k_m", {"Q5_0", "Q4_K", "Q6_K", "Q8_0"}),  # width 192: Q4_K -> Q5_0, Q6_K -> Q8_0
-        ("qwen2", "gguf-iq4_xs", {"IQ4_NL", "IQ4_XS"}),  # width 192: IQ4_XS -> IQ4_NL
+        ("qwen2", "gguf-iq4_xs", {"IQ4_NL", "IQ4_XS", "Q8_0"}),  # width 192: IQ4_XS -> IQ4_NL, the head Q6_K -> Q8_0
     ],
 )
 def test_the_weights_scored_are_ggml_dequantization_of_those_bytes(
