@@ -68,6 +68,11 @@ class AWQQuantizer(Quantizer):
         if not isinstance(module, nn.Linear):
             raise QuantizationError(f"{self.name}: layer '{name}' is {type(module).__name__}, not nn.Linear")
         check_group_size(self.name, name, module.in_features, self.options["group_size"])
+        if module.out_features % 64:  # AutoAWQ's clipping search, which gptqmodel keeps, works in rows of 64
+            raise QuantizationError(
+                f"{self.name}: layer '{name}' has {module.out_features} outputs; AWQ's clipping search (gptqmodel) "
+                "needs a multiple of 64; fix: restrict modules= to layers whose output width is a multiple of 64"
+            )
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
         group = in_features if self.options["group_size"] == -1 else self.options["group_size"]
@@ -77,7 +82,7 @@ class AWQQuantizer(Quantizer):
         samples = calibration_token_ids(self.name, self.options, tokenizer, calibration_texts)
         calibration = [{"input_ids": ids, "attention_mask": [1] * len(ids)} for ids in samples]
         os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, os.cpu_count() or 2)))
-        from gptqmodel import GPTQModel
+        from gptqmodel import BACKEND, GPTQModel
         from gptqmodel.quantization.config import AWQConfig
 
         expected = {name for name, _ in target_modules(model, self.options["modules"])}
@@ -86,10 +91,15 @@ class AWQQuantizer(Quantizer):
             source, packed = os.path.join(tmp, "source"), os.path.join(tmp, "quantized")
             model.save_pretrained(source)
             tokenizer.save_pretrained(source)
-            dtype = {"dtype": torch.float32} if self.device.type == "cpu" else {}
+            # its torch AWQ kernel (the CPU's) packs only float16/bfloat16 models: the calibration runs in bfloat16
+            dtype = {"dtype": torch.bfloat16} if self.device.type == "cpu" else {}
             wrapped = GPTQModel.load(source, config, device=str(self.device), **dtype)
             with _gptq_logs_in(os.path.join(tmp, "logs")):
-                wrapped.quantize(calibration, tokenizer=tokenizer, batch_size=1, calibration_data_min_length=1)
+                # gptqmodel packs AWQ's GEMM format with its CUDA kernel unless told to use its torch one
+                backend = BACKEND.AWQ_TORCH if self.device.type == "cpu" else BACKEND.AUTO
+                wrapped.quantize(
+                    calibration, tokenizer=tokenizer, batch_size=1, calibration_data_min_length=1, backend=backend
+                )
             wrapped.save(packed)
             del wrapped
             if self.resolved_mode == "real":
