@@ -96,7 +96,7 @@ def test_a_file_that_does_not_fit_is_refused_in_one_line(lora_run, tmp_path):  #
     refused(*run_cli([*args, "--quantized", f"gguf-q8_0={missing}"])[::2], "does not exist")
     refused(*run_cli([*args, "--quantized", f"fp32={lora_run['train']}"])[::2], "is not a quantizer")
     refused(*run_cli([*args, "--quantized", f"gguf-q8_0={lora_run['train']}"])[::2], "takes a .gguf file")
-    refused(*run_cli([*args, "--quantized", f"gptq-4={lora_run['dir']}"])[::2], "no config.json")
+    refused(*run_cli([*args, "--quantized", f"gptq-4={lora_run['dir']}"])[::2], "checkpoint directory with config.json")
     assert not (tmp_path / "bad").exists()
 
 

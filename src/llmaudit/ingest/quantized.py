@@ -41,6 +41,12 @@ def parse_quantized(specs: Sequence[str], n_runs: int) -> list[tuple[int, str, P
         file = Path(path.strip()).expanduser()
         if not file.exists():
             raise ImportInputError(f"--quantized {spec!r}: {file} does not exist")
+        if name.startswith("gguf-") and not (file.is_file() and file.suffix == ".gguf"):
+            raise ImportInputError(f"--quantized {spec!r}: a gguf-* quantizer takes a .gguf file")
+        if not name.startswith("gguf-") and not (file / "config.json").is_file():
+            raise ImportInputError(
+                f"--quantized {spec!r}: a checkpoint directory with config.json is needed for {name}"
+            )
         per_name.setdefault(name, []).append(file)
     out = []
     for name, paths in per_name.items():
