@@ -250,6 +250,12 @@ def import_(
     seed: int = typer.Option(0, "--seed", help="Seed of the draws, the pool/validation split and the blind baseline."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_HELP),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars while loading models."),
+    quantized: list[str] = typer.Option(
+        None,
+        "--quantized",
+        help="NAME=PATH: your own quantized model of a run's final checkpoint, scored as given for quantizer NAME "
+        "(a .gguf for gguf-*, a checkpoint directory for gptq-*, awq-4, bnb-*); once per run, in run order.",
+    ),
 ) -> None:
     """Audit a fine-tune you trained yourself (transformers.Trainer / TRL output, LoRA or full model): writes
     a run store that references the checkpoints (digests recorded, nothing copied), takes membership from
@@ -271,6 +277,7 @@ def import_(
         seed=seed,
         overrides=rest,
         trust_remote_code=trust_remote_code,
+        quantized=list(quantized or []),
         echo=typer.echo,
     )
 

@@ -260,6 +260,23 @@ class ScoreConfig(_Section):
 
     quantizer_options: dict[str, dict[str, Any]] = Field(default_factory=dict, max_length=MAX_QUANTIZERS)
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
+    calibration_source: Literal["heldout", "members", "file"] = "heldout"
+    """Where the calibrated quantizers (GPTQ, AWQ, the GGUF -imatrix ones) take their calibration text: heldout = the
+    store's validation records (never trained on; the utility columns are measured on them too); members = each run's
+    own training records (the base model's units: run 0's); file = calibration_file, the same for every run. Each
+    calibrated quantizer records it among its options (a store's record without it calibrated on members); a
+    quantizer's own option (quantizer_options.NAME.calibration_source) overrides it (docs/science.md "Calibration
+    text")."""
+    calibration_file: str | None = None
+    """The text of calibration_source=file: plain UTF-8 text (documents separated by blank lines) or JSONL with a
+    `text` field; its sha256 is recorded with every quantizer that calibrated on it."""
+
+    @model_validator(mode="after")
+    def _calibration_file_named(self) -> ScoreConfig:
+        if self.calibration_source == "file" and not self.calibration_file:
+            raise ValueError("calibration_source=file needs score.calibration_file=PATH (a text or JSONL file)")
+        return self
+
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to score: auto = cuda if available."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -287,8 +304,8 @@ class ScoreConfig(_Section):
     matched_base: bool = False
     """Also score the base model under every other quantizer: the quantization-matched reference of the
     attacks' `*_qbase` variants (ref, EZ-MIA, WBC against the base quantized like the target; docs/science.md
-    section 4). One more unit per quantizer; GPTQ calibrates the base as for the reference unit (on run 0's
-    training texts). Needs score_base."""
+    section 4). One more unit per quantizer; a calibrated quantizer calibrates the base as it calibrates run 0
+    (calibration_source). Needs score_base."""
     pool_trajectory: bool = False
     """Also score the pool (training members and non-members) at every checkpoint, not only the final one:
     trajectory indicators of members (gap_std_traj, rq_train) need it. About doubles the scoring work."""

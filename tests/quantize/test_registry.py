@@ -10,6 +10,7 @@ import torch
 import llmaudit.quantize as quantize
 import llmaudit.quantize.base as base
 from llmaudit.quantize import QUANTIZER_NAMES, QuantizationError, get_quantizer, list_quantizers
+from llmaudit.quantize.gguf_backend import GGUF_NAMES, GGUF_TYPES
 
 from .conftest import build_tiny
 
@@ -37,6 +38,8 @@ EXPECTED = {
     "uniform-3": ("simple", 3),
     "uniform-4": ("simple", 4),
     "uniform-5": ("simple", 5),
+    "awq-4": ("awq", 4),
+    **{name: ("gguf", GGUF_TYPES[kind].bits) for name, (kind, _) in GGUF_NAMES.items()},
 }
 
 
@@ -46,7 +49,16 @@ def test_names_family_bits_and_json_options():
         q = get_quantizer(name)
         assert (q.name, q.family, q.bits) == (name, family, float(bits))
         assert json.loads(json.dumps(q.options)) == q.options
-        assert q.options["device"] == "auto" and q.options["modules"] == list(quantize.DEFAULT_MODULES)
+        assert q.options["device"] == "auto"
+        if family != "gguf":  # llama.cpp quantizes what llama.cpp quantizes (the embeddings and the head too)
+            assert q.options["modules"] == list(quantize.DEFAULT_MODULES)
+        assert (q.options.get("calibration_source") == "heldout") is (q.calibrated is True)
+    assert {"gguf-q8_0", "gguf-q6_k", "gguf-q5_k_m", "gguf-q4_k_m", "gguf-q3_k_m", "gguf-q2_k", "gguf-iq4_xs"} <= set(
+        QUANTIZER_NAMES
+    )
+    # types llama.cpp refuses to make without an importance matrix exist only with one; Q8_0 ignores one
+    assert "gguf-iq2_xxs" not in QUANTIZER_NAMES and "gguf-iq2_xxs-imatrix" in QUANTIZER_NAMES
+    assert "gguf-q8_0-imatrix" not in QUANTIZER_NAMES and "gguf-q4_k_m-imatrix" in QUANTIZER_NAMES
     assert get_quantizer("hqq-4").options["group_size"] == 64
     assert get_quantizer("gptq-4", group_size=32, calibration_samples=8).options["calibration_samples"] == 8
 
@@ -80,7 +92,8 @@ def test_unknown_name_lists_allowed():
 def test_import_does_not_load_backends():
     code = (
         "import sys, llmaudit, llmaudit.quantize as q; q.list_quantizers(); q.get_quantizer('hqq-4'); "
-        "bad = [m for m in ('hqq', 'bitsandbytes', 'gptqmodel', 'auto_gptq') if m in sys.modules]; "
+        "q.get_quantizer('gguf-q4_k_m-imatrix'); q.get_quantizer('awq-4'); "
+        "bad = [m for m in ('hqq', 'bitsandbytes', 'gptqmodel', 'auto_gptq', 'llama_cpp', 'gguf') if m in sys.modules]; "
         "assert not bad, bad"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -93,6 +106,8 @@ def test_import_does_not_load_backends():
         ("hqq-4", "hqq", "pip install 'llmaudit[hqq]'", {}),
         ("bnb-nf4", "bitsandbytes", "pip install 'llmaudit[bnb]'", {}),
         ("gptq-4", "gptqmodel", "pip install 'llmaudit[gptq]'", {"solver": "gptqmodel"}),
+        ("awq-4", "gptqmodel", "pip install 'llmaudit[gptq]'", {}),
+        ("gguf-q4_k_m", "llama_cpp", "pip install 'llmaudit[llamacpp]'", {}),
     ],
 )
 def test_missing_library_is_reported_with_install_hint(monkeypatch, name, library, hint, options):

@@ -41,6 +41,7 @@ from llmaudit.data.formats import read_user_records
 from llmaudit.data.records import dataset_fingerprint, record_fingerprint, record_format, records_to_jsonl
 from llmaudit.data.tokenize import format_record
 from llmaudit.ingest.checkpoints import Checkpoint, ImportInputError, TrainingOutput, find_checkpoints, weight_shapes
+from llmaudit.ingest.quantized import check_quantized, parse_quantized, with_quantizers
 from llmaudit.models.builtin import BUILTIN_PREFIX
 from llmaudit.models.layers import count_parameters
 from llmaudit.models.loading import (
@@ -109,6 +110,7 @@ def import_training(
     seed: int = 0,
     overrides: Sequence[str] = (),
     trust_remote_code: bool = False,
+    quantized: Sequence[str] = (),
     echo: Callable[[str], Any] = print,
 ) -> ImportResult:
     """Check the inputs and write the run store (see the module docstring). Raises a UserError (one line
@@ -123,6 +125,7 @@ def import_training(
 
     # 1. The training outputs: checkpoints with safetensors weights (no digest yet, no model loaded).
     runs = [find_checkpoints(d) for d in dirs]
+    given_specs = parse_quantized(quantized, len(runs))
     _check_out_dir(out, runs)
     for run, output in enumerate(runs):
         echo(f"[import] run {run}: {len(output.checkpoints)} checkpoint(s) in {output.source}")
@@ -144,10 +147,14 @@ def import_training(
     if store.exists():
         return _existing(store, cfg, pool, val, runs, masks, echo)
     parameters = _check_models(cfg, runs, echo)
+    given = check_quantized(cfg, runs, given_specs, echo)  # the user's own quantized models: `ingest.quantized`
+    cfg = with_quantizers(cfg, given)
 
     # 4. Digests of every checkpoint's defining files, then the store (data files first, the manifest last).
     echo("[import] recording the checkpoints' sha256 digests ...")
     imported = _imported_block(runs, files, heldout_path, record_format_option)
+    if given:
+        imported["quantized"] = [g.to_dict() for g in given]
     data_info = _data_block(files, heldout_path, train_sets, heldout, pool, val, record_format_option, seed)
     data_info.update(max_train=max_train, max_heldout=max_heldout)
     _write_store(store, cfg, pool, val, masks, data_info, imported, source.to_dict(), parameters)

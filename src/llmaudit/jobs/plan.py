@@ -53,7 +53,7 @@ GPU_BF16_PEAK = {"h100": 989e12, "h200": 989e12, "a100": 312e12, "l40s": 362e12,
 """Published dense bf16 tensor-core peaks in FLOP/s (NVIDIA data sheets; SXM parts for H100/H200/A100)."""
 GPU_EFFICIENCY = {"score": 0.40, "train": 0.30}
 """Share of the peak assumed: scoring = the goal of benchmarks/gpu_check.py (unmeasured), training = typical LoRA MFU."""
-GPU_QUANTIZE_S_PER_LAYER = {"full": 0.0, "simple": 0.01, "bnb": 0.02, "hqq": 0.3, "gptq": 2.0}
+GPU_QUANTIZE_S_PER_LAYER = {"full": 0.0, "simple": 0.01, "bnb": 0.02, "hqq": 0.3, "gptq": 2.0, "awq": 2.0, "gguf": 0.5}
 """Assumed seconds per transformer layer per quantization on a GPU, at 0.5B scale (scaled by layer size)."""
 KNOWN_SHAPES = {
     "Qwen/Qwen2.5-0.5B-Instruct": dict(
@@ -456,7 +456,7 @@ def _quantizer_costs(
         opts = dict(cfg.score.quantizer_options.get(name, {}))
         opts.setdefault("device", device.type)
         q = get_quantizer(name, **opts)
-        kwargs = {"tokenizer": draw.tokenizer, "calibration_texts": texts} if q.family == "gptq" else {}
+        kwargs = {"tokenizer": draw.tokenizer, "calibration_texts": texts} if q.calibrated else {}
         t0 = time.perf_counter()
         qmodel = cast_parameters(q.quantize_model(copy.deepcopy(small), **kwargs), dtype)
         quantize_s[name] = (time.perf_counter() - t0) * layers / max(1, min(2, layers))

@@ -3,15 +3,17 @@
 >>> q = get_quantizer("hqq-4", group_size=64, device="auto")
 >>> q.check(model); qmodel = q.quantize_model(model)
 
-Importing this package never imports bitsandbytes, gptqmodel or hqq: each backend imports its library
+Importing this package never imports bitsandbytes, gptqmodel, hqq or llama.cpp: each backend imports its library
 inside ``quantize_model``, behind a cached ``importlib.util.find_spec`` availability check.
 """
 
 from __future__ import annotations
 
+from .awq_backend import AWQ_BITS, AWQQuantizer
 from .base import DEFAULT_MODULES, QuantizationError, Quantizer, QuantizerInfo
 from .bnb_backend import BNB_KINDS, BnbQuantizer
 from .full import FULL_DTYPES, FULL_PRECISION_NAMES, FullPrecision, full_precision_reference
+from .gguf_backend import GGUF_NAMES, GGUFQuantizer
 from .gptq_backend import GPTQ_BITS, GPTQQuantizer
 from .hqq_backend import HQQ_BITS, HQQQuantizer
 from .simple import SIMPLE_SPECS, SimpleQuantizer, sign_quantize, ternary_quantize, uniform_quantize
@@ -22,6 +24,8 @@ _REGISTRY: dict[str, type[Quantizer]] = {
     **dict.fromkeys(GPTQ_BITS, GPTQQuantizer),
     **dict.fromkeys(HQQ_BITS, HQQQuantizer),
     **dict.fromkeys(SIMPLE_SPECS, SimpleQuantizer),
+    **dict.fromkeys(AWQ_BITS, AWQQuantizer),
+    **dict.fromkeys(GGUF_NAMES, GGUFQuantizer),
 }
 
 QUANTIZER_NAMES: tuple[str, ...] = tuple(_REGISTRY)

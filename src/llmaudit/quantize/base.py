@@ -211,6 +211,9 @@ class Quantizer:
 
     family: str = ""
     library: str | None = None  # import name of the backend library, if any
+    calibrated: bool = (
+        False  # fits itself to calibration text: has the option calibration_source (quantize.calibration)
+    )
     # option -> the value it had before it existed: what a store's record without that key means
     legacy_options: dict[str, Any] = {}
 

@@ -26,8 +26,9 @@ gptqmodel (auto-gptq cannot quantize without CUDA and does not import with trans
 Both options are resolved when the quantizer is built, so the options recorded in a store name the solver
 and the calibration that made its units.
 
-Calibration samples are drawn from ``calibration_texts`` (the run's training texts by default; the caller
-passes them): ``calibration_samples`` texts sampled without replacement with ``seed``, each truncated to
+Calibration samples are drawn from ``calibration_texts``, which the caller passes: the score stage passes those of
+``calibration_source`` (held-out records by default, the run's own training records with ``members``, a user's file
+with ``file``: quantize.calibration; a store scored before the option existed calibrated on ``members``): ``calibration_samples`` texts sampled without replacement with ``seed``, each truncated to
 ``calibration_max_length`` tokens.
 
 ``mode``:
@@ -76,6 +77,7 @@ from .base import (
     replace_module,
     target_modules,
 )
+from .calibration import CALIBRATION_SOURCES, DEFAULT_CALIBRATION_SOURCE, LEGACY_CALIBRATION_SOURCE
 from .gptq_calibration import check_finite, collect_hessians, quantize_sequential
 from .gptq_solver import GPTQSpec, solve_layers
 
@@ -83,7 +85,7 @@ GPTQ_BITS = {"gptq-2": 2, "gptq-3": 3, "gptq-4": 4, "gptq-8": 8}
 SOLVERS = ("auto", "llmaudit", "gptqmodel")
 CALIBRATIONS = ("auto", "sequential", "shared")
 # what a store scored before these options existed used: gptqmodel, which is sequential
-LEGACY_OPTIONS = {"solver": "gptqmodel", "calibration": "sequential"}
+LEGACY_OPTIONS = {"solver": "gptqmodel", "calibration": "sequential", "calibration_source": LEGACY_CALIBRATION_SOURCE}
 # what calibration='auto' means with llmaudit's solver: gptqmodel's convention (its codes bit for bit), as
 # shared Hessians cost gptq-4 twice gptqmodel's loss increase on SmolLM2 (docs/science.md, docs/results.md)
 LLMAUDIT_CALIBRATION = "sequential"
@@ -108,6 +110,7 @@ class GPTQHessians:
 
 class GPTQQuantizer(Quantizer):
     family = "gptq"
+    calibrated = True
 
     def __init__(self, name: str, **options):
         self.nbits = GPTQ_BITS[name]
@@ -120,6 +123,7 @@ class GPTQQuantizer(Quantizer):
         spec["desc_act"] = boolean(False)
         spec["sym"] = boolean(True)
         spec["damp_percent"] = real(0.05, "a number in (0, 1)", lambda d: 0 < d < 1)
+        spec["calibration_source"] = choice(DEFAULT_CALIBRATION_SOURCE, CALIBRATION_SOURCES)
         spec["calibration_samples"] = integer(128, "a positive int", lambda n: n > 0)
         spec["calibration_max_length"] = integer(512, "a positive int (tokens)", lambda n: n > 0)
         spec["seed"] = integer(0, "an int", lambda s: True)
@@ -190,6 +194,7 @@ class GPTQQuantizer(Quantizer):
         o = self.options
         return {
             "convention": HESSIAN_CONVENTION,
+            "calibration_source": o["calibration_source"],
             "calibration_samples": o["calibration_samples"],
             "calibration_max_length": o["calibration_max_length"],
             "seed": o["seed"],
@@ -297,8 +302,8 @@ class GPTQQuantizer(Quantizer):
         """Sample and tokenize the calibration texts: a list of {input_ids, attention_mask} lists."""
         if tokenizer is None or not calibration_texts:
             raise QuantizationError(
-                f"{self.name}: GPTQ needs tokenizer= and calibration_texts= (the run's training texts "
-                "by default); fix: pass both to quantize_model"
+                f"{self.name}: GPTQ needs tokenizer= and calibration_texts= (the score stage passes those of "
+                "calibration_source); fix: pass both to quantize_model"
             )
         texts = [t for t in calibration_texts if isinstance(t, str) and t.strip()]
         if not texts:

@@ -175,6 +175,15 @@ def strongest_vs_loss(attacks: dict[str, dict[str, Any]]) -> dict[str, Any] | No
     return out or None
 
 
+def calibration_source(info: dict[str, Any]) -> str | None:
+    """Where a calibrated quantizer's calibration text came from (its record; a GPTQ record written before the
+    setting existed calibrated on the run's members), or None for a quantizer that does not calibrate."""
+    calibration = info.get("calibration")
+    if isinstance(calibration, dict) and calibration.get("source"):
+        return str(calibration["source"])
+    return "members" if info.get("family") == "gptq" else None
+
+
 def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
     rq = (result.get("indicator") or {}).get("per_quantizer") or {}
@@ -195,6 +204,7 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "quantizer": q,
                 "is_reference": q == ref,
                 "family": info.get("family"),
+                "calibration": calibration_source(info),
                 "bits": finite_or_none(info.get("bits")),
                 "effective_bits": finite_or_none(info.get("effective_bits")),
                 "model_size_bytes": size,

@@ -235,6 +235,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "quantizer": {"type": "string"},
                 "is_reference": {"type": "boolean"},
                 "family": _STR,
+                "calibration": _STR,
                 "bits": _NUM,
                 "effective_bits": _NUM,
                 "model_size_bytes": _NUM,

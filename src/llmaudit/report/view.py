@@ -155,7 +155,7 @@ def _grid_section(report: dict[str, Any]) -> Section:
         )
         cells = [
             Cell(r["quantizer"] + (" (ref)" if r["is_reference"] else ""), code=True),
-            Cell(r["family"] or ""),
+            Cell((r["family"] or "") + (f" (calibrated on {r['calibration']})" if r.get("calibration") else "")),
             Cell(fmt_num(r["bits"], 2)),
             Cell(fmt_num(r["effective_bits"], 2)),
             Cell(size),
@@ -184,6 +184,9 @@ def _grid_section(report: dict[str, Any]) -> Section:
         + ("Task metrics: as the recipe requests. " if task_names else "Task metrics: none requested by the recipe. ")
         + "r_Q: attack-free indicator (higher = more secure), mean over runs with a 95% bootstrap interval; rank 1 = most secure. "
         "Best attack: the attack with the highest per-sample-calibrated pooled TPR at 1% FPR; best AUROC: over all attacks. "
+        "Calibrated on: where a calibrated quantizer (GPTQ, AWQ, a GGUF importance matrix) took its calibration text "
+        "(heldout = validation records no run trained on; members = each run's own training records; file = a text the "
+        "user named). "
         "† marks an estimate flagged unreliable (fewer than 10/alpha non-members).",
     ]
     return Section(

@@ -38,12 +38,14 @@ from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig
-from llmaudit.data.records import record_text
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_checkpoint_model, load_tokenizer
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.base import Quantizer
+from llmaudit.quantize.calibration import read_calibration_file
+from llmaudit.quantize.given import GivenFile, load_given
+from llmaudit.score.calibration import calibration_record, calibration_texts, given_file
 from llmaudit.score.engine import TokenScores, score_examples, weights_digest
 from llmaudit.score.utility import UnitUtility, UtilityWork, nonfinite_divergence, work_fields
 from llmaudit.store.integrity import check_checkpoint_dir, check_unit_file, quarantine, verify_store
@@ -93,22 +95,23 @@ def _rows(
     return pd.DataFrame(rows)
 
 
-def _record_quantizer(store: RunStore, quantizer: Quantizer, qmodel: Any) -> None:
-    """Once per quantizer: its options, effective bits per weight and model size (for the report)."""
+def _record_quantizer(store: RunStore, quantizer: Quantizer, qmodel: Any, calibration: dict | None = None) -> None:
+    """Once per quantizer: its options, effective bits per weight and model size (for the report), and for a calibrated
+    quantizer where its calibration text came from (`calibration_record`)."""
     path = store.quantizer_info_path(quantizer.name)
     if path.exists():
         return
-    atomic_write_json(
-        path,
-        {
-            "name": quantizer.name,
-            "family": quantizer.family,
-            "bits": quantizer.bits,
-            "effective_bits": quantizer.effective_bits(qmodel),
-            "model_size_bytes": quantizer.model_size_bytes(qmodel),
-            "options": quantizer.options,
-        },
-    )
+    record = {
+        "name": quantizer.name,
+        "family": quantizer.family,
+        "bits": quantizer.bits,
+        "effective_bits": quantizer.effective_bits(qmodel),
+        "model_size_bytes": quantizer.model_size_bytes(qmodel),
+        "options": quantizer.options,
+    }
+    if calibration is not None:
+        record["calibration"] = calibration
+    atomic_write_json(path, record)
 
 
 def check_recorded_options(store: RunStore, quantizers: dict[str, Quantizer]) -> None:
@@ -131,6 +134,8 @@ def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Q
     for name in cfg.score.quantizers:
         opts = dict(cfg.score.quantizer_options.get(name, {}))
         opts.setdefault("device", device.type)
+        if get_quantizer(name).calibrated:  # the recipe's calibration source, unless the quantizer's own option says
+            opts.setdefault("calibration_source", cfg.score.calibration_source)
         q = get_quantizer(name, **opts)
         q.check()
         quantizers[name] = q
@@ -154,6 +159,8 @@ class _Inputs:
     dtype: torch.dtype
     """The store's scoring dtype (RunStore.scoring_choice)."""
     utility: UnitUtility
+    calibration_file: tuple[list[str], str] | None = None
+    """(texts, sha256) of score.calibration_file when a quantizer calibrates on it."""
 
 
 def _load_inputs(
@@ -171,8 +178,22 @@ def _load_inputs(
         quantizer.check(base)
     import_gptqmodel_quietly()  # peft (adapters) and the GPTQ backend import it
     utility = make_utility(cfg, store, tok, val)
+    on_file = any(q.calibrated and q.options["calibration_source"] == "file" for q in quantizers.values())
+    calibration_file = read_calibration_file(cfg.score.calibration_file) if on_file else None
     return _Inputs(
-        cfg, store, device, quantizers, tok, pool_records, pool, val, store.membership(), base, dtype, utility
+        cfg,
+        store,
+        device,
+        quantizers,
+        tok,
+        pool_records,
+        pool,
+        val,
+        store.membership(),
+        base,
+        dtype,
+        utility,
+        calibration_file,
     )
 
 
@@ -236,15 +257,11 @@ def unit_dtype(quantizer: Quantizer, store_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if quantizer.family == "full" and quantizer.name == "fp32" else store_dtype
 
 
-def _gptq_kwargs(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> dict[str, Any]:
-    """Calibration of a GPTQ unit: the run's own training samples (the base: run 0's); its Hessians are computed once
-    per checkpoint and calibration, and shared by the GPTQ quantizers that calibrate alike."""
-    members = np.flatnonzero(inputs.masks[max(run, 0)])
-    kwargs: dict[str, Any] = {
-        "tokenizer": inputs.tok,
-        "calibration_texts": [record_text(inputs.pool_records[i]) for i in members],
-    }
-    key = quantizer.calibration_key()
+def _calibration_kwargs(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> dict[str, Any]:
+    """Calibration of a calibrated quantizer's unit (`calibration_texts`); GPTQ's Hessians are computed once per
+    checkpoint and calibration, and shared by the GPTQ quantizers that calibrate alike."""
+    kwargs: dict[str, Any] = {"tokenizer": inputs.tok, "calibration_texts": calibration_texts(inputs, quantizer, run)}
+    key = quantizer.calibration_key() if quantizer.family == "gptq" else None
     if key is not None:  # Hessians of the unquantized checkpoint: the same for every bit width and group size
         shared = ("gptq", json.dumps(key, sort_keys=True))
         kwargs["hessians"] = work.get(shared, lambda: quantizer.collect_hessians(work.model, **kwargs))
@@ -257,12 +274,15 @@ def is_identity(quantizer: Quantizer, dtype: torch.dtype) -> bool:
     return quantizer.family == "full" and getattr(quantizer, "dtype", None) == dtype
 
 
-def _quantized(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> Any:
-    """The unit's model: the checkpoint quantized (float32 math on a CPU), its parameters in the unit's dtype."""
-    dtype = unit_dtype(quantizer, inputs.dtype)
+def _quantized(inputs: _Inputs, quantizer: Quantizer, work: CheckpointWork, unit: Unit, given: GivenFile | None) -> Any:
+    """The unit's model: the checkpoint quantized (float32 math on a CPU), or the user's own quantized model of it
+    (`given`) scored as given, its parameters in the unit's dtype."""
+    dtype, run = unit_dtype(quantizer, inputs.dtype), unit.run
     if is_identity(quantizer, dtype):
         return work.reference(dtype)
-    kwargs = _gptq_kwargs(inputs, quantizer, work, run) if quantizer.family == "gptq" else {}
+    if given is not None:
+        return cast_parameters(load_given(given, copy.deepcopy(work.model), inputs.device), dtype)
+    kwargs = _calibration_kwargs(inputs, quantizer, work, run) if quantizer.calibrated else {}
     return cast_parameters(quantizer.quantize_model(copy.deepcopy(work.model), **kwargs), dtype)
 
 
@@ -296,8 +316,10 @@ def score_unit(inputs: _Inputs, unit: Unit, work: CheckpointWork) -> tuple[pd.Da
     final checkpoint with the utility columns of its validation rows (llmaudit.score.utility), measured against
     the checkpoint in the store's dtype (`work.reference`), and what they cost."""
     quantizer = inputs.quantizers[unit.quantizer]
-    qmodel = _quantized(inputs, quantizer, work, unit.run)
-    _record_quantizer(inputs.store, quantizer, qmodel)
+    given = given_file(inputs.store, unit)
+    qmodel = _quantized(inputs, quantizer, work, unit, given)
+    if given is None:  # the record describes llmaudit's quantization; a user's own file is recorded at import
+        _record_quantizer(inputs.store, quantizer, qmodel, calibration_record(inputs, quantizer))
     examples = unit_examples(inputs.val, inputs.pool, unit)
     extra, uwork = None, None
     if inputs.utility.applies(unit):  # validation and pool in separate passes: the reference sees the same batches

@@ -1,0 +1,229 @@
+"""A quantized model the user already produced, scored as given in place of llmaudit's quantization of the same
+checkpoint (``llmaudit import --quantized NAME=PATH``).
+
+Per quantizer family:
+- ``gguf-*``: a ``.gguf`` file of the fine-tune (made by llama.cpp's converter and ``llama-quantize``, or any tool
+  writing the same tensor names). Every tensor it quantized is read and dequantized by ggml's own ``to_float`` (the
+  weights an inference engine reads, as for llmaudit's own GGUF quantizers), the rows of Llama's attn_q / attn_k put
+  back from llama.cpp's rotary layout, and set into the checkpoint's model; its float32 tensors (norms, biases) are
+  set too.
+- ``gptq-*``, ``awq-4``, ``bnb-*``: a checkpoint directory with ``config.json`` whose ``quantization_config`` names
+  the method (gptq, awq, bitsandbytes) and safetensors weights, loaded by transformers with the method's library (its
+  own kernels): the model as the user deploys it.
+
+Refused in one line (QuantizationError naming the file and the fix) when the format does not fit the quantizer, when
+the architecture or a tensor's shape differs from the checkpoint it claims to quantize, or when its weights are not a
+quantization of that checkpoint (relative distance of the in-block weights above ``MAX_RELATIVE_DISTANCE``: another
+model altogether). Files are identified by their sha256 (``describe``) and checked again before they are scored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from llmaudit.common.io import file_digest
+
+from .base import QuantizationError
+
+METHODS = {"gptq": "gptq", "awq": "awq", "bnb": "bitsandbytes"}
+"""Quantizer family -> the quant_method its checkpoint directory's quantization_config names."""
+MAX_RELATIVE_DISTANCE = 0.5
+"""||W_given - W|| / ||W|| over the in-block weights above this is not a quantization of the checkpoint: 2-bit
+llama.cpp types stay near 0.3, a different model of the same shapes is near 1.4."""
+
+
+@dataclass(frozen=True)
+class GivenFile:
+    """A user's quantized model of one run's final checkpoint, as the manifest records it."""
+
+    run: int
+    step: int
+    """The run's checkpoint it quantizes: the final one."""
+    quantizer: str
+    path: str
+    kind: str
+    """gguf | checkpoint"""
+    files: dict[str, str]
+    """{file name: sha256} (the .gguf itself, or every .json and .safetensors file of the directory)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> GivenFile:
+        return cls(int(record["run"]), int(record["step"]), str(record["quantizer"]), str(record["path"]),
+                   str(record["kind"]), dict(record["files"]))  # fmt: skip
+
+
+def _family(quantizer: str) -> str:
+    return quantizer.split("-", 1)[0]
+
+
+def describe(run: int, step: int, quantizer: str, path: str | Path) -> GivenFile:
+    """The record of ``path`` as quantizer ``quantizer``'s model of ``run``'s checkpoint ``step``, its files digested. One-line refusal when
+    the format does not fit the quantizer."""
+    path = Path(path).expanduser().resolve()
+    family = _family(quantizer)
+    if family == "gguf":
+        if not (path.is_file() and path.suffix == ".gguf"):
+            raise QuantizationError(f"--quantized {quantizer}={path}: a gguf-* quantizer takes a .gguf file")
+        return GivenFile(run, step, quantizer, str(path), "gguf", {path.name: file_digest(path)})
+    if family not in METHODS:
+        raise QuantizationError(
+            f"--quantized {quantizer}={path}: only gguf-*, gptq-*, awq-4 and bnb-* quantizers take a file of your own"
+        )
+    if not (path / "config.json").is_file():
+        raise QuantizationError(f"--quantized {quantizer}={path}: not a checkpoint directory (no config.json)")
+    pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
+    if pickled or not list(path.glob("*.safetensors")):
+        raise QuantizationError(
+            f"--quantized {quantizer}={path}: no safetensors weights{f' (pickled {pickled} are never loaded)' if pickled else ''}; "
+            "fix: save the quantized model with safe_serialization=True"
+        )
+    method = _method(path)
+    if method != METHODS[family]:
+        raise QuantizationError(
+            f"--quantized {quantizer}={path}: its quantization_config says quant_method={method!r}, "
+            f"a {family} quantizer needs {METHODS[family]!r}"
+        )
+    names = sorted(p.name for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors"))
+    return GivenFile(run, step, quantizer, str(path), "checkpoint", {n: file_digest(path / n) for n in names})
+
+
+def _method(directory: Path) -> str | None:
+    import json
+
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    return str(quant.get("quant_method")) if isinstance(quant, dict) else None
+
+
+def check_digests(given: GivenFile) -> None:
+    """The files are the ones recorded (sha256), none added."""
+    path = Path(given.path)
+    directory = path if given.kind == "checkpoint" else path.parent
+    for name, digest in given.files.items():
+        if not (directory / name).is_file() or file_digest(directory / name) != digest:
+            raise QuantizationError(
+                f"{directory / name}: the quantized file given for {given.quantizer} (run {given.run}) changed or "
+                "is missing since `llmaudit import` recorded it; fix: restore it, or import again"
+            )
+    if given.kind == "checkpoint":
+        added = sorted(
+            p.name for p in path.iterdir() if p.suffix in (".json", ".safetensors") and p.name not in given.files
+        )
+        if added:
+            raise QuantizationError(f"{path}: {added[0]} was added after `llmaudit import` recorded the directory")
+
+
+def load_given(given: GivenFile, checkpoint: nn.Module, device: torch.device) -> nn.Module:
+    """The user's quantized model of ``checkpoint`` (which is modified: pass a copy), checked against it."""
+    check_digests(given)
+    if given.kind == "gguf":
+        return load_gguf(Path(given.path), checkpoint, given.quantizer).to(device).eval()
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(given.path, device_map=str(device))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise QuantizationError(f"{given.path} does not load as a {given.quantizer} checkpoint ({first})") from None
+    check_shapes(model, checkpoint, given.path)
+    return model.eval()
+
+
+def check_shapes(model: nn.Module, checkpoint: nn.Module, where: str) -> None:
+    """Same architecture, and every linear layer of ``checkpoint`` present with the same in/out features."""
+    mine, theirs = type(checkpoint).__name__, type(model).__name__
+    if mine != theirs:
+        raise QuantizationError(
+            f"{where}: a {theirs}, the checkpoint it should quantize is a {mine}; fix: pass the model of this fine-tune"
+        )
+    layers = {n: m for n, m in model.named_modules() if isinstance(getattr(m, "in_features", None), int)}
+    for name, module in checkpoint.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        other = layers.get(name)
+        if other is None or (other.in_features, other.out_features) != (module.in_features, module.out_features):
+            got = None if other is None else (other.out_features, other.in_features)
+            raise QuantizationError(
+                f"{where}: layer {name} is {got}, the checkpoint's is {(module.out_features, module.in_features)}; "
+                "fix: pass the quantized model of this fine-tune (same base model)"
+            )
+
+
+def load_gguf(path: Path, model: nn.Module, quantizer: str) -> nn.Module:
+    """``model`` with every weight of the GGUF file at ``path`` (dequantized by ggml) in place of its own."""
+    import gguf
+
+    from . import llama_cpp_lib
+    from .gguf_layout import architecture
+
+    arch = architecture(model)
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields.get("general.architecture")
+    written = bytes(field.parts[field.data[0]]).decode() if field is not None else None
+    if written != gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[arch]]:
+        raise QuantizationError(
+            f"{path}: a GGUF of architecture {written!r}, the checkpoint is {arch.lower()!r}; fix: pass the .gguf of this fine-tune"
+        )
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch], int(model.config.num_hidden_layers))
+    params = dict(model.named_parameters())
+    distance, norm = 0.0, 0.0
+    for tensor in reader.tensors:
+        target = _parameter_name(names, params, tensor.name)
+        if target is None:
+            continue
+        param = params[target]
+        shape = tuple(reversed([int(n) for n in tensor.shape]))
+        if shape != tuple(param.shape):
+            raise QuantizationError(
+                f"{path}: tensor {tensor.name} is {shape}, the checkpoint's {target} is {tuple(param.shape)}; fix: pass the "
+                "quantized model of this fine-tune (same base model)"
+            )
+        raw = torch.from_numpy(llama_cpp_lib.dequantize(int(tensor.tensor_type), tensor.data, math.prod(shape)))
+        values = _from_rotary_layout(raw.reshape(shape), tensor.name, model.config, arch)
+        if ".layers." in f".{target}" and values.dim() == 2:
+            distance += float((values - param.detach().float().cpu()).pow(2).sum())
+            norm += float(param.detach().float().cpu().pow(2).sum())
+        param.data = values.to(dtype=param.dtype, device=param.device)
+    if norm == 0 or math.sqrt(distance / norm) > MAX_RELATIVE_DISTANCE:
+        raise QuantizationError(
+            f"{path}: its weights are not a quantization of this checkpoint (relative distance "
+            f"{math.sqrt(distance / norm) if norm else float('inf'):.2f} > {MAX_RELATIVE_DISTANCE}); fix: pass the .gguf made from this "
+            f"fine-tune for {quantizer}"
+        )
+    return model
+
+
+def _parameter_name(names, params: dict[str, nn.Parameter], gguf_name: str) -> str | None:
+    """The Hugging Face parameter a GGUF tensor holds (None for tensors the model has no place for, e.g. rope
+    frequencies)."""
+    for hf_name in params:
+        base, _, suffix = hf_name.rpartition(".")
+        if names.get_name(base) == gguf_name.rpartition(".")[0] and gguf_name.endswith(f".{suffix}"):
+            return hf_name
+    return None
+
+
+def rotary_rows(n_rows: int, n_head: int) -> torch.Tensor:
+    """order with ``gguf_rows = hf_rows[order]``: llama.cpp's converter writes Llama's attn_q / attn_k with each head's
+    rows interleaved (row 2i of a head is its i-th row of the first half, row 2i+1 of the second half)."""
+    half = n_rows // n_head // 2
+    heads = torch.arange(n_rows).reshape(n_head, 2, half)
+    return heads.transpose(1, 2).reshape(-1)
+
+
+def _from_rotary_layout(values: torch.Tensor, gguf_name: str, config, arch: str) -> torch.Tensor:
+    if arch != "LLAMA" or not gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+        return values
+    heads = config.num_attention_heads if "attn_q" in gguf_name else config.num_key_value_heads
+    restored = torch.empty_like(values)
+    restored[rotary_rows(values.shape[0], heads)] = values
+    return restored

@@ -1,0 +1,51 @@
+"""What a scoring unit's quantizer is given besides the checkpoint: the calibration text of a calibrated quantizer
+(by its ``calibration_source``, llmaudit.quantize.calibration), and the user's own quantized model of a run's final
+checkpoint (``llmaudit import --quantized``, llmaudit.quantize.given)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmaudit.common.errors import UserError
+from llmaudit.data.records import record_text
+from llmaudit.quantize.base import Quantizer
+from llmaudit.quantize.given import GivenFile
+from llmaudit.store.run_store import RunStore
+from llmaudit.store.units import Unit
+
+
+def calibration_texts(inputs: Any, quantizer: Quantizer, run: int) -> list[str]:
+    """The calibration text of a calibrated quantizer's unit, by its calibration_source (quantize.calibration): the
+    store's validation records (heldout), the run's own training records (members; the base: run 0's), or the
+    user's file (file)."""
+    source = quantizer.options["calibration_source"]
+    if source == "members":
+        return [record_text(inputs.pool_records[i]) for i in np.flatnonzero(inputs.masks[max(run, 0)])]
+    if source == "file":
+        if inputs.calibration_file is None:
+            raise UserError(f"{quantizer.name}: calibration_source=file needs score.calibration_file=PATH")
+        return list(inputs.calibration_file[0])
+    return [record_text(r) for r in inputs.store.read_records("val")]
+
+
+def calibration_record(inputs: Any, quantizer: Quantizer) -> dict[str, Any] | None:
+    """What a calibrated quantizer's record says about its calibration text (None for the others)."""
+    if not quantizer.calibrated:
+        return None
+    source = quantizer.options["calibration_source"]
+    record: dict[str, Any] = {"source": source}
+    if source == "file" and inputs.calibration_file is not None:
+        record.update(file=str(inputs.cfg.score.calibration_file), sha256=inputs.calibration_file[1])
+    return record
+
+
+def given_file(store: RunStore, unit: Unit) -> GivenFile | None:
+    """The user's own quantized model of this unit (`llmaudit import --quantized`: a run's final checkpoint)."""
+    imported = store.manifest().get("imported") or {}
+    for record in imported.get("quantized") or []:
+        given = GivenFile.from_dict(record)
+        if (given.run, given.step, given.quantizer) == (unit.run, unit.step, unit.quantizer):
+            return given
+    return None
