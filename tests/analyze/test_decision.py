@@ -19,9 +19,9 @@ from llmaudit.analyze.decision.counts import (
     NEG,
     POS,
     TP,
+    calibrated_counts,
     empirical_counts,
     multiplicities,
-    pooled_counts,
     sample_folds,
     weighted_auroc,
 )
@@ -36,76 +36,98 @@ THRESHOLD_1PCT = float(stats.norm.ppf(0.99))
 # counts against slow references
 
 
-def _reference_counts(scores, keep, weights, fpr, folds):
-    """The same counts as `empirical_counts`, one resample, target and fold at a time, rows repeated by weight."""
-    n_folds = 1 if folds is None else int(folds.max()) + 1
-    fold_of = np.zeros(scores.shape[1], int) if folds is None else folds
-    train = np.zeros((weights.shape[0], n_folds, 4))
+def _in_sample_threshold(pos, neg, candidates, fpr):
+    """The threshold t (rows count when > t) with the most members above it among those with at most fpr of the
+    non-members above it: the largest TPR with FPR <= fpr on the empirical ROC."""
+    feasible = [t for t in np.r_[-np.inf, candidates] if (neg > t).sum() <= fpr * neg.size]
+    return min(feasible, key=lambda t: (-(pos > t).sum(), t)) if neg.size else np.inf
+
+
+def _conformal_threshold(neg, fpr):
+    """The k-th largest non-member, k = floor(fpr * (n + 1)): a fresh non-member exceeds it w.p. k / (n + 1)."""
+    k = math.floor(fpr * (neg.size + 1) + 1e-9)
+    return np.sort(neg)[::-1][k - 1] if k >= 1 else np.inf
+
+
+def _count(rows_pos, rows_neg, thr):
+    return [(rows_pos > thr).sum(), rows_pos.size, (rows_neg > thr).sum(), rows_neg.size]
+
+
+def _reference_empirical(scores, keep, weights, fpr, folds):
+    """`empirical_counts` one resample, target and fold at a time, rows repeated by their sample's weight."""
+    n_folds = int(folds.max()) + 1
+    whole, train, test = np.zeros((weights.shape[0], 4)), np.zeros((weights.shape[0], n_folds, 4)), None
     test = np.zeros_like(train)
     for b, w in enumerate(weights.astype(int)):
         for m in range(scores.shape[0]):
             ok = np.isfinite(scores[m])
+
+            def rows(mask, m=m, w=w):
+                return np.repeat(scores[m, mask], w[mask])
+
+            cands = np.unique(scores[m, ok])
+            thr = _in_sample_threshold(rows(ok & keep[m]), rows(ok & ~keep[m]), cands, fpr)
+            whole[b] += _count(rows(ok & keep[m]), rows(ok & ~keep[m]), thr)
             for f in range(n_folds):
-                fit = ok & ((fold_of != f) if folds is not None else True)
-                neg = np.repeat(scores[m, fit & ~keep[m]], w[fit & ~keep[m]])
-                if folds is None:  # in-sample: the threshold t (members and non-members count when > t) with the
-                    # most members above it among those with at most fpr of the non-members above it
-                    pos = np.repeat(scores[m, fit & keep[m]], w[fit & keep[m]])
-                    feasible = [
-                        t for t in np.r_[-np.inf, np.unique(scores[m, ok])] if (neg > t).sum() <= fpr * neg.size
-                    ]
-                    thr = min(feasible, key=lambda t: (-(pos > t).sum(), t)) if neg.size else np.inf
-                else:  # held out: the k-th largest, k = floor(fpr * (n + 1))
-                    k = math.floor(fpr * (neg.size + 1) + 1e-9)
-                    thr = np.sort(neg)[::-1][k - 1] if k >= 1 else np.inf
-                parts = [(train, fit), (test, ok & ((fold_of == f) if folds is not None else True))]
-                for out, part in parts:
-                    for idx_above, idx_all, cls in ((TP, POS, keep[m]), (FP, NEG, ~keep[m])):
-                        vals = np.repeat(scores[m, part & cls], w[part & cls])
-                        out[b, f, idx_above] += (vals > thr).sum()
-                        out[b, f, idx_all] += vals.size
-    return train, test
+                fit, own = ok & (folds != f), ok & (folds == f)
+                thr = _in_sample_threshold(rows(fit & keep[m]), rows(fit & ~keep[m]), cands, fpr)
+                train[b, f] += _count(rows(fit & keep[m]), rows(fit & ~keep[m]), thr)
+                thr = _conformal_threshold(rows(own & ~keep[m]), fpr)
+                test[b, f] += _count(rows(own & keep[m]), rows(own & ~keep[m]), thr)
+    return whole, train, test
 
 
-@pytest.mark.parametrize("folds", [None, 3])
-def test_empirical_counts_equal_a_slow_reference(folds):
+def test_empirical_counts_equal_a_slow_reference():
     rng = np.random.default_rng(0)
-    M, N = 2, 80
+    M, N = 2, 120
     keep = rng.random((M, N)) < 0.5
     scores = np.round(rng.normal(size=(M, N)) + 0.8 * keep, 1)  # rounded: ties across classes
     scores[0, 3] = np.nan
     weights = multiplicities(N, 6, seed=1)
-    fold_of = None if folds is None else sample_folds(keep.sum(0), folds, seed=2)
-    got_train, got_test = empirical_counts(scores, keep, weights, 0.1, fold_of)
-    want_train, want_test = _reference_counts(scores, keep, weights, 0.1, fold_of)
-    np.testing.assert_allclose(got_train, want_train)
-    np.testing.assert_allclose(got_test, want_test)
+    folds = sample_folds(keep.sum(0), 3, seed=2)
+    got = empirical_counts(scores, keep, weights, 0.1, folds)
+    want = _reference_empirical(scores, keep, weights, 0.1, folds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w)
 
 
 def test_in_sample_counts_give_tpr_at_fpr_of_the_metrics_module():
     rng = np.random.default_rng(3)
     keep = rng.random((1, 500)) < 0.4
     scores = rng.normal(size=(1, 500)) + keep
-    _, test = empirical_counts(scores, keep, multiplicities(500, 0, seed=0), 0.05, None)
+    whole, _, _ = empirical_counts(scores, keep, multiplicities(500, 0, seed=0), 0.05, np.zeros(500, int))
     tpr, _ = tpr_at_fpr(scores[0], keep[0], 0.05)
-    assert test[0, 0, TP] / test[0, 0, POS] == pytest.approx(tpr)
-    assert test[0, 0, FP] / test[0, 0, NEG] <= 0.05
+    assert whole[0, TP] / whole[0, POS] == pytest.approx(tpr)
+    assert whole[0, FP] / whole[0, NEG] <= 0.05
 
 
-def test_held_out_threshold_is_exceeded_by_fresh_non_members_at_most_fpr():
-    """The conformal quantile: a fresh non-member exceeds the k-th largest of n with probability k / (n + 1)."""
+def test_the_conformal_threshold_is_exceeded_by_fresh_non_members_at_most_fpr():
+    """A fresh non-member exceeds the k-th largest of n non-members, k = floor(fpr (n + 1)), w.p. k / (n + 1)."""
+    from llmaudit.analyze.decision.counts import sorted_threshold
+
     rng = np.random.default_rng(4)
-    n, fpr, reps = 199, 0.05, 3000
-    keep = np.zeros((1, n + 1), bool)
-    rates = []
+    n, fpr, reps = 199, 0.05, 4000
+    exceeded = []
     for _ in range(reps):
-        scores = rng.normal(size=(1, n + 1))
-        folds = np.r_[np.zeros(n, int), 1]  # fold 1 holds one fresh non-member; its threshold comes from fold 0
-        _, test = empirical_counts(scores, keep, np.ones((1, n + 1)), fpr, folds)
-        rates.append(test[0, 1, FP])
+        s = np.sort(rng.normal(size=n))
+        thr = sorted_threshold(s, np.cumsum(np.ones((1, n)), axis=1), fpr, held_out=True)[0]
+        exceeded.append(rng.normal() > thr)
     k = math.floor(fpr * (n + 1))
-    assert np.mean(rates) == pytest.approx(k / (n + 1), abs=3 * math.sqrt(0.05 * 0.95 / reps))
+    assert np.mean(exceeded) == pytest.approx(k / (n + 1), abs=3 * math.sqrt(0.05 * 0.95 / reps))
     assert k / (n + 1) <= fpr
+
+
+@pytest.mark.parametrize("n_ref", [3, 8, 40])
+def test_normal_scores_put_the_student_t_threshold_at_the_normal_one(n_ref):
+    from llmaudit.analyze.decision.counts import normal_scores
+    from llmaudit.analyze.metrics import calibrated_threshold
+
+    t = calibrated_threshold(0.01, np.array([n_ref]), 30)[0]
+    z = np.array([[t, t - 1e-6, t + 1e-6]])
+    zz = normal_scores(z, np.full(z.shape, n_ref), 30)
+    assert zz[0, 0] == pytest.approx(THRESHOLD_1PCT, abs=1e-6)
+    assert zz[0, 1] < THRESHOLD_1PCT < zz[0, 2]
+    assert np.isfinite(normal_scores(np.array([[1e6]]), np.array([[3]]), 30)).all()  # far tail: no overflow
 
 
 def test_multiplicities_keep_row_zero_observed_and_strata_sizes():
@@ -116,37 +138,33 @@ def test_multiplicities_keep_row_zero_observed_and_strata_sizes():
     assert np.array_equal(w, multiplicities(100, 50, seed=5, strata=strata))  # seeded
 
 
-@pytest.mark.parametrize("folded", [False, True])
-def test_pooled_counts_equal_a_slow_reference(folded):
-    """Calibrated scores pooled over targets: one threshold from the non-member rows of the OTHER targets' folds."""
+def test_calibrated_counts_equal_a_slow_reference():
+    """Calibrated scores pooled over targets: strict and loose thresholds (the higher and the lower of the analytic
+    and the empirical one), the choice at the analytic threshold, the measurement at the strict one."""
     rng = np.random.default_rng(8)
-    M, N = 5, 40
+    M, N, fpr = 5, 60, 0.1
     keep = rng.random((M, N)) < 0.4
     z = np.round(rng.normal(size=(M, N)) + keep, 1)
     z[2, 5] = np.nan
     weights = multiplicities(N, 4, seed=9)
-    fold_of_target = np.array([0, 1, 2, 0, 1]) if folded else None
-    got_train, got_test = pooled_counts(z, keep, weights, 0.1, fold_of_target)
-    folds = np.zeros(M, int) if fold_of_target is None else fold_of_target
+    folds = np.array([0, 1, 2, 0, 1])
+    strict, loose, train, test = calibrated_counts(z, keep, weights, fpr, folds)
+    analytic = stats.norm.ppf(1 - fpr)
     for b, w in enumerate(weights.astype(int)):
-        for f in range(int(folds.max()) + 1):
-            fit = (folds != f) if folded else np.ones(M, bool)
 
-            def rows(targets, cls, w=w):
-                picked = [cls[m] & np.isfinite(z[m]) for m in range(M)]
-                return np.concatenate([np.repeat(z[m, picked[m]], w[picked[m]]) for m in np.flatnonzero(targets)])
+        def rows(targets, cls, w=w):
+            picked = [cls[m] & np.isfinite(z[m]) for m in range(M)]
+            return np.concatenate([np.repeat(z[m, picked[m]], w[picked[m]]) for m in np.flatnonzero(targets)])
 
-            neg = rows(fit, ~keep)
-            if folded:
-                k = math.floor(0.1 * (neg.size + 1) + 1e-9)
-                thr = np.sort(neg)[::-1][k - 1] if k >= 1 else np.inf
-            else:
-                pos_all = rows(fit, keep)
-                cands = [t for t in np.r_[-np.inf, np.unique(z[np.isfinite(z)])] if (neg > t).sum() <= 0.1 * neg.size]
-                thr = min(cands, key=lambda t: (-(pos_all > t).sum(), t))
-            for got, targets in ((got_train, fit), (got_test, (folds == f) if folded else fit)):
-                pos, negs = rows(targets, keep), rows(targets, ~keep)
-                assert got[b, f].tolist() == [(pos > thr).sum(), pos.size, (negs > thr).sum(), negs.size]
+        everyone = np.ones(M, bool)
+        emp = _in_sample_threshold(rows(everyone, keep), rows(everyone, ~keep), np.unique(z[np.isfinite(z)]), fpr)
+        high, low = max(analytic, emp), min(analytic, emp)
+        assert strict[b].tolist() == _count(rows(everyone, keep), rows(everyone, ~keep), high)
+        assert loose[b].tolist() == _count(rows(everyone, keep), rows(everyone, ~keep), low)
+        for f in range(3):
+            other, own = folds != f, folds == f
+            assert train[b, f].tolist() == _count(rows(other, keep), rows(other, ~keep), analytic)
+            assert test[b, f].tolist() == _count(rows(own, keep), rows(own, ~keep), high)
 
 
 def test_cross_fit_chooses_on_the_other_folds_and_measures_on_its_own():
@@ -224,33 +242,33 @@ def _rates(make, reps, settings, seed=0):
     return {k: v / reps for k, v in out.items()}
 
 
-MC = 0.035  # allowance for Monte-Carlo error: about 2.3 standard errors of a 5% rate over 400 repetitions
+MC = 0.045  # allowance for Monte-Carlo error: about 3 standard errors of a 5% rate over 200 repetitions
 
 
 def test_false_fail_rate_at_the_limit_is_at_most_alpha_where_the_old_rule_fails_almost_always():
     """16 correlated attacks whose true TPR at 1% FPR all equal the limit (the worst case of choosing the strongest
     on the data it is judged on): the cross-fitted rule FAILs at most alpha of the time."""
-    s = DecisionSettings(resamples=300)
-    r = _rates(lambda rng: _calibrated(rng, [0.05] * 16)[0], 400, s)
+    s = DecisionSettings(resamples=150)
+    r = _rates(lambda rng: _calibrated(rng, [0.05] * 16)[0], 200, s)
     assert r["FAIL"] <= 0.05 + MC
     assert r["old_fail"] >= 0.9
 
 
 def test_false_pass_rate_with_one_attack_at_the_limit_is_at_most_alpha():
-    s = DecisionSettings(resamples=300)
-    r = _rates(lambda rng: _calibrated(rng, [0.05] + [0.01] * 15)[0], 400, s, seed=1)
+    s = DecisionSettings(resamples=150)
+    r = _rates(lambda rng: _calibrated(rng, [0.05] + [0.01] * 15)[0], 200, s, seed=1)
     assert r["PASS"] <= 0.05 + MC
 
 
 def test_no_leakage_never_fails_and_clear_leakage_fails():
-    s = DecisionSettings(resamples=300)
-    null = _rates(lambda rng: _calibrated(rng, [0.01] * 16)[0], 100, s, seed=2)
+    s = DecisionSettings(resamples=150)
+    null = _rates(lambda rng: _calibrated(rng, [0.01] * 16)[0], 60, s, seed=2)
     assert null["FAIL"] == 0
-    # PASS needs every one of 16 simultaneous upper bounds below 0.05: 384 member rows (the verdict recipe's size)
-    # often cannot show that for attacks at chance (about a third of the audits PASS); four times the samples can
-    big = _rates(lambda rng: _calibrated(rng, [0.01] * 16, N=1024)[0], 30, s, seed=2)
-    assert 0.1 <= null["PASS"] <= 0.7 and big["PASS"] >= 0.9 and big["FAIL"] == 0
-    leaky = _rates(lambda rng: _calibrated(rng, [0.2] + [0.01] * 15)[0], 50, s, seed=3)
+    # PASS needs every one of 16 simultaneous upper bounds, at the looser of two thresholds, below 0.05: 384 member
+    # rows (the verdict recipe's size) rarely show that for attacks at chance; four times the samples do
+    big = _rates(lambda rng: _calibrated(rng, [0.01] * 16, N=1024)[0], 20, s, seed=2)
+    assert null["PASS"] <= 0.5 and big["PASS"] >= 0.9 and big["FAIL"] == 0
+    leaky = _rates(lambda rng: _calibrated(rng, [0.2] + [0.01] * 15)[0], 30, s, seed=3)
     assert leaky["FAIL"] >= 0.95
 
 
@@ -283,15 +301,15 @@ def _paired(rng, shift_more: float):
     ref, base = _calibrated(rng, [0.05] * 4)
     keep, _ = base
     q_scores = {k: v + 0.15 * rng.normal(size=v.shape) + shift_more * keep for k, v in ref.scores.items()}
-    q = QuantizerEvidence("q", "calibrated", ref.sample_ids, keep, q_scores, dict(ref.thresholds))
+    q = QuantizerEvidence("q", "calibrated", ref.sample_ids, keep, q_scores)
     return {
-        "ref": QuantizerEvidence("ref", "calibrated", ref.sample_ids, keep, ref.scores, dict(ref.thresholds)),
+        "ref": QuantizerEvidence("ref", "calibrated", ref.sample_ids, keep, ref.scores),
         "q": q,
     }
 
 
 def test_comparison_with_full_precision_controls_false_more_and_finds_a_planted_difference():
-    s = DecisionSettings(resamples=300)
+    s = DecisionSettings(resamples=150)
     rng = np.random.default_rng(5)
     same = [decide(_paired(rng, 0.0), "ref", s).per_quantizer["q"].comparison.direction for _ in range(200)]
     assert same.count("MORE") / 200 <= 0.05 + 0.045 and same.count("LESS") / 200 <= 0.05 + 0.045

@@ -288,10 +288,10 @@ def test_an_attack_without_spread_is_told_apart_from_one_without_references():
     keep = membership_masks(40, 6, 0.5, seed=0)
     scores = np.tile(np.arange(40, dtype=float), (6, 1)) + 5.0 * keep  # OUT scores identical per sample
     s = AttackSettings(n_boot=5)
-    entry, _ = _evaluate("loss", scores, keep, out_reference_counts(keep), None, s)
+    entry, _, _ = _evaluate("loss", scores, keep, out_reference_counts(keep), None, s)
     assert entry["not_measured"]["pooled_calibrated"] == ZERO_SPREAD
     one = keep[:2]  # two models: no sample is OUT in two OTHER models
-    entry, _ = _evaluate("loss", scores[:2], one, out_reference_counts(one), None, s)
+    entry, _, _ = _evaluate("loss", scores[:2], one, out_reference_counts(one), None, s)
     assert entry["not_measured"]["pooled_calibrated"] == CALIBRATION_NEEDS
 
 

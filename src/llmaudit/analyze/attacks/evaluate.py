@@ -36,6 +36,7 @@ from llmaudit.analyze.attacks.matrices import (
 )
 from llmaudit.analyze.attacks.text import combine_scores, min_k_plus_plus_score, min_k_score, ref_score
 from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide, decision_mode
+from llmaudit.analyze.decision.counts import normal_scores
 from llmaudit.analyze.metrics import (
     DEFAULT_FPRS,
     T_CUTOFF,
@@ -297,9 +298,9 @@ def _calibration_missing(n_ref: np.ndarray) -> str:
 
 def _evaluate(
     attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray, fpc_value: float | None, s: AttackSettings
-) -> tuple[dict, np.ndarray]:
+) -> tuple[dict, np.ndarray, np.ndarray | None]:
     """Pooled naive, pooled calibrated and per-sample evaluations of one attack's [M, N] scores; with the calibrated
-    scores z [M, N]."""
+    scores z [M, N] and the number of references behind each (None: the normal threshold applies to all)."""
     kw = dict(n_boot=s.n_boot, seed=s.seed, confidence=s.confidence)
     # Calibration standardizes each score by that sample's out-scores under the other models
     # (offline LiRA is its own calibration).
@@ -329,13 +330,14 @@ def _evaluate(
     if zfin.any() and 0 < keep[zfin].sum() < zfin.sum():
         entry["roc_curve"]["pooled_calibrated"] = roc_curve_loglog(z[zfin], keep[zfin])
     entry["headline"] = _headline(entry)
-    return entry, z
+    return entry, z, n_ref_eff
 
 
 @dataclass
 class _EvidenceBuilder:
     """Collects what the release decision reads from each attack of one quantizer (`QuantizerEvidence`): the
-    per-sample calibrated scores (calibrated mode) or the raw scores (empirical mode), and the loss matrix."""
+    per-sample calibrated scores on the normal scale (calibrated mode) or the raw scores (empirical mode), and the
+    loss matrix."""
 
     quantizer: str
     mode: str
@@ -391,10 +393,10 @@ def attack_quantizer(
         if why:
             skipped[attack] = why
             continue
-        entry, z = _evaluate(attack, matrices[attack], t.keep, n_ref, fpc_value, s)
+        entry, z, n_ref_eff = _evaluate(attack, matrices[attack], t.keep, n_ref, fpc_value, s)
         results[attack] = {"definition": definitions[attack]} | entry
         if builder is not None:
-            builder.add(attack, matrices[attack], z, entry)
+            builder.add(attack, matrices[attack], normal_scores(z, n_ref_eff, s.t_cutoff), entry)
     if builder is not None:
         builder.unjudged |= {a: why for a, why in skipped.items() if a in s.attacks}
     non_lira = [a for a in results if not a.startswith("lira")]

@@ -100,78 +100,118 @@ def sorted_threshold(scores: np.ndarray, cum: np.ndarray, fpr: float, held_out: 
 
 
 ROW_BUDGET = 20_000_000
-"""Resampled row weights held at once (float32 elements of one [resamples, rows] array): resamples are counted in
-chunks of ROW_BUDGET / rows, so memory stays bounded however large the grid."""
+"""Resampled row weights held at once (float32 elements of the running-weight arrays): resamples are counted in
+chunks, so memory stays bounded however large the grid."""
 
 
-def row_counts(
-    scores: np.ndarray,
-    member: np.ndarray,
-    fold: np.ndarray,
-    unit: np.ndarray,
-    weights: np.ndarray,
-    fpr: float,
-    folded: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(train [B + 1, F, 4], test [B + 1, F, 4]) counts of scored rows against empirical thresholds.
+def _counts(s: np.ndarray, part: np.ndarray, thr: np.ndarray) -> np.ndarray:
+    """[b, 4] (TP, POS, FP, NEG) of the rows whose running weight per class is part [2, b, n], at thresholds [b]."""
+    total = part[:, :, -1] if s.size else np.zeros(part.shape[:2])
+    return np.stack([_above(s, part[1], thr), total[1], _above(s, part[0], thr), total[0]], axis=1)
 
-    scores, member, fold, unit: [R] finite rows (a row weighs the multiplicity of its sample `unit`); weights:
-    [B + 1, N]. folded: for each fold f the threshold comes from the non-member rows OUTSIDE f (the held-out rule
-    of `sorted_threshold`), "train" counts the rows outside f against it and "test" the rows in f; not folded: one
-    threshold from every non-member row (the in-sample rule) and train = test = every row (fold must be all 0)."""
-    n_folds = int(fold.max()) + 1 if fold.size else 1
-    train = np.zeros((weights.shape[0], n_folds, 4))
-    test = np.zeros_like(train)
+
+def _sorted_rows(scores, member, group, unit):
     order = np.argsort(scores, kind="stable")
-    s, member, fold, unit = scores[order], member[order], fold[order], unit[order]
-    step = max(1, ROW_BUDGET // max(1, s.size * 2 * n_folds))
-    for start in range(0, weights.shape[0], step):
-        rows = slice(start, start + step)
-        cum = _cumulative_by_fold(weights[rows][:, unit].astype(np.float32), member, fold, n_folds)
-        total = cum.sum(axis=1)  # [2, b, n]
-        for f in range(n_folds):
-            fit = total - cum[:, f] if folded else total
-            evaluated = cum[:, f] if folded else total
-            thr = sorted_threshold(s, fit[0], fpr, held_out=folded)
-            for out, part in ((train, fit), (test, evaluated)):
-                out[rows, f, TP] += _above(s, part[1], thr)
-                out[rows, f, POS] += part[1][:, -1] if s.size else 0.0
-                out[rows, f, FP] += _above(s, part[0], thr)
-                out[rows, f, NEG] += part[0][:, -1] if s.size else 0.0
-    return train, test
+    return scores[order], member[order], group[order], unit[order]
+
+
+def _chunks(n_rows: int, n_groups: int, n_resamples: int):
+    step = max(1, ROW_BUDGET // max(1, n_rows * 2 * n_groups))
+    return [slice(start, start + step) for start in range(0, n_resamples, step)]
 
 
 def empirical_counts(
-    scores: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack with an empirical threshold PER TARGET model
-    (one imported fine-tune: its own held-out non-members set its threshold). scores, keep: [M, N] (NaN = not
-    scored); weights: [B + 1, N]; fold_of_sample [N] (None: one fold, in-sample threshold). Folds are folds of
-    samples within each target (`row_counts`)."""
-    folds = np.zeros(scores.shape[1], dtype=np.int64) if fold_of_sample is None else fold_of_sample
-    n_folds = int(folds.max()) + 1
+    scores: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(whole [B + 1, 4], train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack on raw scores with an
+    empirical threshold PER TARGET model (one imported fine-tune: its own held-out non-members set it).
+
+    scores, keep: [M, N] (NaN = not scored); weights: [B + 1, N]; fold_of_sample: [N]. whole: every row against the
+    in-sample threshold of all the target's non-members (the TPR at FPR <= fpr of every benchmark). Cross-fitting,
+    per fold f: "train", the rows outside f against the in-sample threshold of the non-members outside f (what the
+    attack is chosen on); "test", the rows in f against the conformal threshold of f's OWN non-members (what the
+    chosen attack is measured on). The measuring threshold is independent of the choice: choosing on a threshold
+    that happened to fall low would otherwise carry that luck into the measurement (in simulation, a TPR of 0.064
+    measured where the truth is 0.05)."""
+    n_folds = int(fold_of_sample.max()) + 1
+    whole = np.zeros((weights.shape[0], 4))
     train = np.zeros((weights.shape[0], n_folds, 4))
     test = np.zeros_like(train)
     for m in range(scores.shape[0]):
         ok = np.flatnonzero(np.isfinite(scores[m]))
-        tr, te = row_counts(scores[m, ok], keep[m, ok], folds[ok], ok, weights, fpr, fold_of_sample is not None)
-        train[:, : tr.shape[1]] += tr
-        test[:, : te.shape[1]] += te
-    return train, test
+        s, member, fold, unit = _sorted_rows(scores[m, ok], keep[m, ok], fold_of_sample[ok], ok)
+        for rows in _chunks(s.size, n_folds, weights.shape[0]):
+            cum = _cumulative_by_fold(weights[rows][:, unit].astype(np.float32), member, fold, n_folds)
+            total = cum.sum(axis=1)
+            whole[rows] += _counts(s, total, sorted_threshold(s, total[0], fpr, held_out=False))
+            for f in range(n_folds):
+                fit = total - cum[:, f]
+                train[rows, f] += _counts(s, fit, sorted_threshold(s, fit[0], fpr, held_out=False))
+                test[rows, f] += _counts(s, cum[:, f], sorted_threshold(s, cum[0, f], fpr, held_out=True))
+    return whole, train, test
 
 
-def pooled_counts(
-    scores: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_target: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack's per-sample calibrated scores pooled over the
-    target models, against ONE empirical threshold on the pooled non-member rows (calibrated scores are comparable
-    across samples and targets). Folds are folds of target models (fold_of_target [M]; None: one fold, in-sample
-    threshold): the threshold and the choice come from the other targets' rows (`row_counts`)."""
-    M, N = scores.shape
-    folds = np.zeros(M, dtype=np.int64) if fold_of_target is None else fold_of_target
-    ok = np.isfinite(scores)
+def calibrated_counts(
+    z: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_target: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(strict [B + 1, 4], loose [B + 1, 4], train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack's
+    per-sample calibrated scores pooled over the target models.
+
+    z: [M, N] calibrated scores on the normal scale (`normal_scores`: a non-member is N(0, 1) where the calibration's
+    Gaussian model holds); keep: [M, N]; weights: [B + 1, N]; fold_of_target: [M]. Two thresholds: the analytic one,
+    Phi^-1(1 - fpr), and the empirical one, the in-sample threshold of the pooled non-member rows (FPR <= fpr
+    whatever the scores' distribution). strict = every row against the HIGHER of the two, loose = against the
+    LOWER: a FAIL reads the strict one and a PASS the loose one, so neither rests on the Gaussian model where the
+    data contradict it. Cross-fitting over folds of targets: "train", the rows of the other targets against the
+    analytic threshold (the attack is chosen on a threshold with no sampling noise, so no luck of a low threshold
+    decides the choice); "test", the fold's rows against the strict threshold."""
+    n_folds = int(fold_of_target.max()) + 1
+    analytic = float(_normal_quantile(1 - fpr))
+    ok = np.isfinite(z)
     target, unit = np.nonzero(ok)
-    return row_counts(scores[ok], keep[ok], folds[target], unit, weights, fpr, fold_of_target is not None)
+    s, member, fold, unit = _sorted_rows(z[ok], keep[ok], fold_of_target[target], unit)
+    strict, loose = np.zeros((weights.shape[0], 4)), np.zeros((weights.shape[0], 4))
+    train = np.zeros((weights.shape[0], n_folds, 4))
+    test = np.zeros_like(train)
+    for rows in _chunks(s.size, n_folds, weights.shape[0]):
+        cum = _cumulative_by_fold(weights[rows][:, unit].astype(np.float32), member, fold, n_folds)
+        total = cum.sum(axis=1)
+        empirical = sorted_threshold(s, total[0], fpr, held_out=False)
+        high, low, fixed = (
+            np.maximum(empirical, analytic),
+            np.minimum(empirical, analytic),
+            np.full_like(empirical, analytic),
+        )
+        strict[rows], loose[rows] = _counts(s, total, high), _counts(s, total, low)
+        for f in range(n_folds):
+            train[rows, f] = _counts(s, total - cum[:, f], fixed)
+            test[rows, f] = _counts(s, cum[:, f], high)
+    return strict, loose, train, test
+
+
+def _normal_quantile(p: float) -> float:
+    from scipy import stats
+
+    return float(stats.norm.ppf(p))
+
+
+def normal_scores(z: np.ndarray, n_ref, t_cutoff: float) -> np.ndarray:
+    """Per-sample calibrated scores on one normal scale: a score standardised with n references, whose Gaussian
+    predictive law is sqrt(1 + 1/n) t_{n-1}, maps to Phi^-1(F_{t,n-1}(z / sqrt(1 + 1/n))), so that one threshold
+    Phi^-1(1 - alpha) is the per-sample Student-t threshold of `llmaudit.analyze.metrics.calibrated_threshold` for
+    every n (n >= t_cutoff: z as it is, the normal threshold; n < 2 or n None: as it is). z, n_ref: [M, N]."""
+    from scipy import special, stats
+
+    z = np.asarray(z, dtype=np.float64)
+    if n_ref is None:
+        return z
+    n = np.broadcast_to(np.asarray(n_ref, dtype=np.float64), z.shape)
+    small = (n >= 2) & (n < t_cutoff) & np.isfinite(z)
+    out = z.copy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        log_tail = stats.t.logsf(z[small] / np.sqrt(1 + 1 / n[small]), df=n[small] - 1)
+        out[small] = -special.ndtri_exp(log_tail)  # the tail kept in logs: no underflow far out
+    return out
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:

@@ -3,14 +3,16 @@ section 12): from the attacks' scores on each quantizer (`QuantizerEvidence`, ma
 one typed `ReleaseDecision`.
 
 Two modes, chosen once per store from the number of target models M (fine-tuning runs):
-- calibrated (M >= max(2, min_runs)): every attack's per-sample calibrated scores z (each sample's OUT scores under
-  the other models standardised to N(0, 1)), pooled over the targets, against ONE empirical threshold on the
-  pooled non-member rows (so the FPR holds whatever the distribution of z); the strongest attack is cross-fitted
-  over folds of target models; samples are resampled with all their models.
+- calibrated (M >= max(2, min_runs)): every attack's per-sample calibrated scores (each sample's OUT scores under
+  the other models standardised; on one normal scale, `normal_scores`) pooled over the targets, against the
+  analytic threshold and the empirical one of the pooled non-member rows: a FAIL reads the higher, a PASS the
+  lower (`calibrated_counts`); the strongest attack is chosen at the analytic threshold on folds of target models
+  and measured on each; samples are resampled with all their models.
 - empirical (fewer targets, e.g. one imported fine-tune): each target's raw scores against an empirical threshold
   from its own held-out non-members (the TPR at a fixed FPR that MIMIR and the EZ-MIA paper report); the
-  strongest attack is cross-fitted over folds of samples (threshold and choice from the other folds); with one
-  target, members and non-members are resampled separately. Run-to-run variation of training is not covered.
+  strongest attack is chosen on folds of samples and measured on each against that fold's own non-members
+  (`empirical_counts`); with one target, members and non-members are resampled separately. Run-to-run variation
+  of training is not covered.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from llmaudit.analyze.decision.bounds import percentile_interval
 from llmaudit.analyze.decision.counts import (
     POS,
     TP,
+    calibrated_counts,
     empirical_counts,
     multiplicities,
-    pooled_counts,
     ratio,
     sample_folds,
     target_folds,
@@ -97,26 +99,24 @@ def _weights(ev: QuantizerEvidence, s: DecisionSettings) -> np.ndarray:
 
 def count_arrays(ev: QuantizerEvidence, weights: np.ndarray, s: DecisionSettings) -> CountArrays:
     """The resampled counts of every scored attack of one quantizer (`CountArrays`), in either mode: calibrated
-    scores pooled over targets against one threshold, folds of targets; raw scores against each target's own
-    threshold, folds of samples."""
+    scores pooled over targets (`calibrated_counts`, folds of targets) or raw scores against each target's own
+    thresholds (`empirical_counts`, folds of samples)."""
     names = list(ev.scores)
-    M = ev.keep.shape[0]
-    if ev.mode == "calibrated":
-        folds = target_folds(M, s.folds)
-        parts = [pooled_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
-        whole = [pooled_counts(ev.scores[a], ev.keep, weights, s.fpr, None)[1][:, 0] for a in names]
-        kind = "target models"
-    else:
-        folds = sample_folds(ev.keep.sum(axis=0), s.folds, s.seed)
-        parts = [empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
-        whole = [empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, None)[1][:, 0] for a in names]
-        kind = "samples"
+    B1 = weights.shape[0]
     if not names:
-        empty = np.zeros((weights.shape[0], 0, 1, 4))
-        return CountArrays([], np.zeros((weights.shape[0], 0, 4)), empty, empty, kind)
-    train = np.stack([p[0] for p in parts], axis=1)
-    test = np.stack([p[1] for p in parts], axis=1)
-    return CountArrays(names, np.stack(whole, axis=1), train, test, kind)
+        empty = np.zeros((B1, 0, 1, 4))
+        return CountArrays(
+            [], np.zeros((B1, 0, 4)), empty, empty, "target models" if ev.mode == "calibrated" else "samples"
+        )
+    if ev.mode == "calibrated":
+        folds = target_folds(ev.keep.shape[0], s.folds)
+        parts = [calibrated_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
+        strict, loose, train, test = (np.stack([p[i] for p in parts], axis=1) for i in range(4))
+        return CountArrays(names, strict, train, test, "target models", loose)
+    folds = sample_folds(ev.keep.sum(axis=0), s.folds, s.seed)
+    parts = [empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
+    whole, train, test = (np.stack([p[i] for p in parts], axis=1) for i in range(3))
+    return CountArrays(names, whole, train, test, "samples")
 
 
 def _auroc(ev: QuantizerEvidence, attack: str, weights: np.ndarray) -> np.ndarray:

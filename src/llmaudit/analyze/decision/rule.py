@@ -66,12 +66,18 @@ class CountArrays:
     train: np.ndarray
     test: np.ndarray
     fold_kind: str
+    per_attack_loose: np.ndarray | None = None
+    """[B + 1, A, 4] at the looser threshold the PASS rule reads (calibrated mode; None: per_attack)."""
 
     def judged_only(self, names: list[str]) -> CountArrays:
         """The same counts for the attacks in `names` only: the cross-fitting chooses among the attacks that can be
         judged at the decision's FPR (enough non-members), never one whose TPR rests on too few of them."""
         idx = [self.attacks.index(n) for n in names]
-        return CountArrays(names, self.per_attack[:, idx], self.train[:, idx], self.test[:, idx], self.fold_kind)
+        loose = None if self.per_attack_loose is None else self.per_attack_loose[:, idx]
+        return CountArrays(names, self.per_attack[:, idx], self.train[:, idx], self.test[:, idx], self.fold_kind, loose)
+
+    def loose(self) -> np.ndarray:
+        return self.per_attack if self.per_attack_loose is None else self.per_attack_loose
 
 
 def cross_fit(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -100,18 +106,18 @@ def _none_if_nan(x: float) -> float | None:
 
 
 def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, str]) -> list[AttackJudgement]:
-    """Each attack's in-sample TPR at s.fpr with a simultaneous one-sided upper bound: Wilson at the bootstrap's
-    effective sample size and z = Phi^-1(1 - alpha / k), k the number of attacks judged (Bonferroni), so that with
-    probability >= 1 - alpha every judged attack's true TPR is below its bound."""
-    tpr = ratio(arrays.per_attack[..., TP], arrays.per_attack[..., POS])  # [B + 1, A]
+    """Each attack's in-sample TPR at s.fpr (at the looser threshold in calibrated mode) with a simultaneous
+    one-sided upper bound: Wilson at the bootstrap's effective sample size and z = Phi^-1(1 - alpha / k), k the
+    number of attacks judged (Bonferroni), so that with probability >= 1 - alpha every judged attack's true TPR is
+    below its bound."""
+    counts = arrays.loose()
+    tpr = ratio(counts[..., TP], counts[..., POS])  # [B + 1, A]
     need = 10 / s.fpr
-    judged = [
-        i for i, _ in enumerate(arrays.attacks) if arrays.per_attack[0, i, NEG] >= need and math.isfinite(tpr[0, i])
-    ]
+    judged = [i for i, _ in enumerate(arrays.attacks) if counts[0, i, NEG] >= need and math.isfinite(tpr[0, i])]
     z = z_value(s.alpha / max(1, len(judged)))
     out = []
     for i, name in enumerate(arrays.attacks):
-        c = arrays.per_attack[0, i]
+        c = counts[0, i]
         lo, hi = proportion_bounds(tpr[0, i], tpr[1:, i], c[POS], z)
         reason = "" if i in judged else _why_not_judged(c, tpr[0, i], need)
         out.append(
@@ -271,7 +277,7 @@ def _equivalent_per_attack(per_attack: list[Difference], margin: float) -> tuple
     if not tpr:
         return False, None
     widest = max(tpr, key=lambda d: max(abs(d.estimate.low), abs(d.estimate.high)))  # type: ignore[arg-type]
-    return all(-margin < d.estimate.low < d.estimate.high < margin for d in tpr), widest  # type: ignore[operator]
+    return all(-margin < d.estimate.low and d.estimate.high < margin for d in tpr), widest  # type: ignore[operator]
 
 
 def compare(
