@@ -444,7 +444,9 @@ class ReportConfig(_Section):
     """A quantizer "leaks the same" as full precision when the paired difference of their strongest attacks' TPR at
     1% FPR lies within +-margin (two one-sided tests). Default 0.01: a change below the FPR level itself is a change
     the evaluation at 1% FPR does not resolve (an attack at chance has TPR 0.01)."""
-    selection_folds: int = Field(5, ge=2, le=100)
+    selection_folds: int = size_field(
+        5, ge=2, le=100, why="each fold must hold enough targets or samples to measure an attack on it"
+    )
     """Cross-fitting folds: the strongest attack is chosen on the other folds and measured on each (folds of target
     models; of samples with fewer than min_runs runs)."""
     decision_resamples: int = size_field(

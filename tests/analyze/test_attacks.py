@@ -13,6 +13,7 @@ from llmaudit.analyze.attacks.definitions import LEGACY_DEFAULT_ATTACKS
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.lira import (
     LiraWarning,
+    balanced_references,
     confidence_logit,
     fpc,
     lira_offline,
@@ -123,35 +124,44 @@ def test_fpc():
 def test_lira_offline_by_hand():
     scores = np.array([[5.0], [1.0], [2.0], [3.0]])
     keep = np.array([[True], [False], [False], [False]])
-    # target 0 (member): out refs 1, 2, 3 -> mean 2, sd 1 -> z = (5 - 2) / 1 = 3
-    assert lira_offline(scores, keep, 0) == pytest.approx([3.0])
-    # fpc = 0.25: sigma^2 / 0.25 -> sd 2 -> z = 1.5
-    assert lira_offline(scores, keep, 0, 0.25) == pytest.approx([1.5])
+    # target 0 (member): sample 0 is out in models 1, 2, 3; balanced references keep one fewer than all (as many
+    # as a non-member of the sample has), dropping the first after the target: refs 2, 3 -> mean 2.5, sd 0.7071
+    assert lira_offline(scores, keep, 0) == pytest.approx([(5 - 2.5) / np.sqrt(0.5)])
+    # fpc = 0.25: sigma^2 / 0.25 -> sd 1.4142
+    assert lira_offline(scores, keep, 0, 0.25) == pytest.approx([(5 - 2.5) / np.sqrt(2.0)])
     # target 1 (out) is left out of its own references: refs 2 and 3 -> mean 2.5, sd 0.7071
     assert lira_offline(scores, keep, 1) == pytest.approx([(1 - 2.5) / np.sqrt(0.5)])
+    # target 2 (out): refs are the others where the sample was out, 1 and 3 -> mean 2, sd 1.4142
+    assert lira_offline(scores, keep, 2) == pytest.approx([(2 - 2.0) / np.sqrt(2.0)])
     # a sample with one out reference cannot be scored per sample: NaN and a warning with the count
-    keep2 = np.array([[True], [True], [True], [False]])
+    keep2 = np.array([[True], [True], [False], [False]])
     with pytest.warns(LiraWarning, match="1 of 1"):
         assert np.isnan(lira_offline(scores, keep2, 0)[0])
-    assert out_reference_counts(keep).ravel().tolist() == [3, 2, 2, 2]
+    assert out_reference_counts(keep).ravel().tolist() == [2, 2, 2, 2]
 
 
 def test_lira_offline_global_variance_by_hand():
-    # two samples, out refs (models 1..3): sample 0: 1, 2, 3 (SS 2); sample 1: 10, 10, 13 (SS 6)
-    # pooled variance = (2 + 6) / (2 + 2) = 2 -> sd sqrt(2)
+    # two samples, both out in models 1..3; target 0 (member of both) drops model 1 (balanced references):
+    # sample 0: refs 2, 3 (mean 2.5, SS 0.5); sample 1: refs 10, 13 (mean 11.5, SS 4.5)
+    # pooled variance = (0.5 + 4.5) / (1 + 1) = 2.5
     scores = np.array([[4.0, 15.0], [1.0, 10.0], [2.0, 10.0], [3.0, 13.0]])
     keep = np.array([[True, True], [False, False], [False, False], [False, False]])
     z = lira_offline(scores, keep, 0, variance="global")
-    assert z == pytest.approx([(4 - 2) / np.sqrt(2), (15 - 11) / np.sqrt(2)])
+    assert z == pytest.approx([(4 - 2.5) / np.sqrt(2.5), (15 - 11.5) / np.sqrt(2.5)])
 
 
 def test_lira_online_by_hand():
-    # in refs 4, 6 (mean 5, sd 1.4142); out refs 1, 3 (mean 2, sd 1.4142); target 5
-    scores = np.array([[5.0], [4.0], [6.0], [1.0], [3.0]])
-    keep = np.array([[True], [True], [True], [False], [False]])
-    expected = stats.norm.logpdf(5, 5, np.sqrt(2)) - stats.norm.logpdf(5, 2, np.sqrt(2))  # = 9 / 4
+    # target 0 (member): in refs 4, 6 (mean 5, sd 1.4142); out in models 3, 4, 5, of which the balance keeps two
+    # (dropping model 3, the first after the target): 3, 5 (mean 4, sd 1.4142); target score 5
+    scores = np.array([[5.0], [4.0], [6.0], [1.0], [3.0], [5.0]])
+    keep = np.array([[True], [True], [True], [False], [False], [False]])
+    expected = stats.norm.logpdf(5, 5, np.sqrt(2)) - stats.norm.logpdf(5, 4, np.sqrt(2))  # = 1 / 4
     assert lira_online(scores, keep, 0) == pytest.approx([expected])
-    assert expected == pytest.approx(2.25)
+    assert expected == pytest.approx(0.25)
+    # target 3 (non-member): out refs models 4, 5 (3, 5: mean 4); in refs one fewer than the 3 models in: the
+    # first after the target (cyclically 4, 5, 0, ...) holding one is model 0, dropped -> models 1, 2 (4, 6: mean 5)
+    expected3 = stats.norm.logpdf(1, 5, np.sqrt(2)) - stats.norm.logpdf(1, 4, np.sqrt(2))
+    assert lira_online(scores, keep, 3) == pytest.approx([expected3])
 
 
 def _per_sample_world(rng, n_models, n_samples, d):
@@ -369,7 +379,7 @@ def test_leave_one_out_never_uses_the_target_as_reference():
         warnings.simplefilter("ignore", LiraWarning)
         z, z2 = lira_offline(scores, keep, 2), lira_offline(scores2, keep, 2)
     ok = np.isfinite(z)
-    refs = ~keep & (np.arange(5)[:, None] != 2)
+    refs, _ = balanced_references(keep, 2)
     sd = np.array([scores[refs[:, j], j].std(ddof=1) if refs[:, j].sum() >= 2 else np.nan for j in range(20)])
     assert ok.sum() >= 10
     assert z2[ok] == pytest.approx(z[ok] + 100.0 / sd[ok])

@@ -145,3 +145,13 @@ def test_balanced_references_give_members_and_non_members_the_same_calibration_u
     counts = out_refs.sum(0)
     assert (counts == np.maximum((~keep).sum(0) - 1, 0)).all() and not out_refs[3].any() and not in_refs[3].any()
     assert (in_refs.sum(0) == np.maximum(keep.sum(0) - 1, 0)).all()
+
+
+def test_balanced_references_of_a_single_model_are_empty_not_an_error():
+    """One imported fine-tune: no other model to calibrate against; the references are empty (the per-sample
+    attacks then score NaN and are not judged), not a crash of the report."""
+    from llmaudit.analyze.attacks.lira import balanced_references
+
+    keep = np.array([[True, False, True]])
+    out_refs, in_refs = balanced_references(keep, 0)
+    assert out_refs.shape == in_refs.shape == (1, 3) and not out_refs.any() and not in_refs.any()

@@ -44,7 +44,7 @@ def test_html_opens_with_a_verdict_banner_and_marks_the_recommended_row(audited,
     rec = report["recommendation"]
     assert banner.group(1) == ("cleared" if rec["cleared_for_release"] else "notcleared")
     marked = re.findall(r'<tr class="rec[^"]*"><td><code>([^<]*)</code>', html_text)
-    assert marked == [f"{rec['quantizer']} (recommended)"]
+    assert len(marked) == 1 and marked[0].split()[0] == rec["quantizer"] and marked[0].endswith("(recommended)")
     # a cleared recommendation turns the banner green
     report["recommendation"] |= {"cleared_for_release": True}
     report["plots"] = {}

@@ -106,6 +106,8 @@ def _gaussian_fit(scores, mask, variance: str, fpc_value, min_refs: int):
 def _drop_first(mask: np.ndarray, order: np.ndarray, columns: np.ndarray) -> None:
     """In place: in each column where `columns` is True, the first True of `mask` in row order `order` -> False."""
     cols = np.flatnonzero(columns)
+    if order.size == 0 or cols.size == 0:  # one model: no other model holds a reference to drop
+        return
     sub = mask[np.ix_(order, cols)]
     has = sub.any(axis=0)
     mask[order[sub.argmax(axis=0)[has]], cols[has]] = False
