@@ -30,7 +30,8 @@ def test_audit_end_to_end_then_rerun_does_no_work(tmp_path):
     for row in grid.values():
         assert math.isfinite(row["utility"]["val_loss"])
         assert row["r_q"]["n_runs"] == 3
-        assert {"loss", "lira_offline"} <= set(row["attacks"])
+        # (LiRA with 3 runs has at most one balanced reference for most samples: its skip is tested in test_attacks)
+        assert "loss" in row["attacks"]
     assert grid["fp32"]["utility"]["relative_change"] == 0
     # sign without a scale wrecks a language model: the report must show the utility cost
     assert grid["sign"]["utility"]["relative_change"] > 0.1

@@ -441,8 +441,8 @@ class ReportConfig(_Section):
     """One-sided error rate of every release decision (docs/science.md section 12): a false FAIL, a false PASS, a
     false "leaks more / less / the same as full precision" each have probability at most alpha."""
     equivalence_margin: float = Field(0.01, ge=0, le=0.5)
-    """A quantizer "leaks the same" as full precision when the paired difference of their strongest attacks' TPR at
-    1% FPR lies within +-margin (two one-sided tests). Default 0.01: a change below the FPR level itself is a change
+    """A quantizer "leaks the same" as full precision when every judged attack's paired difference of TPR at 1% FPR
+    lies within +-margin (two one-sided tests per attack, intersection-union). Default 0.01: a change below the FPR level itself is a change
     the evaluation at 1% FPR does not resolve (an attack at chance has TPR 0.01)."""
     selection_folds: int = size_field(
         5, ge=2, le=100, why="each fold must hold enough targets or samples to measure an attack on it"

@@ -260,7 +260,9 @@ def test_lora_trainer_output_imports_scores_and_reports(lora_run, tmp_path):
     )
     assert "Blind baseline" in (out / "report" / "report.md").read_text()
     crit = next(c for c in report["checklist"]["per_quantizer"]["fp32"]["criteria"] if c["id"] == "attack_tpr")
-    assert crit["status"] == "NOT MEASURED" and "calibration needs" in json.dumps(crit)  # one run: no reference models
+    # one run is judged on its held-out non-members with an empirical threshold (tests/ingest/test_single_run_verdict.py
+    # has one big enough for a verdict); 4 of them are far from the 1000 a TPR at 1% FPR needs
+    assert crit["status"] == "NOT MEASURED" and "non-member scores, 1000 needed" in crit["reason"], crit["reason"]
 
 
 def test_full_model_trainer_output_imports_and_scores(tmp_path, model_cfg, records):

@@ -342,8 +342,9 @@ CHECKLIST_RULES = [
     "targets; with fewer (one imported fine-tune) each run's own held-out non-members set an empirical threshold, "
     "and the run-to-run variation of training is not covered.",
     "Compared with full precision: the paired difference of the two cross-fitted strongest-attack TPRs (same folds "
-    "and resampled samples): MORE / LESS when its 1 - 2 alpha interval excludes 0, SAME when it lies within "
-    "+-equivalence_margin, else CANNOT TELL; each wrong answer has probability at most alpha.",
+    "and resampled samples): MORE / LESS when its 1 - 2 alpha interval excludes 0; SAME when every judged attack's "
+    "paired TPR difference has its 1 - 2 alpha interval within +-equivalence_margin (intersection-union of two "
+    "one-sided tests); else CANNOT TELL; each wrong answer has probability at most alpha.",
     "r_q: r_Q (mean over runs) must be >= min_r_q; min_r_q = 0 disables it (DISABLED). Like every indicator, it "
     "drives the checklist only if it passed validation (docs/science.md section 8): one that failed validation is "
     "DISABLED (no audit size can measure it), one not yet validated is NOT MEASURED.",

@@ -48,8 +48,9 @@ RULE_STATEMENTS = [
     "NOT MEASURED: too few non-member scores for a TPR at this FPR (fewer than 10 / FPR).",
     "Compared with full precision: the paired difference of the two cross-fitted strongest-attack TPRs (same "
     "folds, same resampled samples); MORE / LESS when its 1 - 2 alpha interval excludes 0 (a false MORE or LESS "
-    "has probability at most alpha), SAME when the interval lies within +-margin (two one-sided tests), else "
-    "CANNOT TELL.",
+    "has probability at most alpha), SAME when every judged attack's paired TPR difference has its 1 - 2 alpha "
+    "interval within +-margin (intersection-union of two one-sided tests: a false SAME has probability at most "
+    "alpha), else CANNOT TELL.",
     "Each quantizer is decided on its own at these rates: picking one quantizer among several that PASS keeps "
     "alpha only when the quantizer to release (--release) is named before the audit.",
 ]
