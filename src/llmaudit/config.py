@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from llmaudit.common.bounded import MAX_YAML_BYTES, InputLimitError, check_file, load_yaml
 from llmaudit.common.errors import UserError
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
+from llmaudit.common.sbatch import option_problem, path_problem, value_problem
 
 DEFAULT_TASKS = ("molecule_captioning", "molecule_generation")
 
@@ -476,12 +477,35 @@ class ClusterConfig(_Section):
     shards: int = size_field(1, ge=1, le=100_000, why=SHARDS_WHY)
     """N: every stage is split round-robin into N shard jobs (`--shard I/N`); finetune uses at most train.runs of them."""
     slurm_additional_parameters: dict[str, Any] = Field(default_factory=dict, max_length=256)
-    """Extra sbatch options passed through unchanged, e.g. {account: my-project, qos: normal, constraint: a100}."""
+    """Extra sbatch options, e.g. {account: my-project, qos: normal, constraint: a100}: only the options
+    `llmaudit.common.sbatch.FIELD_FORMS` lists, each value in its option's form (nothing else reaches the script)."""
     gpu_model: Literal["h100", "h200", "a100", "l40s", "a6000"] | None = None
     """GPU model of the nodes, for the plan `llmaudit submit` prints (and `llmaudit plan --device`);
     None with gpus_per_job > 0 prices an H100."""
     log_dir: str | None = None
     """Where submitit writes job scripts, pickles and logs; default <output_dir>/jobs."""
+
+    @field_validator("partition")
+    @classmethod
+    def _partition_form(cls, value: str | None) -> str | None:
+        if value is not None and value_problem("partition", value):
+            raise ValueError(value_problem("partition", value))
+        return value
+
+    @field_validator("log_dir")
+    @classmethod
+    def _plain_path(cls, value: str | None) -> str | None:
+        if value is not None and path_problem(value):
+            raise ValueError(path_problem(value))
+        return value
+
+    @field_validator("slurm_additional_parameters")
+    @classmethod
+    def _allowed_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problems = [f"{key}: {option_problem(key, v)}" for key, v in value.items() if option_problem(key, v)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
 
 class ExperimentConfig(_Section):

@@ -38,12 +38,9 @@ def config_from_run_dir(
 ) -> ExperimentConfig:
     """The run directory's recorded config plus overrides. `model.trust_remote_code` comes from the command
     line only (the flag, or an explicit `model.trust_remote_code=true` override), never from the manifest, and
-    so does `cluster.log_dir` (a received manifest cannot send submitit's files elsewhere)."""
+    so does the whole cluster section (`RunStore.config`: a received manifest cannot write a batch script)."""
     store = RunStore(run_dir)
     raw = json.loads(store.config(trust_remote_code=trust_remote_code).model_dump_json())
-    # A path outside the run directory is never taken from it either: submitit's job folder is <run_dir>/jobs
-    # unless this command line names another (cluster.log_dir=...).
-    raw.setdefault("cluster", {})["log_dir"] = None
     raw = apply_overrides(raw, overrides)
     raw["output_dir"] = str(Path(run_dir))
     cfg = config_from_dict(raw, source=f"{store.manifest_path} + command-line overrides")

@@ -238,11 +238,15 @@ class RunStore:
 
     def config(self, *, trust_remote_code: bool = False) -> ExperimentConfig:
         """The experiment's resolved config. `model.trust_remote_code` is the caller's (False unless the
-        user passed --trust-remote-code), never the manifest's: a received run directory cannot run code."""
+        user passed --trust-remote-code), never the manifest's: a received run directory cannot run code; and the
+        cluster section is the default one (the submitter's command line sets it), never the manifest's."""
         manifest = self.manifest()
         raw = json.loads(json.dumps(manifest["config"]))
         try:
             raw.setdefault("model", {})["trust_remote_code"] = bool(trust_remote_code)
+            # Batch settings are the submitter's (recipe or command line), never a received store's: they reach a
+            # scheduler script and are not under the identity digest (llmaudit.common.sbatch).
+            raw["cluster"] = {}
             cfg = config_from_dict(raw, source=str(self.manifest_path))
         except (RecipeError, AttributeError, TypeError) as exc:
             raise StoreError(f"{self.manifest_path}: its config section is invalid ({exc}); {REPAIR}.") from None
