@@ -494,9 +494,21 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
+BUG_REPORTS = "the llmaudit maintainers (the issue tracker of the repository llmaudit was installed from)"
+
+
+def _internal_error(exc: BaseException) -> str:
+    """The one line of a failure that is not the user's: what broke, that it is llmaudit's fault, where to report."""
+    return (
+        f"internal error (a bug in llmaudit, not in your input): {type(exc).__name__}: {_one_line(exc)[:500]}; "
+        f"please report it to {BUG_REPORTS} with the command and the traceback that LLMAUDIT_DEBUG=1 prints."
+    )
+
+
 def main() -> None:
-    """The console entry point: every user-facing failure is one line on stderr and exit code 2
-    (LLMAUDIT_DEBUG=1 re-raises it with its traceback); an interrupt exits 130 (rerun to resume)."""
+    """The console entry point: bad input (a UserError) is one line on stderr and exit code 2; a machine problem
+    (a missing file, a full disk) names the file, exit 2; anything else is a bug: one line saying so and where to
+    report it, exit 1 (LLMAUDIT_DEBUG=1 re-raises with the traceback); an interrupt exits 130 (rerun to resume)."""
     debug = os.environ.get("LLMAUDIT_DEBUG", "") not in ("", "0")
     try:
         _setup()
@@ -504,7 +516,7 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted: finished units are kept; run the same command again to resume.", err=True)
         sys.exit(130)
-    except (UserError, ValueError, FloatingPointError) as exc:
+    except UserError as exc:
         if debug:
             raise
         typer.echo(f"error: {_one_line(exc)}", err=True)
@@ -515,6 +527,11 @@ def main() -> None:
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         typer.echo(f"error: {exc.strerror or _one_line(exc)}{where}; check the path and free space.", err=True)
         sys.exit(2)
+    except Exception as exc:
+        if debug:
+            raise
+        typer.echo(_internal_error(exc), err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from llmaudit.common.errors import UserError
+from llmaudit.common.errors import UserError, did_you_mean
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
@@ -552,6 +552,12 @@ def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: 
 
 def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, echo=print) -> dict[str, Any]:
     """The plan of `cfg`: workload, throughput (measured here or assumed for a named GPU), times."""
+    devices = ("auto", "cpu", "cuda", *GPU_BF16_PEAK)
+    if device.lower() not in devices:  # before any work: the draw alone can take seconds
+        raise UserError(
+            f"--device {device!r} is not known{did_you_mean(device.lower(), devices)}: use auto, cpu or cuda "
+            f"(measured here) or a GPU whose published peak prices the plan: {', '.join(GPU_BF16_PEAK)}"
+        )
     store = RunStore(cfg.resolved_output_dir())
     assumptions: list[str] = []
     try:
