@@ -66,6 +66,7 @@ def prepare_experiment(cfg: ExperimentConfig, store: RunStore, *, echo=print) ->
     if store.exists():
         return store.manifest()
     draw = draw_experiment(cfg, echo=echo)
+    store.begin_create(cfg)
     atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(draw.pool))
     atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(draw.val))
     choice = choose_compute_dtype(cfg.model.dtype, pick_device(cfg.train.device))
