@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -50,11 +51,24 @@ def builtin_dir(cfg: ModelConfig, *, pretrain: bool) -> tuple[Path, Any]:
     from transformers import PreTrainedTokenizerFast
 
     root = cache_dir() / "builtin" / f"{cfg.name[len(BUILTIN_PREFIX) :]}-{builtin_key(cfg)}"
-    done = root / "DONE"
-    if not done.exists():
-        build_builtin_model(cfg, root)
+    if not (root / "DONE").exists():
+        _build_once(cfg, root)
     tok = PreTrainedTokenizerFast.from_pretrained(str(root))
     return root, tok
+
+
+def _build_once(cfg: ModelConfig, root: Path) -> None:
+    """Build the model at `root` under a file lock: processes that need it at once build it once (the others wait
+    and use it), and the temporary directories of a build that was killed are removed before the next one."""
+    from filelock import FileLock
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root.parent / f"{root.name}.lock"), timeout=6 * 3600):
+        if (root / "DONE").exists():  # built by another process while this one waited
+            return
+        for stale in root.parent.glob(f".{root.name}.*.tmp"):  # atomic_dir's directory of a killed build
+            shutil.rmtree(stale, ignore_errors=True)
+        build_builtin_model(cfg, root)
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
