@@ -51,10 +51,31 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help shows what to type: `[RECIPE]`, `score.quantizers='[fp32,hqq-4]'` are not markup
     help="Membership-privacy audit of quantized LLMs: which quantizer leaks least about the fine-tuning data?",
 )
-validate_app = typer.Typer(no_args_is_help=True, help="Validations on data where the truth is known.")
+validate_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Validations on data where the truth is known."
+)
 app.add_typer(validate_app, name="validate")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from llmaudit import __version__
+
+        typer.echo(f"llmaudit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print llmaudit's version and exit."
+    ),
+) -> None:
+    """Membership-privacy audit of quantized LLMs: which quantizer leaks least about the fine-tuning data?"""
+
 
 GATE_EXIT_CODE = 3
 """Exit code of `--gate` when the quantizer to ship is not cleared (2 means bad input; 1 an internal error)."""
@@ -98,10 +119,14 @@ def _setup() -> None:
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
     set_threads(env_threads())
+    if not sys.stderr.isatty():  # a log file or a pipe: no carriage-return frames from the libraries' bars either
+        _progress(True)
 
 
 def _progress(no_progress: bool) -> bool:
-    """--no-progress also silences the weight-loading and download bars of transformers / huggingface_hub."""
+    """Progress bars only on a terminal: --no-progress, or a stderr that is not a TTY (a log, a pipe), gives
+    concise lines instead, and silences the weight-loading and download bars of transformers / huggingface_hub."""
+    no_progress = no_progress or not sys.stderr.isatty()
     if no_progress:
         from huggingface_hub.utils import disable_progress_bars
         from transformers.utils import logging as hf_logging
@@ -174,6 +199,11 @@ def score(
     Impossible quantizer requests are rejected before any work; finished units are skipped, failed ones
     moved aside and scored again; several processes may score one store at once (units are locked)."""
     target, overrides = split_recipe_args(list(args or []))
+    if target is None:  # never silently the demo's store
+        raise UserError(
+            "llmaudit score needs a target: a run directory (llmaudit score llmaudit-out/NAME) or a recipe "
+            "(llmaudit score demo-cpu), then key=value overrides"
+        )
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
     if cfg.score.processes > 1 and shard is None:
         score_in_processes(cfg, store, echo=typer.echo, deep_verify=deep_verify, refresh_utility=refresh_utility)

@@ -71,6 +71,22 @@ def _build_once(cfg: ModelConfig, root: Path) -> None:
         build_builtin_model(cfg, root)
 
 
+def _pretrain_corpus(b: BuiltinModelConfig) -> tuple[list[dict], list[str]]:
+    records = generate_records(SUPPORTED_TASKS, b.pretrain_samples, seed=b.seed, stream="pretrain")
+    return records, [r["input"] + "\n" + r["output"] for r in records]
+
+
+def builtin_tokenizer(cfg: ModelConfig) -> Any:
+    """The built-in model's tokenizer without building the model or writing anything: read from the cache when
+    the model is built, else trained in memory on the same corpus (seconds; what `llmaudit plan` counts with)."""
+    from transformers import PreTrainedTokenizerFast
+
+    root = cache_dir() / "builtin" / f"{cfg.name[len(BUILTIN_PREFIX) :]}-{builtin_key(cfg)}"
+    if (root / "DONE").exists():
+        return PreTrainedTokenizerFast.from_pretrained(str(root))
+    return build_tokenizer(_pretrain_corpus(cfg.builtin)[1], cfg.builtin.vocab_size)
+
+
 def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -122,8 +138,7 @@ def build_builtin_model(cfg: ModelConfig, root: Path) -> Path:
 
     b = cfg.builtin
     short = cfg.name[len(BUILTIN_PREFIX) :]
-    records = generate_records(SUPPORTED_TASKS, b.pretrain_samples, seed=b.seed, stream="pretrain")
-    corpus = [r["input"] + "\n" + r["output"] for r in records]
+    records, corpus = _pretrain_corpus(b)
     t0 = time.time()
     print(
         f"[model] building the built-in base model {cfg.name} once (tokenizer + pre-training); cached in {root}",
