@@ -32,14 +32,14 @@ from llmaudit.finetune.runs import finetune as do_finetune
 from llmaudit.jobs.importing import run_import
 from llmaudit.jobs.local import score_in_processes
 from llmaudit.jobs.plan import format_plan, make_plan
-from llmaudit.jobs.status import format_status, stage_status
+from llmaudit.jobs.status import format_status, report_is_current, stage_status
 from llmaudit.jobs.submit import submit as do_submit
 from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, resolve_target, split_recipe_args
 from llmaudit.quantize import list_quantizers
 from llmaudit.report.model_card import UnknownQuantizerError
 from llmaudit.report.tables import attack_command, attack_summary_lines, indicator_command, memorization_command
 from llmaudit.report.terminal import gate_decision, print_summary
-from llmaudit.report.write import write_report
+from llmaudit.report.write import write_model_card, write_report
 from llmaudit.score.stage import score as do_score
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.shards import parse_shard
@@ -240,6 +240,11 @@ def report(
     store = RunStore(run_dir)
     cfg = config_from_run_dir(run_dir, [])
     chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
+    if release is not None and chosen is None and not include_samples and report_is_current(store):
+        card = write_model_card(store, release)  # another quantizer's card: from report.json, in seconds
+        typer.echo(f"[report] wrote {card} from {store.report_dir / 'report.json'} (the report is up to date)")
+        report_data = read_json(store.report_dir / "report.json", what="report")
+        return _finish(report_data, release=release, gate=gate)
     if release is not None and chosen is not None and release not in chosen:  # refused before the analysis
         raise UnknownQuantizerError(f"--release {release!r} is not among --quantizers {', '.join(chosen)}: add it")
     result = analyze(cfg, store, quantizers=chosen)

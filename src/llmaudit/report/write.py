@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmaudit.common.io import replace_directory
+from llmaudit.common.io import atomic_write_text, read_json, replace_directory
 from llmaudit.report.build import build_report
 from llmaudit.report.html import render_html
 from llmaudit.report.markdown import render_markdown
@@ -44,3 +44,12 @@ def write_report(
     replace_directory(out, files)
     paths["model_card"] = str(out / "model_card.md")
     return paths
+
+
+def write_model_card(store: RunStore, release: str) -> str:
+    """model_card.md for the quantizer `release`, from the store's report.json alone (seconds: no analysis). An
+    unknown `release` or a report.json the card cannot read is refused before anything is written."""
+    path = store.report_dir / "report.json"
+    report = read_json(path, what="report", fix="write it again with `llmaudit report RUN_DIR`")
+    card = render_model_card(report, quantizer=release)
+    return str(atomic_write_text(store.report_dir / "model_card.md", card))
