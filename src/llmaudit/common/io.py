@@ -97,6 +97,17 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _write_new_file(target: Path, data: bytes, *, shown: Path) -> None:
+    """Write a file that does not exist yet (mode 0666 less the umask), flushed to disk; a failure names `shown`,
+    the path the file is written for."""
+    with writing(shown):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
 def replace_directory(path: str | os.PathLike, files: dict[str, bytes]) -> Path:
     """Make `files` ({relative path: bytes}) the whole content of directory `path`, as one set: written into a
     temporary sibling, then swapped in by renaming. A kill at any moment leaves the old set, the new set, or no
@@ -110,7 +121,7 @@ def replace_directory(path: str | os.PathLike, files: dict[str, bytes]) -> Path:
         old = tmp.with_name(tmp.name.removesuffix(".tmp") + ".old.tmp")
         try:
             for name, data in files.items():
-                atomic_write_bytes(tmp / name, data)
+                _write_new_file(tmp / name, data, shown=path / name)
             os.chmod(tmp, 0o777 & ~current_umask())
             if path.exists():
                 os.replace(path, old)

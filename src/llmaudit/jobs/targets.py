@@ -43,8 +43,8 @@ def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str]) -> Non
     for name in names:
         if name not in QUANTIZER_NAMES:
             raise RecipeError(
-                f"score.quantizers: unknown quantizer {name!r}{did_you_mean(name, QUANTIZER_NAMES)}; "
-                "`llmaudit quantizers` lists them all"
+                f"score.quantizers: unknown quantizer {name!r}{did_you_mean(name, QUANTIZER_NAMES)}; allowed: "
+                f"{', '.join(QUANTIZER_NAMES)}, full (`llmaudit quantizers` says which can run here)"
             )
         try:
             get_quantizer(name, **cfg.score.quantizer_options.get(name, {}))
