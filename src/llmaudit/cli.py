@@ -32,14 +32,14 @@ from llmaudit.finetune.runs import finetune as do_finetune
 from llmaudit.jobs.importing import run_import
 from llmaudit.jobs.local import score_in_processes
 from llmaudit.jobs.plan import format_plan, make_plan
-from llmaudit.jobs.status import format_status, stage_status
+from llmaudit.jobs.status import format_status, report_is_current, stage_status
 from llmaudit.jobs.submit import submit as do_submit
 from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, resolve_target, split_recipe_args
 from llmaudit.quantize import list_quantizers
 from llmaudit.report.model_card import UnknownQuantizerError
 from llmaudit.report.tables import attack_command, attack_summary_lines, indicator_command, memorization_command
 from llmaudit.report.terminal import gate_decision, print_summary
-from llmaudit.report.write import write_report
+from llmaudit.report.write import write_model_card, write_report
 from llmaudit.score.stage import score as do_score
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.shards import parse_shard
@@ -51,10 +51,31 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help shows what to type: `[RECIPE]`, `score.quantizers='[fp32,hqq-4]'` are not markup
     help="Membership-privacy audit of quantized LLMs: which quantizer leaks least about the fine-tuning data?",
 )
-validate_app = typer.Typer(no_args_is_help=True, help="Validations on data where the truth is known.")
+validate_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Validations on data where the truth is known."
+)
 app.add_typer(validate_app, name="validate")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from llmaudit import __version__
+
+        typer.echo(f"llmaudit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print llmaudit's version and exit."
+    ),
+) -> None:
+    """Membership-privacy audit of quantized LLMs: which quantizer leaks least about the fine-tuning data?"""
+
 
 GATE_EXIT_CODE = 3
 """Exit code of `--gate` when the quantizer to ship is not cleared (2 means bad input; 1 an internal error)."""
@@ -98,10 +119,14 @@ def _setup() -> None:
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
     set_threads(env_threads())
+    if not sys.stderr.isatty():  # a log file or a pipe: no carriage-return frames from the libraries' bars either
+        _progress(True)
 
 
 def _progress(no_progress: bool) -> bool:
-    """--no-progress also silences the weight-loading and download bars of transformers / huggingface_hub."""
+    """Progress bars only on a terminal: --no-progress, or a stderr that is not a TTY (a log, a pipe), gives
+    concise lines instead, and silences the weight-loading and download bars of transformers / huggingface_hub."""
+    no_progress = no_progress or not sys.stderr.isatty()
     if no_progress:
         from huggingface_hub.utils import disable_progress_bars
         from transformers.utils import logging as hf_logging
@@ -174,6 +199,11 @@ def score(
     Impossible quantizer requests are rejected before any work; finished units are skipped, failed ones
     moved aside and scored again; several processes may score one store at once (units are locked)."""
     target, overrides = split_recipe_args(list(args or []))
+    if target is None:  # never silently the demo's store
+        raise UserError(
+            "llmaudit score needs a target: a run directory (llmaudit score llmaudit-out/NAME) or a recipe "
+            "(llmaudit score demo-cpu), then key=value overrides"
+        )
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
     if cfg.score.processes > 1 and shard is None:
         score_in_processes(cfg, store, echo=typer.echo, deep_verify=deep_verify, refresh_utility=refresh_utility)
@@ -210,6 +240,11 @@ def report(
     store = RunStore(run_dir)
     cfg = config_from_run_dir(run_dir, [])
     chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
+    if release is not None and chosen is None and not include_samples and report_is_current(store):
+        card = write_model_card(store, release)  # another quantizer's card: from report.json, in seconds
+        typer.echo(f"[report] wrote {card} from {store.report_dir / 'report.json'} (the report is up to date)")
+        report_data = read_json(store.report_dir / "report.json", what="report")
+        return _finish(report_data, release=release, gate=gate)
     if release is not None and chosen is not None and release not in chosen:  # refused before the analysis
         raise UnknownQuantizerError(f"--release {release!r} is not among --quantizers {', '.join(chosen)}: add it")
     result = analyze(cfg, store, quantizers=chosen)
@@ -494,9 +529,21 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
+BUG_REPORTS = "the llmaudit maintainers (the issue tracker of the repository llmaudit was installed from)"
+
+
+def _internal_error(exc: BaseException) -> str:
+    """The one line of a failure that is not the user's: what broke, that it is llmaudit's fault, where to report."""
+    return (
+        f"internal error (a bug in llmaudit, not in your input): {type(exc).__name__}: {_one_line(exc)[:500]}; "
+        f"please report it to {BUG_REPORTS} with the command and the traceback that LLMAUDIT_DEBUG=1 prints."
+    )
+
+
 def main() -> None:
-    """The console entry point: every user-facing failure is one line on stderr and exit code 2
-    (LLMAUDIT_DEBUG=1 re-raises it with its traceback); an interrupt exits 130 (rerun to resume)."""
+    """The console entry point: bad input (a UserError) is one line on stderr and exit code 2; a machine problem
+    (a missing file, a full disk) names the file, exit 2; anything else is a bug: one line saying so and where to
+    report it, exit 1 (LLMAUDIT_DEBUG=1 re-raises with the traceback); an interrupt exits 130 (rerun to resume)."""
     debug = os.environ.get("LLMAUDIT_DEBUG", "") not in ("", "0")
     try:
         _setup()
@@ -504,7 +551,7 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted: finished units are kept; run the same command again to resume.", err=True)
         sys.exit(130)
-    except (UserError, ValueError, FloatingPointError) as exc:
+    except UserError as exc:
         if debug:
             raise
         typer.echo(f"error: {_one_line(exc)}", err=True)
@@ -515,6 +562,11 @@ def main() -> None:
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         typer.echo(f"error: {exc.strerror or _one_line(exc)}{where}; check the path and free space.", err=True)
         sys.exit(2)
+    except Exception as exc:
+        if debug:
+            raise
+        typer.echo(_internal_error(exc), err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

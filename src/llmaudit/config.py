@@ -17,8 +17,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmaudit.common.bounded import MAX_YAML_BYTES, InputLimitError, check_file, load_yaml
-from llmaudit.common.errors import UserError
+from llmaudit.common.errors import UserError, did_you_mean
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
+from llmaudit.common.sbatch import option_problem, path_problem, value_problem
 
 DEFAULT_TASKS = ("molecule_captioning", "molecule_generation")
 
@@ -377,6 +378,11 @@ class AttackConfig(_Section):
     @field_validator("attacks")
     @classmethod
     def _every_attack_of_earlier_versions(cls, names: list[str]) -> list[str]:
+        unknown = [name for name in names if name not in _ATTACKS]
+        if unknown:
+            raise ValueError(
+                f"unknown attack {unknown[0]!r}{did_you_mean(unknown[0], _ATTACKS)}; allowed: {', '.join(_ATTACKS)}"
+            )
         return list(_ATTACKS) if names == _LEGACY_ATTACKS else names
 
     fpc: Literal["auto", "off"] | float = "auto"
@@ -478,12 +484,35 @@ class ClusterConfig(_Section):
     shards: int = size_field(1, ge=1, le=100_000, why=SHARDS_WHY)
     """N: every stage is split round-robin into N shard jobs (`--shard I/N`); finetune uses at most train.runs of them."""
     slurm_additional_parameters: dict[str, Any] = Field(default_factory=dict, max_length=256)
-    """Extra sbatch options passed through unchanged, e.g. {account: my-project, qos: normal, constraint: a100}."""
+    """Extra sbatch options, e.g. {account: my-project, qos: normal, constraint: a100}: only the options
+    `llmaudit.common.sbatch.FIELD_FORMS` lists, each value in its option's form (nothing else reaches the script)."""
     gpu_model: Literal["h100", "h200", "a100", "l40s", "a6000"] | None = None
     """GPU model of the nodes, for the plan `llmaudit submit` prints (and `llmaudit plan --device`);
     None with gpus_per_job > 0 prices an H100."""
     log_dir: str | None = None
     """Where submitit writes job scripts, pickles and logs; default <output_dir>/jobs."""
+
+    @field_validator("partition")
+    @classmethod
+    def _partition_form(cls, value: str | None) -> str | None:
+        if value is not None and value_problem("partition", value):
+            raise ValueError(value_problem("partition", value))
+        return value
+
+    @field_validator("log_dir")
+    @classmethod
+    def _plain_path(cls, value: str | None) -> str | None:
+        if value is not None and path_problem(value):
+            raise ValueError(path_problem(value))
+        return value
+
+    @field_validator("slurm_additional_parameters")
+    @classmethod
+    def _allowed_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problems = [f"{key}: {option_problem(key, v)}" for key, v in value.items() if option_problem(key, v)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
 
 class ExperimentConfig(_Section):
@@ -570,28 +599,52 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
     return sorted(cls.model_fields)
 
 
+def _override_of(loc: tuple, overrides: list[str]) -> str | None:
+    """The command-line override (the last one) that set the key at `loc`, a section above it or a key below it."""
+    dotted = ".".join(str(p) for p in loc) + "."
+    keys = [(o, o.split("=", 1)[0].strip() + ".") for o in overrides if "=" in o]
+    hits = [o for o, key in keys if dotted.startswith(key) or key.startswith(dotted)]
+    return hits[-1] if hits else None
+
+
+def _problem(err: Any, model: type[BaseModel], overrides: list[str]) -> tuple[str, bool]:
+    """One invalid key in words, and whether a command-line override gave it."""
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(model, tuple(err["loc"]))
+        hint = did_you_mean(err["loc"][-1], allowed or [])
+        msg = f"unknown key{hint or ' (check the spelling)'}" + (f"; allowed here: {allowed}" if allowed else "")
+    elif err["type"] == "less_than_equal":
+        msg += _bound_reason(model, tuple(err["loc"]))
+    override = _override_of(tuple(err["loc"]), overrides)
+    if override is not None:
+        written = override.split("=", 1)[1]
+        msg += f" (from the command line: {override!r})"
+        if err["type"] == "list_type" and not written.strip().startswith("["):
+            msg += f"; a list is written {key}='[{written.strip()}]' (quoted for the shell)"
+    if isinstance(err.get("input"), dict) and err["type"] == "value_error":  # a whole section's rule
+        return f"{key}: {msg}", override is not None
+    value = repr(err.get("input"))
+    if len(value) > 200:  # a hostile value is shown in part: the message stays one readable line
+        value = value[:200] + f"... ({len(value):,} characters)"
+    return f"{key} = {value}: {msg}", override is not None
+
+
 def format_validation_error(
-    exc: ValidationError, source: str, *, what: str = "recipe", model: type[BaseModel] | None = None
+    exc: ValidationError,
+    source: str,
+    *,
+    what: str = "recipe",
+    model: type[BaseModel] | None = None,
+    overrides: list[str] | None = None,
 ) -> str:
     """One line per invalid key: the dotted key, the value given and what is allowed (for an unknown
-    key, the keys its section allows)."""
-    model = model or ExperimentConfig
-    problems = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            allowed = _allowed_keys(model, tuple(err["loc"]))
-            msg = "unknown key (check the spelling)" + (f"; allowed here: {allowed}" if allowed else "")
-        elif err["type"] == "less_than_equal":
-            msg += _bound_reason(model, tuple(err["loc"]))
-        if isinstance(err.get("input"), dict) and err["type"] == "value_error":  # a whole section's rule
-            problems.append(f"{key}: {msg}")
-            continue
-        value = repr(err.get("input"))
-        if len(value) > 200:  # a hostile value is shown in part: the message stays one readable line
-            value = value[:200] + f"... ({len(value):,} characters)"
-        problems.append(f"{key} = {value}: {msg}")
+    key, the keys its section allows, and the closest one); a key a command-line override set says so."""
+    found = [_problem(err, model or ExperimentConfig, overrides or []) for err in exc.errors()]
+    problems = [text for text, _ in found]
+    if all(from_command_line for _, from_command_line in found):
+        return "invalid command-line override: " + "; ".join(problems)
     return f"invalid {what} {source}: " + "; ".join(problems)
 
 
@@ -639,7 +692,10 @@ def resolve_recipe_path(recipe: str | Path | None) -> Path:
             if shipped.is_file():
                 return shipped
     available = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
-    raise RecipeError(f"recipe {recipe!s} not found: pass a YAML file or one of the shipped recipes {available}.")
+    raise RecipeError(
+        f"recipe {recipe!s} not found{did_you_mean(recipe, available)}: pass a YAML file or one of the shipped "
+        f"recipes {available}."
+    )
 
 
 def read_recipe_yaml(path: Path) -> dict[str, Any]:
@@ -661,14 +717,17 @@ def read_recipe_yaml(path: Path) -> dict[str, Any]:
 def load_recipe(recipe: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     path = resolve_recipe_path(recipe)
     raw = apply_overrides(read_recipe_yaml(path), overrides or [])
-    return config_from_dict(raw, source=str(path))
+    return config_from_dict(raw, source=str(path), overrides=overrides)
 
 
-def config_from_dict(raw: dict[str, Any], source: str = "(dict)") -> ExperimentConfig:
+def config_from_dict(
+    raw: dict[str, Any], source: str = "(dict)", *, overrides: list[str] | None = None
+) -> ExperimentConfig:
+    """The validated config; `overrides`: the command-line key=value pairs applied to `raw` (named in an error)."""
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
-        raise RecipeError(format_validation_error(exc, source)) from None
+        raise RecipeError(format_validation_error(exc, source, overrides=overrides)) from None
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

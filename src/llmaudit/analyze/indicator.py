@@ -459,7 +459,7 @@ def _run_entry(
     try:
         res = r_q_details(losses, ddof=ddof, atol=atol)
     except ValueError as exc:
-        raise ValueError(f"run={run}, quantizer={quantizer!r}: {exc}") from exc
+        raise LossTableError(f"run={run}, quantizer={quantizer!r}: {exc}") from exc
     entry = {"run": run, "quantizer": quantizer, "n_samples": len(sample_ids), **res.to_dict()}
     # Translate row indices into the table's checkpoint steps, which is what a reader needs.
     entry["checkpoints"] = [int(c) for c in checkpoints]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from llmaudit.common.errors import UserError
 from llmaudit.common.stats import bootstrap_mean_interval
 from llmaudit.quantize.full import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table, validate_loss_table
@@ -128,7 +129,7 @@ def parse_reference(text: str) -> Reference:
             key, sep, value = part.partition("=")
             key, value = key.strip(), value.strip()
             if not sep or key not in ("run", "quantizer", "checkpoint"):
-                raise ValueError(
+                raise UserError(
                     f"reference {text!r}: cannot read {part!r}; use base, "
                     "run=R,quantizer=Q[,checkpoint=C], or the path of a parquet loss table."
                 )
@@ -136,7 +137,7 @@ def parse_reference(text: str) -> Reference:
         return spec
     path = Path(text)
     if not path.exists():
-        raise ValueError(
+        raise UserError(
             f"reference {text!r} is neither 'base', nor run=R,quantizer=Q[,checkpoint=C], nor an "
             "existing parquet loss table."
         )
@@ -170,7 +171,7 @@ def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFr
         kind = "loss table"
     elif isinstance(reference, str):
         if reference != "base":
-            raise ValueError(
+            raise UserError(
                 f"reference={reference!r}: use 'base', a mapping {{'run', 'quantizer'[, 'checkpoint']}} "
                 "or a DataFrame of the reference model's rows."
             )
@@ -185,7 +186,7 @@ def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFr
     elif isinstance(reference, Mapping):
         unknown = set(reference) - {"run", "quantizer", "checkpoint"}
         if unknown or "run" not in reference or "quantizer" not in reference:
-            raise ValueError(
+            raise UserError(
                 f"reference={dict(reference)!r}: needs keys 'run' and 'quantizer' (and optionally "
                 "'checkpoint'); nothing else."
             )
@@ -341,7 +342,7 @@ def _check_count(name: str, value: int | None) -> int | None:
     if value is None:
         return None
     if int(value) <= 0:
-        raise ValueError(f"{name}={value!r}: a parameter count must be a positive integer (or None).")
+        raise UserError(f"{name}={value!r}: a parameter count must be a positive integer (or None).")
     return int(value)
 
 
@@ -397,7 +398,7 @@ def memorization_from_table(
     adapter_params = _check_count("adapter_params", adapter_params)
     model_params = _check_count("model_params", model_params)
     if not capacity_bits_per_param > 0:
-        raise ValueError(f"capacity_bits_per_param={capacity_bits_per_param!r}: must be > 0.")
+        raise UserError(f"capacity_bits_per_param={capacity_bits_per_param!r}: must be > 0.")
     samples, ref_description, notes = per_sample_memorization(df, reference=reference)
     per_run = _per_run_rows(samples, adapter_params, model_params)
     per_quantizer = _per_quantizer_intervals(pd.DataFrame(per_run), n_boot=n_boot, seed=seed)
@@ -481,15 +482,15 @@ def _scaling_law_view(
     law = dict(scaling_law)
     unit = law.pop("dataset_size", "samples")
     if unit not in ("samples", "tokens"):
-        raise ValueError(f"scaling_law dataset_size={unit!r}: allowed 'samples' or 'tokens'.")
+        raise UserError(f"scaling_law dataset_size={unit!r}: allowed 'samples' or 'tokens'.")
     if set(law) != {"c1", "c2", "c3"}:
-        raise ValueError(
+        raise UserError(
             f"scaling_law needs exactly the constants c1, c2, c3 (and optionally dataset_size); got "
             f"{sorted(law)}. There are no default constants: supply ones you checked against data."
         )
     capacity, source = (model_capacity, "model") if model_capacity else (adapter_capacity, "adapter")
     if not capacity:
-        raise ValueError("scaling_law needs model_params (or adapter_params) to compute a capacity.")
+        raise UserError("scaling_law needs model_params (or adapter_params) to compute a capacity.")
     key = "n_member_samples" if unit == "samples" else "n_member_tokens"
     sizes = np.array([max(r[key], 1) for r in runs], dtype=np.float64)
     constants = {k: float(v) for k, v in law.items()}
@@ -518,7 +519,7 @@ def parse_scaling_law(text: str) -> dict[str, Any]:
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if not sep:
-            raise ValueError(f"scaling law {text!r}: expected c1=..,c2=..,c3=..[,dataset_size=samples].")
+            raise UserError(f"scaling law {text!r}: expected c1=..,c2=..,c3=..[,dataset_size=samples].")
         key, value = key.strip(), value.strip()
         law[key] = value if key == "dataset_size" else float(value)
     return law

@@ -7,6 +7,15 @@ exits with code 2, without a traceback (LLMAUDIT_DEBUG=1 shows it). Anything els
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class UserError(ValueError):
     """Bad input or an impossible request; the message names the file or key and the fix."""
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices` to a misspelt `word`, '' when none is close."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -65,6 +65,13 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
         raise error from None
 
 
+def current_umask() -> int:
+    """This process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` atomically: a temporary sibling, flushed and fsynced, then renamed over `path`.
     A failure (a full disk) leaves `path` as it was, removes the temporary file and names `path` (WriteError)."""
@@ -73,6 +80,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide the file from the user's group
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -87,6 +95,45 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _write_new_file(target: Path, data: bytes, *, shown: Path) -> None:
+    """Write a file that does not exist yet (mode 0666 less the umask), flushed to disk; a failure names `shown`,
+    the path the file is written for."""
+    with writing(shown):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def replace_directory(path: str | os.PathLike, files: dict[str, bytes]) -> Path:
+    """Make `files` ({relative path: bytes}) the whole content of directory `path`, as one set: written into a
+    temporary sibling, then swapped in by renaming. A kill at any moment leaves the old set, the new set, or no
+    directory (the next write removes the leftovers), never new files beside old ones."""
+    path = Path(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a write killed earlier
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        old = tmp.with_name(tmp.name.removesuffix(".tmp") + ".old.tmp")
+        try:
+            for name, data in files.items():
+                _write_new_file(tmp / name, data, shown=path / name)
+            os.chmod(tmp, 0o777 & ~current_umask())
+            if path.exists():
+                os.replace(path, old)
+            os.replace(tmp, path)
+        except BaseException:
+            if old.exists() and not path.exists():  # the swap failed halfway: the previous set goes back
+                os.replace(old, path)
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def _json_default(obj: Any) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from llmaudit.data.chat_render import render_chat
 from llmaudit.data.records import DataError, prompt_messages, record_format, response_role
 
 TrainExample = tuple[Sequence[int], Sequence[bool]]
@@ -84,7 +85,7 @@ def _chat_prompt(tokenizer: Any, rec: dict) -> tuple[str, str]:
     messages = given or [{"role": "user", "content": rec["input"]}]
     role = response_role(rec)
     if getattr(tokenizer, "chat_template", None) and role != "assistant":
-        full = tokenizer.apply_chat_template([*messages, {"role": role, "content": RESPONSE_MARK}], tokenize=False)
+        full = render_chat(tokenizer, [*messages, {"role": role, "content": RESPONSE_MARK}])
         if full.count(RESPONSE_MARK) != 1:
             raise DataError(
                 f"record {rec.get('sample_id')!r}: the chat template does not render a final turn of role {role!r} "
@@ -95,7 +96,7 @@ def _chat_prompt(tokenizer: Any, rec: dict) -> tuple[str, str]:
         if "<|im_end|>" in (tokenizer.chat_template or ""):
             eos_text = "<|im_end|>"
     elif getattr(tokenizer, "chat_template", None):
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = render_chat(tokenizer, messages, add_generation_prompt=True)
         eos_text = getattr(tokenizer, "eos_token", None) or ""
         if "<|im_end|>" in (tokenizer.chat_template or ""):
             eos_text = "<|im_end|>"

@@ -32,13 +32,16 @@ class Draw:
     tokenizer: Any
 
 
-def draw_experiment(cfg: ExperimentConfig, *, echo=print) -> Draw:
+def draw_experiment(
+    cfg: ExperimentConfig, *, echo=print, source: ModelSource | None = None, tokenizer: Any = None
+) -> Draw:
     """Load the data, drop records over data.max_length, draw the pool and validation set and the
-    membership masks (deterministic in the seeds). Bad data fails before any model is built."""
+    membership masks (deterministic in the seeds). Bad data fails before any model is built. `source` and
+    `tokenizer` replace the model's (a plan's stand-ins: nothing is built or converted)."""
     need = cfg.data.pool_size + cfg.data.val_size
     records, route = load_records(cfg.data, n_needed=need)
-    source = model_source(cfg.model, echo=echo)  # a GGUF base is converted once, here
-    tok = load_tokenizer(cfg.model)
+    source = source or model_source(cfg.model, echo=echo)  # a GGUF base is converted once, here
+    tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
     # Drop over-long records before drawing, so the pool is exactly pool_size.
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=cfg.data.max_length)
     lengths_ok = {ex.sample_id for ex in tokenize_records(tok, records, "any", **kw)}
@@ -66,6 +69,7 @@ def prepare_experiment(cfg: ExperimentConfig, store: RunStore, *, echo=print) ->
     if store.exists():
         return store.manifest()
     draw = draw_experiment(cfg, echo=echo)
+    store.begin_create(cfg)
     atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(draw.pool))
     atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(draw.val))
     choice = choose_compute_dtype(cfg.model.dtype, pick_device(cfg.train.device))

@@ -197,6 +197,7 @@ def _write_store(
     parameters: dict[str, int],
 ) -> None:
     """The store's files: the data files first, the manifest (with the parameter counts) last."""
+    store.begin_create(cfg)
     atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(pool))
     atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(val))
     device = pick_device(cfg.score.device)

@@ -30,6 +30,9 @@ from llmaudit.store.digests import DIGEST_SCOPE, number_files
 from llmaudit.store.run_store import file_digest
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+MAX_STEP = 10**9
+"""The largest training step a checkpoint may have: a billion optimizer steps is beyond any fine-tune, and every
+step fits the int32 and %06d-formatted places it is recorded in."""
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 PICKLED_WEIGHTS = re.compile(r"^(adapter_model|pytorch_model|model)(-\d+-of-\d+)?\.(bin|pt|pth|ckpt)$")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -158,7 +161,7 @@ def find_checkpoints(training_dir: str | Path) -> TrainingOutput:
     notes: list[str] = []
     found: dict[int, Checkpoint] = {}
     for sub in sorted(p for p in root.iterdir() if p.is_dir() and CHECKPOINT_DIR.match(p.name)):
-        step = int(CHECKPOINT_DIR.match(sub.name).group(1))
+        step = _step_of(sub)
         kind, files = checkpoint_kind(sub)
         found[step] = Checkpoint(step, sub, kind, files)
     top_state = _trainer_state(root)
@@ -188,7 +191,7 @@ def _add_final(
     match = CHECKPOINT_DIR.match(root.name)
     step = _int(state.get("global_step")) if state else None
     if step is None and match:
-        step = int(match.group(1))
+        step = _step_of(root)
     if step is None:
         same = [c for c in found.values() if c.kind == final.kind and c.digest() == final.digest()]
         if same:
@@ -223,7 +226,19 @@ def _read_json(path: Path) -> Any:
 
 
 def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+    return int(value) if ok else None
+
+
+def _step_of(directory: Path) -> int:
+    """N of a checkpoint-N directory, refused above MAX_STEP (one line naming the directory)."""
+    digits = CHECKPOINT_DIR.match(directory.name).group(1)  # type: ignore[union-attr]
+    if len(digits) > 10 or int(digits) > MAX_STEP:
+        raise ImportInputError(
+            f"{directory}: step {digits[:20]}{'...' if len(digits) > 20 else ''} is above {MAX_STEP:,} (no fine-tune "
+            "runs that many steps); rename the directory to the step it was saved at."
+        )
+    return int(digits)
 
 
 def trainer_summary(root: Path, checkpoints: list[Checkpoint], top_state: dict | None = None) -> dict[str, Any]:
@@ -289,7 +304,14 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             raise ImportInputError(f"{path} is not a safetensors file (unreadable header).") from None
     if not isinstance(header, dict):
         raise ImportInputError(f"{path} is not a safetensors file (unreadable header).")
-    return {k: tuple(v.get("shape", ())) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    shapes = {k: v.get("shape", []) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    for name, shape in shapes.items():
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise ImportInputError(
+                f"{path} is not a safetensors file: the shape of tensor {name[:100]!r} is {str(shape)[:100]}, not a "
+                "list of whole numbers; restore the file from the training run."
+            )
+    return {k: tuple(v) for k, v in shapes.items()}
 
 
 def weight_shapes(checkpoint: Checkpoint) -> dict[str, tuple[int, ...]]:

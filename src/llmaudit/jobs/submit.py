@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads, set_threads
+from llmaudit.common.sbatch import check_script_parameters
 from llmaudit.config import ExperimentConfig, config_from_dict
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.finetune.runs import finetune
@@ -241,7 +242,9 @@ def submit_slurm(
         for stage, shards in _stages_to_submit(cfg, stages, RunStore(out), echo):
             folder = _log_dir(cfg, out) / stage
             executor = executor_factory(folder=str(folder), cluster="slurm")
-            executor.update_parameters(**slurm_parameters(cfg, stage, dependency))
+            params = slurm_parameters(cfg, stage, dependency)
+            check_script_parameters(params, folder)  # the last gate before submitit writes the script
+            executor.update_parameters(**params)
             jobs = _submit_stage(executor, stage, cfg, out, shards)
             job_id, array = _array_id(jobs[0]), "_" in str(jobs[0].job_id)
             echo(

@@ -7,9 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmaudit.common.errors import did_you_mean
 from llmaudit.common.runtime import configure_threads
-from llmaudit.config import ExperimentConfig, apply_overrides, config_from_dict, load_recipe
+from llmaudit.config import (
+    FULL_PLACEHOLDER,
+    ExperimentConfig,
+    RecipeError,
+    apply_overrides,
+    config_from_dict,
+    load_recipe,
+)
 from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.quantize import QUANTIZER_NAMES, QuantizationError, get_quantizer
 from llmaudit.store.run_store import RunStore
 
 
@@ -24,9 +33,37 @@ def split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
+def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str]) -> None:
+    """Every quantizer name and its options as the registry allows them, when the recipe loads (before any
+    training): an unknown name (with the closest one), an option a quantizer does not have or a value it does not
+    support (bits, group sizes), options for a name that is no quantizer, and options given on the command line
+    for a quantizer that is not in score.quantizers (a recipe's options for quantizers left out are kept unused).
+    What needs the model's layers (a group size that divides them) is checked before the first unit is scored."""
+    names = [q for q in cfg.score.quantizers if q != FULL_PLACEHOLDER]
+    for name in names:
+        if name not in QUANTIZER_NAMES:
+            raise RecipeError(
+                f"score.quantizers: unknown quantizer {name!r}{did_you_mean(name, QUANTIZER_NAMES)}; allowed: "
+                f"{', '.join(QUANTIZER_NAMES)}, full (`llmaudit quantizers` says which can run here)"
+            )
+        try:
+            get_quantizer(name, **cfg.score.quantizer_options.get(name, {}))
+        except QuantizationError as exc:
+            raise RecipeError(f"score.quantizer_options.{name}: {exc}") from None
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    for name in cfg.score.quantizer_options:
+        on_command_line = given & {"score", "score.quantizer_options", f"score.quantizer_options.{name}"}
+        if name not in cfg.score.quantizers and (name not in QUANTIZER_NAMES or on_command_line):
+            raise RecipeError(
+                f"score.quantizer_options has options for {name!r}{did_you_mean(name, names)}, which is not in "
+                f"score.quantizers {cfg.score.quantizers}: add it there or remove its options"
+            )
+
+
 def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | None = None) -> ExperimentConfig:
     """A recipe with overrides (`--out` replaces output_dir); sets this process's CPU threads."""
     cfg = load_recipe(recipe, overrides)
+    check_quantizer_requests(cfg, overrides)
     if out is not None:
         cfg = cfg.model_copy(update={"output_dir": str(out)})
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
@@ -38,15 +75,13 @@ def config_from_run_dir(
 ) -> ExperimentConfig:
     """The run directory's recorded config plus overrides. `model.trust_remote_code` comes from the command
     line only (the flag, or an explicit `model.trust_remote_code=true` override), never from the manifest, and
-    so does `cluster.log_dir` (a received manifest cannot send submitit's files elsewhere)."""
+    so does the whole cluster section (`RunStore.config`: a received manifest cannot write a batch script)."""
     store = RunStore(run_dir)
     raw = json.loads(store.config(trust_remote_code=trust_remote_code).model_dump_json())
-    # A path outside the run directory is never taken from it either: submitit's job folder is <run_dir>/jobs
-    # unless this command line names another (cluster.log_dir=...).
-    raw.setdefault("cluster", {})["log_dir"] = None
     raw = apply_overrides(raw, overrides)
     raw["output_dir"] = str(Path(run_dir))
-    cfg = config_from_dict(raw, source=f"{store.manifest_path} + command-line overrides")
+    cfg = config_from_dict(raw, source=f"{store.manifest_path} + command-line overrides", overrides=overrides)
+    check_quantizer_requests(cfg, overrides)
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
     return cfg
 

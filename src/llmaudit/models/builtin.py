@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -50,11 +51,40 @@ def builtin_dir(cfg: ModelConfig, *, pretrain: bool) -> tuple[Path, Any]:
     from transformers import PreTrainedTokenizerFast
 
     root = cache_dir() / "builtin" / f"{cfg.name[len(BUILTIN_PREFIX) :]}-{builtin_key(cfg)}"
-    done = root / "DONE"
-    if not done.exists():
-        build_builtin_model(cfg, root)
+    if not (root / "DONE").exists():
+        _build_once(cfg, root)
     tok = PreTrainedTokenizerFast.from_pretrained(str(root))
     return root, tok
+
+
+def _build_once(cfg: ModelConfig, root: Path) -> None:
+    """Build the model at `root` under a file lock: processes that need it at once build it once (the others wait
+    and use it), and the temporary directories of a build that was killed are removed before the next one."""
+    from filelock import FileLock
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root.parent / f"{root.name}.lock"), timeout=6 * 3600):
+        if (root / "DONE").exists():  # built by another process while this one waited
+            return
+        for stale in root.parent.glob(f".{root.name}.*.tmp"):  # atomic_dir's directory of a killed build
+            shutil.rmtree(stale, ignore_errors=True)
+        build_builtin_model(cfg, root)
+
+
+def _pretrain_corpus(b: BuiltinModelConfig) -> tuple[list[dict], list[str]]:
+    records = generate_records(SUPPORTED_TASKS, b.pretrain_samples, seed=b.seed, stream="pretrain")
+    return records, [r["input"] + "\n" + r["output"] for r in records]
+
+
+def builtin_tokenizer(cfg: ModelConfig) -> Any:
+    """The built-in model's tokenizer without building the model or writing anything: read from the cache when
+    the model is built, else trained in memory on the same corpus (seconds; what `llmaudit plan` counts with)."""
+    from transformers import PreTrainedTokenizerFast
+
+    root = cache_dir() / "builtin" / f"{cfg.name[len(BUILTIN_PREFIX) :]}-{builtin_key(cfg)}"
+    if (root / "DONE").exists():
+        return PreTrainedTokenizerFast.from_pretrained(str(root))
+    return build_tokenizer(_pretrain_corpus(cfg.builtin)[1], cfg.builtin.vocab_size)
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int) -> Any:
@@ -108,8 +138,7 @@ def build_builtin_model(cfg: ModelConfig, root: Path) -> Path:
 
     b = cfg.builtin
     short = cfg.name[len(BUILTIN_PREFIX) :]
-    records = generate_records(SUPPORTED_TASKS, b.pretrain_samples, seed=b.seed, stream="pretrain")
-    corpus = [r["input"] + "\n" + r["output"] for r in records]
+    records, corpus = _pretrain_corpus(b)
     t0 = time.time()
     print(
         f"[model] building the built-in base model {cfg.name} once (tokenizer + pre-training); cached in {root}",

@@ -40,12 +40,15 @@ def code(value: Any) -> str:
 
 
 def md_escape(text: str) -> str:
-    """Text that CommonMark renders exactly as written (no emphasis, links, HTML or table breaks)."""
-    return _MD_SPECIAL.sub(r"\\\1", text)
+    """Text that CommonMark renders exactly as written (no emphasis, links, HTML or table breaks), on one line:
+    line breaks and control characters become spaces. The one escaping of data in report.md and model_card.md."""
+    return _MD_SPECIAL.sub(r"\\\1", _clean(text))
 
 
 def md_code(text: str) -> str:
-    """A Markdown code span holding `text` verbatim (fenced with more backticks than it contains)."""
+    """A Markdown code span holding `text` verbatim (fenced with more backticks than it contains), on one line:
+    a line break inside a span could end the paragraph and start a block of its own."""
+    text = _clean(text)
     longest = max((len(m) for m in re.findall("`+", text)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""

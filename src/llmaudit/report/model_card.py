@@ -27,12 +27,21 @@ class UnknownQuantizerError(UserError):
     """The quantizer asked for is not in the report."""
 
 
+class MalformedReportError(UserError):
+    """report.json lacks a key the card reads, or holds a value of the wrong kind (an edited or foreign file)."""
+
+
 def _c(value: Any) -> str:
     return md_code(str(value))
 
 
 def _e(value: Any) -> str:
-    return md_escape(str(value).replace("\n", " "))
+    return md_escape(str(value))
+
+
+def _cmp(value: Any) -> str:
+    """A criterion's comparison: one of the policy's operators as written, anything else escaped as data."""
+    return value if value in ("<=", ">=", "<", ">") else _e(value)
 
 
 def released_quantizer(report: dict[str, Any], quantizer: str | None) -> str:
@@ -159,8 +168,8 @@ def _verdict_table(report: dict[str, Any], q: str) -> list[str]:
             if a.get("mode")
             else f"calibrated TPR at 1% FPR, strongest attack {_c(a.get('attack') or 'n/a')}",
             f"{fmt_num(a['value'])}{fmt_ci(a['ci'])}",
-            f"{a['comparison']} {a['threshold']:g}",
-            a["status"],
+            f"{_cmp(a['comparison'])} {a['threshold']:g}",
+            _e(a["status"]),
         ),
         *_decision_rows(row, a),
         (
@@ -178,18 +187,20 @@ def _verdict_table(report: dict[str, Any], q: str) -> list[str]:
     ]
     for cid, label in (("r_q", "r_Q (attack-free indicator)"), ("indicator", "attack-free indicator")):
         c = crit[cid]
-        limit = "" if c.get("threshold") is None or c["status"] == DISABLED else f"{c['comparison']} {c['threshold']:g}"
-        table.append((label, f"{fmt_num(c['value'])}{fmt_ci(c['ci'])}", limit, c["status"]))
+        limit = (
+            ""
+            if c.get("threshold") is None or c["status"] == DISABLED
+            else f"{_cmp(c['comparison'])} {c['threshold']:g}"
+        )
+        table.append((label, f"{fmt_num(c['value'])}{fmt_ci(c['ci'])}", limit, _e(c["status"])))
     u = crit["utility"]
     util_value = (
         f"{fmt_pct(u['value'])}{fmt_pct_ci(u['ci'])}"
         if u.get("metric", "loss") == "loss"
         else f"{fmt_num(u['value'])}{fmt_ci(u['ci'])}"
     )
-    limit = (
-        f"{u['comparison']} {fmt_pct(u['threshold']) if u.get('metric', 'loss') == 'loss' else fmt_num(u['threshold'])}"
-    )
-    table.append((f"utility criterion: {_e(u['description'])}", util_value, limit, u["status"]))
+    limit = f"{_cmp(u['comparison'])} {fmt_pct(u['threshold']) if u.get('metric', 'loss') == 'loss' else fmt_num(u['threshold'])}"
+    table.append((f"utility criterion: {_e(u['description'])}", util_value, limit, _e(u["status"])))
     table += _utility_rows(row)
     lines = ["| measure | estimate [95% interval] | limit | verdict |", "|---|---|---|---|"]
     lines += [f"| {m} | {v} | {lim} | {s} |" for m, v, lim, s in table]
@@ -287,7 +298,7 @@ def _limits_section(report: dict[str, Any], q: str) -> list[str]:
     for cid in ("r_q", "indicator"):
         c = crit[cid]
         if c["status"] != PASS:
-            lines.append(f"- {_e(c['description'])}: {c['status']} ({_e(c['reason'])}).")
+            lines.append(f"- {_e(c['description'])}: {_e(c['status'])} ({_e(c['reason'])}).")
     indicator = row.get("indicator") or {}
     if indicator:
         lines.append(
@@ -329,14 +340,27 @@ def _attack_limit_line(name: str, att: dict[str, Any], attack_crit: dict[str, An
             )
         return head + f"not judged: {_e(verdict.get('reason'))}."
     status = verdict.get("status", NOT_MEASURED)
-    return head + status + (f": {_e(verdict.get('reason'))}" if status not in (PASS, None) else "") + "."
+    return head + _e(status) + (f": {_e(verdict.get('reason'))}" if status not in (PASS, None) else "") + "."
 
 
 def render_model_card(report: dict[str, Any], *, quantizer: str | None = None) -> str:
     """The model card's privacy section (Markdown) for the quantizer released (default: the recommended one).
+    Every string from the report goes through the escaping report.md uses (`md_escape`, `md_code`).
 
-    Raises UnknownQuantizerError when `quantizer` is not in the report."""
-    q = released_quantizer(report, quantizer)
+    Raises UnknownQuantizerError when `quantizer` is not in the report, MalformedReportError when the report
+    lacks what the card reads (an edited or foreign report.json)."""
+    try:
+        return _render(report, released_quantizer(report, quantizer))
+    except UserError:
+        raise
+    except (KeyError, IndexError, StopIteration, TypeError, AttributeError, ValueError) as exc:
+        raise MalformedReportError(
+            f"report.json lacks or mistypes what the model card reads ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]}); write it again with `llmaudit report RUN_DIR`"
+        ) from None
+
+
+def _render(report: dict[str, Any], q: str) -> str:
     rec = report.get("recommendation") or {}
     if "explanation" not in rec:  # a report.json from before the explanation: rank again, from its own rows
         rec = recommend(report["grid"], report["checklist"])
@@ -346,7 +370,7 @@ def render_model_card(report: dict[str, Any], *, quantizer: str | None = None) -
     lines = [
         "## Privacy: membership-inference audit",
         "",
-        f"Released quantization: {_c(q)}. Audit verdict: **{overall}** "
+        f"Released quantization: {_c(q)}. Audit verdict: **{_e(overall)}** "
         + ("(cleared for release: every criterion PASS)." if overall == PASS else "(NOT cleared for release).")
         + (f" The audit recommended {_c(rec['quantizer'])}." if rec.get("quantizer") not in (None, q) else "")
         + (" The audit recommended no quantizer." if rec.get("quantizer") is None else ""),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmaudit.common.io import atomic_write_bytes, atomic_write_text
+from llmaudit.common.io import atomic_write_text, read_json, replace_directory
 from llmaudit.report.build import build_report
 from llmaudit.report.html import render_html
 from llmaudit.report.markdown import render_markdown
@@ -20,8 +20,9 @@ def write_report(
 ) -> dict[str, str]:
     """Write report/report.json (validated against REPORT_SCHEMA; raises ReportSchemaError on mismatch),
     report.md, report.html, report/plots/*.png and model_card.md, the model card's privacy section for the
-    quantizer `release` (default: the recommended one). Returns {kind: path}. An unknown `release` is refused
-    (UnknownQuantizerError) after the report itself is written, so the analysis is never lost."""
+    quantizer `release` (default: the recommended one), as one set (`replace_directory`: a report killed mid-write
+    leaves the previous set whole). Returns {kind: path}. An unknown `release` is refused (UnknownQuantizerError)
+    after the report is written without a card, so the analysis is never lost and no card of another run stays."""
 
     records = store.read_records("pool") if include_samples else None
     report = build_report(result, include_samples=include_samples, sample_records=records)
@@ -29,16 +30,26 @@ def write_report(
     report["plots"] = {name: f"plots/{name}.png" for name in figures}
     validate_report(report)
     out = store.report_dir
-    paths: dict[str, str] = {}
-    for name, png in figures.items():
-        atomic_write_bytes(out / "plots" / f"{name}.png", png)
-    paths["json"] = str(atomic_write_text(out / "report.json", json.dumps(report, indent=2, allow_nan=False) + "\n"))
-    paths["markdown"] = str(atomic_write_text(out / "report.md", render_markdown(report)))
-    paths["html"] = str(atomic_write_text(out / "report.html", render_html(report, figures)))
+    files = {f"plots/{name}.png": png for name, png in figures.items()}
+    files["report.json"] = (json.dumps(report, indent=2, allow_nan=False) + "\n").encode()
+    files["report.md"] = render_markdown(report).encode()
+    files["report.html"] = render_html(report, figures).encode()
+    paths = {"json": str(out / "report.json"), "markdown": str(out / "report.md"), "html": str(out / "report.html")}
     paths["plots"] = str(out / "plots")
     try:
-        card = render_model_card(report, quantizer=release)
+        files["model_card.md"] = render_model_card(report, quantizer=release).encode()
     except UnknownQuantizerError as exc:
+        replace_directory(out, files)
         raise UnknownQuantizerError(f"{exc} (report.json, report.md and report.html are written in {out})") from exc
-    paths["model_card"] = str(atomic_write_text(out / "model_card.md", card))
+    replace_directory(out, files)
+    paths["model_card"] = str(out / "model_card.md")
     return paths
+
+
+def write_model_card(store: RunStore, release: str) -> str:
+    """model_card.md for the quantizer `release`, from the store's report.json alone (seconds: no analysis). An
+    unknown `release` or a report.json the card cannot read is refused before anything is written."""
+    path = store.report_dir / "report.json"
+    report = read_json(path, what="report", fix="write it again with `llmaudit report RUN_DIR`")
+    card = render_model_card(report, quantizer=release)
+    return str(atomic_write_text(store.report_dir / "model_card.md", card))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from llmaudit.common.errors import UserError
 from llmaudit.common.io import file_digest
 
 DIGEST_SCOPE = "number-files-1"
@@ -65,10 +66,10 @@ def parse_record(files: object, where: str) -> dict[str, str]:
     """A recorded {name: sha256} checked as data: every name a checkpoint file's (never a path, so a record cannot
     send a digest outside the checkpoint), every digest 64 hex characters. ValueError naming `where`."""
     if not isinstance(files, dict):
-        raise ValueError(f"{where}: the recorded checkpoint files are not a mapping of names to sha256 digests")
+        raise UserError(f"{where}: the recorded checkpoint files are not a mapping of names to sha256 digests")
     for name, digest in files.items():
         if not is_number_file(name) or not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
-            raise ValueError(f"{where}: recorded file {str(name)[:80]!r} is not a checkpoint file with a sha256 digest")
+            raise UserError(f"{where}: recorded file {str(name)[:80]!r} is not a checkpoint file with a sha256 digest")
     return dict(files)
 
 

@@ -133,6 +133,7 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
             f"{source}: missing column(s) {missing}. A loss table needs {list(REQUIRED_COLUMNS)} "
             "(see `llmaudit.losstable` or the README section 'Loss tables')."
         )
+    _check_nulls(df, source)
     df = df.copy()
     try:
         df["run"] = df["run"].astype("int64")
@@ -177,6 +178,17 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
     _check_duplicates(df, source)
     check_one_membership(df, source)
     return df
+
+
+def _check_nulls(df: pd.DataFrame, source: str) -> None:
+    """No required value is null: a null sample_id would read as the id "None", a null token list has no length."""
+    for col in (c for c in REQUIRED_COLUMNS if c != "loss"):  # a NaN loss is refused below, as non-finite
+        null = df[col].isna().to_numpy()
+        if null.any():
+            raise LossTableError(
+                f"{source}: column {col!r} is null in {int(null.sum())} row(s), first at row {int(np.flatnonzero(null)[0])}; "
+                "every row needs a value there (write the table again, or drop those rows)."
+            )
 
 
 def _check_duplicates(df: pd.DataFrame, source: str) -> None:
@@ -404,7 +416,13 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
     table_version(table.schema, str(path))
     for col in ("token_losses", "token_vocab_mean", "token_vocab_std", "token_kl"):
         if col in df.columns:
-            df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
+            try:
+                df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
+            except (TypeError, ValueError) as exc:
+                raise LossTableError(
+                    f"{path}: column {col!r} holds non-numbers ({' '.join(str(exc).split())[:120]}); it holds one "
+                    "list of numbers per row."
+                ) from None
     for col in ("token_top1", "token_same_top"):
         if col in df.columns:
             df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=bool))

@@ -238,11 +238,15 @@ class RunStore:
 
     def config(self, *, trust_remote_code: bool = False) -> ExperimentConfig:
         """The experiment's resolved config. `model.trust_remote_code` is the caller's (False unless the
-        user passed --trust-remote-code), never the manifest's: a received run directory cannot run code."""
+        user passed --trust-remote-code), never the manifest's: a received run directory cannot run code; and the
+        cluster section is the default one (the submitter's command line sets it), never the manifest's."""
         manifest = self.manifest()
         raw = json.loads(json.dumps(manifest["config"]))
         try:
             raw.setdefault("model", {})["trust_remote_code"] = bool(trust_remote_code)
+            # Batch settings are the submitter's (recipe or command line), never a received store's: they reach a
+            # scheduler script and are not under the identity digest (llmaudit.common.sbatch).
+            raw["cluster"] = {}
             cfg = config_from_dict(raw, source=str(self.manifest_path))
         except (RecipeError, AttributeError, TypeError) as exc:
             raise StoreError(f"{self.manifest_path}: its config section is invalid ({exc}); {REPAIR}.") from None
@@ -253,9 +257,42 @@ class RunStore:
             )
         return cfg
 
+    @property
+    def pending_path(self) -> Path:
+        """Written before the first file of a new store, removed with its manifest: a directory that holds it is a
+        store being created (its data files are llmaudit's, and a rerun of the same experiment may go on)."""
+        return self.root / ".llmaudit-creating.json"
+
+    def begin_create(self, cfg: ExperimentConfig) -> None:
+        """Claim the output directory for a new store of `cfg` (check_identity has accepted it)."""
+        self.check_identity(cfg)
+        atomic_write_json(self.pending_path, {"identity_hash": cfg.identity_hash(), "name": cfg.name})
+
+    def _check_foreign_files(self, cfg: ExperimentConfig) -> None:
+        """An output directory without a manifest must be new, empty, or a store of `cfg` being created: anything
+        else holds someone's files, which a new store would overwrite (config.yaml, data/pool.jsonl)."""
+        if not self.root.exists():
+            return
+        if not self.root.is_dir():
+            raise StoreError(f"output directory {self.root} is a file; choose a new directory (--out).")
+        entries = sorted(p.name for p in self.root.iterdir())
+        if not entries:
+            return
+        try:
+            claimed = read_json(self.pending_path, what="store claim").get("identity_hash") == cfg.identity_hash()
+        except (UserError, OSError, AttributeError):
+            claimed = False
+        if not claimed:
+            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+            raise StoreError(
+                f"output directory {self.root} is not empty ({shown}) and holds no llmaudit store of this "
+                "experiment: its files would be overwritten. Choose a new or empty directory (--out)."
+            )
+
     def check_identity(self, cfg: ExperimentConfig) -> None:
-        """Refuse to mix two experiments in one directory."""
+        """Refuse to mix two experiments in one directory, or to write a store over files that are not one."""
         if not self.exists():
+            self._check_foreign_files(cfg)
             return
         theirs = self.manifest()
         if theirs.get("identity_hash") != cfg.identity_hash():
@@ -322,6 +359,7 @@ class RunStore:
         manifest = _jsonable(manifest)
         self.write_manifest(manifest)
         atomic_write_text(self.root / "config.yaml", dump_config(cfg))
+        self.pending_path.unlink(missing_ok=True)
         return self.manifest()
 
     # ---------------------------------------------------------------- compute dtype

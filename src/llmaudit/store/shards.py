@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from llmaudit.common.errors import UserError
+
 
 def shard_items(items: list, shard: tuple[int, int] | None) -> list:
     """Deterministic round-robin split: item i belongs to shard i mod N (0-based I of N)."""
@@ -9,7 +11,7 @@ def shard_items(items: list, shard: tuple[int, int] | None) -> list:
         return list(items)
     index, count = shard
     if not (count >= 1 and 0 <= index < count):
-        raise ValueError(f"shard {index}/{count} is invalid: need 0 <= I < N")
+        raise UserError(f"shard {index}/{count} is invalid: need 0 <= I < N")
     return [item for i, item in enumerate(items) if i % count == index]
 
 
@@ -19,7 +21,7 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard {text!r} must look like I/N (e.g. 0/4), with 0 <= I < N") from None
+        raise UserError(f"--shard {text!r} must look like I/N (e.g. 0/4), with 0 <= I < N") from None
     if not (n >= 1 and 0 <= i < n):
-        raise ValueError(f"--shard {text!r}: need 0 <= I < N")
+        raise UserError(f"--shard {text!r}: need 0 <= I < N")
     return i, n

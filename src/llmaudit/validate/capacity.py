@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from llmaudit.analyze.memorization import DEFAULT_BITS_PER_PARAM, LN2, mem_u_bits
+from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text
 from llmaudit.common.runtime import torch_threads
 from llmaudit.models.layers import count_parameters
@@ -62,7 +63,7 @@ class TinyGPTSize:
         except ValueError:
             parts = []
         if len(parts) not in (2, 3):
-            raise ValueError(f"model size {text!r}: write DxL or DxLxH, e.g. 16x1 (width 16, one layer).")
+            raise UserError(f"model size {text!r}: write DxL or DxLxH, e.g. 16x1 (width 16, one layer).")
         return cls(*parts)
 
 
