@@ -114,23 +114,93 @@ def window_vote(delta: np.ndarray, window: int, cumulative: np.ndarray | None = 
     return float(np.count_nonzero(c[window:] - c[:-window] > 0) / (delta.size - window + 1))
 
 
+def _flat_shifts(target_token_losses, reference_token_losses) -> tuple[np.ndarray, np.ndarray]:
+    """(delta of every text concatenated [sum T], lengths [n]) after `_pairs`' checks."""
+    pairs = _pairs(target_token_losses, reference_token_losses)
+    if not pairs:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    lengths = np.fromiter((t.size for t, _ in pairs), dtype=np.int64, count=len(pairs))
+    target = np.concatenate([t for t, _ in pairs])
+    reference = np.concatenate([r for _, r in pairs])
+    return log_prob_shift(target, reference), lengths
+
+
+def _running_sums(delta: np.ndarray, lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """[n, max T + 1] rows [0, cumsum(delta_i)], then -inf past each text's end: up to T the same additions, in
+    the same order, as `window_vote`'s running sum of one text. delta: every text's shifts concatenated;
+    lengths, starts: [n] each text's length and offset in delta."""
+    n, width = lengths.size, int(lengths.max()) + 1
+    c = np.full((n, width), -np.inf)
+    c[:, 0] = 0.0
+    pos = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # position in its text
+    c[np.repeat(np.arange(n), lengths), pos + 1] = delta[np.repeat(starts, lengths) + pos]
+    return np.cumsum(c, axis=1, out=c)
+
+
+def _window_shares(c: np.ndarray, lengths: np.ndarray, window: int) -> np.ndarray:
+    """[n] `window_vote` of each text for one size w, all texts at once; NaN for a text shorter than w.
+    c: `_running_sums` [n, max T + 1]; lengths [n] ascending. A window running past its text's end sums to
+    -inf or NaN (-inf padding), never a vote."""
+    share = np.full(lengths.size, np.nan)
+    first = int(np.searchsorted(lengths, window))  # the texts from here on fit the window
+    if first < lengths.size:
+        with np.errstate(invalid="ignore"):
+            votes = np.count_nonzero(c[first:, window:] - c[first:, :-window] > 0, axis=1)
+        share[first:] = votes / (lengths[first:] - window + 1)
+    return share
+
+
+def _wbc_block(c: np.ndarray, lengths: np.ndarray, windows: tuple[int, ...], long: str) -> np.ndarray:
+    """WBC of a block of texts (lengths ascending) from their running sums c [n, max T + 1]: clamp gives a size
+    longer than the text the text's one whole window; skip leaves it out, and a text shorter than every size
+    gets that one window."""
+    whole = (c[np.arange(lengths.size), lengths] > 0).astype(np.float64)  # one window of the text's length
+    shares = np.stack([_window_shares(c, lengths, w) for w in windows], axis=1)  # [n, sizes], NaN: w > T
+    if long == "clamp":
+        return np.where(np.isnan(shares), whole[:, None], shares).mean(axis=1)
+    fits = ~np.isnan(shares)
+    n_fit = fits.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(fits, shares, 0.0).sum(axis=1) / n_fit
+    return np.where(n_fit > 0, mean, whole)
+
+
 def wbc_score(
-    target_token_losses, reference_token_losses, *, windows: tuple[int, ...] = WBC_GRIDS["config"], long: str = "clamp"
+    target_token_losses,
+    reference_token_losses,
+    *,
+    windows: tuple[int, ...] = WBC_GRIDS["config"],
+    long: str = "clamp",
+    budget: int = 1 << 22,
 ) -> np.ndarray:
     """WBC [Chen2026]: the mean over the window sizes w of the share of sliding windows in which the
     reference's summed token loss exceeds the target's (`window_vote`), in [0, 1]. n texts -> [n].
-    long: what a window longer than the text does (WBC_LONG)."""
+    long: what a window longer than the text does (WBC_LONG).
+
+    All texts at once: sorted by length, in blocks of about `budget` padded tokens, each a matrix of running
+    sums whose window sums and votes are array operations (the same sums as `window_vote`)."""
     if long not in WBC_LONG:
         raise ValueError(f"long must be one of {WBC_LONG}; got {long!r}.")
     if not windows or min(windows) < 1:
         raise ValueError(f"windows must be positive sizes; got {windows}.")
-    out = np.empty(len(target_token_losses))
-    for i, (t, r) in enumerate(_pairs(target_token_losses, reference_token_losses)):
-        delta = log_prob_shift(t, r)
-        if long == "clamp":
-            sizes = [min(w, delta.size) for w in windows]
-        else:
-            sizes = [w for w in windows if w <= delta.size] or [delta.size]
-        cumulative = np.concatenate([[0.0], np.cumsum(delta)])
-        out[i] = float(np.mean([window_vote(delta, w, cumulative) for w in sizes]))
+    delta, lengths = _flat_shifts(target_token_losses, reference_token_losses)
+    starts = np.cumsum(lengths) - lengths
+    order = np.argsort(lengths, kind="stable")
+    out = np.empty(lengths.size)
+    for idx in _length_blocks(lengths[order], budget):
+        texts = order[idx]
+        out[texts] = _wbc_block(_running_sums(delta, lengths[texts], starts[texts]), lengths[texts], windows, long)
     return out
+
+
+def _length_blocks(sorted_lengths: np.ndarray, budget: int) -> list[slice]:
+    """Consecutive slices of texts sorted by length, each padded to its longest within about `budget` cells
+    (at least one text per block)."""
+    blocks, begin, n = [], 0, sorted_lengths.size
+    while begin < n:
+        rows = min(n - begin, budget)
+        cost = np.arange(1, rows + 1) * (sorted_lengths[begin : begin + rows] + 1)  # cells, increasing
+        stop = begin + max(1, int(np.searchsorted(cost, budget, side="right")))
+        blocks.append(slice(begin, stop))
+        begin = stop
+    return blocks
