@@ -34,6 +34,7 @@ from llmaudit.analyze.attacks.tokens import (
     ez_mia_score,
     geometric_windows,
     wbc_score,
+    wbc_score_per_sample,
     window_vote,
 )
 from llmaudit.cli import app
@@ -137,26 +138,12 @@ def test_wbc_equals_the_direct_window_loop():
             assert wbc_score(target, base, windows=grid, long=long) == pytest.approx(want, abs=1e-12)
 
 
-def _wbc_per_sample(target, base, windows=WBC_GRIDS["config"], long="clamp"):
-    """The per-sample loop WBC was computed with before it became array operations (issue 33), kept as the
-    reference: one running sum per text, `window_vote` per size."""
-    out = np.empty(len(target))
-    for i, (t, r) in enumerate(zip(target, base)):
-        delta = np.asarray(r, dtype=np.float64) - np.asarray(t, dtype=np.float64)
-        if long == "clamp":
-            sizes = [min(w, delta.size) for w in windows]
-        else:
-            sizes = [w for w in windows if w <= delta.size] or [delta.size]
-        cumulative = np.concatenate([[0.0], np.cumsum(delta)])
-        out[i] = float(np.mean([window_vote(delta, w, cumulative) for w in sizes]))
-    return out
-
-
 @pytest.mark.parametrize("long", ["clamp", "skip"])
 @pytest.mark.parametrize("budget", [1, 97, 1 << 22])
 def test_wbc_arrays_equal_the_per_sample_loop(long, budget):
     """Ragged texts of 1 to 90 tokens (windows longer than many of them, length 1 included), shifts with exact
-    zeros and ties, duplicate and unsorted sizes; blocks of one text, of a few, and all at once."""
+    zeros and ties, duplicate and unsorted sizes; blocks of one text, of a few, and all at once. The reference is
+    the per-sample loop WBC was computed with before (`wbc_score_per_sample`, kept callable)."""
     rng = np.random.default_rng(7)
     lengths = np.r_[1, 1, 2, 40, 41, rng.integers(1, 91, 300)]
     target = [rng.uniform(0, 3, n) for n in lengths]
@@ -164,7 +151,7 @@ def test_wbc_arrays_equal_the_per_sample_loop(long, budget):
     grids = [*WBC_GRIDS.values(), (40, 2, 2, 1, 95), (1,), (100,)]
     for grid in grids:
         got = wbc_score(target, base, windows=grid, long=long, budget=budget)
-        want = _wbc_per_sample(target, base, grid, long)
+        want = wbc_score_per_sample(target, base, windows=grid, long=long)
         assert np.abs(got - want).max() <= 1e-12, grid
         assert (got == want).mean() > 0.9  # mostly bit for bit: only the mean over sizes adds in another order
     assert wbc_score([], [], long=long).shape == (0,)

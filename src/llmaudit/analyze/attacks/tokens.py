@@ -204,3 +204,22 @@ def _length_blocks(sorted_lengths: np.ndarray, budget: int) -> list[slice]:
         blocks.append(slice(begin, stop))
         begin = stop
     return blocks
+
+
+def wbc_score_per_sample(
+    target_token_losses, reference_token_losses, *, windows: tuple[int, ...] = WBC_GRIDS["config"], long: str = "clamp"
+) -> np.ndarray:
+    """`wbc_score` as it was computed before issue 33, one text at a time (a running sum and `window_vote` per
+    size): the reference of the tests and the baseline of benchmarks/bench_analysis.py."""
+    if long not in WBC_LONG:
+        raise ValueError(f"long must be one of {WBC_LONG}; got {long!r}.")
+    out = np.empty(len(target_token_losses))
+    for i, (t, r) in enumerate(_pairs(target_token_losses, reference_token_losses)):
+        delta = log_prob_shift(t, r)
+        if long == "clamp":
+            sizes = [min(w, delta.size) for w in windows]
+        else:
+            sizes = [w for w in windows if w <= delta.size] or [delta.size]
+        cumulative = np.concatenate([[0.0], np.cumsum(delta)])
+        out[i] = float(np.mean([window_vote(delta, w, cumulative) for w in sizes]))
+    return out
