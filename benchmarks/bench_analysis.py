@@ -1,11 +1,14 @@
-"""Benchmark of the analysis (what `llmaudit attack` computes: `run_attacks` with the release decision) on
-synthetic loss tables, before and after issue 33's array arithmetic.
+"""Benchmark of the analysis (what `llmaudit attack` computes: `run_attacks`, with the release decision under
+`--decision`) on synthetic loss tables, before and after issue 33's array arithmetic.
 
 For each size (runs x records per quantizer x quantizers; every attack the table allows: base rows, the base
 under every quantizer, validation texts, top-1 flags, vocabulary statistics, zlib lengths), in one process and
-on the same table: the seconds of `run_attacks` without resamples and with `--resamples`, on the landed path
-(`landed()`: WBC one text at a time, the bootstrap over distinct-score groups) and on the current one; their
+on the same table: the seconds of `run_attacks` with `--resamples`, on the landed path
+(`landed()`: WBC and EZ-MIA one text at a time, the bootstrap over distinct-score groups) and the current one; their
 ratio; and the largest difference between the two results' numbers (the same seed gives the same intervals).
+Times are CPU seconds of this process (other processes on a shared machine do not count), split into the
+resampled intervals (`bootstrap_ci`, `_calibrated_ci`; per_sample's weighted means are counted as fixed) and the
+rest ("fixed": scores, point estimates, calibration).
 Then, per path, the growth exponent of each part in the scores per quantizer (least squares of log seconds on
 log runs x records), and the extrapolated time of the paper's grid on this machine: 20 runs x 20,000 records x
 12 quantizers, every attack, 1,000 resamples, as quantizers x [fixed(n) + 1000 x per-resample(n)], each part
@@ -35,7 +38,7 @@ from llmaudit.analyze import metrics
 from llmaudit.analyze.attacks import matrices
 from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS
 from llmaudit.analyze.attacks.evaluate import run_attacks
-from llmaudit.analyze.attacks.tokens import wbc_score_per_sample
+from llmaudit.analyze.attacks.tokens import ez_mia_score_per_sample, wbc_score_per_sample
 from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.store.losstable import validate_loss_table
 
@@ -86,24 +89,66 @@ def _row(run: int, quantizer: str, sample: str, split: str, member: bool, tl: np
 
 @contextlib.contextmanager
 def landed():
-    """The analysis as it landed before issue 33: WBC one text at a time, the bootstrap over distinct-score
-    groups (both still in the library: `wbc_score_per_sample`, `bootstrap_ci(engine="groups")`)."""
+    """The analysis as it landed before issue 33: WBC and EZ-MIA one text at a time, the bootstrap over
+    distinct-score groups (all still in the library: `wbc_score_per_sample`, `ez_mia_score_per_sample`,
+    `bootstrap_ci(engine="groups")`)."""
     with (
         mock.patch.object(matrices, "wbc_score", wbc_score_per_sample),
+        mock.patch.object(matrices, "ez_mia_score", ez_mia_score_per_sample),
         mock.patch.object(metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, engine="groups")),
     ):
         yield
 
 
-def analyse(df: pd.DataFrame, n_boot: int, decision: bool = False, attacks=DEFAULT_ATTACKS) -> tuple[float, dict]:
-    """Seconds of `run_attacks` on `attacks` (with the release decision, as `llmaudit attack` runs it, when
-    `decision`), and its result."""
-    start = time.perf_counter()
-    with warnings.catch_warnings():
+class ResamplingClock:
+    """CPU seconds spent in the resampled intervals (`bootstrap_ci` and `_calibrated_ci`, outermost calls only),
+    while installed (`install`)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+
+    def wrap(self, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            self._depth += 1
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.process_time() - start
+
+        return timed
+
+    @contextlib.contextmanager
+    def install(self):
+        with (
+            mock.patch.object(metrics, "bootstrap_ci", self.wrap(metrics.bootstrap_ci)),
+            mock.patch.object(metrics, "_calibrated_ci", self.wrap(metrics._calibrated_ci)),
+        ):
+            yield self
+
+
+def analyse(df: pd.DataFrame, n_boot: int, decision: bool = False, attacks=DEFAULT_ATTACKS) -> tuple[dict, dict]:
+    """CPU seconds of `run_attacks` on `attacks` (with the release decision, as `llmaudit attack` runs it, when
+    `decision`): {"total_s", "resampling_s", "fixed_s", "per_resample_s"}, and its result. CPU time of this
+    process, so that other processes on the machine do not count."""
+    clock = ResamplingClock()
+    start = time.process_time()
+    with warnings.catch_warnings(), clock.install():
         warnings.simplefilter("ignore")  # the synthetic table's own oddities (e.g. LiRA's normality check)
         settings = DecisionSettings(seed=0) if decision else None
         out = run_attacks(df, n_boot=n_boot, seed=0, decision=settings, attacks=attacks)
-    return time.perf_counter() - start, out
+    total = time.process_time() - start
+    per = clock.seconds / n_boot if n_boot else 0.0
+    return {
+        "total_s": total,
+        "resampling_s": clock.seconds,
+        "fixed_s": total - clock.seconds,
+        "per_resample_s": per,
+    }, out
 
 
 def max_difference(a, b) -> float:
@@ -126,7 +171,8 @@ def max_difference(a, b) -> float:
 
 
 def measure(a: argparse.Namespace, records: int) -> dict:
-    """One size: each path without and with resamples; the per-resample seconds; the results' largest difference."""
+    """One size: each path's CPU seconds, split into the resampled intervals and the rest; the results' largest
+    difference."""
     runs, quantizers, resamples, decision = a.runs, a.quantizers, a.resamples, a.decision
     with_landed, attacks = not a.no_landed, tuple(a.attacks)
     df = synthetic_table(runs, records, quantizers)
@@ -134,9 +180,7 @@ def measure(a: argparse.Namespace, records: int) -> dict:
     results = {}
     for path in ("landed", "current") if with_landed else ("current",):
         with landed() if path == "landed" else contextlib.nullcontext():
-            fixed, _ = analyse(df, 0, decision, attacks)
-            total, results[path] = analyse(df, resamples, decision, attacks)
-        row[path] = {"fixed_s": fixed, "total_s": total, "per_resample_s": max(total - fixed, 0.0) / resamples}
+            row[path], results[path] = analyse(df, resamples, decision, attacks)
     if with_landed:
         row["ratio"] = row["landed"]["total_s"] / row["current"]["total_s"]
         row["max_abs_difference"] = max_difference(results["landed"]["quantizers"], results["current"]["quantizers"])
@@ -192,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in ("landed", "current"):
             if path in r:
                 p = r[path]
-                line += f"  {path} {p['total_s']:.2f} s ({p['fixed_s']:.2f} s + {1e3 * p['per_resample_s']:.1f} ms/resample)"
+                line += (
+                    f"  {path} {p['total_s']:.2f} s ({p['fixed_s']:.2f} + {1e3 * p['per_resample_s']:.1f} ms/resample)"
+                )
         if "ratio" in r:
             line += f"  ratio {r['ratio']:.2f}x  max |diff| {r['max_abs_difference']:.1e}"
         print(line, flush=True)

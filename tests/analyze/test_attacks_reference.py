@@ -29,9 +29,11 @@ from llmaudit.analyze.attacks.rmia import (
     tune_offline_a,
 )
 from llmaudit.analyze.attacks.tokens import (
+    EZ_EDGES,
     WBC_GRIDS,
     error_zone_masses,
     ez_mia_score,
+    ez_mia_score_per_sample,
     geometric_windows,
     wbc_score,
     wbc_score_per_sample,
@@ -90,6 +92,27 @@ def test_ez_mia_ranks_as_the_papers_ratio():
         p, n, _ = error_zone_masses(y - x, g)
         ratio.append(p / n)
     assert np.array_equal(np.argsort(ez_mia_score(t, b, f)), np.argsort(ratio))
+
+
+@pytest.mark.parametrize("edge", EZ_EDGES)
+@pytest.mark.parametrize("skip_first", [False, True])
+def test_ez_mia_arrays_equal_the_per_sample_loop(edge, skip_first):
+    """All texts at once against the per-text loop EZ-MIA was computed with before (`ez_mia_score_per_sample`):
+    ragged texts of 1 to 60 tokens, empty and all-wrong error zones, exact zeros, N = 0 and P = 0 texts."""
+    rng = np.random.default_rng(8)
+    lengths = np.r_[1, 1, 2, rng.integers(1, 61, 300)]
+    target = [rng.uniform(0, 3, n) for n in lengths]
+    base = [t + np.round(rng.normal(0, 0.5, t.size), 1) * (rng.random(t.size) < 0.7) for t in target]
+    top1 = [rng.random(n) < rng.choice([0.0, 0.3, 1.0]) for n in lengths]
+    got = ez_mia_score(target, base, top1, edge=edge, skip_first=skip_first)
+    want = ez_mia_score_per_sample(target, base, top1, edge=edge, skip_first=skip_first)
+    assert np.abs(got - want).max() <= 1e-12
+    assert (got == want).mean() > 0.5  # mostly bit for bit: only sums of more than 8 terms add in another order
+    assert ez_mia_score([], [], [], edge=edge).shape == (0,)
+    with pytest.raises(ValueError, match="text 1: 2 token shifts but 3 top-1 flags"):
+        ez_mia_score([[1.0], [1.0, 2.0]], [[1.0], [1.0, 2.0]], [[True], [True, False, True]])
+    with pytest.raises(ValueError, match="2 texts but 1 rows of top-1 flags"):
+        ez_mia_score([[1.0], [1.0]], [[1.0], [1.0]], [[True]])
 
 
 # ---------------------------------------------------------------------------------------------- WBC

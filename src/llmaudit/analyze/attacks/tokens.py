@@ -74,21 +74,29 @@ def ez_mia_score(
     edge="top": a text with N = 0 (all movement upward, or no error position) scores 1 + P / (1 + P) in
     [1, 2), above every other and ordered by P among themselves (LeakPro's rank). edge="bottom": a text with
     N = 0 scores 0 (the authors' code). A text with P = 0 < N scores 0 under both (ratio 0). skip_first
-    leaves the first scored position out of the error zone."""
+    leaves the first scored position out of the error zone. All texts at once: P and N are sums over each
+    text's stretch of the concatenated tokens (`error_zone_masses` of every text, summed left to right)."""
     if edge not in EZ_EDGES:
         raise ValueError(f"edge must be one of {EZ_EDGES}; got {edge!r}.")
     flags = [np.asarray(f).ravel() for f in target_top1]
-    pairs = _pairs(target_token_losses, reference_token_losses)
-    if len(flags) != len(pairs):
-        raise ValueError(f"{len(pairs)} texts but {len(flags)} rows of top-1 flags.")
-    out = np.empty(len(pairs))
-    for i, ((t, r), top1) in enumerate(zip(pairs, flags)):
-        p, n, _ = error_zone_masses(log_prob_shift(t, r), top1, skip_first=skip_first)
-        if n > 0:
-            out[i] = p / (p + n)
-        else:
-            out[i] = 1.0 + p / (1.0 + p) if edge == "top" else 0.0
-    return out
+    delta, lengths = _flat_shifts(target_token_losses, reference_token_losses)
+    if len(flags) != lengths.size:
+        raise ValueError(f"{lengths.size} texts but {len(flags)} rows of top-1 flags.")
+    if lengths.size == 0:
+        return np.zeros(0)
+    wrong_size = np.flatnonzero(np.fromiter((f.size for f in flags), np.int64, len(flags)) != lengths)
+    if wrong_size.size:
+        i = int(wrong_size[0])
+        raise ValueError(f"text {i}: {lengths[i]} token shifts but {flags[i].size} top-1 flags.")
+    wrong = ~np.concatenate(flags).astype(bool)  # the error zone
+    starts = np.cumsum(lengths) - lengths
+    if skip_first:
+        wrong[starts] = False
+    p = np.add.reduceat(np.where(wrong, np.maximum(delta, 0.0), 0.0), starts)
+    n = np.add.reduceat(np.where(wrong, np.maximum(-delta, 0.0), 0.0), starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = p / (p + n)
+    return np.where(n > 0, ratio, 1.0 + p / (1.0 + p) if edge == "top" else 0.0)
 
 
 def geometric_windows(w_min: int, w_max: int, n_windows: int) -> tuple[int, ...]:
@@ -222,4 +230,25 @@ def wbc_score_per_sample(
             sizes = [w for w in windows if w <= delta.size] or [delta.size]
         cumulative = np.concatenate([[0.0], np.cumsum(delta)])
         out[i] = float(np.mean([window_vote(delta, w, cumulative) for w in sizes]))
+    return out
+
+
+def ez_mia_score_per_sample(
+    target_token_losses, reference_token_losses, target_top1, *, edge: str = "top", skip_first: bool = False
+) -> np.ndarray:
+    """`ez_mia_score` as it was computed before issue 33, one text at a time (`error_zone_masses`): the
+    reference of the tests and the baseline of benchmarks/bench_analysis.py."""
+    if edge not in EZ_EDGES:
+        raise ValueError(f"edge must be one of {EZ_EDGES}; got {edge!r}.")
+    flags = [np.asarray(f).ravel() for f in target_top1]
+    pairs = _pairs(target_token_losses, reference_token_losses)
+    if len(flags) != len(pairs):
+        raise ValueError(f"{len(pairs)} texts but {len(flags)} rows of top-1 flags.")
+    out = np.empty(len(pairs))
+    for i, ((t, r), top1) in enumerate(zip(pairs, flags)):
+        p, n, _ = error_zone_masses(log_prob_shift(t, r), top1, skip_first=skip_first)
+        if n > 0:
+            out[i] = p / (p + n)
+        else:
+            out[i] = 1.0 + p / (1.0 + p) if edge == "top" else 0.0
     return out
