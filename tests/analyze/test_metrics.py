@@ -242,3 +242,32 @@ def test_sorted_roc_stats_equal_the_group_stats_per_resample():
     assert np.allclose(got["average_precision"], want["average_precision"], rtol=0, atol=1e-13)
     for key in want["tpr_at_fpr"]:
         assert np.array_equal(got["tpr_at_fpr"][key], want["tpr_at_fpr"][key])
+
+
+def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):
+    """pooled_calibrated's intervals: every level's counts re-summed in one product and the pooled z's ROC
+    bootstrap on the sorted path give the landed numbers (levels one product each, the group bootstrap)."""
+    import functools
+
+    from llmaudit.analyze import metrics
+
+    rng = np.random.default_rng(13)
+    members = rng.random((8, 300)) < 0.5
+    z = rng.normal(size=(8, 300)) + 0.8 * members
+    z[0, :5] = np.nan
+    got = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
+    monkeypatch.setattr(metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, engine="groups"))
+    landed = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
+    assert got["ci"]["tpr_at_fpr"] == landed["ci"]["tpr_at_fpr"]
+    assert got["ci"]["roc"]["auroc"] == landed["ci"]["roc"]["auroc"]
+    ap, ap_landed = got["ci"]["roc"]["average_precision"], landed["ci"]["roc"]["average_precision"]
+    assert ap["low"] == pytest.approx(ap_landed["low"], abs=1e-12)
+    assert ap["high"] == pytest.approx(ap_landed["high"], abs=1e-12)
+    # one level's interval by hand: the same resamples, its four counts re-summed alone
+    counts = metrics.resample_counts(np.random.default_rng(4), 300, 200)
+    fin = np.isfinite(z)
+    thr = metrics.calibrated_threshold(0.1, np.full((8, 300), 7.0))
+    above = fin & (z >= thr)
+    boot = counts @ np.stack([(members & above).sum(0), (members & fin).sum(0)]).T.astype(float)
+    lo, hi = np.quantile(boot[:, 0] / boot[:, 1], [0.025, 0.975])
+    assert got["ci"]["tpr_at_fpr"]["0.1"]["tpr"] == {"low": lo, "high": hi}

@@ -344,8 +344,11 @@ def _calibrated_ci(
     rng = np.random.default_rng(seed)
     ci = {}
     counts = resample_counts(rng, z.shape[1], n_boot)  # [B, N]: samples resampled with all models
-    for key, sums in per_alpha_sums.items():
-        boot = counts @ sums.T  # [B, 4]
+    keys = list(per_alpha_sums)
+    stacked = np.concatenate([per_alpha_sums[k] for k in keys]) if keys else np.zeros((0, z.shape[1]))
+    every = (counts @ stacked.T).reshape(n_boot, len(keys), 4)  # every level at once; integer sums, exact
+    for i, key in enumerate(keys):
+        boot = every[:, i]  # [B, 4]
         with np.errstate(invalid="ignore", divide="ignore"):
             ci[key] = {
                 "tpr": _percentile(boot[:, 0] / boot[:, 1], confidence),
