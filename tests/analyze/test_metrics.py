@@ -271,3 +271,16 @@ def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):
     boot = counts @ np.stack([(members & above).sum(0), (members & fin).sum(0)]).T.astype(float)
     lo, hi = np.quantile(boot[:, 0] / boot[:, 1], [0.025, 0.975])
     assert got["ci"]["tpr_at_fpr"]["0.1"]["tpr"] == {"low": lo, "high": hi}
+
+
+def test_calibrated_threshold_of_an_array_is_the_elementwise_formula():
+    """Each distinct reference count's quantile is computed once and spread back: the same numbers as the
+    formula applied to every entry (NaN and counts below 2 included)."""
+    rng = np.random.default_rng(14)
+    n = rng.integers(0, 45, (20, 300)).astype(float)
+    n[0, 0] = np.nan
+    for alpha in (0.1, 0.01, 0.001):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            student = stats.t.ppf(1 - alpha, df=np.where(n >= 2, n - 1, np.nan)) * np.sqrt(1 + 1 / n)
+        want = np.where(n >= 30, stats.norm.ppf(1 - alpha), student)
+        assert np.array_equal(calibrated_threshold(alpha, n), want, equal_nan=True)

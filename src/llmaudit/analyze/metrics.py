@@ -277,9 +277,10 @@ def calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = T_CUTOFF):
     if n_ref is None:
         return normal
     n = np.asarray(n_ref, dtype=np.float64)
+    values, where = np.unique(n, return_inverse=True)  # a few reference counts: each quantile computed once
     with np.errstate(invalid="ignore", divide="ignore"):
-        student = stats.t.ppf(1 - alpha, df=np.where(n >= 2, n - 1, np.nan)) * np.sqrt(1 + 1 / n)
-    thr = np.where(n >= t_cutoff, normal, student)
+        student = stats.t.ppf(1 - alpha, df=np.where(values >= 2, values - 1, np.nan)) * np.sqrt(1 + 1 / values)
+    thr = np.where(values >= t_cutoff, normal, student)[where].reshape(n.shape)
     return float(thr) if thr.ndim == 0 else thr
 
 

@@ -123,14 +123,24 @@ def window_vote(delta: np.ndarray, window: int, cumulative: np.ndarray | None = 
 
 
 def _flat_shifts(target_token_losses, reference_token_losses) -> tuple[np.ndarray, np.ndarray]:
-    """(delta of every text concatenated [sum T], lengths [n]) after `_pairs`' checks."""
-    pairs = _pairs(target_token_losses, reference_token_losses)
-    if not pairs:
+    """(delta of every text concatenated [sum T], lengths [n]), with `_pairs`' checks: as many texts, each
+    scored on the same tokens, at least one."""
+    if len(target_token_losses) != len(reference_token_losses):
+        raise ValueError(f"{len(target_token_losses)} target texts but {len(reference_token_losses)} reference texts.")
+    if len(target_token_losses) == 0:
         return np.zeros(0), np.zeros(0, dtype=np.int64)
-    lengths = np.fromiter((t.size for t, _ in pairs), dtype=np.int64, count=len(pairs))
-    target = np.concatenate([t for t, _ in pairs])
-    reference = np.concatenate([r for _, r in pairs])
-    return log_prob_shift(target, reference), lengths
+    n_t = np.fromiter((np.size(t) for t in target_token_losses), np.int64, len(target_token_losses))
+    n_r = np.fromiter((np.size(r) for r in reference_token_losses), np.int64, len(reference_token_losses))
+    bad = np.flatnonzero((n_t == 0) | (n_t != n_r))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"text {i}: {n_t[i]} target token losses but {n_r[i]} reference ones; both models must score "
+            "the same tokens, at least one."
+        )
+    target = np.concatenate(list(target_token_losses), axis=None).astype(np.float64)
+    reference = np.concatenate(list(reference_token_losses), axis=None).astype(np.float64)
+    return log_prob_shift(target, reference), n_t
 
 
 def _running_sums(delta: np.ndarray, lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
