@@ -4,7 +4,8 @@
 For each size (runs x records per quantizer x quantizers; every attack the table allows: base rows, the base
 under every quantizer, validation texts, top-1 flags, vocabulary statistics, zlib lengths), in one process and
 on the same table: the seconds of `run_attacks` with `--resamples`, on the landed path
-(`landed()`: WBC and EZ-MIA one text at a time, the bootstrap over distinct-score groups) and the current one; their
+(`landed()`: the text and token attacks one text at a time, the bootstrap over distinct-score groups, the
+calibrated threshold's quantile per entry) and the current one; their
 ratio; and the largest difference between the two results' numbers (the same seed gives the same intervals).
 Times are CPU seconds of this process (other processes on a shared machine do not count), split into the
 resampled intervals (`bootstrap_ci`, `_calibrated_ci`; per_sample's weighted means are counted as fixed) and the
@@ -33,11 +34,13 @@ from unittest import mock
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from llmaudit.analyze import metrics
-from llmaudit.analyze.attacks import matrices
+from llmaudit.analyze.attacks import evaluate, matrices
 from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.text import min_k_plus_plus_score_per_sample, min_k_score_per_sample
 from llmaudit.analyze.attacks.tokens import ez_mia_score_per_sample, wbc_score_per_sample
 from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.store.losstable import validate_loss_table
@@ -87,15 +90,30 @@ def _row(run: int, quantizer: str, sample: str, split: str, member: bool, tl: np
     }
 
 
+def landed_calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = metrics.T_CUTOFF):
+    """`calibrated_threshold` as it landed: the Student-t quantile computed for every entry of n_ref."""
+    normal = float(stats.norm.ppf(1 - alpha))
+    if n_ref is None:
+        return normal
+    n = np.asarray(n_ref, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        student = stats.t.ppf(1 - alpha, df=np.where(n >= 2, n - 1, np.nan)) * np.sqrt(1 + 1 / n)
+    thr = np.where(n >= t_cutoff, normal, student)
+    return float(thr) if thr.ndim == 0 else thr
+
+
 @contextlib.contextmanager
 def landed():
-    """The analysis as it landed before issue 33: WBC and EZ-MIA one text at a time, the bootstrap over
-    distinct-score groups (all still in the library: `wbc_score_per_sample`, `ez_mia_score_per_sample`,
-    `bootstrap_ci(engine="groups")`)."""
+    """The analysis as it landed before issue 33: WBC, EZ-MIA, min-k% and Min-K%++ one text at a time, the
+    bootstrap over distinct-score groups (all still in the library: `*_per_sample`, `bootstrap_ci(engine=
+    "groups")`), the calibrated threshold's quantile per entry (`landed_calibrated_threshold`)."""
     with (
         mock.patch.object(matrices, "wbc_score", wbc_score_per_sample),
         mock.patch.object(matrices, "ez_mia_score", ez_mia_score_per_sample),
+        mock.patch.object(evaluate, "min_k_score", min_k_score_per_sample),
+        mock.patch.object(evaluate, "min_k_plus_plus_score", min_k_plus_plus_score_per_sample),
         mock.patch.object(metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, engine="groups")),
+        mock.patch.object(metrics, "calibrated_threshold", landed_calibrated_threshold),
     ):
         yield
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from llmaudit.common.ragged import length_blocks
+
 EZ_EDGES = ("top", "bottom")
 """EZ-MIA's conventions for a text whose error zone has no negative shift (N = 0), no position included:
 "top" ranks it above every other text (LeakPro, the paper's appendix E.5/E.6: all probability mass moved up
@@ -203,25 +205,10 @@ def wbc_score(
         raise ValueError(f"windows must be positive sizes; got {windows}.")
     delta, lengths = _flat_shifts(target_token_losses, reference_token_losses)
     starts = np.cumsum(lengths) - lengths
-    order = np.argsort(lengths, kind="stable")
     out = np.empty(lengths.size)
-    for idx in _length_blocks(lengths[order], budget):
-        texts = order[idx]
+    for texts in length_blocks(lengths, budget):
         out[texts] = _wbc_block(_running_sums(delta, lengths[texts], starts[texts]), lengths[texts], windows, long)
     return out
-
-
-def _length_blocks(sorted_lengths: np.ndarray, budget: int) -> list[slice]:
-    """Consecutive slices of texts sorted by length, each padded to its longest within about `budget` cells
-    (at least one text per block)."""
-    blocks, begin, n = [], 0, sorted_lengths.size
-    while begin < n:
-        rows = min(n - begin, budget)
-        cost = np.arange(1, rows + 1) * (sorted_lengths[begin : begin + rows] + 1)  # cells, increasing
-        stop = begin + max(1, int(np.searchsorted(cost, budget, side="right")))
-        blocks.append(slice(begin, stop))
-        begin = stop
-    return blocks
 
 
 def wbc_score_per_sample(

@@ -1,0 +1,54 @@
+"""Ragged rows (texts of different lengths, their values concatenated) as padded matrices, in blocks of texts of
+similar length so that the padding and the memory stay small."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def flatten(rows) -> tuple[np.ndarray, np.ndarray]:
+    """(every row's values concatenated as float64 [sum T], lengths [n]) of n array-likes (each flattened)."""
+    rows = list(rows)
+    lengths = np.fromiter((np.size(r) for r in rows), np.int64, len(rows))
+    flat = np.concatenate(rows, axis=None).astype(np.float64) if rows else np.zeros(0)
+    return flat, lengths
+
+
+def length_blocks(lengths: np.ndarray, budget: int = 1 << 22) -> list[np.ndarray]:
+    """The texts' indices sorted by length (ascending), cut into consecutive blocks each padded to its longest
+    within about `budget` cells (at least one text per block)."""
+    order = np.argsort(lengths, kind="stable")
+    ordered = np.asarray(lengths)[order]
+    blocks, begin, n = [], 0, order.size
+    while begin < n:
+        rows = min(n - begin, budget)
+        cost = np.arange(1, rows + 1) * (ordered[begin : begin + rows] + 1)  # cells, increasing
+        stop = begin + max(1, int(np.searchsorted(cost, budget, side="right")))
+        blocks.append(order[begin:stop])
+        begin = stop
+    return blocks
+
+
+def padded(
+    flat: np.ndarray, lengths: np.ndarray, starts: np.ndarray, fill: float, width: int | None = None
+) -> np.ndarray:
+    """[n, width] rows: text i's values flat[starts[i] : starts[i] + lengths[i]], then `fill` (width: the
+    longest text, by default)."""
+    n = lengths.size
+    out = np.full((n, int(lengths.max()) if width is None else width), fill, dtype=np.float64)
+    pos = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # position in its text
+    out[np.repeat(np.arange(n), lengths), pos] = flat[np.repeat(starts, lengths) + pos]
+    return out
+
+
+def smallest_means(flat: np.ndarray, lengths: np.ndarray, counts: np.ndarray, budget: int = 1 << 22) -> np.ndarray:
+    """[n] the mean of the counts[i] smallest values of each text (1 <= counts[i] <= lengths[i]), summed from
+    the smallest up, left to right: the same additions for a text whatever its block. NaN values sort last."""
+    starts = np.cumsum(lengths) - lengths
+    out = np.empty(lengths.size)
+    for idx in length_blocks(lengths, budget):
+        rows = np.sort(padded(flat, lengths[idx], starts[idx], np.nan), axis=1)
+        k = counts[idx]
+        sums = np.cumsum(rows[:, : int(k.max())], axis=1)
+        out[idx] = sums[np.arange(idx.size), k - 1] / k
+    return out
