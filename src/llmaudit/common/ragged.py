@@ -41,14 +41,32 @@ def padded(
     return out
 
 
+def row_means(rows: np.ndarray, counts: np.ndarray, *, last: bool = False) -> np.ndarray:
+    """[n] the mean of each row's first (or, with `last`, last) counts[i] entries, computed as numpy's mean of
+    that 1-D slice alone (rows of one count are reduced together: a contiguous row reduces as a 1-D array does)."""
+    out = np.empty(rows.shape[0])
+    for k in np.unique(counts):
+        sel = counts == k
+        out[sel] = (rows[sel, rows.shape[1] - k :] if last else rows[sel, :k]).mean(axis=1)
+    return out
+
+
 def smallest_means(flat: np.ndarray, lengths: np.ndarray, counts: np.ndarray, budget: int = 1 << 22) -> np.ndarray:
-    """[n] the mean of the counts[i] smallest values of each text (1 <= counts[i] <= lengths[i]), summed from
-    the smallest up, left to right: the same additions for a text whatever its block. NaN values sort last."""
+    """[n] the mean of the counts[i] smallest values of each text (1 <= counts[i] <= lengths[i]): numpy's mean of
+    np.sort(text)[:counts[i]], the same numbers as one text at a time. NaN values sort last."""
     starts = np.cumsum(lengths) - lengths
     out = np.empty(lengths.size)
     for idx in length_blocks(lengths, budget):
-        rows = np.sort(padded(flat, lengths[idx], starts[idx], np.nan), axis=1)
-        k = counts[idx]
-        sums = np.cumsum(rows[:, : int(k.max())], axis=1)
-        out[idx] = sums[np.arange(idx.size), k - 1] / k
+        out[idx] = row_means(np.sort(padded(flat, lengths[idx], starts[idx], np.nan), axis=1), counts[idx])
+    return out
+
+
+def largest_means(flat: np.ndarray, lengths: np.ndarray, counts: np.ndarray, budget: int = 1 << 22) -> np.ndarray:
+    """[n] numpy's mean of np.sort(text)[-counts[i]:] of each text (the counts[i] largest values, ascending;
+    NaN values sort last, so they are among them)."""
+    starts = np.cumsum(lengths) - lengths
+    out = np.empty(lengths.size)
+    for idx in length_blocks(lengths, budget):
+        rows = np.sort(padded(flat, lengths[idx], starts[idx], -np.inf), axis=1)  # the padding sorts first
+        out[idx] = row_means(rows, counts[idx], last=True)
     return out

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from llmaudit.common.ragged import flatten, smallest_means
+from llmaudit.common.ragged import flatten, largest_means, smallest_means
 from llmaudit.common.stats import ROUNDING_ULPS, rounding_tolerance
 
 TEXT_ATTACKS = ("loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref", "loss+zlib+ref")
@@ -49,11 +49,11 @@ def _min_k_counts(lengths: np.ndarray, k: float) -> np.ndarray:
 
 def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
     """min-k%: mean log p (= -l_t) over the min_k_count(T, k) lowest-probability tokens. -> [n].
-    All texts at once (`smallest_means` of -l_t: the largest losses are the lowest probabilities)."""
+    All texts at once (`largest_means` of l_t: the largest losses are the lowest probabilities)."""
     flat, lengths = _flat_tokens(token_losses)
     if lengths.size == 0:
         return np.zeros(0)
-    return smallest_means(-flat, lengths, _min_k_counts(lengths, k))
+    return -largest_means(flat, lengths, _min_k_counts(lengths, k))
 
 
 def min_k_plus_plus_score(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
