@@ -51,6 +51,15 @@ def row_means(rows: np.ndarray, counts: np.ndarray, *, last: bool = False) -> np
     return out
 
 
+def row_sums(rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """[n] numpy's sum of each row's first counts[i] entries as a 1-D array alone (0 for a count of 0)."""
+    out = np.zeros(rows.shape[0])
+    for k in np.unique(counts[counts > 0]):
+        sel = counts == k
+        out[sel] = rows[sel, :k].sum(axis=1)
+    return out
+
+
 def smallest_means(flat: np.ndarray, lengths: np.ndarray, counts: np.ndarray, budget: int = 1 << 22) -> np.ndarray:
     """[n] the mean of the counts[i] smallest values of each text (1 <= counts[i] <= lengths[i]): numpy's mean of
     np.sort(text)[:counts[i]], the same numbers as one text at a time. NaN values sort last."""

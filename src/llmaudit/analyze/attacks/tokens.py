@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmaudit.common.ragged import length_blocks
+from llmaudit.common.ragged import length_blocks, padded, row_means, row_sums
 
 EZ_EDGES = ("top", "bottom")
 """EZ-MIA's conventions for a text whose error zone has no negative shift (N = 0), no position included:
@@ -76,8 +76,8 @@ def ez_mia_score(
     edge="top": a text with N = 0 (all movement upward, or no error position) scores 1 + P / (1 + P) in
     [1, 2), above every other and ordered by P among themselves (LeakPro's rank). edge="bottom": a text with
     N = 0 scores 0 (the authors' code). A text with P = 0 < N scores 0 under both (ratio 0). skip_first
-    leaves the first scored position out of the error zone. All texts at once: P and N are sums over each
-    text's stretch of the concatenated tokens (`error_zone_masses` of every text, summed left to right)."""
+    leaves the first scored position out of the error zone. All texts at once, the same numbers as
+    `error_zone_masses` text by text (`_zone_sums`)."""
     if edge not in EZ_EDGES:
         raise ValueError(f"edge must be one of {EZ_EDGES}; got {edge!r}.")
     flags = [np.asarray(f).ravel() for f in target_top1]
@@ -91,14 +91,26 @@ def ez_mia_score(
         i = int(wrong_size[0])
         raise ValueError(f"text {i}: {lengths[i]} token shifts but {flags[i].size} top-1 flags.")
     wrong = ~np.concatenate(flags).astype(bool)  # the error zone
-    starts = np.cumsum(lengths) - lengths
     if skip_first:
-        wrong[starts] = False
-    p = np.add.reduceat(np.where(wrong, np.maximum(delta, 0.0), 0.0), starts)
-    n = np.add.reduceat(np.where(wrong, np.maximum(-delta, 0.0), 0.0), starts)
+        wrong[np.cumsum(lengths) - lengths] = False
+    p, n = _zone_sums(delta[wrong], np.add.reduceat(wrong.astype(np.int64), np.cumsum(lengths) - lengths))
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = p / (p + n)
     return np.where(n > 0, ratio, 1.0 + p / (1.0 + p) if edge == "top" else 0.0)
+
+
+def _zone_sums(zone: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P, N) [n] of every text's error zone: zone = the zone shifts of every text concatenated, sizes [n] their
+    numbers; each sum is numpy's sum of that text's clipped zone alone, as `error_zone_masses` computes it
+    (texts of similar zone sizes padded together, in bounded blocks)."""
+    p, n = np.zeros(sizes.size), np.zeros(sizes.size)
+    starts = np.cumsum(sizes) - sizes
+    up, down = np.clip(zone, 0, None), np.clip(-zone, 0, None)
+    for idx in length_blocks(sizes):
+        width = max(int(sizes[idx].max()), 1)
+        p[idx] = row_sums(padded(up, sizes[idx], starts[idx], 0.0, width=width), sizes[idx])
+        n[idx] = row_sums(padded(down, sizes[idx], starts[idx], 0.0, width=width), sizes[idx])
+    return p, n
 
 
 def geometric_windows(w_min: int, w_max: int, n_windows: int) -> tuple[int, ...]:
@@ -180,9 +192,11 @@ def _wbc_block(c: np.ndarray, lengths: np.ndarray, windows: tuple[int, ...], lon
         return np.where(np.isnan(shares), whole[:, None], shares).mean(axis=1)
     fits = ~np.isnan(shares)
     n_fit = fits.sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(fits, shares, 0.0).sum(axis=1) / n_fit
-    return np.where(n_fit > 0, mean, whole)
+    first = np.take_along_axis(shares, np.argsort(~fits, axis=1, kind="stable"), axis=1)  # fitting sizes first
+    out = whole.copy()
+    some = n_fit > 0
+    out[some] = row_means(first[some], n_fit[some])  # numpy's mean of the fitting sizes' shares, in grid order
+    return out
 
 
 def wbc_score(
