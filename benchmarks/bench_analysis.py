@@ -13,7 +13,7 @@ rest ("fixed": scores, point estimates, calibration).
 Then, per path, the growth exponent of each part in the scores per quantizer (least squares of log seconds on
 log runs x records), and the extrapolated time of the paper's grid on this machine: 20 runs x 20,000 records x
 12 quantizers, every attack, 1,000 resamples, as quantizers x [fixed(n) + 1000 x per-resample(n)], each part
-scaled from the largest size measured by its exponent (one process).
+scaled from the largest size measured by its exponent, at least 1 (one process).
 
     python benchmarks/bench_analysis.py [--runs 8] [--records 250 500 1000] [--quantizers 2] [--resamples 100] \\
         [--attacks ...] [--decision] [--no-landed] [--json PATH]
@@ -218,7 +218,8 @@ def extrapolate(rows: list[dict], path: str) -> dict:
     per = [r[path]["per_resample_s"] / r["quantizers"] for r in rows]
     k_fixed, k_per = exponent(n, fixed), exponent(n, per)
     scale = PAPER["runs"] * PAPER["records"] / n[-1]
-    grow = lambda k: scale ** (k if math.isfinite(k) else 1.0)  # noqa: E731
+    # below 1 the sizes measured are still dominated by per-call overheads: the work itself grows at least linearly
+    grow = lambda k: scale ** (max(k, 1.0) if math.isfinite(k) else 1.0)  # noqa: E731
     paper_s = PAPER["quantizers"] * (fixed[-1] * grow(k_fixed) + PAPER["resamples"] * per[-1] * grow(k_per))
     return {"exponent_fixed": k_fixed, "exponent_per_resample": k_per, "paper_grid_s": paper_s}
 
