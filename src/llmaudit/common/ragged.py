@@ -6,10 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 
+def sizes(rows) -> np.ndarray:
+    """[n] the number of values of each of n array-likes (an ndarray's .size read directly: np.size is slow)."""
+    return np.fromiter((r.size if type(r) is np.ndarray else np.size(r) for r in rows), np.int64, len(rows))
+
+
 def flatten(rows) -> tuple[np.ndarray, np.ndarray]:
     """(every row's values concatenated as float64 [sum T], lengths [n]) of n array-likes (each flattened)."""
     rows = list(rows)
-    lengths = np.fromiter((np.size(r) for r in rows), np.int64, len(rows))
+    lengths = sizes(rows)
     flat = np.concatenate(rows, axis=None).astype(np.float64) if rows else np.zeros(0)
     return flat, lengths
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmaudit.common.ragged import length_blocks, padded, row_means, row_sums
+from llmaudit.common.ragged import length_blocks, padded, row_means, row_sums, sizes
 
 EZ_EDGES = ("top", "bottom")
 """EZ-MIA's conventions for a text whose error zone has no negative shift (N = 0), no position included:
@@ -86,7 +86,7 @@ def ez_mia_score(
         raise ValueError(f"{lengths.size} texts but {len(flags)} rows of top-1 flags.")
     if lengths.size == 0:
         return np.zeros(0)
-    wrong_size = np.flatnonzero(np.fromiter((f.size for f in flags), np.int64, len(flags)) != lengths)
+    wrong_size = np.flatnonzero(sizes(flags) != lengths)
     if wrong_size.size:
         i = int(wrong_size[0])
         raise ValueError(f"text {i}: {lengths[i]} token shifts but {flags[i].size} top-1 flags.")
@@ -143,8 +143,7 @@ def _flat_shifts(target_token_losses, reference_token_losses) -> tuple[np.ndarra
         raise ValueError(f"{len(target_token_losses)} target texts but {len(reference_token_losses)} reference texts.")
     if len(target_token_losses) == 0:
         return np.zeros(0), np.zeros(0, dtype=np.int64)
-    n_t = np.fromiter((np.size(t) for t in target_token_losses), np.int64, len(target_token_losses))
-    n_r = np.fromiter((np.size(r) for r in reference_token_losses), np.int64, len(reference_token_losses))
+    n_t, n_r = sizes(target_token_losses), sizes(reference_token_losses)
     bad = np.flatnonzero((n_t == 0) | (n_t != n_r))
     if bad.size:
         i = int(bad[0])
