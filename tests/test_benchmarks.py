@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -361,3 +362,35 @@ def test_bench_hqq_quick_times_both_paths_and_checks_every_weight(tmp_path, monk
     assert mod.main(["--quick", "--json", str(out)]) == 1
     rows = json.loads(out.read_text())["rows"]
     assert not rows[0]["identical"] and len(rows[0]["differing_layers"]) == 1
+
+
+def _bench_analysis():
+    """benchmarks/bench_analysis.py as a module (run in this process)."""
+    spec = importlib.util.spec_from_file_location("bench_analysis", SCRIPT.with_name("bench_analysis.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_analysis_quick_times_both_paths_with_the_same_numbers(tmp_path, capsys):
+    """benchmarks/bench_analysis.py --quick: both paths timed at two sizes on every attack the synthetic table
+    allows, the same numbers from both (the same seed), the ratio, the growth exponents and the paper grid's
+    extrapolation printed and in the JSON."""
+    mod = _bench_analysis()
+    out = tmp_path / "analysis.json"
+    assert mod.main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["records"] for r in result["rows"]] == [40, 80] and result["paper_grid"]["resamples"] == 1000
+    for r in result["rows"]:
+        assert r["landed"]["total_s"] > 0 and r["current"]["total_s"] > 0 and r["ratio"] > 0
+        assert r["max_abs_difference"] <= 1e-12
+    for path in ("landed", "current"):
+        e = result[f"{path}_extrapolation"]
+        assert e["paper_grid_s"] > 0 and np.isfinite(e["exponent_fixed"])
+    printed = capsys.readouterr().out
+    assert "ratio" in printed and "growth exponent" in printed and "paper grid" in printed
+    # the table holds what every attack reads: only the full-precision quantizer's matched base is missing (its
+    # match is the base itself)
+    res = mod.run_attacks(mod.synthetic_table(6, 40, 2), n_boot=0, seed=0)
+    assert res["quantizers"]["q1"]["skipped"] == {}
+    assert set(res["quantizers"]["fp32"]["skipped"]) == {"ez_mia_qbase", "wbc_qbase", "ref_qbase"}

@@ -60,6 +60,40 @@ def test_min_k_by_hand_and_rounding():
         min_k_count(5, 0.0)
 
 
+@pytest.mark.parametrize("budget", [1, 50, 1 << 22])
+def test_min_k_arrays_equal_the_per_sample_loop(budget):
+    """All texts at once (sorted padded rows in blocks of similar length) against the per-text loop min-k% and
+    Min-K%++ were computed with before (kept callable): ragged texts of 1 to 80 tokens with ties, zero spreads;
+    blocks of one text, of a few, and all at once."""
+    from llmaudit.analyze.attacks.text import min_k_plus_plus_score_per_sample, min_k_score_per_sample
+    from llmaudit.common import ragged
+
+    rng = np.random.default_rng(9)
+    lengths = np.r_[1, 1, 2, 5, rng.integers(1, 81, 300)]
+    losses = [np.round(rng.gamma(2.0, 1.0, n), 1) for n in lengths]
+    means = [-rng.uniform(0.5, 3, n) for n in lengths]
+    stds = [rng.uniform(0, 2, n) * (rng.random(n) < 0.9) for n in lengths]
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("smallest_means", "largest_means"):
+            original = getattr(ragged, name)
+            mp.setattr(f"llmaudit.analyze.attacks.text.{name}", lambda *a, f=original: f(*a, budget=budget))
+        for k in (0.1, 0.2, 0.5, 1.0):  # bit for bit: each text's mean is numpy's mean of its own slice
+            assert np.array_equal(min_k_score(losses, k), min_k_score_per_sample(losses, k))
+            got = min_k_plus_plus_score(losses, means, stds, k)
+            assert np.array_equal(got, min_k_plus_plus_score_per_sample(losses, means, stds, k))
+    assert min_k_score([]).shape == (0,)
+    # identical texts score identically wherever they fall (the sums run in one order whatever the block)
+    twice = [losses[10], *losses, losses[10]]
+    scores = min_k_score(twice, 0.5)
+    assert scores[0] == scores[11] == scores[-1]
+    with pytest.raises(ValueError, match="sample 1: 2 token losses but 1 vocab means"):
+        min_k_plus_plus_score([[1.0], [1.0, 2.0]], [[0.0], [0.0]], [[1.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="sample 1: negative vocabulary standard deviation"):
+        min_k_plus_plus_score([[1.0], [1.0, 2.0]], [[0.0], [0.0, 0.0]], [[1.0], [1.0, -1.0]])
+    with pytest.raises(ValueError, match="at least one token loss"):
+        min_k_score([[1.0], []])
+
+
 def test_min_k_plus_plus_by_hand():
     mu = [-1.0, -1.0, -1.0, -1.0, -2.0]
     sd = [0.5, 1.0, 1.0, 1.0, 2.0]

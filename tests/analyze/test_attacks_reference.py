@@ -29,11 +29,14 @@ from llmaudit.analyze.attacks.rmia import (
     tune_offline_a,
 )
 from llmaudit.analyze.attacks.tokens import (
+    EZ_EDGES,
     WBC_GRIDS,
     error_zone_masses,
     ez_mia_score,
+    ez_mia_score_per_sample,
     geometric_windows,
     wbc_score,
+    wbc_score_per_sample,
     window_vote,
 )
 from llmaudit.cli import app
@@ -91,6 +94,27 @@ def test_ez_mia_ranks_as_the_papers_ratio():
     assert np.array_equal(np.argsort(ez_mia_score(t, b, f)), np.argsort(ratio))
 
 
+@pytest.mark.parametrize("edge", EZ_EDGES)
+@pytest.mark.parametrize("skip_first", [False, True])
+def test_ez_mia_arrays_equal_the_per_sample_loop(edge, skip_first):
+    """All texts at once against the per-text loop EZ-MIA was computed with before (`ez_mia_score_per_sample`):
+    ragged texts of 1 to 60 tokens, empty and all-wrong error zones, exact zeros, N = 0 and P = 0 texts; the same
+    numbers bit for bit."""
+    rng = np.random.default_rng(8)
+    lengths = np.r_[1, 1, 2, rng.integers(1, 61, 300)]
+    target = [rng.uniform(0, 3, n) for n in lengths]
+    base = [t + np.round(rng.normal(0, 0.5, t.size), 1) * (rng.random(t.size) < 0.7) for t in target]
+    top1 = [rng.random(n) < rng.choice([0.0, 0.3, 1.0]) for n in lengths]
+    got = ez_mia_score(target, base, top1, edge=edge, skip_first=skip_first)
+    want = ez_mia_score_per_sample(target, base, top1, edge=edge, skip_first=skip_first)
+    assert np.array_equal(got, want)  # bit for bit: each zone summed as numpy sums it alone
+    assert ez_mia_score([], [], [], edge=edge).shape == (0,)
+    with pytest.raises(ValueError, match="text 1: 2 token shifts but 3 top-1 flags"):
+        ez_mia_score([[1.0], [1.0, 2.0]], [[1.0], [1.0, 2.0]], [[True], [True, False, True]])
+    with pytest.raises(ValueError, match="2 texts but 1 rows of top-1 flags"):
+        ez_mia_score([[1.0], [1.0]], [[1.0], [1.0]], [[True]])
+
+
 # ---------------------------------------------------------------------------------------------- WBC
 
 W_TARGET = [2.0] * 5
@@ -135,6 +159,24 @@ def test_wbc_equals_the_direct_window_loop():
         for long in ("clamp", "skip"):
             want = [_wbc_slow(t, b, grid, long) for t, b in zip(target, base)]
             assert wbc_score(target, base, windows=grid, long=long) == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("long", ["clamp", "skip"])
+@pytest.mark.parametrize("budget", [1, 97, 1 << 22])
+def test_wbc_arrays_equal_the_per_sample_loop(long, budget):
+    """Ragged texts of 1 to 90 tokens (windows longer than many of them, length 1 included), shifts with exact
+    zeros and ties, duplicate and unsorted sizes; blocks of one text, of a few, and all at once. The reference is
+    the per-sample loop WBC was computed with before (`wbc_score_per_sample`, kept callable)."""
+    rng = np.random.default_rng(7)
+    lengths = np.r_[1, 1, 2, 40, 41, rng.integers(1, 91, 300)]
+    target = [rng.uniform(0, 3, n) for n in lengths]
+    base = [t + np.round(rng.normal(0, 0.5, t.size), 1) * (rng.random(t.size) < 0.7) for t in target]
+    grids = [*WBC_GRIDS.values(), (40, 2, 2, 1, 95), (1,), (100,)]
+    for grid in grids:
+        got = wbc_score(target, base, windows=grid, long=long, budget=budget)
+        want = wbc_score_per_sample(target, base, windows=grid, long=long)
+        assert np.array_equal(got, want), grid  # bit for bit: the same sums, votes and means
+    assert wbc_score([], [], long=long).shape == (0,)
 
 
 def test_wbc_grids():

@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score
 
+from llmaudit.analyze.bootstrap import weighted_roc_stats as _weighted_roc_stats
 from llmaudit.analyze.metrics import (
-    _weighted_roc_stats,
     bootstrap_ci,
     calibrated_threshold,
     is_reliable,
@@ -183,3 +183,104 @@ def test_roc_curve_loglog_starts_at_one_over_negatives():
     curve = roc_curve_loglog(TEN_SCORES, TEN_LABELS)
     assert min(curve["fpr"]) >= 0.2 - 1e-12  # 5 negatives: nothing below FPR 1/5 is observable
     assert curve["tpr"][-1] == 1.0
+
+
+def _ci_values(ci: dict) -> np.ndarray:
+    """Every interval end of a `bootstrap_ci` result, in a fixed order."""
+    ends = [ci["auroc"], ci["average_precision"], *ci["tpr_at_fpr"].values()]
+    return np.array([[e["low"], e["high"]] for e in ends])
+
+
+@pytest.mark.parametrize("case", ["rows", "stratified", "groups", "ties", "few"])
+def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
+    """One sort and cumulative sums over the resamples' multiplicities give the landed path's intervals: the
+    same resamples (same generator, same blocks), AUROC and TPR exactly, average precision to rounding; with
+    ties between and within the classes, grouped rows, resamples that lose a class, every FPR level."""
+    rng = np.random.default_rng(11)
+    n = {"few": 7}.get(case, 3000)
+    labels = rng.random(n) < 0.35
+    scores = rng.normal(size=n) + 0.6 * labels
+    if case in ("ties", "groups"):
+        scores = np.round(scores, 1)
+    kw = dict(fprs=(0.2, 0.05, 0.01, 0.001), n_boot=257, seed=5)
+    if case == "groups":  # 6 models x 500 samples: a drawn sample brings its 6 rows
+        kw["groups"] = np.tile(np.arange(500), 6)
+        labels = np.tile(rng.random(500) < 0.5, 6) ^ (rng.random(n) < 0.3)
+    if case == "rows":
+        kw["stratified"] = False
+    if case == "few":  # tiny unstratified resamples: some lose a class (NaN, ignored)
+        kw |= dict(stratified=False, fprs=(0.2,))
+        labels = np.array([1, 0, 0, 0, 0, 0, 1], bool)
+    landed = bootstrap_ci(scores, labels, engine="groups", **kw)
+    for engine in ("sorted", "auto"):
+        got = bootstrap_ci(scores, labels, engine=engine, **kw)
+        a, b = _ci_values(got), _ci_values(landed)
+        assert np.array_equal(np.delete(a, 1, axis=0), np.delete(b, 1, axis=0), equal_nan=True)
+        assert np.allclose(a[1], b[1], rtol=0, atol=1e-12, equal_nan=True)
+        assert {k: v for k, v in got.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")} == {
+            k: v for k, v in landed.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")
+        }
+    with pytest.raises(ValueError, match="engine must be one of"):
+        bootstrap_ci(scores, labels, engine="resort", **kw)
+
+
+def test_sorted_roc_stats_equal_the_group_stats_per_resample():
+    """Resample by resample (not only the percentiles): integer weights with zeros, ties across classes."""
+    from llmaudit.analyze.bootstrap import sort_rows, sorted_roc_stats
+
+    rng = np.random.default_rng(12)
+    labels = rng.random(800) < 0.4
+    scores = np.round(rng.normal(size=800) + labels, 1)
+    counts = rng.poisson(1.0, size=(40, 800)).astype(np.float64)
+    fprs = (0.3, 0.1, 0.01)
+    got = sorted_roc_stats(sort_rows(scores, labels, np.arange(800)), counts, fprs)
+    _, group = np.unique(-scores, return_inverse=True)
+    pos = np.stack([np.bincount(group, weights=c * labels) for c in counts])
+    neg = np.stack([np.bincount(group, weights=c * ~labels) for c in counts])
+    want = _weighted_roc_stats(pos, neg, fprs)
+    assert np.array_equal(got["auroc"], want["auroc"])
+    assert np.allclose(got["average_precision"], want["average_precision"], rtol=0, atol=1e-13)
+    for key in want["tpr_at_fpr"]:
+        assert np.array_equal(got["tpr_at_fpr"][key], want["tpr_at_fpr"][key])
+
+
+def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):
+    """pooled_calibrated's intervals: every level's counts re-summed in one product and the pooled z's ROC
+    bootstrap on the sorted path give the landed numbers (levels one product each, the group bootstrap)."""
+    import functools
+
+    from llmaudit.analyze import metrics
+
+    rng = np.random.default_rng(13)
+    members = rng.random((8, 300)) < 0.5
+    z = rng.normal(size=(8, 300)) + 0.8 * members
+    z[0, :5] = np.nan
+    got = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
+    monkeypatch.setattr(metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, engine="groups"))
+    landed = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
+    assert got["ci"]["tpr_at_fpr"] == landed["ci"]["tpr_at_fpr"]
+    assert got["ci"]["roc"]["auroc"] == landed["ci"]["roc"]["auroc"]
+    ap, ap_landed = got["ci"]["roc"]["average_precision"], landed["ci"]["roc"]["average_precision"]
+    assert ap["low"] == pytest.approx(ap_landed["low"], abs=1e-12)
+    assert ap["high"] == pytest.approx(ap_landed["high"], abs=1e-12)
+    # one level's interval by hand: the same resamples, its four counts re-summed alone
+    counts = metrics.resample_counts(np.random.default_rng(4), 300, 200)
+    fin = np.isfinite(z)
+    thr = metrics.calibrated_threshold(0.1, np.full((8, 300), 7.0))
+    above = fin & (z >= thr)
+    boot = counts @ np.stack([(members & above).sum(0), (members & fin).sum(0)]).T.astype(float)
+    lo, hi = np.quantile(boot[:, 0] / boot[:, 1], [0.025, 0.975])
+    assert got["ci"]["tpr_at_fpr"]["0.1"]["tpr"] == {"low": lo, "high": hi}
+
+
+def test_calibrated_threshold_of_an_array_is_the_elementwise_formula():
+    """Each distinct reference count's quantile is computed once and spread back: the same numbers as the
+    formula applied to every entry (NaN and counts below 2 included)."""
+    rng = np.random.default_rng(14)
+    n = rng.integers(0, 45, (20, 300)).astype(float)
+    n[0, 0] = np.nan
+    for alpha in (0.1, 0.01, 0.001):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            student = stats.t.ppf(1 - alpha, df=np.where(n >= 2, n - 1, np.nan)) * np.sqrt(1 + 1 / n)
+        want = np.where(n >= 30, stats.norm.ppf(1 - alpha), student)
+        assert np.array_equal(calibrated_threshold(alpha, n), want, equal_nan=True)

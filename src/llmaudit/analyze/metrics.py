@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import scipy.sparse as sp
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+
+from llmaudit.analyze.bootstrap import BOOTSTRAP_ENGINES, FPR_TOL, fpr_key, resample_counts
 
 DEFAULT_FPRS: tuple[float, ...] = (0.2, 0.15, 0.1, 0.05, 0.03, 0.01, 0.001)
 
@@ -37,14 +38,9 @@ DEFAULT_FPRS: tuple[float, ...] = (0.2, 0.15, 0.1, 0.05, 0.03, 0.01, 0.001)
 # sqrt(1 + 1/n) * t_{n-1}. At n = 30 the two thresholds for alpha = 1% are 2.33 and 2.50, about 7% apart.
 T_CUTOFF = 30
 
-_FPR_TOL = 1e-12  # k / n_neg compared with alpha in floating point
+_FPR_TOL = FPR_TOL  # k / n_neg compared with alpha in floating point
 
 _CURVE_GRID = np.logspace(-4, 0, 61)
-
-
-def fpr_key(alpha: float) -> str:
-    """JSON key for an FPR level: 0.01 -> "0.01", 0.001 -> "0.001"."""
-    return f"{alpha:g}"
 
 
 def is_reliable(n_negatives: int | float, alpha: float) -> bool:
@@ -116,45 +112,6 @@ def roc_curve_loglog(scores, labels, grid: np.ndarray = _CURVE_GRID) -> dict:
     return {"fpr": [float(g) for g in grid], "tpr": [float(t) for t in tpr[idx]]}
 
 
-def _weighted_roc_stats(pos_w: np.ndarray, neg_w: np.ndarray, fprs: Sequence[float], pos_cols=None) -> dict:
-    """pos_w, neg_w: [B, G] weights of members / non-members in each distinct-score group, groups sorted
-    by score DESCENDING; pos_cols: optional indices of the groups holding any member (a speed-up).
-    Returns {"auroc": [B], "average_precision": [B], "tpr_at_fpr": {key: [B]}}; with unit weights these
-    equal sklearn's roc_auc_score, average_precision_score and `tpr_at_fpr`."""
-    n_pos = pos_w.sum(1, dtype=np.float64)
-    n_neg = neg_w.sum(1, dtype=np.float64)
-    tp = np.cumsum(pos_w, axis=1)
-    fp = np.cumsum(neg_w, axis=1)
-    cols = slice(None) if pos_cols is None else pos_cols
-    pw, tpp, fpp = (np.asarray(a[:, cols], dtype=np.float64) for a in (pos_w, tp, fp))
-    nwp = np.asarray(neg_w[:, cols], dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        # a member in group g beats the non-members below g (n_neg - fp_g) and ties half with those in g
-        beaten = n_pos * n_neg - np.einsum("ij,ij->i", pw, fpp) + 0.5 * np.einsum("ij,ij->i", pw, nwp)
-        auroc = beaten / (n_pos * n_neg)
-        denom = tpp + fpp
-        denom[denom == 0] = 1.0  # only where pw == 0 too
-        ap = np.einsum("ij,ij->i", pw, tpp / denom) / n_pos
-    levels = np.asarray(list(fprs), dtype=np.float64) + _FPR_TOL
-    tpr = np.empty((tp.shape[0], levels.size))
-    for b in range(tp.shape[0]):  # fp rises along groups: the first k groups keep FPR <= alpha
-        k = np.searchsorted(fp[b], levels * n_neg[b], side="right")
-        tpr[b] = np.where(k > 0, tp[b, np.maximum(k - 1, 0)], 0.0) / n_pos[b]
-    at = {fpr_key(a): tpr[:, i] for i, a in enumerate(fprs)}
-    return {"auroc": auroc, "average_precision": ap, "tpr_at_fpr": at}
-
-
-def _resample_counts(rng: np.random.Generator, n_units: int, n_boot: int, strata=None) -> np.ndarray:
-    """[n_boot, n_units] multiplicities of a bootstrap resample (within each stratum when given)."""
-    groups = [np.arange(n_units)] if strata is None else [np.flatnonzero(strata == s) for s in np.unique(strata)]
-    offsets = (np.arange(n_boot) * n_units)[:, None]
-    counts = np.zeros(n_boot * n_units)
-    for members in groups:
-        draw = members[rng.integers(0, members.size, size=(n_boot, members.size))]
-        counts += np.bincount((draw + offsets).ravel(), minlength=n_boot * n_units)
-    return counts.reshape(n_boot, n_units)
-
-
 def _percentile(values: np.ndarray, confidence: float) -> dict:
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
@@ -162,10 +119,6 @@ def _percentile(values: np.ndarray, confidence: float) -> dict:
         return {"low": float("nan"), "high": float("nan")}
     lo, hi = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
     return {"low": float(lo), "high": float(hi)}
-
-
-def _chunk(n_boot: int, width: int, budget: int = 2_000_000) -> int:
-    return max(1, min(n_boot, budget // max(width, 1)))
 
 
 def _resampling_units(
@@ -195,37 +148,6 @@ def _resampling_units(
     return unit_of_row, n_units, strata
 
 
-def _bootstrap_stats(
-    scores: np.ndarray,
-    labels: np.ndarray,
-    unit_of_row: np.ndarray,
-    n_units: int,
-    strata: np.ndarray | None,
-    fprs: Sequence[float],
-    n_boot: int,
-    seed: int,
-) -> list[dict]:
-    """`_weighted_roc_stats` of `n_boot` resamples of the units, drawn in chunks from one generator (`seed`):
-    the list of the chunks' results, in draw order."""
-    # distinct score values, descending; sparse maps unit -> weight of members / non-members per group
-    _, group_of_row = np.unique(-scores, return_inverse=True)
-    n_groups = int(group_of_row.max()) + 1
-    shape = (n_units, n_groups)
-    # float32 holds these integer counts exactly (< 2^24) and halves the memory traffic
-    to_pos = sp.csc_matrix((labels.astype(np.float32), (unit_of_row, group_of_row)), shape=shape)
-    to_neg = sp.csc_matrix(((~labels).astype(np.float32), (unit_of_row, group_of_row)), shape=shape)
-    pos_cols = np.unique(group_of_row[labels])
-    rng = np.random.default_rng(seed)
-    parts: list[dict] = []
-    step = _chunk(n_boot, n_groups + n_units)
-    for start in range(0, n_boot, step):
-        counts = _resample_counts(rng, n_units, min(step, n_boot - start), strata).astype(np.float32)
-        pos_w = np.asarray(counts @ to_pos)
-        neg_w = np.asarray(counts @ to_neg)
-        parts.append(_weighted_roc_stats(pos_w, neg_w, fprs, pos_cols))
-    return parts
-
-
 def bootstrap_ci(
     scores,
     labels,
@@ -236,19 +158,25 @@ def bootstrap_ci(
     seed: int = 0,
     groups=None,
     stratified: bool | None = None,
+    engine: str = "auto",
 ) -> dict:
     """Percentile bootstrap CIs of AUROC, average precision and TPR at each FPR.
 
     scores, labels: [n]. groups: optional [n] resampling unit of each row (e.g. the sample index when
     scores pool several models): a drawn unit brings all its rows. stratified (default: True without
     groups, False with them) keeps the numbers of members and non-members fixed in every resample.
-    Resamples that lose one class give NaN and are ignored. Returns
+    Resamples that lose one class give NaN and are ignored. engine: how each resample is computed
+    (`BOOTSTRAP_ENGINES`: "sorted", one sort and cumulative sums; "groups", the landed path; "auto", the faster
+    for these scores); all draw the same resamples and give the same numbers (average precision to rounding).
+    Returns
     {"auroc": {"low", "high"}, "average_precision": {...}, "tpr_at_fpr": {key: {...}}, "n_boot", ...}."""
     scores, labels = _prepare(scores, labels)
     if stratified is None:
         stratified = groups is None
     unit_of_row, n_units, strata = _resampling_units(labels, groups, stratified, scores.size)
-    parts = _bootstrap_stats(scores, labels, unit_of_row, n_units, strata, fprs, n_boot, seed)
+    if engine not in BOOTSTRAP_ENGINES:
+        raise ValueError(f"engine must be one of {sorted(BOOTSTRAP_ENGINES)}; got {engine!r}.")
+    parts = BOOTSTRAP_ENGINES[engine](scores, labels, unit_of_row, n_units, strata, fprs, n_boot, seed)
     joined = {
         "auroc": np.concatenate([p["auroc"] for p in parts]),
         "average_precision": np.concatenate([p["average_precision"] for p in parts]),
@@ -349,9 +277,10 @@ def calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = T_CUTOFF):
     if n_ref is None:
         return normal
     n = np.asarray(n_ref, dtype=np.float64)
+    values, where = np.unique(n, return_inverse=True)  # a few reference counts: each quantile computed once
     with np.errstate(invalid="ignore", divide="ignore"):
-        student = stats.t.ppf(1 - alpha, df=np.where(n >= 2, n - 1, np.nan)) * np.sqrt(1 + 1 / n)
-    thr = np.where(n >= t_cutoff, normal, student)
+        student = stats.t.ppf(1 - alpha, df=np.where(values >= 2, values - 1, np.nan)) * np.sqrt(1 + 1 / values)
+    thr = np.where(values >= t_cutoff, normal, student)[where].reshape(n.shape)
     return float(thr) if thr.ndim == 0 else thr
 
 
@@ -415,9 +344,12 @@ def _calibrated_ci(
     and average precision (groups = samples, its own generator from the same seed)."""
     rng = np.random.default_rng(seed)
     ci = {}
-    counts = _resample_counts(rng, z.shape[1], n_boot)  # [B, N]: samples resampled with all models
-    for key, sums in per_alpha_sums.items():
-        boot = counts @ sums.T  # [B, 4]
+    counts = resample_counts(rng, z.shape[1], n_boot)  # [B, N]: samples resampled with all models
+    keys = list(per_alpha_sums)
+    stacked = np.concatenate([per_alpha_sums[k] for k in keys]) if keys else np.zeros((0, z.shape[1]))
+    every = (counts @ stacked.T).reshape(n_boot, len(keys), 4)  # every level at once; integer sums, exact
+    for i, key in enumerate(keys):
+        boot = every[:, i]  # [B, 4]
         with np.errstate(invalid="ignore", divide="ignore"):
             ci[key] = {
                 "tpr": _percentile(boot[:, 0] / boot[:, 1], confidence),
@@ -557,7 +489,7 @@ def per_sample_tpr(
     }
     if n_boot > 0 and used.any():
         rng = np.random.default_rng(seed)
-        counts = _resample_counts(rng, int(used.sum()), n_boot)
+        counts = resample_counts(rng, int(used.sum()), n_boot)
         ci = {}
         for key, tpr_j in per_alpha.items():
             with np.errstate(invalid="ignore", divide="ignore"):

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from llmaudit.common.ragged import flatten, largest_means, smallest_means
 from llmaudit.common.stats import ROUNDING_ULPS, rounding_tolerance
 
 TEXT_ATTACKS = ("loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref", "loss+zlib+ref")
@@ -33,41 +34,55 @@ def loss_score(token_losses) -> np.ndarray:
     return np.array([-a.mean() for a in _token_arrays(token_losses)])
 
 
+def _flat_tokens(token_losses) -> tuple[np.ndarray, np.ndarray]:
+    flat, lengths = flatten(token_losses)
+    if (lengths == 0).any():
+        raise ValueError("every sample needs at least one token loss.")
+    return flat, lengths
+
+
+def _min_k_counts(lengths: np.ndarray, k: float) -> np.ndarray:
+    """`min_k_count` of every text, computed once per distinct length."""
+    values, where = np.unique(lengths, return_inverse=True)
+    return np.array([min_k_count(int(t), k) for t in values], dtype=np.int64)[where].reshape(lengths.shape)
+
+
 def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
-    """min-k%: mean log p (= -l_t) over the min_k_count(T, k) lowest-probability tokens. -> [n]."""
-    out = []
-    for a in _token_arrays(token_losses):
-        m = min_k_count(a.size, k)
-        out.append(-np.sort(a)[-m:].mean())  # largest losses = lowest probabilities
-    return np.array(out)
+    """min-k%: mean log p (= -l_t) over the min_k_count(T, k) lowest-probability tokens. -> [n].
+    All texts at once (`largest_means` of l_t: the largest losses are the lowest probabilities)."""
+    flat, lengths = _flat_tokens(token_losses)
+    if lengths.size == 0:
+        return np.zeros(0)
+    return -largest_means(flat, lengths, _min_k_counts(lengths, k))
 
 
 def min_k_plus_plus_score(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
     """Min-K%++: per token (log p_t - mu_t) / sigma_t, then the mean of the lowest min_k_count(T, k). -> [n].
 
     token_vocab_mean / token_vocab_std: per sample, per position, E[log p] and sd of log p under the
-    model's next-token distribution (loss-table columns of the same names)."""
+    model's next-token distribution (loss-table columns of the same names). All texts at once."""
     if token_vocab_mean is None or token_vocab_std is None:
         raise ValueError(
             "Min-K%++ needs the per-position mean and std of log p over the vocabulary (loss-table columns "
             "'token_vocab_mean' and 'token_vocab_std'); this table has none. Rescore with vocabulary "
             "statistics or leave 'min_k_plus_plus' out of the attacks."
         )
-    losses = _token_arrays(token_losses)
-    means = [np.asarray(m, dtype=np.float64).ravel() for m in token_vocab_mean]
-    stds = [np.asarray(s, dtype=np.float64).ravel() for s in token_vocab_std]
-    if not len(losses) == len(means) == len(stds):
+    a, lengths = _flat_tokens(token_losses)
+    (mu, n_mu), (sd, n_sd) = flatten(token_vocab_mean), flatten(token_vocab_std)
+    if not lengths.size == n_mu.size == n_sd.size:
         raise ValueError("token_losses, token_vocab_mean and token_vocab_std hold different numbers of samples.")
-    out = []
-    for i, (a, mu, sd) in enumerate(zip(losses, means, stds)):
-        if not a.size == mu.size == sd.size:
-            raise ValueError(f"sample {i}: {a.size} token losses but {mu.size} vocab means and {sd.size} stds.")
-        if (sd < 0).any():
-            raise ValueError(f"sample {i}: negative vocabulary standard deviation.")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            z = np.where(sd > 0, (-a - mu) / np.where(sd > 0, sd, 1.0), 0.0)
-        out.append(np.sort(z)[: min_k_count(a.size, k)].mean())
-    return np.array(out)
+    bad = np.flatnonzero((n_mu != lengths) | (n_sd != lengths))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"sample {i}: {lengths[i]} token losses but {n_mu[i]} vocab means and {n_sd[i]} stds.")
+    if (sd < 0).any():
+        i = int(np.searchsorted(np.cumsum(lengths), np.flatnonzero(sd < 0)[0], side="right"))
+        raise ValueError(f"sample {i}: negative vocabulary standard deviation.")
+    if lengths.size == 0:
+        return np.zeros(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.where(sd > 0, (-a - mu) / np.where(sd > 0, sd, 1.0), 0.0)
+    return smallest_means(z, lengths, _min_k_counts(lengths, k))
 
 
 def zlib_score(token_losses, zlib_bytes) -> np.ndarray:
@@ -116,3 +131,22 @@ def combine_scores(*components, axis: int = -1) -> np.ndarray:
         constant = sd <= np.expand_dims(rounding_tolerance(comp, axis=axis), axis)  # constant but for rounding: 0
         total = total + np.where(constant, 0.0, (comp - mu) / np.where(constant, 1.0, sd))
     return total
+
+
+def min_k_score_per_sample(token_losses, k: float = 0.2) -> np.ndarray:
+    """`min_k_score` as it was computed before issue 33, one text at a time: the reference of the tests and the
+    baseline of benchmarks/bench_analysis.py."""
+    return np.array([-np.sort(a)[-min_k_count(a.size, k) :].mean() for a in _token_arrays(token_losses)])
+
+
+def min_k_plus_plus_score_per_sample(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
+    """`min_k_plus_plus_score` as it was computed before issue 33, one text at a time (the tests' reference)."""
+    losses = _token_arrays(token_losses)
+    means = [np.asarray(m, dtype=np.float64).ravel() for m in token_vocab_mean]
+    stds = [np.asarray(s, dtype=np.float64).ravel() for s in token_vocab_std]
+    out = []
+    for a, mu, sd in zip(losses, means, stds):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = np.where(sd > 0, (-a - mu) / np.where(sd > 0, sd, 1.0), 0.0)
+        out.append(np.sort(z)[: min_k_count(a.size, k)].mean())
+    return np.array(out)
