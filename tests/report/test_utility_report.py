@@ -21,7 +21,7 @@ from llmaudit.score.utility import encode_settings
 from llmaudit.store.losstable import UTILITY_METADATA_KEY, read_parquet_file, write_loss_table
 from tests.report.test_report import QUANTIZERS, RUNS, STEPS, TH, _make_store, _row
 
-KL = {"fp32": 0.0, "uniform-5": 0.01, "sign": 0.5}  # per-token KL of run r: KL[q] * (r + 1)
+KL = {"fp32": 0.0, "uniform-5": 0.01, "sign": 0.5}  # per-token KL of run r: KL[q] * (1 + 5 r / (RUNS - 1))
 SAME_TOP = {"fp32": 1.0, "uniform-5": 5 / 6, "sign": 0.0}  # six tokens per sample
 ANSWERED = ("synthetic/val/0000", "synthetic/val/0001")
 
@@ -42,7 +42,7 @@ def _add_utility_columns(store, records):
             path = store.unit_path(run, STEPS[-1], q)
             df = read_parquet_file(path)
             val = df["split"] == "val"
-            df["token_kl"] = [np.full(n, KL[q] * (run + 1)) if v else None for n, v in zip(df["n_tokens"], val)]
+            df["token_kl"] = [np.full(n, KL[q] * (1 + 5 * run / (RUNS - 1))) if v else None for n, v in zip(df["n_tokens"], val)]
             top = np.arange(6) < round(6 * SAME_TOP[q])
             df["token_same_top"] = [top.copy() if v else None for v in val]
             df["generated"] = [_answer(q, by_id[s]) if s in ANSWERED else None for s in df["sample_id"]]
@@ -64,7 +64,7 @@ def test_divergence_and_task_columns_equal_the_planted_values(measured):
     rows = {r["quantizer"]: r for r in report["grid"]}
     kl = {q: rows[q]["utility"]["divergence"]["kl_mean"] for q in QUANTIZERS}
     assert kl["fp32"]["mean"] == 0.0
-    assert kl["uniform-5"]["mean"] == pytest.approx(0.01 * np.mean(np.arange(1, RUNS + 1)))
+    assert kl["uniform-5"]["mean"] == pytest.approx(0.035)  # from 0.01 to 0.06, evenly over the runs
     assert kl["uniform-5"]["ci"][0] < kl["uniform-5"]["mean"] < kl["uniform-5"]["ci"][1]
     assert kl["uniform-5"]["token_se"] == 0.0  # constant within each run
     assert rows["uniform-5"]["utility"]["divergence"]["same_top"]["mean"] == pytest.approx(5 / 6)
