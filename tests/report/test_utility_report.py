@@ -42,7 +42,9 @@ def _add_utility_columns(store, records):
             path = store.unit_path(run, STEPS[-1], q)
             df = read_parquet_file(path)
             val = df["split"] == "val"
-            df["token_kl"] = [np.full(n, KL[q] * (1 + 5 * run / (RUNS - 1))) if v else None for n, v in zip(df["n_tokens"], val)]
+            df["token_kl"] = [
+                np.full(n, KL[q] * (1 + 5 * run / (RUNS - 1))) if v else None for n, v in zip(df["n_tokens"], val)
+            ]
             top = np.arange(6) < round(6 * SAME_TOP[q])
             df["token_same_top"] = [top.copy() if v else None for v in val]
             df["generated"] = [_answer(q, by_id[s]) if s in ANSWERED else None for s in df["sample_id"]]
