@@ -269,11 +269,11 @@ def test_a_failed_task_leaves_a_chain_that_status_explains_and_one_command_repai
     command = re.search(r"fix: .*`(llmaudit submit all [^`]+)`", text).group(1).split()[1:]
     assert command == ["submit", "all", str(out)]
     # cluster settings are the submitter's, never the store's (README, Trust): the repair passes them again
-    said = llmaudit(*command, *ON_SLURM, HQQ_FIX, "--no-plan")
+    said = llmaudit(*command, *ON_SLURM, "cluster.shards=2", HQQ_FIX, "--no-plan")
     assert f"cancelled 1 job(s) of an earlier submission that could never start: {report_id}" in said
     assert "finetune: nothing left to do" in said
     # While the new chain is alive, a third submission is refused in one line (it would not wait for it).
-    code, _, err = run_cli(["submit", "all", str(out), *ON_SLURM, "--no-plan"], env=ENV)
+    code, _, err = run_cli(["submit", "all", str(out), *ON_SLURM, "cluster.shards=2", "--no-plan"], env=ENV)
     assert code == 2 and "still queued or running" in err and len(err.strip().splitlines()) == 1
 
     jobs = wait_for_chain(out)

@@ -13,8 +13,9 @@ from llmaudit.quantize import QUANTIZER_NAMES, get_quantizer, list_quantizers
 from .conftest import build_lora_merged, build_tiny, per_sample_loss
 
 AVAILABLE = {i.name for i in list_quantizers() if i.available}
-# the calibrated quantizers (GPTQ below, AWQ in test_awq.py on a model whose widths its search supports) aside
-NON_GPTQ = [n for n in QUANTIZER_NAMES if not n.startswith(("gptq", "awq")) and n in AVAILABLE]
+# the calibrated quantizers aside (GPTQ below, AWQ in test_awq.py on a model whose widths its search supports,
+# GGUF with an importance matrix in test_gguf_exact.py): they need a tokenizer and calibration text
+NON_GPTQ = [n for n in QUANTIZER_NAMES if n in AVAILABLE and not get_quantizer(n).calibrated]
 needs_gptq = pytest.mark.skipif("gptq-4" not in AVAILABLE, reason="gptqmodel not installed")
 GPTQ_OPTIONS = dict(group_size=32, calibration_samples=16, calibration_max_length=32)
 

@@ -142,8 +142,9 @@ def _format_jobs(jobs: dict[str, Any] | None, run_dir: str) -> list[str]:
             )
     if jobs["broken"]:
         lines.append(
-            f"  fix: remove the cause named above (a key=value override fixes a setting), then `llmaudit submit all {run_dir}`: "
-            "it cancels the jobs that can never start and submits only what is missing"
+            f"  fix: remove the cause named above (a key=value override fixes a setting), then `llmaudit submit all {run_dir}` "
+            "with your cluster.* settings again (a store never supplies them): it cancels the jobs that can never start "
+            "and submits only what is missing"
         )
     return lines
 
