@@ -42,52 +42,13 @@ from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.text import min_k_plus_plus_score_per_sample, min_k_score_per_sample
 from llmaudit.analyze.attacks.tokens import ez_mia_score_per_sample, wbc_score_per_sample
+from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
-from llmaudit.store.losstable import validate_loss_table
 
 PAPER = {"runs": 20, "records": 20_000, "quantizers": 12, "resamples": 1000}
 
 
-def synthetic_table(runs: int, records: int, quantizers: int, seed: int = 0) -> pd.DataFrame:
-    """A loss table with what every attack reads: `records` pool texts (20 to 120 tokens) and records / 5
-    validation texts, the base model (run -1) and `runs` fine-tuned runs under each quantizer (the first is
-    fp32: no quantization change), each run training on half the pool; members' losses lowered on a third of
-    their tokens."""
-    rng = np.random.default_rng(seed)
-    n_val = max(records // 5, 2)
-    ids = [f"p{j}" for j in range(records)] + [f"v{j}" for j in range(n_val)]
-    lengths = rng.integers(20, 121, len(ids))
-    base = [rng.lognormal(0.0, 0.6) * rng.gamma(2.0, 0.5, n) for n in lengths]
-    keep = rng.random((runs, records)) < 0.5
-    rows = []
-    for q in ["fp32", *(f"q{k}" for k in range(1, quantizers))]:
-        change = [rng.normal(0, 0.3, n) * (q != "fp32") for n in lengths]
-        for run in range(-1, runs):
-            for j, sid in enumerate(ids):
-                member = bool(run >= 0 and j < records and keep[run, j])
-                tl = np.maximum(base[j] + change[j] + rng.normal(0, 0.2, lengths[j]), 0)
-                if member:
-                    tl = tl * np.where(rng.random(lengths[j]) < 1 / 3, 0.5, 1.0)
-                rows.append(_row(run, q, sid, "pool" if j < records else "val", member, tl.astype(np.float32)))
-    return validate_loss_table(pd.DataFrame(rows))
-
-
-def _row(run: int, quantizer: str, sample: str, split: str, member: bool, tl: np.ndarray) -> dict:
-    return {
-        "run": run,
-        "checkpoint": 0 if run < 0 else 10,
-        "quantizer": quantizer,
-        "sample_id": sample,
-        "split": split,
-        "member": member,
-        "loss": float(tl.mean()),
-        "n_tokens": int(tl.size),
-        "token_losses": tl,
-        "token_top1": tl < 0.25,
-        "token_vocab_mean": (-1.5 * tl).astype(np.float32),  # the mean of log p under the model: 0 at loss 0
-        "token_vocab_std": np.full(tl.size, 1.5, np.float32),
-        "zlib_bytes": int(4 * tl.size),
-    }
+synthetic_table = synthetic_loss_table  # the table `llmaudit plan` times too (llmaudit.analyze.cost)
 
 
 def landed_calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = metrics.T_CUTOFF):

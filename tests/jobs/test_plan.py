@@ -45,6 +45,10 @@ def test_plan_counts_match_the_work_done(tiny_cfg):
     text = format_plan(plan)
     assert f"scoring units   {work['units']}" in text and "finetune" in text
     assert f"KL: {work['divergence_positions']:,} positions compared" in text
+    # the report is priced from the analysis measured here, at the recipe's runs and attacks (analyze.cost)
+    analysis = plan["analysis"]
+    assert analysis["runs"] == tiny_cfg.train.runs and tuple(analysis["attacks"]) == tuple(tiny_cfg.attack.attacks)
+    assert "report: the analysis measured on this CPU" in text
     json.dumps(plan)  # --json is plain JSON
 
 
@@ -55,6 +59,7 @@ def test_plan_for_a_named_gpu_uses_its_published_peak(tiny_cfg):
     ratio = h100["throughput"]["score_tokens_per_s"] / a100["throughput"]["score_tokens_per_s"]
     assert abs(ratio - 989 / 312) < 1e-9
     assert h100["estimate"]["parallel_total_s"] < h100["estimate"]["total_s"]
+    assert any("report stage runs on a CPU" in a for a in h100["assumptions"])
 
 
 def test_offline_plan_of_a_hub_recipe_prices_the_published_shape(monkeypatch, tmp_path):
@@ -70,7 +75,8 @@ def test_offline_plan_of_a_hub_recipe_prices_the_published_shape(monkeypatch, tm
     )
     plan = make_plan(cfg, device="h100", jobs=2, echo=lambda *a: None)
     assert 490e6 < plan["workload"]["model_parameters"] < 500e6  # Qwen2.5-0.5B: 494M with tied embeddings
-    assert len(plan["assumptions"]) == 1 and "published shape" in plan["assumptions"][0]
+    assert len(plan["assumptions"]) == 2 and "published shape" in plan["assumptions"][0]
+    assert "report stage runs on a CPU" in plan["assumptions"][1]
     assert plan["workload"]["runs"] == 2 and plan["workload"]["gptq_calibrations"] > 0
     text = format_plan(plan)
     assert "assumption      Qwen/Qwen2.5-0.5B-Instruct or its data could not be reached" in text

@@ -14,12 +14,16 @@ Time is estimated from throughput:
 - on a named GPU (h100, h200, a100, l40s, a6000): the published dense bf16 peak times an efficiency
   (scoring 40%: the goal `benchmarks/gpu_check.py` checks, not yet measured on a GPU; LoRA training 30%:
   an assumption), with the per-layer quantization times in `GPU_QUANTIZE_S_PER_LAYER` (assumptions).
+The report stage (the analysis) runs on a CPU whatever the device: its cost is measured on this machine's
+CPU in seconds, on synthetic loss tables at the recipe's runs and attacks (`llmaudit.analyze.cost`), and scaled
+to the recipe's pool records, quantizers and resamples.
 Every assumption is printed with the plan and written to its JSON.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from llmaudit.analyze.cost import AnalysisCost, analysis_seconds, measure_analysis_cost
 from llmaudit.common.errors import UserError, did_you_mean
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig, ModelConfig
@@ -97,10 +102,15 @@ published HBM bandwidths are 1.6-4.8 TB/s); an assumption, printed with the plan
 GPU_DECODE_S_PER_LAYER = 1e-3
 """Assumed launch-bound floor of a decoding step with transformers' generate on a GPU, per decoder layer (small
 batches launch several kernels per layer per step); an assumption, printed with the plan."""
-REPORT_S_PER_EVALUATION = 7.5e-8
-"""Report cost per (quantizer x attack x model x sample x bootstrap resample x evaluation): the bootstraps
-dominate; measured on the 2-core development box at about 15 s per 1000 resamples of one evaluation of
-20 models x 10k samples. The report runs on the CPU whatever the device of the other stages."""
+REPORT_OVERHEAD_S = 5.0
+"""Report seconds beside the attack analysis (reading the store, tables, plots): measured at 3-6 s on the demo."""
+
+
+@functools.lru_cache(maxsize=8)
+def _analysis_cost(attacks: tuple[str, ...], runs: int) -> AnalysisCost:
+    """The analysis's cost on this CPU for these attacks at this number of runs (`analyze.cost`), once per
+    process: `submit` and `plan` price the same recipe alike."""
+    return measure_analysis_cost(attacks, runs=runs)
 
 
 @dataclass
@@ -505,8 +515,11 @@ def utility_seconds(work: Workload, speed: Throughput) -> float:
     return prefill + work.divergence_positions * speed.divergence_s_per_position + decode * speed.generation_step_s
 
 
-def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: int = 1) -> dict[str, Any]:
-    """Seconds per stage and in total, on one device, and with `jobs` devices in parallel (shards)."""
+def estimate(
+    cfg: ExperimentConfig, work: Workload, speed: Throughput, analysis: AnalysisCost, *, jobs: int = 1
+) -> dict[str, Any]:
+    """Seconds per stage and in total, on one device, and with `jobs` devices in parallel (shards); the report
+    from the analysis's cost measured on this CPU (`analyze.cost.analysis_seconds`)."""
     checkpoints = sum(len(s) for s in work.steps_per_run)
     finetune_s = (
         speed.model_load_s + work.train_padded_tokens / speed.train_tokens_per_s + checkpoints * speed.checkpoint_s
@@ -523,11 +536,13 @@ def estimate(cfg: ExperimentConfig, work: Workload, speed: Throughput, *, jobs: 
         )
     utility_s = utility_seconds(work, speed)
     score_s += utility_s
-    n_attacks = len(cfg.attack.attacks)
     pool = len(work.members_per_run) and max(1, int(round(np.mean(work.members_per_run) / cfg.train.member_fraction)))
-    report_s = (
-        5
-        + REPORT_S_PER_EVALUATION * len(work.quantizers) * n_attacks * work.runs * pool * max(cfg.attack.n_boot, 1) * 3
+    report_s = REPORT_OVERHEAD_S + analysis_seconds(
+        analysis,
+        pool=pool,
+        quantizers=len(work.quantizers),
+        n_boot=cfg.attack.n_boot,
+        decision_resamples=cfg.report.decision_resamples,
     )
     total = finetune_s + score_s + report_s
     parallel = jobs > 1
@@ -577,6 +592,13 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
         if gpu
         else measure_throughput(cfg, draw, device=target, budget=budget, dtype=compute)
     )
+    echo(f"[plan] timing the analysis of {len(cfg.attack.attacks)} attacks on synthetic loss tables (seconds)")
+    analysis = _analysis_cost(tuple(cfg.attack.attacks), cfg.train.runs)
+    if gpu:
+        assumptions.append(
+            "the report stage runs on a CPU whatever the device: it is priced on this machine's CPU "
+            f"({analysis.measured_in_s:.0f} s of measurement); the cluster's CPUs may differ"
+        )
     return {
         "experiment": cfg.name,
         "model": draw.source.describe(),
@@ -584,7 +606,8 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
         "token_budget": budget,
         "workload": asdict(work),
         "throughput": asdict(speed),
-        "estimate": estimate(cfg, work, speed, jobs=jobs),
+        "analysis": analysis.as_dict(),
+        "estimate": estimate(cfg, work, speed, analysis, jobs=jobs),
         "assumptions": assumptions,
     }
 
@@ -655,6 +678,12 @@ def format_plan(plan: dict[str, Any]) -> str:
     for q, s in t["quantize_s"].items():
         lines.append(f"    {q:>12}: {s:.1f} s per quantization, scoring x{t['forward_slowdown'].get(q, 1.0):.2f}")
     lines += [f"    ({k}: {v})" for k, v in t["source"].items()]
+    if plan.get("analysis"):
+        a = plan["analysis"]
+        lines.append(
+            f"    (report: the analysis measured on this CPU in {a['measured_in_s']:.0f} s on synthetic tables of "
+            f"{a['runs']} runs x {' and '.join(str(r) for r in a['records'])} records, scaled as a + b n ln n)"
+        )
     lines.append(
         f"  time            finetune {_duration(e['finetune_s'])}, score {_duration(e['score_s'])} (utility columns "
         f"{_duration(e['utility_s'])}), report {_duration(e['report_s'])}; "

@@ -1,0 +1,170 @@
+"""What the analysis costs on this machine: `run_attacks` (every attack of a recipe, its bootstrap intervals and the
+release decision) timed on small synthetic loss tables and scaled to an experiment's size.
+
+The report stage runs on the CPU whatever device scored the models. Its cost per quantizer has three parts,
+each measured at the experiment's number of runs (every run is a target whose references are the other runs, so
+the work grows with runs x runs x records and is measured at the runs it will have) and two small numbers of
+pool records n:
+
+- fixed(n): the scores, the point estimates and the calibration (`n_boot = 0`, no decision);
+- per_boot(n): one more bootstrap resample of every attack's intervals ((t(n_boot = b) - fixed) / b);
+- per_decision(n): one more resample of the release decision ((t(50 decision resamples) - fixed) / 50).
+
+Each part is modelled as c(n) = a + b x n, fitted through the two sizes (a, b >= 0): a is the per-call overhead
+that does not grow (Python dispatch per attack and resample, which dominates at small sizes), b x n the work
+(the scores are sorted once and every resample cumulates weights over that order, so a resample's work is
+linear in n; the one sort per evaluation is a small part of the fixed cost). Scaling the measured seconds by a
+power of n instead would scale the overhead with the work and overstate a large grid by orders of magnitude.
+Checked against the analysis timed at 5x and 10x the larger size measured (docs/science.md, "What the report
+stage costs"). An experiment of Q quantizers, n pool records, B bootstrap and D decision resamples costs
+Q x [fixed(n) + B x per_boot(n) + D x per_decision(n)] seconds.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..store.losstable import validate_loss_table
+from .attacks.evaluate import run_attacks
+from .decision import DecisionSettings
+
+DECISION_RESAMPLES = 50
+"""Decision resamples of the measurement (the fewest the rule accepts); the decision's one-off work (the observed
+row, the choice) is counted in its per-resample cost, which errs on the side of a longer plan."""
+
+
+def synthetic_loss_table(runs: int, records: int, quantizers: int, seed: int = 0) -> pd.DataFrame:
+    """A loss table with what every attack reads: `records` pool texts (20 to 120 tokens) and records / 5
+    validation texts, the base model (run -1) and `runs` fine-tuned runs under each quantizer (the first is
+    fp32: no quantization change), each run training on half the pool; members' losses lowered on a third of
+    their tokens."""
+    rng = np.random.default_rng(seed)
+    n_val = max(records // 5, 2)
+    ids = [f"p{j}" for j in range(records)] + [f"v{j}" for j in range(n_val)]
+    lengths = rng.integers(20, 121, len(ids))
+    base = [rng.lognormal(0.0, 0.6) * rng.gamma(2.0, 0.5, n) for n in lengths]
+    keep = rng.random((runs, records)) < 0.5
+    rows = []
+    for q in ["fp32", *(f"q{k}" for k in range(1, quantizers))]:
+        change = [rng.normal(0, 0.3, n) * (q != "fp32") for n in lengths]
+        for run in range(-1, runs):
+            for j, sid in enumerate(ids):
+                member = bool(run >= 0 and j < records and keep[run, j])
+                tl = np.maximum(base[j] + change[j] + rng.normal(0, 0.2, lengths[j]), 0)
+                if member:
+                    tl = tl * np.where(rng.random(lengths[j]) < 1 / 3, 0.5, 1.0)
+                rows.append(_row(run, q, sid, "pool" if j < records else "val", member, tl.astype(np.float32)))
+    return validate_loss_table(pd.DataFrame(rows))
+
+
+def _row(run: int, quantizer: str, sample: str, split: str, member: bool, tl: np.ndarray) -> dict:
+    return {
+        "run": run,
+        "checkpoint": 0 if run < 0 else 10,
+        "quantizer": quantizer,
+        "sample_id": sample,
+        "split": split,
+        "member": member,
+        "loss": float(tl.mean()),
+        "n_tokens": int(tl.size),
+        "token_losses": tl,
+        "token_top1": tl < 0.25,
+        "token_vocab_mean": (-1.5 * tl).astype(np.float32),  # the mean of log p under the model: 0 at loss 0
+        "token_vocab_std": np.full(tl.size, 1.5, np.float32),
+        "zlib_bytes": int(4 * tl.size),
+    }
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """c(n) = overhead_s + per_record_s x n (seconds per quantizer, n pool records)."""
+
+    overhead_s: float
+    per_record_s: float
+
+    def at(self, n: float) -> float:
+        return self.overhead_s + self.per_record_s * float(n)
+
+
+def fit_cost(n: Sequence[float], seconds: Sequence[float]) -> CostModel:
+    """The line a + b x n through (n[0], seconds[0]) and (n[-1], seconds[-1]) with a, b >= 0: a negative slope
+    (timing noise) becomes a constant at the larger size's seconds, a negative intercept a line through the
+    origin and the larger size."""
+    x0, x1, y0, y1 = float(n[0]), float(n[-1]), max(seconds[0], 0.0), max(seconds[-1], 0.0)
+    slope = (y1 - y0) / (x1 - x0) if x1 > x0 else 0.0
+    if slope <= 0:
+        return CostModel(y1, 0.0)
+    intercept = y1 - slope * x1
+    return CostModel(intercept, slope) if intercept >= 0 else CostModel(0.0, y1 / x1)
+
+
+@dataclass(frozen=True)
+class AnalysisCost:
+    """The three parts of the analysis's cost per quantizer, each a `CostModel` in pool records, fitted on tables
+    of `runs` runs and `records` pool records."""
+
+    fixed: CostModel
+    per_boot: CostModel
+    per_decision: CostModel
+    runs: int
+    records: tuple[int, ...]
+    attacks: tuple[str, ...]
+    measured_in_s: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _seconds(df: pd.DataFrame, attacks: tuple[str, ...], n_boot: int, decision: int) -> float:
+    """CPU seconds of this process (other processes on a shared machine do not count; the analysis runs in one
+    thread, so they are its wall seconds on an idle machine)."""
+    start = time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the synthetic table's own oddities (e.g. LiRA's normality check)
+        settings = DecisionSettings(resamples=decision, seed=0) if decision else None
+        run_attacks(df, attacks=attacks, n_boot=n_boot, seed=0, decision=settings)
+    return time.process_time() - start
+
+
+def measure_analysis_cost(
+    attacks: Sequence[str], *, runs: int, records: Sequence[int] = (100, 400), resamples: int = 200
+) -> AnalysisCost:
+    """Time the analysis of `attacks` on synthetic tables of `runs` x each of `records` (2 quantizers), without
+    resamples, with `resamples` bootstrap resamples, and with DECISION_RESAMPLES decision resamples (wall seconds
+    on this machine; a few seconds at the defaults)."""
+    started = time.perf_counter()
+    attacks = tuple(attacks)
+    sizes, fixed, boot, dec = [], [], [], []
+    quantizers = 2
+    for n_records in records:
+        df = synthetic_loss_table(runs, n_records, quantizers)
+        base = _seconds(df, attacks, 0, 0)
+        sizes.append(n_records)
+        fixed.append(base / quantizers)
+        boot.append(max(_seconds(df, attacks, resamples, 0) - base, 0.0) / resamples / quantizers)
+        dec.append(max(_seconds(df, attacks, 0, DECISION_RESAMPLES) - base, 0.0) / DECISION_RESAMPLES / quantizers)
+    return AnalysisCost(
+        fixed=fit_cost(sizes, fixed),
+        per_boot=fit_cost(sizes, boot),
+        per_decision=fit_cost(sizes, dec),
+        runs=runs,
+        records=tuple(sizes),
+        attacks=attacks,
+        measured_in_s=time.perf_counter() - started,
+    )
+
+
+def analysis_seconds(cost: AnalysisCost, *, pool: int, quantizers: int, n_boot: int, decision_resamples: int) -> float:
+    """Q x [fixed(n) + B x per_boot(n) + D x per_decision(n)] at n = pool records, for the runs the cost was
+    measured at (module docstring)."""
+    n = max(pool, 1)
+    per_quantizer = (
+        cost.fixed.at(n) + max(n_boot, 0) * cost.per_boot.at(n) + max(decision_resamples, 0) * cost.per_decision.at(n)
+    )
+    return quantizers * per_quantizer

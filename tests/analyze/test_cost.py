@@ -1,0 +1,49 @@
+"""The analysis's cost model (llmaudit.analyze.cost): the fit by hand, and a planted cost recovered exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmaudit.analyze import cost
+from llmaudit.analyze.cost import AnalysisCost, CostModel, analysis_seconds, fit_cost, measure_analysis_cost
+
+
+def test_fit_cost_is_the_line_through_the_two_sizes_with_nonnegative_parts():
+    assert fit_cost([100, 400], [1.0, 2.5]) == CostModel(pytest.approx(0.5), pytest.approx(0.005))
+    assert fit_cost([100, 400], [2.0, 1.5]) == CostModel(1.5, 0.0)  # noise: the larger size's seconds
+    assert fit_cost([100, 400], [0.1, 4.0]) == CostModel(0.0, pytest.approx(0.01))  # through the origin
+    assert fit_cost([100, 400], [-0.1, 0.0]) == CostModel(0.0, 0.0)
+
+
+def test_analysis_seconds_by_hand():
+    c = AnalysisCost(CostModel(1.0, 0.01), CostModel(0.0, 0.001), CostModel(0.5, 0.0), 6, (100, 400), ("loss",), 1.0)
+    # per quantizer at n = 1000: 1 + 10, plus 200 x 1, plus 50 x 0.5
+    assert analysis_seconds(c, pool=1000, quantizers=3, n_boot=200, decision_resamples=50) == pytest.approx(
+        3 * (11 + 200 + 25)
+    )
+
+
+def test_a_planted_cost_is_recovered_and_predicted_exactly(monkeypatch):
+    """Seconds that follow the model exactly (fixed 0.3 + 2e-3 n, 1e-4 n per bootstrap resample, 0.01 + 5e-5 n per
+    decision resample, for 2 quantizers): the measurement recovers each part and prices a 50x larger table."""
+
+    def planted(df, attacks, n_boot, decision):
+        n = df.loc[(df["split"] == "pool") & (df["run"] == 0) & (df["quantizer"] == "fp32")].shape[0]
+        return 2 * (0.3 + 2e-3 * n + n_boot * 1e-4 * n + decision * (0.01 + 5e-5 * n))
+
+    monkeypatch.setattr(cost, "_seconds", planted)
+    c = measure_analysis_cost(["loss"], runs=2, records=(20, 40), resamples=10)
+    assert c.fixed.overhead_s == pytest.approx(0.3) and c.fixed.per_record_s == pytest.approx(2e-3)
+    assert c.per_boot.overhead_s == pytest.approx(0.0, abs=1e-12) and c.per_boot.per_record_s == pytest.approx(1e-4)
+    assert c.per_decision.overhead_s == pytest.approx(0.01) and c.per_decision.per_record_s == pytest.approx(5e-5)
+    n = 2000
+    want = 5 * (0.3 + 2e-3 * n + 1000 * 1e-4 * n + 300 * (0.01 + 5e-5 * n))
+    assert analysis_seconds(c, pool=n, quantizers=5, n_boot=1000, decision_resamples=300) == pytest.approx(want)
+
+
+def test_the_measurement_runs_the_real_analysis_in_seconds():
+    c = measure_analysis_cost(["loss", "ref"], runs=3, records=(20, 40), resamples=20)
+    assert c.records == (20, 40) and c.runs == 3 and c.attacks == ("loss", "ref")
+    for part in (c.fixed, c.per_boot, c.per_decision):
+        assert part.overhead_s >= 0 and part.per_record_s >= 0
+    assert c.fixed.at(40) > 0 and c.measured_in_s > 0
