@@ -173,20 +173,63 @@ def calibrated_counts(
     strict, loose = np.zeros((weights.shape[0], 4)), np.zeros((weights.shape[0], 4))
     train = np.zeros((weights.shape[0], n_folds, 4))
     test = np.zeros_like(train)
+    if not s.size:
+        return strict, loose, train, test
+    groups = _class_fold_indicator(member, fold, n_folds)
     for rows in _chunks(s.size, n_folds, weights.shape[0]):
-        cum = _cumulative_by_fold(weights[rows][:, unit].astype(np.float32), member, fold, n_folds)
-        total = cum.sum(axis=1)
-        empirical = sorted_threshold(s, total[0], fpr, held_out=False)
-        high, low, fixed = (
-            np.maximum(empirical, analytic),
-            np.minimum(empirical, analytic),
-            np.full_like(empirical, analytic),
-        )
-        strict[rows], loose[rows] = _counts(s, total, high), _counts(s, total, low)
+        w = weights[rows][:, unit].astype(np.float32)
+        empirical = sorted_threshold(s, np.cumsum(w * ~member, axis=1), fpr, held_out=False)
+        high, low = np.maximum(empirical, analytic), np.minimum(empirical, analytic)
+        totals, at_analytic, above = _above_by_class_fold(s, w, groups, analytic, {"high": high, "low": low})
+        both = lambda x: x.sum(axis=2)  # noqa: E731  over folds: [b, 2]
+        strict[rows] = _as_counts(both(above["high"]), both(totals))
+        loose[rows] = _as_counts(both(above["low"]), both(totals))
         for f in range(n_folds):
-            train[rows, f] = _counts(s, total - cum[:, f], fixed)
-            test[rows, f] = _counts(s, cum[:, f], high)
+            train[rows, f] = _as_counts(both(at_analytic) - at_analytic[:, :, f], both(totals) - totals[:, :, f])
+            test[rows, f] = _as_counts(above["high"][:, :, f], totals[:, :, f])
     return strict, loose, train, test
+
+
+def _class_fold_indicator(member: np.ndarray, fold: np.ndarray, n_folds: int) -> np.ndarray:
+    """[n, 2, F] float64: 1 where row i is of class c (0 non-member, 1 member) and in fold f."""
+    out = np.zeros((member.size, 2, n_folds))
+    out[np.arange(member.size), member.astype(int), fold] = 1.0
+    return out
+
+
+def _as_counts(above: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """[b, 4] (TP, POS, FP, NEG) from [b, 2] weights above the threshold and totals per class."""
+    return np.stack([above[:, 1], totals[:, 1], above[:, 0], totals[:, 0]], axis=1)
+
+
+def _above_by_class_fold(
+    s: np.ndarray, w: np.ndarray, groups: np.ndarray, fixed: float, thresholds: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Weights per (resample, class, fold) [b, 2, F]: in all, strictly above the `fixed` threshold, and strictly
+    above each per-resample threshold of `thresholds` ({name: [b]}), for ascending scores s [n], row weights
+    w [b, n] and the rows' class-fold indicator `groups` [n, 2, F].
+
+    The rows above the fixed threshold are the same in every resample (one matrix product); a per-resample
+    threshold differs from it only on the rows between the two, so running weights are kept only over the
+    window of positions that some resample's threshold reaches. Integer weights: every sum is exact, so the
+    counts equal those of running weights over all rows."""
+    b, n = w.shape
+    flat = groups.reshape(n, -1)
+    w64 = w.astype(np.float64)
+    totals = (w64 @ flat).reshape(b, 2, -1)
+    p_fixed = int(np.searchsorted(s, fixed, side="right"))
+    at_fixed = (w64[:, p_fixed:] @ flat[p_fixed:]).reshape(b, 2, -1)
+    positions = {k: np.searchsorted(s, t, side="right") for k, t in thresholds.items()}
+    lo = min([p_fixed, *(int(p.min()) for p in positions.values())])
+    hi = max([p_fixed, *(int(p.max()) for p in positions.values())])
+    # prefix[:, k] = weight of the rows in [lo, lo + k), per class and fold; k = 0 .. hi - lo
+    prefix = np.zeros((b, hi - lo + 1, flat.shape[1]))
+    if hi > lo:
+        np.cumsum(w64[:, lo:hi, None] * flat[None, lo:hi], axis=1, out=prefix[:, 1:])
+    at = lambda p: np.take_along_axis(prefix, (np.asarray(p) - lo).reshape(-1, 1, 1), axis=1)[:, 0]  # noqa: E731
+    base = at(np.full(b, p_fixed))
+    above = {k: at_fixed + (base - at(p)).reshape(b, 2, -1) for k, p in positions.items()}
+    return totals, at_fixed, above
 
 
 def _normal_quantile(p: float) -> float:
