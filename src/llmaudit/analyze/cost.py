@@ -8,7 +8,7 @@ pool records n:
 
 - fixed(n): the scores, the point estimates and the calibration (`n_boot = 0`, no decision);
 - per_boot(n): one more bootstrap resample of every attack's intervals ((t(n_boot = b) - fixed) / b);
-- per_decision(n): one more resample of the release decision ((t(50 decision resamples) - fixed) / 50).
+- per_decision(n): one more resample of the release decision ((t(200 decision resamples) - fixed) / 200).
 
 Each part is modelled as c(n) = a + b x n, fitted through the two sizes (a, b >= 0): a is the per-call overhead
 that does not grow (Python dispatch per attack and resample, which dominates at small sizes), b x n the work
@@ -34,9 +34,10 @@ from ..store.losstable import validate_loss_table
 from .attacks.evaluate import run_attacks
 from .decision import DecisionSettings
 
-DECISION_RESAMPLES = 50
-"""Decision resamples of the measurement (the fewest the rule accepts); the decision's one-off work (the observed
-row, the choice) is counted in its per-resample cost, which errs on the side of a longer plan."""
+DECISION_RESAMPLES = 200
+"""Decision resamples of the measurement: enough that their work stands out of the timing noise at the sizes
+measured (at 50 the slope was lost in it); the decision's one-off work (the observed row, the choice) is
+counted in its per-resample cost, which errs on the side of a longer plan."""
 
 
 def synthetic_loss_table(runs: int, records: int, quantizers: int, seed: int = 0) -> pd.DataFrame:
