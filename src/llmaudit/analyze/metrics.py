@@ -496,26 +496,3 @@ def per_sample_tpr(
                 ci[key] = {"tpr": _percentile(counts @ tpr_j[used] / counts.sum(1), confidence)}
         result["ci"] = _ci_block(ci, n_boot, confidence, seed)
     return result
-
-
-def evaluate_pooled(
-    scores,
-    members,
-    z=None,
-    n_ref=None,
-    *,
-    fprs: Sequence[float] = DEFAULT_FPRS,
-    t_cutoff: float = T_CUTOFF,
-    n_boot: int = 0,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> dict:
-    """The three evaluations side by side: {"pooled_naive", "pooled_calibrated" (if z given), "per_sample"}.
-
-    scores, members, z, n_ref: [M, N] (see the three functions)."""
-    kw = dict(n_boot=n_boot, seed=seed, confidence=confidence)
-    out = {"pooled_naive": pooled_naive(scores, members, fprs, **kw)}
-    if z is not None:
-        out["pooled_calibrated"] = pooled_calibrated(z, members, fprs, n_ref, t_cutoff=t_cutoff, **kw)
-    out["per_sample"] = per_sample_tpr(scores, members, fprs, **kw)
-    return out

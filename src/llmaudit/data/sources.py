@@ -9,7 +9,6 @@ the way the script does (see docs/architecture.md, "Data sources"): raw rows + i
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from pathlib import Path
 from typing import Any, Literal
@@ -183,7 +182,3 @@ def read_smolinstruct_tree(tree: Any, tasks: list[str], split: str) -> list[dict
             }
             records.append(validate_record(rec, f"{raw_rel}: idx {idx}"))
     return records
-
-
-def offline_mode() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")

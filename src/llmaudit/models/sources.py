@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import re
 import time
 from contextlib import nullcontext
@@ -251,9 +250,3 @@ def _gguf_progress_bar_as_configured():
     if hf_logging.is_progress_bar_enabled() or not hasattr(gguf_utils, "tqdm"):
         return nullcontext()
     return patch.object(gguf_utils, "tqdm", partial(gguf_utils.tqdm, disable=True))
-
-
-def source_record(path: str | Path) -> dict[str, Any] | None:
-    """SOURCE.json of a converted directory, if it is one."""
-    path = Path(path) / "SOURCE.json"
-    return json.loads(path.read_text()) if path.exists() else None
