@@ -137,8 +137,8 @@ def measure_analysis_cost(
     attacks: Sequence[str], *, runs: int, records: Sequence[int] = (100, 400), resamples: int = 200
 ) -> AnalysisCost:
     """Time the analysis of `attacks` on synthetic tables of `runs` x each of `records` (2 quantizers), without
-    resamples, with `resamples` bootstrap resamples, and with DECISION_RESAMPLES decision resamples (wall seconds
-    on this machine; a few seconds at the defaults)."""
+    resamples, with `resamples` bootstrap resamples, and with DECISION_RESAMPLES decision resamples (CPU seconds
+    of this process, `_seconds`; the measurement takes 10 to 30 seconds at the defaults, longer with more runs)."""
     started = time.perf_counter()
     attacks = tuple(attacks)
     sizes, fixed, boot, dec = [], [], [], []

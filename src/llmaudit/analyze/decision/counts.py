@@ -181,11 +181,11 @@ def calibrated_counts(
         empirical = sorted_threshold(s, np.cumsum(w * ~member, axis=1), fpr, held_out=False)
         high, low = np.maximum(empirical, analytic), np.minimum(empirical, analytic)
         totals, at_analytic, above = _above_by_class_fold(s, w, groups, analytic, {"high": high, "low": low})
-        both = lambda x: x.sum(axis=2)  # noqa: E731  over folds: [b, 2]
-        strict[rows] = _as_counts(both(above["high"]), both(totals))
-        loose[rows] = _as_counts(both(above["low"]), both(totals))
+        all_folds, all_above = totals.sum(axis=2), at_analytic.sum(axis=2)  # [b, 2]
+        strict[rows] = _as_counts(above["high"].sum(axis=2), all_folds)
+        loose[rows] = _as_counts(above["low"].sum(axis=2), all_folds)
         for f in range(n_folds):
-            train[rows, f] = _as_counts(both(at_analytic) - at_analytic[:, :, f], both(totals) - totals[:, :, f])
+            train[rows, f] = _as_counts(all_above - at_analytic[:, :, f], all_folds - totals[:, :, f])
             test[rows, f] = _as_counts(above["high"][:, :, f], totals[:, :, f])
     return strict, loose, train, test
 
