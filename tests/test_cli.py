@@ -101,17 +101,17 @@ def test_third_party_import_notices_are_quiet_unless_asked(monkeypatch):
     default and shown again with LLMAUDIT_LOG."""
     import logging
 
-    from llmaudit import cli
+    from llmaudit.commands import base as cli
 
     levels = {name: logging.getLogger(name).level for name in cli.QUIET_LOGGERS}
     try:
         monkeypatch.delenv("LLMAUDIT_LOG", raising=False)
-        cli._setup()
+        cli.setup()
         assert all(logging.getLogger(name).level == logging.ERROR for name in cli.QUIET_LOGGERS)
         for name in cli.QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.NOTSET)
         monkeypatch.setenv("LLMAUDIT_LOG", "WARNING")
-        cli._setup()
+        cli.setup()
         assert all(logging.getLogger(name).level == logging.NOTSET for name in cli.QUIET_LOGGERS)
     finally:
         for name, level in levels.items():
@@ -125,13 +125,13 @@ def test_logging_set_up_by_an_in_process_command_follows_the_current_stderr(monk
     import io
     import logging
 
-    from llmaudit import cli
+    from llmaudit.commands import base as cli
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])
     redirected = io.StringIO()
     with contextlib.redirect_stderr(redirected):
-        cli._setup()
+        cli.setup()
     redirected.close()
     logging.getLogger("llmaudit.test").warning("after the command")
     assert "WARNING llmaudit.test: after the command" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from llmaudit import cli
+from llmaudit.commands import base as command_app
 from llmaudit.common.io import atomic_write_text, replace_directory
 from tests.conftest import run_cli
 
@@ -48,13 +48,13 @@ def test_no_progress_frames_when_stderr_is_not_a_terminal(monkeypatch):
 
     monkeypatch.setattr("sys.stderr", io.StringIO())
     try:
-        assert cli._progress(False) is False  # llmaudit's own bars (finetune, score, audit)
+        assert command_app.progress(False) is False  # llmaudit's own bars (finetune, score, audit)
         enable_progress_bars()
         hf_logging.enable_progress_bar()
-        cli._setup()  # every command: the bars of huggingface_hub and transformers (downloads, weight loading)
+        command_app.setup()  # every command: the bars of huggingface_hub and transformers (downloads, weight loading)
         assert are_progress_bars_disabled() and not hf_logging.is_progress_bar_enabled()
         monkeypatch.setattr("sys.stderr", FakeTerminal())
-        assert cli._progress(False) is True and cli._progress(True) is False
+        assert command_app.progress(False) is True and command_app.progress(True) is False
     finally:
         enable_progress_bars()
         hf_logging.enable_progress_bar()

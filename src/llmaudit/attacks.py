@@ -2,12 +2,12 @@
 
     from llmaudit.attacks import lira_offline, loss_score, run_attacks
 
-The implementations live in `llmaudit.analyze.attacks` (text attacks, LiRA, definitions, evaluation;
+Add your own attack with `register(AttackSpec(...))` (docs/architecture.md, "Adding an attack").
+The implementations live in `llmaudit.analyze.attacks` (formulas, the registry and its catalog, evaluation;
 docs/science.md section 4); this module re-exports their public names so that user code does not
 depend on the layout.
 """
 
-from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS, attack_definitions
 from llmaudit.analyze.attacks.evaluate import run_attacks, spearman_vs_indicator
 from llmaudit.analyze.attacks.lira import (
     confidence_logit,
@@ -17,6 +17,7 @@ from llmaudit.analyze.attacks.lira import (
     lira_statistic,
     out_reference_counts,
 )
+from llmaudit.analyze.attacks.registry import AttackSpec, attack_definitions, register, registered_attacks
 from llmaudit.analyze.attacks.text import (
     TEXT_ATTACKS,
     combine_scores,
@@ -28,7 +29,7 @@ from llmaudit.analyze.attacks.text import (
 )
 
 __all__ = [
-    "DEFAULT_ATTACKS",
+    "AttackSpec",
     "TEXT_ATTACKS",
     "attack_definitions",
     "combine_scores",
@@ -41,6 +42,8 @@ __all__ = [
     "min_k_plus_plus_score",
     "min_k_score",
     "out_reference_counts",
+    "register",
+    "registered_attacks",
     "ref_score",
     "run_attacks",
     "spearman_vs_indicator",

@@ -9,7 +9,6 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from llmaudit.analyze.attacks.definitions import LEGACY_DEFAULT_ATTACKS
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.lira import (
     LiraWarning,
@@ -21,6 +20,7 @@ from llmaudit.analyze.attacks.lira import (
     normality_check,
     out_reference_counts,
 )
+from llmaudit.analyze.attacks.registry import LEGACY_ATTACKS
 from llmaudit.analyze.attacks.text import (
     combine_scores,
     loss_score,
@@ -31,7 +31,7 @@ from llmaudit.analyze.attacks.text import (
     zlib_score,
 )
 from llmaudit.analyze.metrics import calibrated_threshold, per_sample_fpr, pooled_calibrated, pooled_naive
-from llmaudit.report.tables import attack_command
+from llmaudit.commands.attack import attack_command
 from llmaudit.store.losstable import validate_loss_table, write_loss_table
 
 TOKENS = [0.5, 1.0, 2.0, 0.1, 3.0]  # per-token NLLs; log p = -l
@@ -320,7 +320,7 @@ def test_run_attacks_on_a_small_table():
     rng = np.random.default_rng(20)
     df = _table(rng)
     with pytest.warns(UserWarning, match="token_vocab_mean is -2 at every one"):  # the table's made-up means
-        res = run_attacks(df, attacks=LEGACY_DEFAULT_ATTACKS, n_boot=20, seed=1)
+        res = run_attacks(df, attacks=LEGACY_ATTACKS, n_boot=20, seed=1)
     assert res["reference_quantizer"] == "fp"
     assert res["attack_definitions"]["min_k"] == "2:k=0.2,floor(k*T)>=1,mean_logp_lowest"
     fp = res["quantizers"]["fp"]

@@ -11,15 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from llmaudit.analyze.attacks.definitions import (
-    DEFAULT_ATTACKS,
-    EZ_MIA_VARIANTS,
-    REFERENCE_ATTACKS,
-    WBC_VARIANTS,
-    attack_definitions,
-)
+from llmaudit.analyze.attacks.catalog.ez_mia_attacks import EZ_MIA_VARIANTS, PREDATES_TOP1
+from llmaudit.analyze.attacks.catalog.wbc_attacks import WBC_VARIANTS
 from llmaudit.analyze.attacks.evaluate import run_attacks
-from llmaudit.analyze.attacks.matrices import PREDATES_TOP1, base_quantizer
+from llmaudit.analyze.attacks.ez_mia import EZ_EDGES, error_zone_masses, ez_mia_score, ez_mia_score_per_sample
+from llmaudit.analyze.attacks.matrices import base_quantizer
+from llmaudit.analyze.attacks.registry import attack_definitions, registered_attacks, resolve_attacks
 from llmaudit.analyze.attacks.rmia import (
     DEFAULT_A,
     offline_marginal,
@@ -28,20 +25,12 @@ from llmaudit.analyze.attacks.rmia import (
     text_probability,
     tune_offline_a,
 )
-from llmaudit.analyze.attacks.tokens import (
-    EZ_EDGES,
-    WBC_GRIDS,
-    error_zone_masses,
-    ez_mia_score,
-    ez_mia_score_per_sample,
-    geometric_windows,
-    wbc_score,
-    wbc_score_per_sample,
-    window_vote,
-)
+from llmaudit.analyze.attacks.wbc import WBC_GRIDS, geometric_windows, wbc_score, wbc_score_per_sample, window_vote
 from llmaudit.cli import app
-from llmaudit.config import AttackConfig
+from llmaudit.config import ATTACK_NAMES, AttackConfig
 from llmaudit.store.losstable import validate_loss_table
+
+REFERENCE_ATTACKS = (*EZ_MIA_VARIANTS, *WBC_VARIANTS, "ref_qbase", "rmia", "rmia_online")
 
 # ---------------------------------------------------------------------------------------------- EZ-MIA
 
@@ -340,11 +329,15 @@ def test_base_means_the_reference_unit():
 def test_every_attack_of_earlier_versions_means_every_attack():
     legacy = ["loss", "min_k", "min_k_plus_plus", "zlib", "ref", "loss+zlib", "loss+ref", "loss+zlib+ref"]
     legacy += ["lira_offline", "lira_online"]
-    assert AttackConfig(attacks=legacy).attacks == list(DEFAULT_ATTACKS)
-    assert AttackConfig().attacks == list(DEFAULT_ATTACKS)
-    assert AttackConfig(attacks=["loss", "wbc"]).attacks == ["loss", "wbc"]
+    every = registered_attacks()
+    context = {ATTACK_NAMES: every}
+    assert AttackConfig.model_validate({"attacks": legacy}, context=context).attacks == ["all"]
+    assert AttackConfig.model_validate({"attacks": legacy}).attacks == ["all"]  # a store read without the registry
+    assert AttackConfig.model_validate({}, context=context).attacks == ["all"]
+    assert AttackConfig.model_validate({"attacks": ["loss", "wbc"]}, context=context).attacks == ["loss", "wbc"]
+    assert resolve_attacks(["all"]) == every
     definitions = attack_definitions()
-    assert set(DEFAULT_ATTACKS) <= set(definitions)  # every attack records a versioned definition
+    assert set(every) <= set(definitions)  # every attack records a versioned definition
     assert definitions["ez_mia"] == "1:error-zone,P/(P+N),edge=top,skip_first=False,reference=base"
     assert definitions["wbc_paper_grid"] == "1:window-sign-vote,grid=paper,long=clamp,reference=base"
 

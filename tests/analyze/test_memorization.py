@@ -19,8 +19,8 @@ from llmaudit.analyze.memorization import (
     per_sample_memorization,
     sequence_bits,
 )
+from llmaudit.commands.memorization import memorization_command
 from llmaudit.report.memorization_md import markdown_section
-from llmaudit.report.tables import memorization_command
 from llmaudit.store.losstable import write_loss_table
 
 LN2 = math.log(2.0)

@@ -9,6 +9,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 from llmaudit.analyze.bootstrap import weighted_roc_stats as _weighted_roc_stats
 from llmaudit.analyze.metrics import (
+    Resampling,
     bootstrap_ci,
     calibrated_threshold,
     is_reliable,
@@ -120,9 +121,9 @@ def test_group_bootstrap_resamples_samples_not_rows():
     rep_scores, rep_labels = np.tile(scores, 10), np.tile(labels, 10)
     groups = np.tile(np.arange(400), 10)
     width = lambda c: c["auroc"]["high"] - c["auroc"]["low"]  # noqa: E731
-    single = width(bootstrap_ci(scores, labels, n_boot=400, seed=0, stratified=False))
+    single = width(bootstrap_ci(scores, labels, n_boot=400, seed=0, resampling=Resampling(stratified=False)))
     grouped = width(bootstrap_ci(rep_scores, rep_labels, n_boot=400, seed=0, groups=groups))
-    rows = width(bootstrap_ci(rep_scores, rep_labels, n_boot=400, seed=0, stratified=False))
+    rows = width(bootstrap_ci(rep_scores, rep_labels, n_boot=400, seed=0, resampling=Resampling(stratified=False)))
     assert grouped == pytest.approx(single, rel=0.25)
     assert rows < 0.5 * grouped  # about 1 / sqrt(10) as wide: the overconfidence groups avoid
 
@@ -206,14 +207,15 @@ def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
     if case == "groups":  # 6 models x 500 samples: a drawn sample brings its 6 rows
         kw["groups"] = np.tile(np.arange(500), 6)
         labels = np.tile(rng.random(500) < 0.5, 6) ^ (rng.random(n) < 0.3)
+    stratified = None
     if case == "rows":
-        kw["stratified"] = False
+        stratified = False
     if case == "few":  # tiny unstratified resamples: some lose a class (NaN, ignored)
-        kw |= dict(stratified=False, fprs=(0.2,))
+        stratified, kw["fprs"] = False, (0.2,)
         labels = np.array([1, 0, 0, 0, 0, 0, 1], bool)
-    landed = bootstrap_ci(scores, labels, engine="groups", **kw)
+    landed = bootstrap_ci(scores, labels, resampling=Resampling(stratified, "groups"), **kw)
     for engine in ("sorted", "auto"):
-        got = bootstrap_ci(scores, labels, engine=engine, **kw)
+        got = bootstrap_ci(scores, labels, resampling=Resampling(stratified, engine), **kw)
         a, b = _ci_values(got), _ci_values(landed)
         assert np.array_equal(np.delete(a, 1, axis=0), np.delete(b, 1, axis=0), equal_nan=True)
         assert np.allclose(a[1], b[1], rtol=0, atol=1e-12, equal_nan=True)
@@ -221,7 +223,7 @@ def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
             k: v for k, v in landed.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")
         }
     with pytest.raises(ValueError, match="engine must be one of"):
-        bootstrap_ci(scores, labels, engine="resort", **kw)
+        bootstrap_ci(scores, labels, resampling=Resampling(stratified, "resort"), **kw)
 
 
 def test_sorted_roc_stats_equal_the_group_stats_per_resample():
@@ -256,7 +258,9 @@ def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):
     z = rng.normal(size=(8, 300)) + 0.8 * members
     z[0, :5] = np.nan
     got = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
-    monkeypatch.setattr(metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, engine="groups"))
+    monkeypatch.setattr(
+        metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, resampling=metrics.Resampling(engine="groups"))
+    )
     landed = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
     assert got["ci"]["tpr_at_fpr"] == landed["ci"]["tpr_at_fpr"]
     assert got["ci"]["roc"]["auroc"] == landed["ci"]["roc"]["auroc"]
@@ -284,3 +288,25 @@ def test_calibrated_threshold_of_an_array_is_the_elementwise_formula():
             student = stats.t.ppf(1 - alpha, df=np.where(n >= 2, n - 1, np.nan)) * np.sqrt(1 + 1 / n)
         want = np.where(n >= 30, stats.norm.ppf(1 - alpha), student)
         assert np.array_equal(calibrated_threshold(alpha, n), want, equal_nan=True)
+
+
+def test_percentile_is_the_shared_percentile_interval():
+    """`metrics._percentile` (the bootstrap CIs' percentiles) is common.stats.percentile_interval: finite
+    values only, numpy's linear quantiles at (1 -+ confidence) / 2, nan when nothing is finite."""
+    from llmaudit.analyze.metrics import _percentile
+
+    def written_out(values, confidence):  # the formula metrics.py used before it shared the common one
+        values = np.asarray(values, dtype=np.float64)
+        values = values[np.isfinite(values)]
+        if values.size == 0:
+            return {"low": float("nan"), "high": float("nan")}
+        lo, hi = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
+        return {"low": float(lo), "high": float(hi)}
+
+    rng = np.random.default_rng(0)
+    cases = [rng.normal(size=n) for n in (1, 2, 7, 1000)]
+    cases += [np.array([np.nan, 1.0, np.inf, 3.0, -np.inf, 2.0]), np.array([np.nan, np.nan]), np.array([])]
+    for values in cases:
+        for confidence in (0.5, 0.9, 0.95, 0.999):
+            got, want = _percentile(values, confidence), written_out(values, confidence)
+            np.testing.assert_array_equal([got["low"], got["high"]], [want["low"], want["high"]])

@@ -326,21 +326,14 @@ def test_two_runs_each_with_its_training_file(tmp_path, model_cfg, records):
 
 def test_adapter_of_another_base_is_refused(tmp_path, lora_run, model_cfg):
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
     from llmaudit.models.loading import load_tokenizer
+    from tests.tiny_models import tiny_causal_lm
 
     tok = load_tokenizer(model_cfg)
-    other = AutoModelForCausalLM.from_config(
-        Qwen2Config(
-            vocab_size=len(tok),
-            hidden_size=48,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    other = tiny_causal_lm(
+        "qwen2", vocab_size=len(tok), hidden_size=48, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1
+    ).train()
     adapter = get_peft_model(other, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
     adapter.save_pretrained(str(tmp_path / "wrong" / "checkpoint-5"))
     out = tmp_path / "audit"
@@ -498,7 +491,7 @@ def test_checkpoint_discovery_rules(tmp_path):
 
 def test_draw_is_deterministic_caps_and_splits_the_heldout(records):
     from llmaudit.data.formats import row_to_record
-    from llmaudit.ingest.build import _draw
+    from llmaudit.ingest.draw import draw_pool as _draw
 
     as_records = [row_to_record(r, f"f:{i}") for i, r in enumerate(as_messages(records))]
     train_sets = [as_records[:12], as_records[6:18]]
@@ -516,3 +509,13 @@ def test_draw_is_deterministic_caps_and_splits_the_heldout(records):
 
     with pytest.raises(ImportInputError, match="at least 4"):
         _draw(train_sets, heldout[:3], None, None, seed=0)
+
+
+def test_an_unknown_attack_in_the_overrides_is_refused_before_the_store_is_written(tmp_path, lora_run):
+    out = tmp_path / "audit"
+    args = import_args(
+        lora_run["dir"], lora_run["train"], lora_run["heldout"], out, "attack.attacks=[loss,lira_ofline]"
+    )
+    code, _, err = run_cli(args)
+    refused(code, err, "unknown attack 'lira_ofline' (did you mean 'lira_offline'?)", "attack.attacks")
+    assert not out.exists()

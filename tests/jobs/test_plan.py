@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from llmaudit.analyze.attacks.registry import resolve_attacks
 from llmaudit.common.io import read_json
 from llmaudit.finetune.runs import finetune
 from llmaudit.jobs.plan import format_plan, make_plan
@@ -47,7 +48,9 @@ def test_plan_counts_match_the_work_done(tiny_cfg):
     assert f"KL: {work['divergence_positions']:,} positions compared" in text
     # the report is priced from the analysis measured here, at the recipe's runs and attacks (analyze.cost)
     analysis = plan["analysis"]
-    assert analysis["runs"] == tiny_cfg.train.runs and tuple(analysis["attacks"]) == tuple(tiny_cfg.attack.attacks)
+    assert analysis["runs"] == tiny_cfg.train.runs and tuple(analysis["attacks"]) == resolve_attacks(
+        tiny_cfg.attack.attacks
+    )
     assert "report: the analysis measured on this CPU" in text
     json.dumps(plan)  # --json is plain JSON
 

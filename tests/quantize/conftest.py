@@ -9,33 +9,15 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from tests.tiny_models import tiny_causal_lm
+
 VOCAB = 512
 INIT_RANGE = 0.1  # peakier next-token distributions than the default 0.02, so quantization visibly moves the losses
 TEXT_WORDS = 500  # word ids w0..w499; 500 = [UNK], 501 = [PAD]
 
 
-def tiny_config(arch: str):
-    common = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-        initializer_range=INIT_RANGE,
-    )
-    if arch == "qwen2":
-        return transformers.Qwen2Config(**common)
-    if arch == "llama":
-        return transformers.LlamaConfig(**common)
-    raise ValueError(arch)
-
-
 def build_tiny(arch: str, seed: int = 0) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    cls = transformers.Qwen2ForCausalLM if arch == "qwen2" else transformers.LlamaForCausalLM
-    return cls(tiny_config(arch)).eval()
+    return tiny_causal_lm(arch, seed=seed, vocab_size=VOCAB, initializer_range=INIT_RANGE)
 
 
 def build_lora_merged(seed: int = 0) -> transformers.PreTrainedModel:

@@ -9,6 +9,7 @@ import torch
 
 from llmaudit.quantize import QuantizationError, get_quantizer
 from llmaudit.quantize.base import library_available, target_modules
+from tests.tiny_models import tiny_causal_lm
 
 from .conftest import INIT_RANGE, VOCAB, build_tiny, per_sample_loss
 
@@ -19,14 +20,9 @@ pytestmark = pytest.mark.skipif(
 
 def awq_sized() -> torch.nn.Module:
     """A tiny Qwen2 whose every layer has a multiple of 64 outputs (AWQ's clipping search works in rows of 64)."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, max_position_embeddings=128, initializer_range=INIT_RANGE,
-    )  # fmt: skip
-    return transformers.Qwen2ForCausalLM(config).eval()
+    return tiny_causal_lm(
+        "qwen2", hidden_size=128, intermediate_size=256, vocab_size=VOCAB, initializer_range=INIT_RANGE
+    )
 
 
 def test_output_widths_awq_cannot_search_are_refused_before_any_work():

@@ -23,6 +23,7 @@ import transformers
 
 from llmaudit.quantize import QuantizationError, get_quantizer
 from llmaudit.quantize.gguf_backend import GGUF_NAMES
+from tests.tiny_models import tiny_causal_lm
 
 REQUIRED = os.environ.get("LLMAUDIT_LLAMA_CPP_REQUIRED") == "1"
 
@@ -65,18 +66,15 @@ def tiny(arch: str) -> transformers.PreTrainedModel:
     """Llama: widths that are multiples of 256 (the k-quant block), 4 layers (the mixes depend on the layer: Q4_K_M
     raises layers 2 and 3), GQA 4, tied embeddings (as SmolLM2). Qwen2: hidden 192, not a multiple of 256 (llama.cpp
     falls back to 32-blocks there), biases, an untied head."""
-    torch.manual_seed(7)
     if arch == "llama":
-        config = transformers.LlamaConfig(
-            hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=1, vocab_size=512, max_position_embeddings=256, tie_word_embeddings=True,
+        return tiny_causal_lm(
+            "llama", seed=7, hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_key_value_heads=1,
+            max_position_embeddings=256, tie_word_embeddings=True,
         )  # fmt: skip
-        return transformers.LlamaForCausalLM(config).eval()
-    config = transformers.Qwen2Config(
-        hidden_size=192, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=512, max_position_embeddings=256, tie_word_embeddings=False,
+    return tiny_causal_lm(
+        "qwen2", seed=7, hidden_size=192, intermediate_size=256, num_hidden_layers=4, max_position_embeddings=256,
+        tie_word_embeddings=False,
     )  # fmt: skip
-    return transformers.Qwen2ForCausalLM(config).eval()
 
 
 def read_gguf(path: Path) -> dict[str, tuple[str, int, np.ndarray]]:

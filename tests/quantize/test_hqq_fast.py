@@ -11,7 +11,7 @@ import inspect
 import pytest
 import torch
 
-from llmaudit.quantize import get_quantizer, hqq_fast
+from llmaudit.quantize import get_quantizer, hqq_fast, torch_replay
 from llmaudit.quantize.base import QuantizationError
 
 from .conftest import build_lora_merged, per_sample_loss
@@ -128,7 +128,7 @@ def test_pow_like_full_tensor_equals_the_full_call_at_every_position(numel, thre
     g = torch.Generator().manual_seed(numel)
     x = torch.rand(numel, generator=g) * 2.0
     candidates = torch.rand(4096, generator=g) * 2.0
-    differing = candidates[candidates.pow(EXPONENT) != hqq_fast._pow_scalar_loop(candidates, EXPONENT)]
+    differing = candidates[candidates.pow(EXPONENT) != torch_replay._pow_scalar_loop(candidates, EXPONENT)]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -142,10 +142,10 @@ def test_pow_like_full_tensor_equals_the_full_call_at_every_position(numel, thre
         everywhere = torch.arange(numel)  # beyond threads x grain: the vectorized loop in multi-thread pieces
         assert torch.equal(hqq_fast.pow_like_full_tensor(x, everywhere, numel, EXPONENT, full=x), full)
         if differing.numel():  # this CPU's vectorized pow differs from std::pow: the split must be known ...
-            assert hqq_fast._pow_block(EXPONENT, threads) is not None
+            assert torch_replay._pow_block(EXPONENT, threads) is not None
             # ... and both loops were needed
-            assert (ours != hqq_fast._pow_scalar_loop(x[index], EXPONENT)).any()
-            assert (ours != hqq_fast._pow_vector_loop(x[index], EXPONENT, 32)).any()
+            assert (ours != torch_replay._pow_scalar_loop(x[index], EXPONENT)).any()
+            assert (ours != torch_replay._pow_vector_loop(x[index], EXPONENT, 32)).any()
     finally:
         torch.set_num_threads(before)
 
@@ -169,7 +169,7 @@ def test_tensor_mean_equals_torchs_mean_at_that_thread_count(threads):
         finally:
             torch.set_num_threads(before)
         assert hqq_fast.tensor_mean(x, threads) == expected, numel
-    assert hqq_fast._mean_by_ranges_holds(threads)
+    assert torch_replay._mean_by_ranges_holds(threads)
     assert order_shows == (threads > 1)
 
 
@@ -206,7 +206,7 @@ def test_chunked_steps_and_dropped_fixed_rows_change_nothing(compact, monkeypatc
 
 def test_unverified_pow_split_falls_back_to_the_full_call(monkeypatch):
     """Where torch's split cannot be read off, the whole tensor's power is computed as hqq does: still exact."""
-    monkeypatch.setattr(hqq_fast, "_pow_block", lambda exponent, threads: None)
+    monkeypatch.setattr(torch_replay, "_pow_block", lambda exponent, threads: None)
     weight, group_size = MATRICES["large"]
     ours = hqq_fast.fake_quantize(weight, 2, group_size, 1, True)
     assert torch.equal(ours, hqq_linear(weight, 2, group_size, 1, True).dequantize())

@@ -4,8 +4,9 @@ included), and the report's strongest-attack-versus-LOSS line."""
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.report.cells import to_markdown
 from llmaudit.report.grid import strongest_vs_loss
+from llmaudit.report.models import GridRow
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, release_checklist
-from llmaudit.report.view import _skipped_bullets, _strongest_table
+from llmaudit.report.view_attacks import _skipped_bullets, _strongest_table
 
 THRESHOLDS = {"max_tpr_at_1pct_fpr": 0.05, "min_r_q": 0.0, "max_utility_loss": 0.1, "min_runs": 5}
 
@@ -69,7 +70,7 @@ def test_strongest_attack_and_its_gain_over_loss():
     assert vs["tpr_at_1pct_calibrated"]["gain"] == 0.223 - 0.067 and vs["tpr_at_1pct_calibrated"]["reliable"]
     assert vs["auroc"] == {"attack": "rmia_online", "value": 0.977, "loss": 0.745, "gain": 0.977 - 0.745}
     assert strongest_vs_loss({"wbc": attacks["wbc"]}) is None  # no LOSS to compare with
-    table = _strongest_table([{"quantizer": "fp32", "strongest_vs_loss": vs}])
+    table = _strongest_table([GridRow.model_validate({"quantizer": "fp32", "strongest_vs_loss": vs})])
     assert [c.text for c in table.rows[0]] == [
         "fp32", "ez_mia", "0.223", "0.067", "+0.156", "rmia_online", "0.977", "0.745", "+0.232",
     ]  # fmt: skip
@@ -81,7 +82,7 @@ def test_skipped_attacks_are_listed_once_per_reason():
         {"quantizer": q, "skipped_attacks": {"ez_mia": why, "ez_mia_bottom": why} | extra}
         for q, extra in (("fp32", {"wbc_qbase": "no matched base"}), ("hqq-4", {}))
     ]
-    bullets = [to_markdown(b) for b in _skipped_bullets(grid)]
+    bullets = [to_markdown(b) for b in _skipped_bullets([GridRow.model_validate(r) for r in grid])]
     assert len(bullets) == 2
     assert (
         "skipped `ez_mia`, `ez_mia_bottom` on `fp32`, `hqq-4`: EZ-MIA not measurable: table predates top-1" in bullets

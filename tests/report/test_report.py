@@ -23,7 +23,7 @@ from llmaudit.analyze.decision.models import (
     QuantizerDecision,
     StrongestAttack,
 )
-from llmaudit.analyze.experiment import analyze
+from llmaudit.analyze.store_analysis import analyze
 from llmaudit.common.io import atomic_write_json, to_strict_json
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.pool import membership_masks
@@ -463,7 +463,7 @@ def test_markdown_is_compact_and_keeps_per_run_detail_in_json_only(experiment):
 def test_indicator_lines_carry_the_registry_status_and_the_damage_caveat(experiment):
     """Each indicator's status and its beyond-damage answer come from the shipped registry; the summary warns
     when the primary indicator did not track the attacks beyond damage on the validation grid."""
-    from llmaudit.analyze.indicators import validation_of
+    from llmaudit.analyze.candidates import validation_of
     from llmaudit.report.view import DAMAGE_CAVEAT
 
     report = json.loads(experiment["outputs"]["json"])

@@ -24,6 +24,8 @@ def fake_report(monkeypatch, tmp_path):
     monkeypatch.setattr(write, "build_report", lambda result, **kw: {"v": state["version"]})
     monkeypatch.setattr(write, "render_all", lambda report: {"roc": state["version"].encode()})
     monkeypatch.setattr(write, "validate_report", lambda report: None)
+    monkeypatch.setattr(write, "read_built", lambda report: report)
+    monkeypatch.setattr(write, "dump_report", lambda report: report)
     monkeypatch.setattr(write, "render_markdown", lambda report: f"md {state['version']}")
     monkeypatch.setattr(write, "render_html", lambda report, figures: f"html {state['version']}")
     monkeypatch.setattr(write, "render_model_card", lambda report, quantizer=None: state["card"](report, quantizer))

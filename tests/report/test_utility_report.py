@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmaudit.analyze.experiment import analyze
+from llmaudit.analyze.store_analysis import analyze
 from llmaudit.common.formatting import fmt_sig
 from llmaudit.config import ExperimentConfig
 from llmaudit.report.build import build_report
+from llmaudit.report.models import Checklist, ReportJson, Thresholds
 from llmaudit.report.plots import privacy_utility
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, release_checklist
 from llmaudit.report.schema import validate_report
@@ -150,7 +151,8 @@ def test_pareto_front_and_kl_groups_by_hand():
 
 
 def test_the_figure_needs_two_quantizers_with_both_numbers():
-    report = {"grid": [], "checklist": {"thresholds": {}}}
+    thresholds = Thresholds.model_construct()
+    report = ReportJson.model_construct(grid=[], checklist=Checklist.model_construct(thresholds=thresholds))
     assert privacy_utility(report) is None
 
 

@@ -17,6 +17,7 @@ from llmaudit.score.divergence import (
     scored_counts,
 )
 from llmaudit.score.engine import score_examples
+from tests.tiny_models import tiny_causal_lm
 
 
 @torch.no_grad()
@@ -155,20 +156,17 @@ def test_merge_of_hand_written_tile_statistics():
 
 
 def _tiny_model():
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
+    return tiny_causal_lm(
+        "qwen2",
         vocab_size=256,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
+        max_position_embeddings=32768,
         initializer_range=0.1,
         tie_word_embeddings=False,
     )
-    return transformers.Qwen2ForCausalLM(config).eval()
 
 
 def _examples(n=7, seed=0):

@@ -21,29 +21,17 @@ from llmaudit.score.engine import (
     score_examples,
     weights_digest,
 )
+from tests.tiny_models import tiny_causal_lm
 
 VOCAB = 512
 PAD_ID = 0
 
 
 def _tiny_model(kind: str):
-    import transformers
 
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.1,
-        tie_word_embeddings=False,
+    return tiny_causal_lm(
+        kind, vocab_size=VOCAB, max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=False
     )
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(**common) if kind == "qwen2" else transformers.LlamaConfig(**common)
-    cls = transformers.Qwen2ForCausalLM if kind == "qwen2" else transformers.LlamaForCausalLM
-    return cls(config).eval()
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])

@@ -14,26 +14,23 @@ from llmaudit.score.generate import (
     prompt_and_response,
     stop_token_ids,
 )
+from tests.tiny_models import tiny_causal_lm
 
 VOCAB = 96
 
 
 def _tiny_model(seed=0):
-    import transformers
-
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
+    return tiny_causal_lm(
+        "llama",
+        seed=seed,
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=128,
         initializer_range=0.3,  # peaked next-token distributions: argmax ties are impossible in float32
         tie_word_embeddings=False,
     )
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 @torch.inference_mode()

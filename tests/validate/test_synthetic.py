@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import rankdata
 
-from llmaudit.analyze.indicator import r_q
+from llmaudit.analyze.rq import r_q
 from llmaudit.common.stats import spearman_rho as spearman
 from llmaudit.validate.synthetic.classifier import (
     init_linear,
@@ -21,13 +21,20 @@ from llmaudit.validate.synthetic.classifier import (
 )
 from llmaudit.validate.synthetic.config import QUANTIZER_NAMES, VARIANT_NAMES, SyntheticConfigError, load_config
 from llmaudit.validate.synthetic.data import derive_seed, make_dataset, make_mixture, sample_mixture
-from llmaudit.validate.synthetic.estimators import r_q_all_variants, r_q_batched, r_q_batched_details, r_q_from_points
+from llmaudit.validate.synthetic.estimators import (
+    VariantInputs,
+    r_q_all_variants,
+    r_q_batched,
+    r_q_batched_details,
+    r_q_from_points,
+)
 from llmaudit.validate.synthetic.mis import (
+    DiscriminatorSettings,
     _train_discriminators_autograd,
     split_runs,
-    train_discriminator_reference,
     train_discriminators,
 )
+from llmaudit.validate.synthetic.mis_reference import train_discriminator_reference
 from llmaudit.validate.synthetic.outputs import validate_synthetic_command
 from llmaudit.validate.synthetic.protocol import spearman_rows
 
@@ -141,7 +148,8 @@ def _mis_of(loss_fn, R=40, n=64, d=8, seed=0):
         }
     ]
     tr, te = split_runs(R, 0.8, torch.Generator().manual_seed(1))
-    out = train_discriminators(feats, tr, te, hidden=32, epochs=5, lr=3e-3, batch_size=128, dtype="float32", seed=0)
+    settings = DiscriminatorSettings(hidden=32, epochs=5, lr=3e-3, batch_size=128, dtype="float32", seed=0)
+    out = train_discriminators(feats, tr, te, settings)
     return float(2 - 2 * out["correct"].mean())
 
 
@@ -240,20 +248,18 @@ def test_batched_discriminators_match_one_at_a_time_reference():
     Q, hidden = 3, 16
     feats = _disc_feats(Q)
     tr, te = split_runs(20, 0.8, torch.Generator().manual_seed(1))
-    kw = dict(hidden=hidden, epochs=3, lr=3e-3, batch_size=32, dtype="float32", seed=0)
-    out = train_discriminators(feats, tr, te, return_state=True, **kw)
+    settings = DiscriminatorSettings(hidden=hidden, epochs=3, lr=3e-3, batch_size=32, dtype="float32", seed=0)
+    out = train_discriminators(feats, tr, te, settings, return_state=True)
     assert (out["params"]["w_th"] - out["init"]["w_th"]).abs().max() > 1e-3  # it actually trained
     for q in range(Q):
-        ref = train_discriminator_reference(
-            out["prepared"], q, out["init"], out["perms"], tr, te, hidden=hidden, lr=3e-3, batch_size=32
-        )
+        ref = train_discriminator_reference(out["prepared"], q, out["init"], out["perms"], tr, te, settings)
         for k, want in ref["params"].items():
             got = out["params"][k][:, q * hidden : (q + 1) * hidden] if k == "w_xy" else out["params"][k][q]
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"quantizer {q} parameter {k}")
         np.testing.assert_allclose(out["correct"][q], ref["correct"])
         assert out["train_acc"][q] == pytest.approx(ref["train_acc"])
     # the previous autograd implementation (stacked parameters, torch.optim.Adam) gives the same result
-    old = _train_discriminators_autograd(feats, tr, te, **kw)
+    old = _train_discriminators_autograd(feats, tr, te, settings)
     np.testing.assert_allclose(out["correct"], old["correct"])
     np.testing.assert_allclose(out["train_acc"], old["train_acc"])
 
@@ -284,9 +290,8 @@ def test_r_q_all_variants_equals_separate_estimates():
     )
     ep, cs = slice(1, None), slice(3, None)
     for q in ("sign", "ternary-50", "uniform-3"):
-        est, pts = r_q_all_variants(
-            q, tw, tb, data["x_val"], data["y_val"], data["x_train"], data["y_train"], pert, cfg, list(VARIANT_NAMES)
-        )
+        inputs = VariantInputs(data["x_val"], data["y_val"], data["x_train"], data["y_train"], pert)
+        est, pts = r_q_all_variants(q, tw, tb, inputs, cfg, list(VARIANT_NAMES))
         args = dict(quantize_bias=True, ddof=1)
         want = {
             "published": r_q_from_points(q, tw[ep], tb[ep], data["x_val"], data["y_val"], **args),

@@ -1,3 +1,3 @@
 """From loss tables to numbers: the indicator r_Q, the attacks and their evaluation, memorization,
-utility. Formulas are pure functions; `experiment.analyze` is the one orchestrator.
+utility. Formulas are pure functions; `store_analysis.analyze` is the one orchestrator.
 """

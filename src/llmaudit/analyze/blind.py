@@ -118,32 +118,47 @@ def blind_baseline(
             ),
             **common,
         )
-    from sklearn.model_selection import StratifiedKFold
-
-    oof = np.full(labels.size, np.nan)
     try:
-        for train_idx, test_idx in StratifiedKFold(k, shuffle=True, random_state=seed).split(texts, labels):
-            model = _pipeline(seed).fit(list(texts[train_idx]), labels[train_idx])
-            oof[test_idx] = model.predict_proba(list(texts[test_idx]))[:, 1]
+        oof = _out_of_fold(texts, labels, k, seed)
     except ValueError as exc:  # e.g. an empty vocabulary: texts without words or 3 characters
         return _result(n_in, n_out, folds=k, reason=f"the classifier could not be fit ({exc})", **common)
     scores_in, scores_out = oof[labels], oof[~labels]
     auroc = _auroc(scores_in, scores_out)
-    low = high = None
-    if n_boot > 0:
-        rng = np.random.default_rng(seed)
-        boots = np.array(
-            [
-                _auroc(
-                    scores_in[rng.integers(0, n_in, n_in)],
-                    scores_out[rng.integers(0, n_out, n_out)],
-                )
-                for _ in range(n_boot)
-            ]
-        )
-        low, high = (float(v) for v in np.quantile(boots, [(1 - confidence) / 2, (1 + confidence) / 2]))
+    low, high = _bootstrap_interval(scores_in, scores_out, n_boot=n_boot, confidence=confidence, seed=seed)
     excludes = None if low is None else bool(low > CHANCE or high < CHANCE)
     return _result(n_in, n_out, folds=k, auroc=auroc, ci_low=low, ci_high=high, excludes_chance=excludes, **common)
+
+
+def _out_of_fold(texts: np.ndarray, labels: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Out-of-fold member probabilities [n] of the text-only classifier, stratified k-fold (shuffled with `seed`)."""
+    from sklearn.model_selection import StratifiedKFold
+
+    oof = np.full(labels.size, np.nan)
+    for train_idx, test_idx in StratifiedKFold(k, shuffle=True, random_state=seed).split(texts, labels):
+        model = _pipeline(seed).fit(list(texts[train_idx]), labels[train_idx])
+        oof[test_idx] = model.predict_proba(list(texts[test_idx]))[:, 1]
+    return oof
+
+
+def _bootstrap_interval(
+    scores_in: np.ndarray, scores_out: np.ndarray, *, n_boot: int, confidence: float, seed: int
+) -> tuple[float | None, float | None]:
+    """Percentile bootstrap interval of the AUROC, each class resampled; (None, None) when n_boot = 0."""
+    if n_boot <= 0:
+        return None, None
+    n_in, n_out = scores_in.size, scores_out.size
+    rng = np.random.default_rng(seed)
+    boots = np.array(
+        [
+            _auroc(
+                scores_in[rng.integers(0, n_in, n_in)],
+                scores_out[rng.integers(0, n_out, n_out)],
+            )
+            for _ in range(n_boot)
+        ]
+    )
+    low, high = (float(v) for v in np.quantile(boots, [(1 - confidence) / 2, (1 + confidence) / 2]))
+    return low, high
 
 
 def blind_baseline_for_pool(
@@ -175,17 +190,8 @@ def blind_baseline_for_pool(
         per_run.append({"run": run, **result, "subsampled": bool(chosen.size < row.size)})
     measured = [r for r in per_run if r["auroc"] is not None]
     excluding = [r["run"] for r in measured if r["excludes_chance"]]
-    above = [r for r in measured if r["excludes_chance"] and r["ci_low"] > CHANCE]
     mean = float(np.mean([r["auroc"] for r in measured])) if measured else None
-    warning = None
-    if above:
-        worst = max(above, key=lambda r: r["auroc"])
-        warning = (
-            f"the texts alone tell members from non-members (blind AUROC {worst['auroc']:.3f} "
-            f"[{worst['ci_low']:.3f}, {worst['ci_high']:.3f}] for run {worst['run']}; interval above 0.5 in "
-            f"{len(above)} of {len(measured)} run(s)): an attack whose AUROC does not clearly exceed it shows "
-            "a distribution shift between the files, not leakage (docs/science.md section 9)"
-        )
+    warning = _shift_warning(measured)
     return {
         "runs": int(masks.shape[0]),
         "per_run": per_run,
@@ -200,6 +206,20 @@ def blind_baseline_for_pool(
         "note": RANDOM_SPLIT_NOTE if masks.shape[0] > 1 else None,
         "reason": None if measured else (per_run[0]["reason"] if per_run else "no runs"),
     }
+
+
+def _shift_warning(measured: list[dict[str, Any]]) -> str | None:
+    """The warning of `blind_baseline_for_pool` when some run's interval lies above chance, else None."""
+    above = [r for r in measured if r["excludes_chance"] and r["ci_low"] > CHANCE]
+    if not above:
+        return None
+    worst = max(above, key=lambda r: r["auroc"])
+    return (
+        f"the texts alone tell members from non-members (blind AUROC {worst['auroc']:.3f} "
+        f"[{worst['ci_low']:.3f}, {worst['ci_high']:.3f}] for run {worst['run']}; interval above 0.5 in "
+        f"{len(above)} of {len(measured)} run(s)): an attack whose AUROC does not clearly exceed it shows "
+        "a distribution shift between the files, not leakage (docs/science.md section 9)"
+    )
 
 
 def _cap_per_class(labels: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:

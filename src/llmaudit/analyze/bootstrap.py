@@ -226,3 +226,14 @@ BOOTSTRAP_ENGINES = {"auto": auto_bootstrap_stats, "sorted": sorted_bootstrap_st
 """How `bootstrap_ci` computes each resample's statistics: "sorted" (one sort, cumulative sums over the sorted
 rows), "groups" (the landed path: weights of the distinct-score groups), "auto" (the default: "groups" where the
 scores take few distinct values, else "sorted"). All draw the same resamples and give the same numbers."""
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """How `bootstrap_ci` resamples. stratified (default: True without groups, False with them) keeps the numbers
+    of members and non-members fixed in every resample. engine: how each resample is computed
+    (`BOOTSTRAP_ENGINES`: "sorted", one sort and cumulative sums; "groups", the landed path; "auto", the faster
+    for these scores); all draw the same resamples and give the same numbers (average precision to rounding)."""
+
+    stratified: bool | None = None
+    engine: str = "auto"

@@ -12,39 +12,39 @@ The summed mem_U over a data set is a lower bound on what the target holds about
 reference that explains x less well than the target's own generalisation would raise it.
 
 The math is pure functions (`sequence_bits`, `mem_u_bits`, `membership_f1_sigmoid_law`); the table
-functions only select and join rows; `memorization_command` is the one place that touches the disk.
+functions only select and join rows (the reference model's rows: `llmaudit.analyze.memorization_reference`);
+`llmaudit.commands.memorization.memorization_command` is the one place that touches the disk.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from llmaudit.analyze.memorization_reference import (
+    HOW_TO_SCORE,
+    MemorizationError,
+    Reference,
+    parse_reference,
+    select_reference_rows,
+)
 from llmaudit.common.errors import UserError
 from llmaudit.common.stats import bootstrap_mean_interval
-from llmaudit.quantize.full import full_precision_reference
-from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table, validate_loss_table
+from llmaudit.store.losstable import REFERENCE_RUN, validate_loss_table
 
 LN2 = math.log(2.0)
 
 DEFAULT_BITS_PER_PARAM = 3.6
 """Capacity of GPT-style transformers measured by Morris et al. (3.51 in bf16, 3.83 in fp32)."""
 
-Reference = str | Mapping[str, Any] | pd.DataFrame
-
 DEFINITION = (
     "mem_U(x) = H(x | ref) - H(x | ref, target), H(x | ref, target) = -log2 max(p(x | target), "
     "p(x | ref)); H of the whole scored sequence in bits (Morris et al. 2025)."
 )
-
-
-class MemorizationError(LossTableError):
-    """The loss table cannot give the memorization view (for example: no reference rows)."""
 
 
 def sequence_bits(token_losses: Iterable[float] | np.ndarray) -> float:
@@ -109,99 +109,11 @@ def interval_over_runs(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0,
     return out
 
 
-_HOW_TO_SCORE = (
-    "Score the reference model once on every sample the runs were scored on (pool and val) and add "
-    f"those rows with run={REFERENCE_RUN}, checkpoint=0, quantizer='fp32' (the base model before "
-    "fine-tuning), or name another model's rows with reference={'run': R, 'quantizer': Q} "
-    "(command line: --reference run=R,quantizer=Q), or pass a separate loss table scored by the "
-    "reference model (--reference PATH.parquet)."
-)
-
-
-def parse_reference(text: str) -> Reference:
-    """Command-line form of a reference: "base", "run=R,quantizer=Q[,checkpoint=C]" or a parquet path."""
-    text = text.strip()
-    if text == "base":
-        return "base"
-    if "=" in text:
-        spec: dict[str, Any] = {}
-        for part in text.split(","):
-            key, sep, value = part.partition("=")
-            key, value = key.strip(), value.strip()
-            if not sep or key not in ("run", "quantizer", "checkpoint"):
-                raise UserError(
-                    f"reference {text!r}: cannot read {part!r}; use base, "
-                    "run=R,quantizer=Q[,checkpoint=C], or the path of a parquet loss table."
-                )
-            spec[key] = value if key == "quantizer" else int(value)
-        return spec
-    path = Path(text)
-    if not path.exists():
-        raise UserError(
-            f"reference {text!r} is neither 'base', nor run=R,quantizer=Q[,checkpoint=C], nor an "
-            "existing parquet loss table."
-        )
-    return read_loss_table(path)
-
-
-def _single_model(rows: pd.DataFrame, what: str) -> pd.DataFrame:
-    """Rows of exactly one (run, quantizer, checkpoint); the final checkpoint if several."""
-    quantizers = sorted(rows["quantizer"].unique())
-    if len(quantizers) > 1:
-        full = full_precision_reference(quantizers)
-        if full is None:
-            raise MemorizationError(
-                f"{what} holds rows under several quantizers {quantizers}; name one with "
-                "reference={'run': R, 'quantizer': Q} (--reference run=R,quantizer=Q)."
-            )
-        rows = rows[rows["quantizer"] == full]
-    runs = sorted(rows["run"].unique())
-    if len(runs) > 1:
-        raise MemorizationError(f"{what} holds rows of several runs {runs}; a reference is one model: keep one run.")
-    return rows[rows["checkpoint"] == rows["checkpoint"].max()]
-
-
 def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Pick the reference model's rows.
+    """Pick the reference model's rows (`select_reference_rows`).
 
     Returns (rows indexed by sample_id with columns h_ref_bits and ref_n_tokens, description)."""
-    if isinstance(reference, pd.DataFrame):
-        rows = validate_loss_table(reference, source="reference loss table")
-        rows = _single_model(rows, "the reference loss table")
-        kind = "loss table"
-    elif isinstance(reference, str):
-        if reference != "base":
-            raise UserError(
-                f"reference={reference!r}: use 'base', a mapping {{'run', 'quantizer'[, 'checkpoint']}} "
-                "or a DataFrame of the reference model's rows."
-            )
-        rows = df[df["run"] == REFERENCE_RUN]
-        if rows.empty:
-            raise MemorizationError(
-                f"the loss table has no reference rows (run == {REFERENCE_RUN}, the base model before "
-                f"fine-tuning), which the memorization view needs. {_HOW_TO_SCORE}"
-            )
-        rows = _single_model(rows, f"the base model's rows (run == {REFERENCE_RUN})")
-        kind = "base"
-    elif isinstance(reference, Mapping):
-        unknown = set(reference) - {"run", "quantizer", "checkpoint"}
-        if unknown or "run" not in reference or "quantizer" not in reference:
-            raise UserError(
-                f"reference={dict(reference)!r}: needs keys 'run' and 'quantizer' (and optionally "
-                "'checkpoint'); nothing else."
-            )
-        run, quantizer = int(reference["run"]), str(reference["quantizer"])
-        rows = df[(df["run"] == run) & (df["quantizer"] == quantizer)]
-        if "checkpoint" in reference:
-            rows = rows[rows["checkpoint"] == int(reference["checkpoint"])]
-        if rows.empty:
-            raise MemorizationError(
-                f"no rows for the named reference {dict(reference)!r} in the loss table. {_HOW_TO_SCORE}"
-            )
-        rows = rows[rows["checkpoint"] == rows["checkpoint"].max()]
-        kind = "named"
-    else:
-        raise TypeError(f"reference must be 'base', a mapping or a DataFrame; got {type(reference).__name__}.")
+    rows, kind = select_reference_rows(df, reference)
     description = {
         "kind": kind,
         "run": int(rows["run"].iloc[0]),
@@ -266,7 +178,7 @@ def per_sample_memorization(
         raise MemorizationError(
             f"the reference ({description['kind']}: run={description['run']}, quantizer="
             f"{description['quantizer']!r}) was scored on {len(ref)} samples but {len(missing)} scored "
-            f"sample(s) have no reference loss, e.g. {missing[:5]}. {_HOW_TO_SCORE}"
+            f"sample(s) have no reference loss, e.g. {missing[:5]}. {HOW_TO_SCORE}"
         )
     columns = ["run", "checkpoint", "quantizer", "sample_id", "split", "member", "n_tokens"]
     out = targets[columns].reset_index(drop=True)
@@ -523,3 +435,25 @@ def parse_scaling_law(text: str) -> dict[str, Any]:
         key, value = key.strip(), value.strip()
         law[key] = value if key == "dataset_size" else float(value)
     return law
+
+
+__all__ = [
+    "AGGREGATED_METRICS",
+    "DEFAULT_BITS_PER_PARAM",
+    "DEFINITION",
+    "LN2",
+    "MemorizationError",
+    "Reference",
+    "capacity_view",
+    "final_checkpoint_rows",
+    "interval_over_runs",
+    "mem_u_bits",
+    "membership_f1_sigmoid_law",
+    "memorization_from_table",
+    "parse_reference",
+    "parse_scaling_law",
+    "per_sample_memorization",
+    "resolve_reference",
+    "sequence_bits",
+    "sequences_bits",
+]

@@ -28,7 +28,8 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-from llmaudit.analyze.bootstrap import BOOTSTRAP_ENGINES, FPR_TOL, fpr_key, resample_counts
+from llmaudit.analyze.bootstrap import BOOTSTRAP_ENGINES, FPR_TOL, Resampling, fpr_key, resample_counts
+from llmaudit.common.stats import percentile_interval
 
 DEFAULT_FPRS: tuple[float, ...] = (0.2, 0.15, 0.1, 0.05, 0.03, 0.01, 0.001)
 
@@ -113,12 +114,9 @@ def roc_curve_loglog(scores, labels, grid: np.ndarray = _CURVE_GRID) -> dict:
 
 
 def _percentile(values: np.ndarray, confidence: float) -> dict:
-    values = np.asarray(values, dtype=np.float64)
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return {"low": float("nan"), "high": float("nan")}
-    lo, hi = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"low": float(lo), "high": float(hi)}
+    """`percentile_interval` of the finite resampled statistics as {"low", "high"} (nan, nan when none)."""
+    low, high = percentile_interval(values, confidence)
+    return {"low": low, "high": high}
 
 
 def _resampling_units(
@@ -157,20 +155,18 @@ def bootstrap_ci(
     confidence: float = 0.95,
     seed: int = 0,
     groups=None,
-    stratified: bool | None = None,
-    engine: str = "auto",
+    resampling: Resampling = Resampling(),
 ) -> dict:
     """Percentile bootstrap CIs of AUROC, average precision and TPR at each FPR.
 
     scores, labels: [n]. groups: optional [n] resampling unit of each row (e.g. the sample index when
-    scores pool several models): a drawn unit brings all its rows. stratified (default: True without
-    groups, False with them) keeps the numbers of members and non-members fixed in every resample.
-    Resamples that lose one class give NaN and are ignored. engine: how each resample is computed
-    (`BOOTSTRAP_ENGINES`: "sorted", one sort and cumulative sums; "groups", the landed path; "auto", the faster
-    for these scores); all draw the same resamples and give the same numbers (average precision to rounding).
+    scores pool several models): a drawn unit brings all its rows. resampling: whether the numbers of members
+    and non-members stay fixed in every resample and how each resample is computed (`Resampling`).
+    Resamples that lose one class give NaN and are ignored.
     Returns
     {"auroc": {"low", "high"}, "average_precision": {...}, "tpr_at_fpr": {key: {...}}, "n_boot", ...}."""
     scores, labels = _prepare(scores, labels)
+    stratified, engine = resampling.stratified, resampling.engine
     if stratified is None:
         stratified = groups is None
     unit_of_row, n_units, strata = _resampling_units(labels, groups, stratified, scores.size)

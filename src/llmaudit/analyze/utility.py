@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from llmaudit.analyze.indicator import aggregate_r_q
+from llmaudit.analyze.rq_aggregate import aggregate_r_q
 from llmaudit.store.losstable import REFERENCE_RUN
 
 

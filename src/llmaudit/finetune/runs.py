@@ -16,6 +16,7 @@ import contextlib
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from llmaudit.finetune.distributed import launched_processes, make_accelerator
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.models.layers import count_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_tokenizer
-from llmaudit.models.training import TrainState, steps_per_epoch, train_epochs
+from llmaudit.models.training import Checkpointing, TrainSettings, TrainState, steps_per_epoch, train_epochs
 from llmaudit.store.digests import DIGEST_SCOPE
 from llmaudit.store.integrity import quarantine
 from llmaudit.store.locks import claim
@@ -154,24 +155,9 @@ def _previous_digests(store: RunStore, run: int) -> dict[str, str]:
     return out
 
 
-def train_run(
-    cfg: ExperimentConfig,
-    store: RunStore,
-    run: int,
-    base: Any,
-    tok: Any,
-    device: torch.device,
-    *,
-    progress: bool = True,
-    accelerator: Any | None = None,
-) -> RunResult:
-    """Train one run (resuming from its newest checkpoint). With `accelerator` (multi-process), every process
-    calls this for the same run; they train it data parallel and only the main process writes."""
-    t0 = time.time()
-    examples = _member_examples(cfg, store, run, tok)
-    save_at = checkpoint_steps(len(examples), cfg.train.batch_size, cfg.train.epochs, cfg.train.checkpoints_per_epoch)
-    model = _lora_model(copy.deepcopy(base), cfg, run).to(device)
-    resume = _resume(store, run, model, device)
+def _saver(store: RunStore, run: int, model: Any, accelerator: Any | None) -> Callable[[TrainState, Any], None]:
+    """on_save for train_epochs: the main process writes the checkpoint (only the newest keeps the resume state)
+    and moves aside units scored from a retrained checkpoint whose weights changed; every process then waits."""
     writer = accelerator is None or accelerator.is_main_process
     previous = _previous_digests(store, run) if writer else {}
     digests: dict[int, str] = {}
@@ -190,25 +176,51 @@ def train_run(
         if accelerator is not None:
             accelerator.wait_for_everyone()  # the main process writes the checkpoint
 
-    final = train_epochs(
-        model,
-        examples,
+    return on_save
+
+
+def _train_settings(
+    cfg: ExperimentConfig, store: RunStore, run: int, pad_id: int, device: torch.device, progress: bool
+) -> TrainSettings:
+    """The run's optimisation settings: the recipe's, with the run's own batch-order seed."""
+    return TrainSettings(
         epochs=cfg.train.epochs,
         batch_size=cfg.train.batch_size,
         lr=cfg.train.lr,
         weight_decay=cfg.train.weight_decay,
         seed=int(np.random.default_rng([cfg.train.seed, run, 9]).integers(2**31)),
-        pad_id=tok.pad_token_id,
+        pad_id=pad_id,
         desc=f"run {run}",
         device=device,
-        save_at=set(save_at),
-        on_save=on_save,
-        resume=resume,
         progress=progress,
-        accelerator=accelerator,
         autocast=autocast_dtype(store.train_dtype(cfg.model.dtype, device), device),
     )
-    if writer:
+
+
+def train_run(
+    cfg: ExperimentConfig,
+    store: RunStore,
+    run: int,
+    base: Any,
+    tok: Any,
+    device: torch.device,
+    *,
+    progress: bool = True,
+    accelerator: Any | None = None,
+) -> RunResult:
+    """Train one run (resuming from its newest checkpoint). With `accelerator` (multi-process), every process
+    calls this for the same run; they train it data parallel and only the main process writes."""
+    t0 = time.time()
+    examples = _member_examples(cfg, store, run, tok)
+    save_at = checkpoint_steps(len(examples), cfg.train.batch_size, cfg.train.epochs, cfg.train.checkpoints_per_epoch)
+    model = _lora_model(copy.deepcopy(base), cfg, run).to(device)
+    resume = _resume(store, run, model, device)
+    settings = _train_settings(cfg, store, run, tok.pad_token_id, device, progress)
+    checkpoints = Checkpointing(
+        save_at=frozenset(save_at), on_save=_saver(store, run, model, accelerator), resume=resume
+    )
+    final = train_epochs(model, examples, settings, checkpoints, accelerator=accelerator)
+    if accelerator is None or accelerator.is_main_process:
         _write_done(store, run, save_at, len(examples), final, time.time() - t0, resumed=resume is not None)
     if accelerator is not None:
         accelerator.wait_for_everyone()
@@ -289,6 +301,20 @@ def finetune(
     return store
 
 
+def _parallel_base(
+    cfg: ExperimentConfig, store: RunStore, manifest: dict, device: torch.device, accelerator: Any
+) -> Any:
+    """The base model on every process (the main one first: it builds a built-in model once), parameters recorded."""
+    with accelerator.main_process_first():
+        base = load_base_model(
+            cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device)
+        )
+    if accelerator.is_main_process:
+        _record_parameters(store, manifest, base, cfg)
+    accelerator.wait_for_everyone()
+    return base
+
+
 def _finetune_data_parallel(
     cfg: ExperimentConfig, accelerator: Any, *, out: Path | None, shard: tuple[int, int] | None, progress: bool, echo
 ) -> RunStore:
@@ -318,13 +344,7 @@ def _finetune_data_parallel(
     if not todo:
         accelerator.wait_for_everyone()
         return store
-    with accelerator.main_process_first():
-        base = load_base_model(
-            cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device)
-        )
-    if main:
-        _record_parameters(store, manifest, base, cfg)
-    accelerator.wait_for_everyone()
+    base = _parallel_base(cfg, store, manifest, device, accelerator)
     for run in todo:
         with contextlib.ExitStack() as held:
             mine = held.enter_context(claim(store.lock_path("runs", f"run-{run:03d}"))) if main else None

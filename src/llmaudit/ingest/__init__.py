@@ -2,6 +2,8 @@
 
 checkpoints   the checkpoints of a training output directory (LoRA adapters or full models, safetensors only;
               the trainer's pickles are never opened), in trajectory order, and what its trainer recorded
-build         `import_training`: the checks, the pool / validation / membership draw from the user's files,
-              and the run store that references the checkpoints
+draw          the user's training and held-out files read, checked for overlap, and drawn into the pool
+              (membership) and the validation records
+build         `import_training` (an `ImportRequest`): the checks, the config, and the run store that references
+              the checkpoints
 """

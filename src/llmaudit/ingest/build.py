@@ -21,8 +21,8 @@ leaves (optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin) are never 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -37,10 +37,10 @@ from llmaudit.common.io import atomic_write_text
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
 from llmaudit.common.runtime import choose_compute_dtype, configure_threads, pick_device
 from llmaudit.config import ExperimentConfig, RecipeError, apply_overrides, config_from_dict
-from llmaudit.data.formats import read_user_records
-from llmaudit.data.records import dataset_fingerprint, record_fingerprint, record_format, records_to_jsonl
+from llmaudit.data.records import dataset_fingerprint, record_format, records_to_jsonl
 from llmaudit.data.tokenize import format_record
 from llmaudit.ingest.checkpoints import Checkpoint, ImportInputError, TrainingOutput, find_checkpoints, weight_shapes
+from llmaudit.ingest.draw import ImportData, data_block, read_import_data
 from llmaudit.ingest.quantized import check_quantized, parse_quantized, with_quantizers
 from llmaudit.models.builtin import BUILTIN_PREFIX
 from llmaudit.models.layers import count_parameters
@@ -52,13 +52,6 @@ from llmaudit.models.loading import (
     model_source,
 )
 from llmaudit.store.run_store import RunStore, StoreError, file_digest
-
-MIN_HELDOUT = 4
-
-MAX_VAL = 256
-"""Held-out records that go to validation (utility, r_Q's trajectory): half of them, at most this many; the rest
-are the pool's non-members, which a verdict at 1% FPR needs at least 1000 of (docs/science.md section 12)."""
-"""Held-out records needed: 2 for validation and 2 non-members in the pool."""
 
 SET_BY_IMPORT = {
     "name": "--name",
@@ -76,6 +69,42 @@ SET_BY_IMPORT = {
 """Config keys the import sets from its inputs: an override of them is refused (the option to use instead)."""
 
 
+@dataclass(frozen=True)
+class ImportRequest:
+    """What `llmaudit import` is asked to do: the training output directories (one per run), the base model, the
+    training file(s) (one per run, or one every run trained on), the held-out file, the output directory, and the
+    options of the command line (`--name`, `--format`, `--max-train`, `--max-heldout`, `--seed`, key=value
+    overrides, `--trust-remote-code`, `--quantized`)."""
+
+    training_dirs: Sequence[str | Path]
+    base: str
+    train_files: Sequence[str | Path]
+    heldout_file: str | Path
+    out: str | Path
+    name: str | None = None
+    record_format_option: str = "auto"
+    max_train: int | None = None
+    max_heldout: int | None = None
+    seed: int = 0
+    overrides: Sequence[str] = ()
+    trust_remote_code: bool = False
+    quantized: Sequence[str] = ()
+    attack_names: tuple[str, ...] | None = None
+    """The registered attacks, which an `attack.attacks` override must name (given by the caller that knows the
+    registry, `jobs.importing.run_import`; None: unchecked here, checked when the store is reported)."""
+
+    def resolved(self) -> ImportRequest:
+        """The request with its paths expanded (the files resolved), checked (`_check_arguments`), and one training
+        file per run (a single --train file stands for every run's)."""
+        dirs = [Path(d).expanduser() for d in self.training_dirs]
+        files = [Path(f).expanduser().resolve() for f in self.train_files]
+        _check_arguments(dirs, files, self.max_train, self.max_heldout)
+        if len(files) == 1 and len(dirs) > 1:
+            files = files * len(dirs)
+        heldout, out = Path(self.heldout_file).expanduser().resolve(), Path(self.out).expanduser()
+        return dataclasses.replace(self, training_dirs=dirs, train_files=files, heldout_file=heldout, out=out)
+
+
 @dataclass
 class ImportResult:
     """What `import_training` found and wrote."""
@@ -91,119 +120,73 @@ class ImportResult:
     parameters: dict[str, int] = field(default_factory=dict)
 
 
-def _rank(seed: int, purpose: str, sample_id: str) -> str:
-    """A deterministic pseudo-random sort key of a sample (independent of file order)."""
-    return hashlib.sha256(f"{seed}:{purpose}:{sample_id}".encode()).hexdigest()
+@dataclass(frozen=True)
+class _StoreContent:
+    """What an import writes beside its records: the manifest's data, imported and model-source sections, and the
+    parameter counts."""
+
+    data_info: dict[str, Any]
+    imported: dict[str, Any]
+    source: dict[str, Any]
+    parameters: dict[str, int]
 
 
-def import_training(
-    training_dirs: Sequence[str | Path],
-    *,
-    base: str,
-    train_files: Sequence[str | Path],
-    heldout_file: str | Path,
-    out: str | Path,
-    name: str | None = None,
-    record_format_option: str = "auto",
-    max_train: int | None = None,
-    max_heldout: int | None = None,
-    seed: int = 0,
-    overrides: Sequence[str] = (),
-    trust_remote_code: bool = False,
-    quantized: Sequence[str] = (),
-    echo: Callable[[str], Any] = print,
-) -> ImportResult:
+def import_training(request: ImportRequest, *, echo: Callable[[str], Any] = print) -> ImportResult:
     """Check the inputs and write the run store (see the module docstring). Raises a UserError (one line
     naming the file or directory and the fix) before writing anything when an input cannot be used."""
-    dirs = [Path(d).expanduser() for d in training_dirs]
-    files = [Path(f).expanduser().resolve() for f in train_files]
-    heldout_path = Path(heldout_file).expanduser().resolve()
-    out = Path(out).expanduser()
-    _check_arguments(dirs, files, max_train, max_heldout)
-    if len(files) == 1 and len(dirs) > 1:
-        files = files * len(dirs)
+    request = request.resolved()
+    out, files, heldout_path = Path(request.out), list(request.train_files), Path(request.heldout_file)
 
     # 1. The training outputs: checkpoints with safetensors weights (no digest yet, no model loaded).
-    runs = [find_checkpoints(d) for d in dirs]
-    given_specs = parse_quantized(quantized, len(runs))
+    runs = [find_checkpoints(d) for d in request.training_dirs]
+    given_specs = parse_quantized(request.quantized, len(runs))
     _check_out_dir(out, runs)
     for run, output in enumerate(runs):
         echo(f"[import] run {run}: {len(output.checkpoints)} checkpoint(s) in {output.source}")
 
     # 2. The data: every file read and mapped, no record both trained on and held out.
-    train_sets, heldout, pool, val, masks, data_notes = _read_data(
-        files, heldout_path, record_format_option, max_train, max_heldout, seed
+    data = read_import_data(
+        files, heldout_path, request.record_format_option, request.max_train, request.max_heldout, request.seed
     )
-
-    cfg = _config(out, name, base, files, runs, pool, val, masks, seed, overrides, trust_remote_code)
+    cfg = _config(request, runs, data)
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
 
     # 3. The model: the tokenizer renders every record, every distinct checkpoint shape loads onto the base.
     source = model_source(cfg.model, echo=echo)
     tok = load_tokenizer(cfg.model)
-    longest = _check_tokenization(tok, pool + val, cfg)
+    longest = _check_tokenization(tok, data.pool + data.val, cfg)
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_length": max(16, longest)})})
     store = RunStore(out)
     if store.exists():
-        return _existing(store, cfg, pool, val, runs, masks, echo)
+        return _existing(store, cfg, data, runs, echo)
     parameters = _check_models(cfg, runs, echo)
     given = check_quantized(cfg, runs, given_specs, echo)  # the user's own quantized models: `ingest.quantized`
     cfg = with_quantizers(cfg, given)
 
     # 4. Digests of every checkpoint's defining files, then the store (data files first, the manifest last).
     echo("[import] recording the checkpoints' sha256 digests ...")
-    imported = _imported_block(runs, files, heldout_path, record_format_option)
+    imported = _imported_block(runs, files, heldout_path, request.record_format_option)
     if given:
         imported["quantized"] = [g.to_dict() for g in given]
-    data_info = _data_block(files, heldout_path, train_sets, heldout, pool, val, record_format_option, seed)
-    data_info.update(max_train=max_train, max_heldout=max_heldout)
-    _write_store(store, cfg, pool, val, masks, data_info, imported, source.to_dict(), parameters)
-    notes = data_notes + [n for r in runs for n in r.notes]
-    return ImportResult(store, cfg, runs, len(pool), len(val), [int(x) for x in masks.sum(1)], True, notes, parameters)
+    data_info = data_block(data, files, heldout_path, request.record_format_option, request.seed)
+    data_info.update(max_train=request.max_train, max_heldout=request.max_heldout)
+    _write_store(store, cfg, data, _StoreContent(data_info, imported, source.to_dict(), parameters))
+    notes = data.notes + [n for r in runs for n in r.notes]
+    n_train = [int(x) for x in data.masks.sum(1)]
+    return ImportResult(store, cfg, runs, len(data.pool), len(data.val), n_train, True, notes, parameters)
 
 
-def _read_data(
-    files: list[Path],
-    heldout_path: Path,
-    record_format_option: str,
-    max_train: int | None,
-    max_heldout: int | None,
-    seed: int,
-) -> tuple[list[list[dict]], list[dict], list[dict], list[dict], np.ndarray, list[str]]:
-    """(training records per run, held-out records, pool, val, membership [runs, pool], notes): every file read
-    once and mapped, no record both trained on and held out (`_check_overlap`), the pool/val split (`_draw`)."""
-    per_file: dict[Path, tuple[list[dict], int]] = {}
-    for path in dict.fromkeys([*files, heldout_path]):
-        per_file[path] = read_user_records(path, record_format=record_format_option)
-    train_sets = [per_file[f][0] for f in files]
-    heldout = per_file[heldout_path][0]
-    _check_overlap(train_sets, files, heldout, heldout_path)
-    pool, val, masks, data_notes = _draw(train_sets, heldout, max_train, max_heldout, seed)
-    duplicates = {str(p): n for p, (_, n) in per_file.items() if n}
-    if duplicates:
-        data_notes.append(f"duplicate rows dropped (same content, same sample id): {duplicates}")
-    return train_sets, heldout, pool, val, masks, data_notes
-
-
-def _write_store(
-    store: RunStore,
-    cfg: ExperimentConfig,
-    pool: list[dict],
-    val: list[dict],
-    masks: np.ndarray,
-    data_info: dict[str, Any],
-    imported: dict[str, Any],
-    source: dict[str, Any],
-    parameters: dict[str, int],
-) -> None:
+def _write_store(store: RunStore, cfg: ExperimentConfig, data: ImportData, content: _StoreContent) -> None:
     """The store's files: the data files first, the manifest (with the parameter counts) last."""
     store.begin_create(cfg)
-    atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(pool))
-    atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(val))
+    atomic_write_text(store.root / "data" / "pool.jsonl", records_to_jsonl(data.pool))
+    atomic_write_text(store.root / "data" / "val.jsonl", records_to_jsonl(data.val))
     device = pick_device(cfg.score.device)
     compute = {**choose_compute_dtype(cfg.model.dtype, device).to_record(), "device": device.type}
-    manifest = store.create(cfg, data_info, masks, imported=imported, model_source=source, compute=compute)
-    manifest["parameters"] = parameters
+    manifest = store.create(
+        cfg, content.data_info, data.masks, imported=content.imported, model_source=content.source, compute=compute
+    )
+    manifest["parameters"] = content.parameters
     store.write_manifest(manifest)
 
 
@@ -233,82 +216,8 @@ def _check_out_dir(out: Path, runs: list[TrainingOutput]) -> None:
             )
 
 
-def _check_overlap(train_sets: list[list[dict]], files: list[Path], heldout: list[dict], heldout_path: Path) -> None:
-    """A record in a training file and in the held-out file would be a member and a non-member at once."""
-    trained: dict[str, str] = {}
-    trained_ids: dict[str, str] = {}
-    for records in train_sets:
-        for rec in records:
-            trained.setdefault(record_fingerprint(rec), rec["sample_id"])
-            trained_ids.setdefault(rec["sample_id"], record_fingerprint(rec))
-    both = [rec["sample_id"] for rec in heldout if record_fingerprint(rec) in trained]
-    if both:
-        names = ", ".join(str(f) for f in dict.fromkeys(files))
-        raise ImportInputError(
-            f"{len(both)} record(s) of the held-out file {heldout_path} are also in the training file(s) {names} "
-            f"(same content): {both[:5]}{' ...' if len(both) > 5 else ''}. A member cannot be a non-member: "
-            "remove them from the held-out file (or pass a held-out file the model never trained on)."
-        )
-    clash = [r["sample_id"] for r in heldout if r["sample_id"] in trained_ids]
-    if clash:
-        raise ImportInputError(
-            f"sample id(s) {clash[:5]} of the held-out file {heldout_path} name other records in the training "
-            "file(s); sample ids must be unique across the files (drop the sample_id field to use content ids)."
-        )
-
-
-def _draw(
-    train_sets: list[list[dict]], heldout: list[dict], max_train: int | None, max_heldout: int | None, seed: int
-) -> tuple[list[dict], list[dict], np.ndarray, list[str]]:
-    """(pool, val, membership [runs, pool], notes): the deterministic pool/val split of the records."""
-    notes: list[str] = []
-    union: dict[str, dict] = {}
-    for records in train_sets:
-        for rec in records:
-            union.setdefault(rec["sample_id"], rec)
-    train = list(union.values())
-    if max_train is not None and len(train) > max_train:
-        train = sorted(train, key=lambda r: _rank(seed, "train", r["sample_id"]))[:max_train]
-        notes.append(f"--max-train {max_train}: {max_train} of {len(union)} training records audited")
-    held = list(heldout)
-    if max_heldout is not None and len(held) > max_heldout:
-        held = sorted(held, key=lambda r: _rank(seed, "heldout", r["sample_id"]))[:max_heldout]
-        notes.append(f"--max-heldout {max_heldout}: {max_heldout} of {len(heldout)} held-out records used")
-    if len(held) < MIN_HELDOUT:
-        raise ImportInputError(
-            f"the held-out file has {len(held)} usable record(s); at least {MIN_HELDOUT} are needed "
-            "(half are non-members in the pool, half validation samples)."
-        )
-    held = sorted(held, key=lambda r: _rank(seed, "split", r["sample_id"]))
-    n_pool = len(held) - min(len(held) - len(held) // 2, MAX_VAL)  # a plain half up to 2 * MAX_VAL records
-    pool = sorted(train + held[:n_pool], key=lambda r: _rank(seed, "pool", r["sample_id"]))
-    val = held[n_pool:]
-    member_fps = [{record_fingerprint(r) for r in records} for records in train_sets]
-    pool_fps = [record_fingerprint(r) for r in pool]
-    masks = np.array([[fp in fps for fp in pool_fps] for fps in member_fps], dtype=bool)
-    empty = [r for r, row in enumerate(masks) if not row.any()]
-    if empty:
-        raise ImportInputError(
-            f"run(s) {empty} have no training record in the audited pool (--max-train {max_train} drew none of "
-            "them); raise --max-train."
-        )
-    return pool, val, masks, notes
-
-
-def _config(
-    out: Path,
-    name: str | None,
-    base: str,
-    files: list[Path],
-    runs: list[TrainingOutput],
-    pool: list[dict],
-    val: list[dict],
-    masks: np.ndarray,
-    seed: int,
-    overrides: Sequence[str],
-    trust_remote_code: bool,
-) -> ExperimentConfig:
-    """The store's experiment config: what the inputs say, plus the user's overrides of everything else."""
+def _check_overrides(overrides: Sequence[str]) -> None:
+    """Refuse an override of a key the import sets from its inputs (SET_BY_IMPORT names the option to use)."""
     for text in overrides:
         key = text.split("=", 1)[0].strip()
         forced = [k for k in SET_BY_IMPORT if k == key or k.startswith(key + ".")]
@@ -316,6 +225,10 @@ def _config(
             raise RecipeError(
                 f"override {text!r}: {forced[0]} is set by {SET_BY_IMPORT[forced[0]]} in `llmaudit import`."
             )
+
+
+def _train_section(runs: list[TrainingOutput], masks: np.ndarray, seed: int) -> dict[str, Any]:
+    """The config's train section: what the runs' trainers recorded (epochs, batch size, peak learning rate)."""
     trainers = [r.trainer for r in runs]
     fraction = min(max(round(float(masks.mean()), 6), 1e-6), 1 - 1e-6)
     train: dict[str, Any] = {"runs": len(runs), "member_fraction": fraction, "seed": seed}
@@ -327,23 +240,42 @@ def _config(
     rates = [t["learning_rate"]["max"] for t in trainers if "learning_rate" in t]
     if rates and max(rates) > 0:
         train["lr"] = float(max(rates))
+    return train
+
+
+def _config(request: ImportRequest, runs: list[TrainingOutput], data: ImportData) -> ExperimentConfig:
+    """The store's experiment config: what the inputs say, plus the user's overrides of everything else."""
+    _check_overrides(request.overrides)
+    out, name, seed = Path(request.out), request.name, request.seed
+    files = list(request.train_files)
     raw: dict[str, Any] = {
         "name": name or out.resolve().name,
         "output_dir": str(out),
-        "model": {"name": base},
-        "data": {"source": "local", "path": str(files[0]), "pool_size": len(pool), "val_size": len(val), "seed": seed},
-        "lora": _lora(trainers),
-        "train": train,
+        "model": {"name": request.base},
+        "data": {
+            "source": "local",
+            "path": str(files[0]),
+            "pool_size": len(data.pool),
+            "val_size": len(data.val),
+            "seed": seed,
+        },
+        "lora": _lora([r.trainer for r in runs]),
+        "train": _train_section(runs, data.masks, seed),
     }
-    raw = apply_overrides(raw, list(overrides))
-    if trust_remote_code:
+    raw = apply_overrides(raw, list(request.overrides))
+    if request.trust_remote_code:
         raw.setdefault("model", {})["trust_remote_code"] = True
     if not name and not is_safe_name(str(raw.get("name"))):
         raise RecipeError(
             f"the experiment name defaults to the --out directory's name {raw.get('name')!r}, which is not a valid "
             f"name ({SAFE_NAME_RULE}); pass --name NAME."
         )
-    cfg = config_from_dict(raw, source="(llmaudit import + overrides)")
+    cfg = config_from_dict(
+        raw,
+        source="(llmaudit import + overrides)",
+        overrides=list(request.overrides),
+        attack_names=request.attack_names,
+    )
     # Once more through JSON, as the store reads it back: defaults such as lora.alpha = 16 (an int in a float
     # field, not validated) become what validation makes of them, so the identity hash matches on reading.
     return config_from_dict(json.loads(cfg.model_dump_json()), source="(llmaudit import + overrides)")
@@ -380,21 +312,16 @@ def _lora(trainers: list[dict]) -> dict[str, Any]:
 
 
 def _existing(
-    store: RunStore,
-    cfg: ExperimentConfig,
-    pool: list[dict],
-    val: list[dict],
-    runs: list[TrainingOutput],
-    masks: np.ndarray,
-    echo,
+    store: RunStore, cfg: ExperimentConfig, data: ImportData, runs: list[TrainingOutput], echo
 ) -> ImportResult:
     """An output directory that already holds a store: the same import (nothing to do) or a refusal."""
     store.check_identity(cfg)  # another experiment: refused, naming what differs
     manifest = store.manifest()
-    data = manifest.get("data", {})
+    recorded_data = manifest.get("data", {})
     imported = manifest.get("imported") or {}
+    pool, val, masks = data.pool, data.val, data.masks
     same = (
-        data.get("fingerprint") == dataset_fingerprint(pool + val)
+        recorded_data.get("fingerprint") == dataset_fingerprint(pool + val)
         and manifest["membership"]["masks"] == ["".join("1" if m else "0" for m in row) for row in masks]
         and [[c.get("path") for c in r.get("checkpoints", [])] for r in imported.get("runs", [])]
         == [[str(c.path) for c in r.checkpoints] for r in runs]
@@ -490,38 +417,6 @@ def _imported_block(runs: list[TrainingOutput], files: list[Path], heldout: Path
         "heldout_sha256": sha(heldout),
         "record_format": fmt,
         "trainer": runs[0].trainer,
-    }
-
-
-def _data_block(
-    files: list[Path],
-    heldout_path: Path,
-    train_sets: list[list[dict]],
-    heldout: list[dict],
-    pool: list[dict],
-    val: list[dict],
-    fmt: str,
-    seed: int,
-) -> dict[str, Any]:
-    n_train_distinct = len({r["sample_id"] for records in train_sets for r in records})
-    return {
-        "route": "import",
-        "source": "local",
-        "path": str(files[0]),
-        "hub_id": None,
-        "tasks": sorted({r["task"] for r in pool + val}),
-        "train_files": [str(f) for f in files],
-        "heldout_file": str(heldout_path),
-        "record_format": fmt,
-        "formats": sorted({record_format(r) for r in pool + val}),
-        "n_available": n_train_distinct + len(heldout),
-        "n_usable": len(pool) + len(val),
-        "n_train_records": [len(records) for records in train_sets],
-        "n_heldout_records": len(heldout),
-        "seed": seed,
-        "fingerprint": dataset_fingerprint(pool + val),
-        "pool_ids": [r["sample_id"] for r in pool],
-        "val_ids": [r["sample_id"] for r in val],
     }
 
 

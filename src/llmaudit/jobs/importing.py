@@ -3,17 +3,28 @@ the blind baseline on its pool (`llmaudit.analyze.blind`), printed and kept in r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from llmaudit.analyze.attacks.registry import registered_attacks
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.common.io import atomic_write_json, read_json
-from llmaudit.ingest.build import ImportResult, describe_import, import_training
+from llmaudit.ingest.build import ImportRequest, ImportResult, describe_import, import_training
 
 
-def run_import(*args: Any, seed: int = 0, echo: Callable[[str], Any] = print, **kwargs: Any) -> ImportResult:
-    """`import_training(*args, seed=seed, **kwargs)`, then the blind baseline, reporting each step."""
-    result = import_training(*args, seed=seed, echo=echo, **kwargs)
+def run_import(
+    request: ImportRequest | Sequence[str | Path], *, echo: Callable[[str], Any] = print, **options: Any
+) -> ImportResult:
+    """`import_training(request)`, then the blind baseline, reporting each step. request: an `ImportRequest`, or
+    (the command line's call) the training directories with the request's other fields as keywords (`options`)."""
+    if not isinstance(request, ImportRequest):
+        request = ImportRequest(training_dirs=list(request), **options)
+    if request.attack_names is None:
+        request = dataclasses.replace(request, attack_names=registered_attacks())
+    seed = request.seed
+    result = import_training(request, echo=echo)
     store = result.store
     for line in describe_import(result):
         echo(f"[import] {line}")

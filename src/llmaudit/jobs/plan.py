@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from llmaudit.analyze.attacks.registry import resolve_attacks
 from llmaudit.analyze.cost import AnalysisCost, analysis_seconds, measure_analysis_cost
 from llmaudit.common.errors import UserError, did_you_mean
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, pick_device
@@ -311,8 +312,9 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
         if gpu
         else measure_throughput(cfg, draw, device=target, budget=budget, dtype=compute)
     )
-    echo(f"[plan] timing the analysis of {len(cfg.attack.attacks)} attacks on synthetic loss tables (seconds)")
-    analysis = _analysis_cost(tuple(cfg.attack.attacks), cfg.train.runs)
+    attacks = resolve_attacks(cfg.attack.attacks)
+    echo(f"[plan] timing the analysis of {len(attacks)} attacks on synthetic loss tables (seconds)")
+    analysis = _analysis_cost(attacks, cfg.train.runs)
     if gpu:
         assumptions.append(
             "the report stage runs on a CPU whatever the device: it is priced on this machine's CPU "

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads, set_threads
 from llmaudit.common.sbatch import check_script_parameters
@@ -42,8 +42,6 @@ from llmaudit.score.stage import score
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.shards import shard_items
 from llmaudit.store.units import plan_units
-
-T = TypeVar("T")
 
 Stage = Literal["finetune", "score", "report"]
 
@@ -85,7 +83,7 @@ def run_shard(
     if stage == "score":
         return {"stage": stage, "shard": shard, **score(cfg, store, shard=shard, progress=progress)}
     if stage == "report":  # imported here: a finetune or score task starts seconds sooner without them
-        from llmaudit.analyze.experiment import analyze
+        from llmaudit.analyze.store_analysis import analyze
         from llmaudit.report.write import write_report
 
         paths = write_report(store, analyze(store.config(), store))
@@ -276,17 +274,9 @@ def _local_gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def submit_local(
-    cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=print, poll_s: float = 0.5
-) -> list[dict[str, Any]]:
-    """Run every stage's shard jobs as local processes through submitit's LocalExecutor, stage after stage.
-
-    At most cluster.array_parallelism jobs run at once; with gpus_per_job > 0 each concurrent job gets its
-    own GPUs (CUDA_VISIBLE_DEVICES), so one node with G GPUs trains G runs side by side. Blocks until done:
-    local jobs are children of this process. Raises if a job fails (its log is in the log directory)."""
-    import submitit
-
-    config = cfg.model_dump(mode="json")
+def _local_slots(cfg: ExperimentConfig, echo) -> int:
+    """Local jobs that run at once: cluster.array_parallelism, at most as many as this machine's GPUs can give
+    cluster.gpus_per_job each (refused when it has fewer than one job's)."""
     gpus = cfg.cluster.gpus_per_job
     slots = cfg.cluster.array_parallelism
     if gpus:
@@ -300,27 +290,52 @@ def submit_local(
         echo(
             "[submit] note: cluster.gpus_per_job=0, so the jobs see no GPU (CUDA_VISIBLE_DEVICES is empty); set it to 1 to use this machine's GPUs"
         )
+    return slots
+
+
+def _run_local_stage(cfg: ExperimentConfig, stage: Stage, out: Path, slots: int, poll_s: float) -> list[Any]:
+    """The stage's shard jobs that have work, through submitit's LocalExecutor, at most `slots` at once (each
+    with its own GPUs); blocks until every one has finished and returns them."""
+    import submitit
+
+    config = cfg.model_dump(mode="json")
+    gpus = cfg.cluster.gpus_per_job
+    executor = submitit.LocalExecutor(folder=str(_log_dir(cfg, out) / stage))
+    # Stages run one after the other here, so shards whose units are all on disk need no process at all.
+    pending = [shard for shard in stage_shards(stage, cfg) if shard_has_work(stage, cfg, RunStore(out), shard)]
+    running: dict[int, Any] = {}  # slot -> job
+    finished: list[Any] = []
+    while pending or running:
+        # A job's result file appears before its process has finished exiting (torch teardown is slow).
+        for slot in [s for s, job in running.items() if job.paths.result_pickle.exists() or job.done()]:
+            finished.append(running.pop(slot))
+        for slot in [s for s in range(slots) if s not in running]:
+            if not pending:
+                break
+            executor.update_parameters(
+                timeout_min=cfg.cluster.time_minutes,
+                gpus_per_node=gpus,
+                visible_gpus=list(range(slot * gpus, (slot + 1) * gpus)),
+            )
+            running[slot] = executor.submit(ShardJob(), stage, config, str(out), pending.pop(0))
+        time.sleep(poll_s if running else 0)
+    return finished
+
+
+def submit_local(
+    cfg: ExperimentConfig, stages: list[Stage], out: Path, *, echo=print, poll_s: float = 0.5
+) -> list[dict[str, Any]]:
+    """Run every stage's shard jobs as local processes through submitit's LocalExecutor, stage after stage.
+
+    At most cluster.array_parallelism jobs run at once; with gpus_per_job > 0 each concurrent job gets its
+    own GPUs (CUDA_VISIBLE_DEVICES), so one node with G GPUs trains G runs side by side. Blocks until done:
+    local jobs are children of this process. Raises if a job fails (its log is in the log directory)."""
+    import submitit  # noqa: F401  (fails here, before any stage, when submitit is missing)
+
+    slots = _local_slots(cfg, echo)
     results: list[dict[str, Any]] = []
     for stage in stages:
-        executor = submitit.LocalExecutor(folder=str(_log_dir(cfg, out) / stage))
-        # Stages run one after the other here, so shards whose units are all on disk need no process at all.
-        pending = [shard for shard in stage_shards(stage, cfg) if shard_has_work(stage, cfg, RunStore(out), shard)]
-        running: dict[int, Any] = {}  # slot -> job
-        finished: list[Any] = []
-        while pending or running:
-            # A job's result file appears before its process has finished exiting (torch teardown is slow).
-            for slot in [s for s, job in running.items() if job.paths.result_pickle.exists() or job.done()]:
-                finished.append(running.pop(slot))
-            for slot in [s for s in range(slots) if s not in running]:
-                if not pending:
-                    break
-                executor.update_parameters(
-                    timeout_min=cfg.cluster.time_minutes,
-                    gpus_per_node=gpus,
-                    visible_gpus=list(range(slot * gpus, (slot + 1) * gpus)),
-                )
-                running[slot] = executor.submit(ShardJob(), stage, config, str(out), pending.pop(0))
-            time.sleep(poll_s if running else 0)
+        finished = _run_local_stage(cfg, stage, out, slots, poll_s)
         for job in finished:
             try:
                 results.append(job.result())

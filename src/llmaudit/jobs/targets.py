@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from llmaudit.analyze.attacks.registry import registered_attacks
 from llmaudit.common.errors import did_you_mean
 from llmaudit.common.runtime import configure_threads
 from llmaudit.config import (
@@ -62,7 +63,7 @@ def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str]) -> Non
 
 def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | None = None) -> ExperimentConfig:
     """A recipe with overrides (`--out` replaces output_dir); sets this process's CPU threads."""
-    cfg = load_recipe(recipe, overrides)
+    cfg = load_recipe(recipe, overrides, attack_names=registered_attacks())
     check_quantizer_requests(cfg, overrides)
     if out is not None:
         cfg = cfg.model_copy(update={"output_dir": str(out)})
@@ -80,7 +81,12 @@ def config_from_run_dir(
     raw = json.loads(store.config(trust_remote_code=trust_remote_code).model_dump_json())
     raw = apply_overrides(raw, overrides)
     raw["output_dir"] = str(Path(run_dir))
-    cfg = config_from_dict(raw, source=f"{store.manifest_path} + command-line overrides", overrides=overrides)
+    cfg = config_from_dict(
+        raw,
+        source=f"{store.manifest_path} + command-line overrides",
+        overrides=overrides,
+        attack_names=registered_attacks(),
+    )
     check_quantizer_requests(cfg, overrides)
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
     return cfg

@@ -25,7 +25,7 @@ from llmaudit.models.sources import ModelSource
 from llmaudit.models.training import autocast_to, batch_mean_nll
 from llmaudit.quantize import get_quantizer
 from llmaudit.score.divergence import divergence_scores
-from llmaudit.score.engine import score_examples
+from llmaudit.score.engine import ScoringOptions, score_examples
 from llmaudit.score.generate import greedy_generate
 
 GPU_BF16_PEAK = {"h100": 989e12, "h200": 989e12, "a100": 312e12, "l40s": 362e12, "a6000": 155e12}
@@ -188,35 +188,21 @@ def measure_throughput(
     load_s = time.perf_counter() - t0
     tokens = sum(len(ids) for ids, _ in examples)
 
+    options = ScoringOptions(
+        token_budget=budget,
+        head_chunk=cfg.score.head_chunk,
+        vocab_stats=cfg.score.vocab_stats,
+        device=device,
+        cpu_workers=cfg.score.cpu_workers,
+    )
+
     def run_scoring(m: Any) -> None:
-        score_examples(
-            m,
-            examples,
-            pad_id=pad,
-            token_budget=budget,
-            head_chunk=cfg.score.head_chunk,
-            vocab_stats=cfg.score.vocab_stats,
-            device=device,
-            cpu_workers=cfg.score.cpu_workers,
-        )
+        score_examples(m, examples, pad_id=pad, options=options)
 
     scoring_model = cast_parameters(copy.deepcopy(model), dtype) if dtype != torch.float32 else model
     score_s = _timed(lambda: run_scoring(scoring_model))
     merge_s = _timed(lambda: copy.deepcopy(model), repeats=1)
-    weights = weights_dtype(dtype, device)
-    trainable = with_lora(cast_parameters(copy.deepcopy(model), weights), cfg).to(device).train()
-    batch = collate(examples[: cfg.train.batch_size], pad, device)
-    optimizer = torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-4)
-
-    def step() -> None:
-        with autocast_to(device, autocast_dtype(dtype, device)):
-            loss = batch_mean_nll(trainable, *batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    train_s = _timed(step)
-    train_tokens = int(batch[1].sum())
+    train_s, train_tokens = _train_step_cost(cfg, model, examples[: cfg.train.batch_size], pad, device, dtype)
     quantize_s, slowdown = _quantizer_costs(cfg, config, draw, device, examples, run_scoring, dtype)
     divergence_s, step_s = _utility_costs(scoring_model, examples, pad, device)
     return Throughput(
@@ -236,6 +222,26 @@ def measure_throughput(
         divergence_s_per_position=divergence_s,
         generation_step_s=step_s,
     )
+
+
+def _train_step_cost(
+    cfg: ExperimentConfig, model: Any, examples: list, pad: int, device: torch.device, dtype: torch.dtype
+) -> tuple[float, int]:
+    """(seconds, real tokens) of one LoRA step on the batch `examples`, as finetune trains in `dtype` (float32
+    weights under autocast on a CPU): forward, backward and AdamW."""
+    weights = weights_dtype(dtype, device)
+    trainable = with_lora(cast_parameters(copy.deepcopy(model), weights), cfg).to(device).train()
+    batch = collate(examples, pad, device)
+    optimizer = torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-4)
+
+    def step() -> None:
+        with autocast_to(device, autocast_dtype(dtype, device)):
+            loss = batch_mean_nll(trainable, *batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return _timed(step), int(batch[1].sum())
 
 
 def _utility_costs(model: Any, examples: list, pad: int, device: torch.device) -> tuple[float, float]:

@@ -24,7 +24,7 @@ from llmaudit.common.runtime import cache_dir
 from llmaudit.config import BuiltinModelConfig, ModelConfig
 from llmaudit.data.chem import GENERATOR_VERSION, SUPPORTED_TASKS, generate_records
 from llmaudit.data.tokenize import format_record
-from llmaudit.models.training import train_epochs
+from llmaudit.models.training import TrainSettings, train_epochs
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -151,9 +151,7 @@ def build_builtin_model(cfg: ModelConfig, root: Path) -> Path:
         if b.pretrain_epochs:
             # Full sequence loss: the base learns both the instructions and the answers' format.
             examples = [format_record(tok, r, include_prompt=True)[:2] for r in records]
-            train_epochs(
-                model,
-                examples,
+            settings = TrainSettings(
                 epochs=b.pretrain_epochs,
                 batch_size=32,
                 lr=b.pretrain_lr,
@@ -163,6 +161,7 @@ def build_builtin_model(cfg: ModelConfig, root: Path) -> Path:
                 schedule="cosine",
                 progress=sys.stderr.isatty(),
             )
+            train_epochs(model, examples, settings)
         model.eval()
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)

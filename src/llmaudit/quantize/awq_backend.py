@@ -36,6 +36,7 @@ from .base import (
     common_options,
     linear_from_weight,
     replace_module,
+    require_linear,
     target_modules,
 )
 from .calibration import calibration_options, calibration_token_ids
@@ -58,15 +59,8 @@ class AWQQuantizer(Quantizer):
         spec.update(calibration_options())
         super().__init__(name, self.nbits, spec, options)
 
-    @property
-    def resolved_mode(self) -> str:
-        if self.options["mode"] != "auto":
-            return self.options["mode"]
-        return "fake" if self.device.type == "cpu" else "real"
-
     def _check_layer(self, name: str, module: nn.Module) -> None:
-        if not isinstance(module, nn.Linear):
-            raise QuantizationError(f"{self.name}: layer '{name}' is {type(module).__name__}, not nn.Linear")
+        require_linear(self.name, name, module)
         check_group_size(self.name, name, module.in_features, self.options["group_size"])
         if module.out_features % 64:  # AutoAWQ's clipping search, which gptqmodel keeps, works in rows of 64
             raise QuantizationError(

@@ -326,6 +326,14 @@ class Quantizer:
             bits += param.numel() * param.element_size() * 8
         return int(math.ceil(bits / 8))
 
+    @property
+    def resolved_mode(self) -> str:
+        """A backend with a `mode` option: "auto" is fake quantization on CPU (the libraries' kernels need a GPU)
+        and the library's real quantized layers on a GPU."""
+        if self.options.get("mode", "auto") != "auto":
+            return self.options["mode"]
+        return "fake" if self.device.type == "cpu" else "real"
+
     # ---- hooks for backends -----------------------------------------------------------------------
     def _check_options(self) -> None:
         """Backend-specific checks that need no model."""
@@ -335,6 +343,12 @@ class Quantizer:
 
     def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
         raise NotImplementedError
+
+
+def require_linear(quantizer_name: str, layer_name: str, module: nn.Module) -> None:
+    """A backend that quantizes nn.Linear layers only refuses any other in-scope layer, naming it."""
+    if not isinstance(module, nn.Linear):
+        raise QuantizationError(f"{quantizer_name}: layer '{layer_name}' is {type(module).__name__}, not nn.Linear")
 
 
 def check_group_size(quantizer_name: str, layer_name: str, in_features: int, group_size: int) -> None:

@@ -20,10 +20,9 @@ int8: 8 + 32 / in_features (one fp32 scale per output row).
 
 from __future__ import annotations
 
-from torch import nn
+from torch import Tensor, nn
 
 from .base import (
-    QuantizationError,
     Quantizer,
     boolean,
     choice,
@@ -31,6 +30,7 @@ from .base import (
     linear_from_weight,
     real,
     replace_module,
+    require_linear,
     target_modules,
 )
 
@@ -64,8 +64,7 @@ class BnbQuantizer(Quantizer):
         return "fake" if (self.device.type == "cpu" and self.kind != "int8") else "real"
 
     def _check_layer(self, name: str, module: nn.Module) -> None:
-        if not isinstance(module, nn.Linear):
-            raise QuantizationError(f"{self.name}: layer '{name}' is {type(module).__name__}, not nn.Linear")
+        require_linear(self.name, name, module)
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
         if self.kind == "int8":
@@ -76,9 +75,6 @@ class BnbQuantizer(Quantizer):
         return 4.0 + 32.0 / b
 
     def _quantize(self, model: nn.Module, *, tokenizer, calibration_texts) -> nn.Module:
-        import bitsandbytes as bnb
-        import bitsandbytes.functional as bnb_f
-
         dtype = self.compute_dtype
         device = self.device
         fake = self.resolved_mode == "fake"
@@ -86,39 +82,11 @@ class BnbQuantizer(Quantizer):
             weight = linear.weight.data.to(device=device, dtype=dtype).contiguous()
             bias = linear.bias.data.to(device=device, dtype=dtype) if linear.bias is not None else None
             if self.kind == "int8":
-                new = bnb.nn.Linear8bitLt(
-                    linear.in_features,
-                    linear.out_features,
-                    bias=bias is not None,
-                    has_fp16_weights=False,
-                    threshold=self.options["threshold"],
-                )
-                new.weight = bnb.nn.Int8Params(weight.cpu(), requires_grad=False, has_fp16_weights=False)
+                new = self._int8_layer(linear, weight, bias)
             elif fake:
-                packed, state = bnb_f.quantize_4bit(
-                    weight,
-                    blocksize=self.options["blocksize"],
-                    compress_statistics=self.options["double_quant"],
-                    quant_type=self.kind,
-                )
-                new = linear_from_weight(bnb_f.dequantize_4bit(packed, state).to(dtype), bias, dtype)
+                new = self._fake_4bit(weight, bias)
             else:
-                new = bnb.nn.Linear4bit(
-                    linear.in_features,
-                    linear.out_features,
-                    bias=bias is not None,
-                    compute_dtype=dtype,
-                    compress_statistics=self.options["double_quant"],
-                    quant_type=self.kind,
-                )
-                new.weight = bnb.nn.Params4bit(
-                    weight.cpu(),
-                    requires_grad=False,
-                    blocksize=self.options["blocksize"],
-                    compress_statistics=self.options["double_quant"],
-                    quant_type=self.kind,
-                    module=new,
-                )
+                new = self._4bit_layer(linear, weight)
             if not fake and bias is not None:
                 new.bias = nn.Parameter(bias.cpu(), requires_grad=False)
             if not fake:
@@ -129,3 +97,52 @@ class BnbQuantizer(Quantizer):
                 if param.dtype.is_floating_point:
                     param.data = param.data.to(dtype)
         return model
+
+    def _int8_layer(self, linear: nn.Linear, weight: Tensor, bias: Tensor | None) -> nn.Module:
+        """bitsandbytes' LLM.int8() layer of `linear` (quantized when moved to its device)."""
+        import bitsandbytes as bnb
+
+        new = bnb.nn.Linear8bitLt(
+            linear.in_features,
+            linear.out_features,
+            bias=bias is not None,
+            has_fp16_weights=False,
+            threshold=self.options["threshold"],
+        )
+        new.weight = bnb.nn.Int8Params(weight.cpu(), requires_grad=False, has_fp16_weights=False)
+        return new
+
+    def _fake_4bit(self, weight: Tensor, bias: Tensor | None) -> nn.Module:
+        """A plain Linear holding the 4-bit weight quantized and dequantized by bitsandbytes' own functions."""
+        import bitsandbytes.functional as bnb_f
+
+        dtype = self.compute_dtype
+        packed, state = bnb_f.quantize_4bit(
+            weight,
+            blocksize=self.options["blocksize"],
+            compress_statistics=self.options["double_quant"],
+            quant_type=self.kind,
+        )
+        return linear_from_weight(bnb_f.dequantize_4bit(packed, state).to(dtype), bias, dtype)
+
+    def _4bit_layer(self, linear: nn.Linear, weight: Tensor) -> nn.Module:
+        """bitsandbytes' 4-bit layer (nf4 / fp4) of `linear` (quantized when moved to its device)."""
+        import bitsandbytes as bnb
+
+        new = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            compute_dtype=self.compute_dtype,
+            compress_statistics=self.options["double_quant"],
+            quant_type=self.kind,
+        )
+        new.weight = bnb.nn.Params4bit(
+            weight.cpu(),
+            requires_grad=False,
+            blocksize=self.options["blocksize"],
+            compress_statistics=self.options["double_quant"],
+            quant_type=self.kind,
+            module=new,
+        )
+        return new

@@ -75,6 +75,7 @@ from .base import (
     linear_from_weight,
     real,
     replace_module,
+    require_linear,
     target_modules,
 )
 from .calibration import CALIBRATION_SOURCES, DEFAULT_CALIBRATION_SOURCE, LEGACY_CALIBRATION_SOURCE
@@ -144,12 +145,6 @@ class GPTQQuantizer(Quantizer):
         return "gptqmodel" if self.options["solver"] == "gptqmodel" else None
 
     @property
-    def resolved_mode(self) -> str:
-        if self.options["mode"] != "auto":
-            return self.options["mode"]
-        return "fake" if self.device.type == "cpu" else "real"
-
-    @property
     def solver(self) -> str:
         return self.options["solver"]
 
@@ -166,8 +161,7 @@ class GPTQQuantizer(Quantizer):
             )
 
     def _check_layer(self, name: str, module: nn.Module) -> None:
-        if not isinstance(module, nn.Linear):
-            raise QuantizationError(f"{self.name}: layer '{name}' is {type(module).__name__}, not nn.Linear")
+        require_linear(self.name, name, module)
         check_group_size(self.name, name, module.in_features, self.options["group_size"])
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:

@@ -44,6 +44,7 @@ from .base import (
     integer,
     linear_from_weight,
     replace_module,
+    require_linear,
     target_modules,
 )
 
@@ -67,15 +68,8 @@ class HQQQuantizer(Quantizer):
         spec["mode"] = choice("auto", ("auto", "fake", "real"))
         super().__init__(name, self.nbits, spec, options)
 
-    @property
-    def resolved_mode(self) -> str:
-        if self.options["mode"] != "auto":
-            return self.options["mode"]
-        return "fake" if self.device.type == "cpu" else "real"
-
     def _check_layer(self, name: str, module: nn.Module) -> None:
-        if not isinstance(module, nn.Linear):
-            raise QuantizationError(f"{self.name}: layer '{name}' is {type(module).__name__}, not nn.Linear")
+        require_linear(self.name, name, module)
         group_size = self.options["group_size"]
         check_group_size(self.name, name, module.in_features, group_size)
         rows = module.out_features * module.in_features // group_size

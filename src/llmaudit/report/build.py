@@ -10,6 +10,7 @@ from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
+from llmaudit.report.model_base import dig
 from llmaudit.report.policy import checklist_tpr, release_checklist, thresholds_of
 from llmaudit.report.recommend import explain_recommendation, recommend
 from llmaudit.report.utility import utility_summary
@@ -25,13 +26,11 @@ def _recorded_samples(
     """(attack, samples, score definition) recorded for the reference quantizer (block: its attacks block of the
     result, row: its grid row): the samples of its best attack that recorded some, else the quantizer's own list."""
     order = (
-        sorted((row or {}).get("attacks", {}), key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0))
-        if row
-        else []
+        sorted(row.get("attacks", {}), key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0)) if row else []
     )
     attack, samples, definition = None, None, None
     for name in order:
-        vs = ((block.get("attacks") or {}).get(name) or {}).get("vulnerable_samples")
+        vs = dig(block, "attacks", name, "vulnerable_samples")
         if vs:
             attack, samples = name, vs
             break
@@ -81,7 +80,7 @@ def vulnerable_samples_summary(
     attack (highest calibrated TPR at 1% FPR) among those that recorded samples. Text is added only when
     include_samples is True, from `records` (data/pool.jsonl) matched by sample_id."""
     ref = result.get("reference_quantizer")
-    block = ((result.get("attacks") or {}).get("quantizers") or {}).get(ref) or {}
+    block = dig(result, "attacks", "quantizers", ref, default={}) if ref is not None else {}
     row = next((r for r in grid if r["quantizer"] == ref), None)
     attack, samples, definition = _recorded_samples(block, row)
     out: dict[str, Any] = {
@@ -109,8 +108,6 @@ def vulnerable_samples_summary(
 
 def _provenance(result: dict[str, Any]) -> dict[str, Any]:
     exp = result["experiment"]
-    attacks = result.get("attacks") or {}
-    indicator = result.get("indicator") or {}
     return {
         "experiment_name": exp.get("name"),
         "run_dir": exp.get("run_dir"),
@@ -125,9 +122,9 @@ def _provenance(result: dict[str, Any]) -> dict[str, Any]:
         "library_versions": exp.get("versions"),
         "llmaudit_version": result.get("llmaudit_version"),
         "result_schema_version": result.get("schema_version"),
-        "attack_definitions": attacks.get("attack_definitions"),
-        "attack_settings": attacks.get("settings"),
-        "indicator_protocol": indicator.get("protocol"),
+        "attack_definitions": dig(result, "attacks", "attack_definitions"),
+        "attack_settings": dig(result, "attacks", "settings"),
+        "indicator_protocol": dig(result, "indicator", "protocol"),
         "model_source": exp.get("model_source"),
         "origin": exp.get("origin"),
     }
@@ -175,18 +172,17 @@ def indicators_summary(result: dict[str, Any], grid: list[dict[str, Any]]) -> di
     ind = result.get("indicators")
     if not ind:
         return None
-    best = {r["quantizer"]: (r.get("best_attack_by_auroc") or {}).get("value") for r in grid}
+    best = {r["quantizer"]: dig(r, "best_attack_by_auroc", "value") for r in grid}
     order = [r["quantizer"] for r in grid]
     shown = []
     for name, c in ind["candidates"].items():
-        per_q = c.get("per_quantizer") or {}
-        values = {q: finite_or_none((per_q.get(q) or {}).get("mean")) for q in order}
+        values = {q: finite_or_none(dig(c, "per_quantizer", q, "mean")) for q in order}
         cis = {
-            q: interval_or_none((per_q.get(q) or {}).get("ci_low"), (per_q.get(q) or {}).get("ci_high")) for q in order
+            q: interval_or_none(dig(c, "per_quantizer", q, "ci_low"), dig(c, "per_quantizer", q, "ci_high"))
+            for q in order
         }
         pairs = [(values[q], best[q]) for q in order if values[q] is not None and best[q] is not None]
         corr = spearman([a for a, _ in pairs], [b for _, b in pairs]).to_dict("n_quantizers")
-        validation = c.get("validation") or {}
         shown.append(
             {
                 "name": name,
@@ -195,9 +191,9 @@ def indicators_summary(result: dict[str, Any], grid: list[dict[str, Any]]) -> di
                 "formula": c.get("formula"),
                 "computable": bool(c.get("computable")),
                 "reason": c.get("reason"),
-                "status": validation.get("status", "not validated"),
-                "beyond_damage": (validation.get("beyond_damage") or {}).get("answer", "not measured"),
-                "synthetic_spearman": finite_or_none((validation.get("synthetic") or {}).get("mean_spearman")),
+                "status": dig(c, "validation", "status", default="not validated"),
+                "beyond_damage": dig(c, "validation", "beyond_damage", "answer", default="not measured"),
+                "synthetic_spearman": finite_or_none(dig(c, "validation", "synthetic", "mean_spearman")),
                 "values": values,
                 "ci": cis,
                 "agreement": indicator_agreement({"auroc": corr}, None, label=name) if c.get("computable") else None,
@@ -213,11 +209,11 @@ def indicator_agreement(
     expected sign of Spearman(r_Q, attack success) is NEGATIVE. The verdict states the observed sign
     next to the expected one: agrees / contradicts (p < alpha), leans the expected or the opposite way
     (not significant), or not measurable."""
-    head = (r_q_vs_best or {}).get("auroc") or {}
+    head = dig(r_q_vs_best, "auroc", default={})
     rho, p = head.get("rho"), head.get("p_value")
     signs = {"negative": 0, "positive": 0}
-    for metrics in ((per_attack or {}).get("attacks") or {}).values():
-        value = ((metrics or {}).get("auroc") or {}).get("rho")
+    for metrics in dig(per_attack, "attacks", default={}).values():
+        value = dig(metrics, "auroc", "rho")
         if value is not None and value != 0:
             signs["negative" if value < 0 else "positive"] += 1
     out = {
@@ -268,16 +264,16 @@ def _memorization_summary(mem: dict[str, Any] | None, order: list[str]) -> dict[
     )
     per_q = {}
     for q in order:
-        entry = (mem.get("per_quantizer") or {}).get(q)
+        entry = dig(mem, "per_quantizer", q)
         if entry:
             per_q[q] = {"n_runs": len(entry.get("runs") or [])} | {
                 k: {
-                    "mean": finite_or_none((entry.get(k) or {}).get("mean")),
-                    "ci": interval_or_none((entry.get(k) or {}).get("low"), (entry.get(k) or {}).get("high")),
+                    "mean": finite_or_none(dig(entry, k, "mean")),
+                    "ci": interval_or_none(dig(entry, k, "low"), dig(entry, k, "high")),
                 }
                 for k in keys
             }
-    cap = mem.get("capacity") or {}
+    cap = dig(mem, "capacity", default={})
     ratios = [finite_or_none(r.get("adapter_capacity_over_information")) for r in cap.get("per_run") or []]
     ratios = sorted(r for r in ratios if r is not None)
     return {
@@ -302,7 +298,6 @@ def build_report(
     thresholds = thresholds_of(result)
     checklist = release_checklist(grid, thresholds)
     r_q_vs_best = r_q_vs_best_attack(grid)
-    attacks = result.get("attacks") or {}
     recommendation = recommend(grid, checklist)
     provenance = _provenance(result)
     recommendation["explanation"] = explain_recommendation(recommendation, checklist, grid, provenance)
@@ -313,18 +308,18 @@ def build_report(
         "include_samples": bool(include_samples),
         "non_finite_policy": "NaN and +-inf are written as null (strict JSON); counts and reasons beside them say why",
         "provenance": provenance,
-        "decision_rule": ((result.get("attacks") or {}).get("decision") or {}).get("rule"),
+        "decision_rule": dig(result, "attacks", "decision", "rule"),
         "reference_quantizer": result.get("reference_quantizer"),
         "quantizers": [r["quantizer"] for r in grid],
         "grid": grid,
         "checklist": checklist,
         "recommendation": recommendation,
         "r_q_vs_best_attack": r_q_vs_best,
-        "indicator_agreement": indicator_agreement(r_q_vs_best, attacks.get("spearman_vs_r_q")),
-        "spearman_r_q_vs_attacks": attacks.get("spearman_vs_r_q"),
-        "indicator_stability": (result.get("indicator") or {}).get("stability"),
+        "indicator_agreement": indicator_agreement(r_q_vs_best, dig(result, "attacks", "spearman_vs_r_q")),
+        "spearman_r_q_vs_attacks": dig(result, "attacks", "spearman_vs_r_q"),
+        "indicator_stability": dig(result, "indicator", "stability"),
         "memorization": _memorization_summary(result.get("memorization"), [r["quantizer"] for r in grid]),
-        "not_scored": result.get("not_scored") or {},
+        "not_scored": dig(result, "not_scored", default={}),
         "blind_baseline": blind_summary(result.get("blind_baseline"), grid),
         "indicators": indicators_summary(result, grid),
         "utility": utility_summary(result),

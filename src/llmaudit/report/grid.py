@@ -7,6 +7,7 @@ from typing import Any
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.stats import spearman
+from llmaudit.report.model_base import dig
 from llmaudit.report.policy import checklist_tpr
 from llmaudit.report.utility import divergence_row, task_metric_row
 
@@ -17,23 +18,20 @@ EVALUATIONS = ("pooled_naive", "pooled_calibrated", "per_sample")
 
 def _tpr_ci(block: dict, key: str) -> list | None:
     # pooled_naive stores ci.tpr_at_fpr[key] = {low, high}; the other evaluations {tpr: {low, high}, ...}
-    c = ((block.get("ci") or {}).get("tpr_at_fpr") or {}).get(key) or {}
-    c = c.get("tpr", c)
-    return interval_or_none(c.get("low"), c.get("high"))
+    c = dig(block, "ci", "tpr_at_fpr", key)
+    c = dig(c, "tpr", default=c)
+    return interval_or_none(dig(c, "low"), dig(c, "high"))
 
 
 def attack_summary(entry: dict[str, Any], n_models: int | None) -> dict[str, Any]:
     """One attack on one quantizer: AUROC and TPR at low FPR, each with its 95% interval and reliability."""
-    naive = entry.get("pooled_naive") or {}
-    calib = entry.get("pooled_calibrated") or {}
-    roc_ci = (naive.get("ci") or {}).get("auroc") or {}
     low_fpr: dict[str, dict[str, Any]] = {}
     for evaluation in EVALUATIONS:
-        block = entry.get(evaluation) or {}
+        block = entry.get(evaluation)
         low_fpr[evaluation] = {}
         for alpha in LOW_FPRS:
             key = fpr_key(alpha)
-            t = (block.get("tpr_at_fpr") or {}).get(key)
+            t = dig(block, "tpr_at_fpr", key)
             if t is None:
                 continue
             low_fpr[evaluation][key] = {
@@ -45,15 +43,17 @@ def attack_summary(entry: dict[str, Any], n_models: int | None) -> dict[str, Any
             }
     return {
         "definition": entry.get("definition"),
-        "auroc": finite_or_none(naive.get("auroc")),
-        "auroc_ci": interval_or_none(roc_ci.get("low"), roc_ci.get("high")),
-        "auroc_calibrated": finite_or_none((calib.get("roc") or {}).get("auroc")),
-        "average_precision": finite_or_none(naive.get("average_precision")),
-        "n_positives": naive.get("n_positives"),
-        "n_negatives": naive.get("n_negatives"),
+        "auroc": finite_or_none(dig(entry, "pooled_naive", "auroc")),
+        "auroc_ci": interval_or_none(
+            dig(entry, "pooled_naive", "ci", "auroc", "low"), dig(entry, "pooled_naive", "ci", "auroc", "high")
+        ),
+        "auroc_calibrated": finite_or_none(dig(entry, "pooled_calibrated", "roc", "auroc")),
+        "average_precision": finite_or_none(dig(entry, "pooled_naive", "average_precision")),
+        "n_positives": dig(entry, "pooled_naive", "n_positives"),
+        "n_negatives": dig(entry, "pooled_naive", "n_negatives"),
         "n_models": n_models,
         "n_nan_scores": entry.get("n_nan_scores"),
-        "not_measured": dict(entry.get("not_measured") or {}),
+        "not_measured": dict(dig(entry, "not_measured", default=())),
         "low_fpr": low_fpr,
     }
 
@@ -66,18 +66,17 @@ def _ordered_quantizers(result: dict[str, Any]) -> list[str]:
 
 def _primary_indicator(result: dict[str, Any], quantizer: str) -> dict[str, Any] | None:
     """The report's candidate indicator for one quantizer: name, mean over runs, interval, status."""
-    ind = result.get("indicators") or {}
-    name = ind.get("primary")
-    entry = (ind.get("candidates") or {}).get(name)
+    name = dig(result, "indicators", "primary")
+    entry = dig(result, "indicators", "candidates", name) if name is not None else None
     if not entry:
         return None
-    agg = (entry.get("per_quantizer") or {}).get(quantizer) or {}
+    agg = dig(entry, "per_quantizer", quantizer)
     return {
         "name": name,
-        "mean": finite_or_none(agg.get("mean")),
-        "ci": interval_or_none(agg.get("ci_low"), agg.get("ci_high")),
-        "n_finite": agg.get("n_finite"),
-        "status": (entry.get("validation") or {}).get("status", "not validated"),
+        "mean": finite_or_none(dig(agg, "mean")),
+        "ci": interval_or_none(dig(agg, "ci_low"), dig(agg, "ci_high")),
+        "n_finite": dig(agg, "n_finite"),
+        "status": dig(entry, "validation", "status", default="not validated"),
     }
 
 
@@ -96,34 +95,29 @@ def _utility_row(util: dict[str, Any]) -> dict[str, Any]:
         )
         or None,
         "n_val_samples": util.get("n_val_samples"),
-        "task_metrics": {name: task_metric_row(m) for name, m in (util.get("task_metrics") or {}).items()},
+        "task_metrics": {name: task_metric_row(m) for name, m in dig(util, "task_metrics", default={}).items()},
         "divergence": divergence_row(util.get("divergence")),
     }
 
 
 def _r_q_row(entry: dict[str, Any]) -> dict[str, Any]:
     """A quantizer's r_Q over runs (entry: its block of the indicator's per_quantizer): mean, interval, rank, counts."""
-    agg = entry.get("r_q") or {}
     return {
-        "mean": finite_or_none(agg.get("mean")),
-        "ci": interval_or_none(agg.get("ci_low"), agg.get("ci_high")),
-        "std": finite_or_none(agg.get("std")),
-        "median": finite_or_none(agg.get("median")),
-        "rank": finite_or_none(entry.get("rank")),
-        "n_runs": agg.get("n_runs"),
-        "n_finite": agg.get("n_finite"),
-        "n_undefined": agg.get("n_undefined"),
-        "n_infinite": agg.get("n_infinite"),
+        "mean": finite_or_none(dig(entry, "r_q", "mean")),
+        "ci": interval_or_none(dig(entry, "r_q", "ci_low"), dig(entry, "r_q", "ci_high")),
+        "std": finite_or_none(dig(entry, "r_q", "std")),
+        "median": finite_or_none(dig(entry, "r_q", "median")),
+        "rank": finite_or_none(dig(entry, "rank")),
+        "n_runs": dig(entry, "r_q", "n_runs"),
+        "n_finite": dig(entry, "r_q", "n_finite"),
+        "n_undefined": dig(entry, "r_q", "n_undefined"),
+        "n_infinite": dig(entry, "r_q", "n_infinite"),
     }
 
 
 def _r_q_status(result: dict[str, Any]) -> str:
     """The validation status of the published r_Q indicator."""
-    return (
-        (((result.get("indicators") or {}).get("candidates") or {}).get("rq_published") or {})
-        .get("validation", {})
-        .get("status", "not validated")
-    )
+    return dig(result, "indicators", "candidates", "rq_published", "validation", "status", default="not validated")
 
 
 def _best_attacks(attacks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -186,18 +180,16 @@ def calibration_source(info: dict[str, Any]) -> str | None:
 
 def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
-    rq = (result.get("indicator") or {}).get("per_quantizer") or {}
-    per_q_attacks = (result.get("attacks") or {}).get("quantizers") or {}
-    decisions = ((result.get("attacks") or {}).get("decision") or {}).get("per_quantizer") or {}
+    decisions = dig(result, "attacks", "decision", "per_quantizer", default={})
     ref = result.get("reference_quantizer")
-    ref_size = finite_or_none((result["quantizer_info"].get(ref) or {}).get("model_size_bytes"))
+    ref_size = finite_or_none(dig(result["quantizer_info"], ref, "model_size_bytes") if ref is not None else None)
     rows = []
     for q in _ordered_quantizers(result):
         info = result["quantizer_info"].get(q, {})
-        att_block = per_q_attacks.get(q) or {}
-        n_models = att_block.get("n_models")
+        att_block = dig(result, "attacks", "quantizers", q)
+        n_models = dig(att_block, "n_models")
         size = finite_or_none(info.get("model_size_bytes"))
-        attacks = {name: attack_summary(a, n_models) for name, a in (att_block.get("attacks") or {}).items()}
+        attacks = {name: attack_summary(a, n_models) for name, a in dig(att_block, "attacks", default={}).items()}
         best_by_tpr, best_by_auroc = _best_attacks(attacks)
         rows.append(
             {
@@ -210,12 +202,12 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "model_size_bytes": size,
                 "size_vs_reference": size / ref_size if size is not None and ref_size else None,
                 "utility": _utility_row(result["utility"].get(q, {})),
-                "r_q": _r_q_row(rq.get(q) or {}),
+                "r_q": _r_q_row(dig(result, "indicator", "per_quantizer", q, default={})),
                 "r_q_status": _r_q_status(result),
                 "indicator": _primary_indicator(result, q),
                 "n_models": n_models,
                 "attacks": attacks,
-                "skipped_attacks": dict(att_block.get("skipped") or {}),
+                "skipped_attacks": dict(dig(att_block, "skipped", default=())),
                 "best_attack": best_by_tpr,
                 "best_attack_by_auroc": best_by_auroc,
                 "strongest_vs_loss": strongest_vs_loss(attacks),
@@ -229,7 +221,7 @@ def r_q_vs_best_attack(grid: list[dict[str, Any]]) -> dict[str, Any]:
     """Spearman rho across quantizers between mean r_Q and the best attack's metric (expected negative)."""
     out: dict[str, Any] = {}
     for metric, key in (("tpr_at_1pct_calibrated", "best_attack"), ("auroc", "best_attack_by_auroc")):
-        pairs = [(r["r_q"]["mean"], (r.get(key) or {}).get("value")) for r in grid]
+        pairs = [(r["r_q"]["mean"], dig(r, key, "value")) for r in grid]
         pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
         out[metric] = spearman([x for x, _ in pairs], [y for _, y in pairs]).to_dict("n_quantizers")
     return out

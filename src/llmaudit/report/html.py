@@ -9,6 +9,7 @@ import html
 from typing import Any
 
 from llmaudit.report.cells import Table, to_html
+from llmaudit.report.models import ReportJson, as_report
 from llmaudit.report.plots import FIGURES, WIDE_FIGURES
 from llmaudit.report.summary import headline
 from llmaudit.report.view import sections
@@ -50,11 +51,11 @@ def _row_class(t: Table, i: int) -> str:
     return f' class="{" ".join(classes)}"' if classes else ""
 
 
-def _banner(report: dict[str, Any]) -> str:
+def _banner(report: ReportJson) -> str:
     """The verdict at the top of the page: green when the recommended quantizer is cleared, amber when the best
     candidate is not, red when nothing keeps enough utility."""
-    rec = report.get("recommendation") or {}
-    kind = "none" if rec.get("quantizer") is None else "cleared" if rec.get("cleared_for_release") else "notcleared"
+    rec = report.recommendation
+    kind = "none" if rec.quantizer is None else "cleared" if rec.cleared_for_release else "notcleared"
     return f'<div class="banner {kind}" role="status">{html.escape(headline(report))}</div>'
 
 
@@ -92,17 +93,17 @@ def _html_table(t: Table) -> str:
     return f'<div class="scroll"><table><thead>{head}</thead><tbody>{body}</tbody></table></div>'
 
 
-def render_html(report: dict[str, Any], figures: dict[str, bytes]) -> str:
+def render_html(report: dict[str, Any] | ReportJson, figures: dict[str, bytes]) -> str:
     """One self-contained HTML file: inline CSS, figures as data: URIs, no scripts, no external resources."""
-
+    report = as_report(report)
     secs = sections(report)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>llmaudit report: {html.escape(str(report['provenance']['experiment_name']))}</title>",
+        f"<title>llmaudit report: {html.escape(str(report.provenance.experiment_name))}</title>",
         f"<style>{_CSS}</style></head><body><main>",
-        f"<h1>llmaudit report: {html.escape(str(report['provenance']['experiment_name']))}</h1>",
+        f"<h1>llmaudit report: {html.escape(str(report.provenance.experiment_name))}</h1>",
         "<nav>" + "".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in secs) + "</nav>",
         _banner(report),
     ]
@@ -125,8 +126,8 @@ def render_html(report: dict[str, Any], figures: dict[str, bytes]) -> str:
             parts.append("</div>")
         parts.append("</section>")
     parts.append(
-        f"<footer>Generated {html.escape(str(report.get('generated_utc')))} by llmaudit {html.escape(str(report['llmaudit_version']))}; "
-        f"report schema v{report['report_schema_version']}. Self-contained: no scripts, no external resources.</footer>"
+        f"<footer>Generated {html.escape(str(report.generated_utc))} by llmaudit {html.escape(str(report.llmaudit_version))}; "
+        f"report schema v{report.report_schema_version}. Self-contained: no scripts, no external resources.</footer>"
     )
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"

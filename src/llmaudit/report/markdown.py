@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmaudit.report.cells import Table, md_escape, to_markdown
+from llmaudit.report.models import ReportJson, as_report
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.view import sections
 
@@ -16,11 +17,11 @@ def _md_table(t: Table) -> list[str]:
     return lines
 
 
-def render_markdown(report: dict[str, Any], *, only: Iterable[str] | None = None) -> str:
+def render_markdown(report: dict[str, Any] | ReportJson, *, only: Iterable[str] | None = None) -> str:
     """The report as Markdown; `only`: section anchors to keep (e.g. ("summary", "checklist") for a console summary)."""
-
+    report = as_report(report)
     keep = set(only) if only is not None else None
-    lines = [f"# llmaudit report: {md_escape(str(report['provenance']['experiment_name']))}", ""]
+    lines = [f"# llmaudit report: {md_escape(str(report.provenance.experiment_name))}", ""]
     for s in sections(report):
         if keep is not None and s.anchor not in keep:
             continue
@@ -34,5 +35,5 @@ def render_markdown(report: dict[str, Any], *, only: Iterable[str] | None = None
         if s.bullets:
             lines.append("")
         for name in s.figures:
-            lines += [f"![{FIGURES[name][1]}]({report['plots'][name]})", ""]
+            lines += [f"![{FIGURES[name][1]}]({report.plots[name]})", ""]
     return "\n".join(lines).rstrip() + "\n"

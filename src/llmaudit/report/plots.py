@@ -19,7 +19,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from llmaudit.common.io import atomic_write_bytes
+from llmaudit.report.models import BestAttack, GridRow, ReportJson, as_report
 from llmaudit.report.utility import pareto_front
+
+ReportLike = dict[str, Any] | ReportJson
 
 DPI = 110
 
@@ -38,17 +41,17 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def quantizer_colors(report: dict[str, Any]) -> dict[str, Any]:
+def quantizer_colors(report: ReportLike) -> dict[str, Any]:
     """One color per quantizer, the same in every figure; the full-precision reference is black."""
     import matplotlib
 
     cmap = matplotlib.colormaps["tab10"]
     colors, i = {}, 0
-    for row in report["grid"]:
-        if row["is_reference"]:
-            colors[row["quantizer"]] = REFERENCE_COLOR
+    for row in as_report(report).grid:
+        if row.is_reference:
+            colors[row.quantizer] = REFERENCE_COLOR
         else:
-            colors[row["quantizer"]] = cmap(i % 10)
+            colors[row.quantizer] = cmap(i % 10)
             i += 1
     return colors
 
@@ -77,50 +80,57 @@ def _positive_log_ok(values: list[float]) -> bool:
     return bool(vals) and min(vals) > 0 and max(vals) / min(vals) > 20
 
 
-def r_q_vs_attack(report: dict[str, Any]) -> bytes | None:
+def _r_q_panel(ax, rows: list[GridRow], key: str, colors: dict[str, Any]) -> list[tuple[float, float, str]]:
+    """One panel of r_q_vs_attack: a point per quantizer with its intervals; returns the points to label."""
+    xs, labels = [], []
+    for r in rows:
+        best = getattr(r, key) or BestAttack(name="")
+        y = best.value
+        if not _finite(y):
+            continue
+        x = r.r_q.mean
+        xs.append(x)
+        ax.errorbar(
+            x,
+            y,
+            xerr=_yerr(x, r.r_q.ci),
+            yerr=_yerr(y, best.ci),
+            fmt="o",
+            color=colors[r.quantizer],
+            capsize=3,
+            ms=6,
+            mfc="white" if best.reliable is False else colors[r.quantizer],
+        )
+        labels.append((x, y, r.quantizer))
+    if _positive_log_ok(xs):
+        ax.set_xscale("log")
+    return labels
+
+
+def r_q_vs_attack(report: ReportLike) -> bytes | None:
     """r_Q (x, log scale when it spans decades) against the best attack's calibrated TPR at 1% FPR and
     the best AUROC, one point per quantizer with 95% intervals, Spearman rho in each title."""
-    rows = [r for r in report["grid"] if _finite(r["r_q"]["mean"])]
+    report = as_report(report)
+    rows = [r for r in report.grid if _finite(r.r_q.mean)]
     if len(rows) < 2:
         return None
     colors = quantizer_colors(report)
-    sp = report.get("r_q_vs_best_attack") or {}
     fig = Figure(figsize=(11, 4.4))
     panels = (
         ("best_attack", "tpr_at_1pct_calibrated", "best attack: TPR at 1% FPR (calibrated)"),
         ("best_attack_by_auroc", "auroc", "best attack: AUROC"),
     )
-    thr = report["checklist"]["thresholds"].get("max_tpr_at_1pct_fpr")
+    thr = report.checklist.thresholds.max_tpr_at_1pct_fpr
     for i, (key, metric, ylabel) in enumerate(panels):
         ax = fig.add_subplot(1, 2, i + 1)
-        xs, labels = [], []
-        for r in rows:
-            best = r.get(key) or {}
-            y = best.get("value")
-            if not _finite(y):
-                continue
-            x = r["r_q"]["mean"]
-            xs.append(x)
-            ax.errorbar(
-                x,
-                y,
-                xerr=_yerr(x, r["r_q"]["ci"]),
-                yerr=_yerr(y, best.get("ci")),
-                fmt="o",
-                color=colors[r["quantizer"]],
-                capsize=3,
-                ms=6,
-                mfc="white" if best.get("reliable") is False else colors[r["quantizer"]],
-            )
-            labels.append((x, y, r["quantizer"]))
-        if _positive_log_ok(xs):
-            ax.set_xscale("log")
+        labels = _r_q_panel(ax, rows, key, colors)
         if metric == "auroc":
             ax.axhline(0.5, color="grey", lw=0.8, ls=":")
         elif _finite(thr):
             ax.axhline(thr, color="firebrick", lw=0.8, ls="--", label=f"checklist limit {thr:g}")
             ax.legend(loc="best", fontsize=8)
-        rho = (sp.get(metric) or {}).get("rho")
+        sp = report.r_q_vs_best_attack.get(metric)
+        rho = sp.rho if sp is not None else None
         ax.set_title(f"Spearman rho = {rho:.2f}" if _finite(rho) else "Spearman rho: n/a", fontsize=10)
         ax.set_xlabel("r_Q (higher = more secure), mean over runs, 95% CI")
         ax.set_ylabel(ylabel)
@@ -130,18 +140,25 @@ def r_q_vs_attack(report: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
-def lira_roc(report: dict[str, Any]) -> bytes | None:
+def _lira_entry(result: dict[str, Any], quantizer: str) -> dict[str, Any] | None:
+    """The result's offline LiRA block for one quantizer (its ROC curves), or None."""
+    entry: Any = result
+    for key in ("attacks", "quantizers", quantizer, "attacks", "lira_offline"):
+        entry = entry.get(key) if isinstance(entry, dict) else None
+    return entry or None
+
+
+def lira_roc(report: ReportLike) -> bytes | None:
     """Offline LiRA ROC on log-log axes, one curve per quantizer (per-sample calibrated, pooled)."""
-    result = report["result"]
-    per_q = (result.get("attacks") or {}).get("quantizers") or {}
+    report = as_report(report)
     colors = quantizer_colors(report)
     curves = []
-    for row in report["grid"]:
-        entry = ((per_q.get(row["quantizer"]) or {}).get("attacks") or {}).get("lira_offline")
+    for row in report.grid:
+        entry = _lira_entry(report.result, row.quantizer)
         if not entry:
             continue
-        rc = entry.get("roc_curve") or {}
-        curve = rc.get("pooled_calibrated") or rc.get("pooled_naive")
+        rc = entry.get("roc_curve")
+        curve = rc and (rc.get("pooled_calibrated") or rc.get("pooled_naive"))
         if curve and curve.get("fpr"):
             curves.append((row, curve))
     if not curves:
@@ -152,13 +169,14 @@ def lira_roc(report: dict[str, Any]) -> bytes | None:
     for row, curve in curves:
         fpr = np.asarray([v if _finite(v) else np.nan for v in curve["fpr"]], dtype=float)
         tpr = np.asarray([v if _finite(v) else np.nan for v in curve["tpr"]], dtype=float)
-        auroc = (row["attacks"].get("lira_offline") or {}).get("auroc")
-        label = f"{row['quantizer']} (AUROC {auroc:.2f})" if _finite(auroc) else row["quantizer"]
+        lira = row.attacks.get("lira_offline")
+        auroc = lira.auroc if lira is not None else None
+        label = f"{row.quantizer} (AUROC {auroc:.2f})" if _finite(auroc) else row.quantizer
         ax.plot(
             np.maximum(fpr, floor),
             np.maximum(tpr, floor),
-            color=colors[row["quantizer"]],
-            lw=2.2 if row["is_reference"] else 1.3,
+            color=colors[row.quantizer],
+            lw=2.2 if row.is_reference else 1.3,
             label=label,
         )
     grid = np.logspace(-4, 0, 50)
@@ -178,22 +196,23 @@ def lira_roc(report: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
-def r_q_intervals(report: dict[str, Any]) -> bytes | None:
+def r_q_intervals(report: ReportLike) -> bytes | None:
     """r_Q per quantizer: mean over runs with the 95% bootstrap interval, sorted by r_Q."""
-    rows = [r for r in report["grid"] if _finite(r["r_q"]["mean"])]
+    report = as_report(report)
+    rows = [r for r in report.grid if _finite(r.r_q.mean)]
     if not rows:
         return None
-    rows.sort(key=lambda r: r["r_q"]["mean"])
+    rows.sort(key=lambda r: r.r_q.mean)
     colors = quantizer_colors(report)
     fig = Figure(figsize=(6.4, 0.45 * len(rows) + 1.4))
     ax = fig.add_subplot(1, 1, 1)
     for i, r in enumerate(rows):
-        m = r["r_q"]["mean"]
-        ax.errorbar(m, i, xerr=_yerr(m, r["r_q"]["ci"]), fmt="o", color=colors[r["quantizer"]], capsize=3)
-    ax.set_yticks(range(len(rows)), [r["quantizer"] + (" (ref)" if r["is_reference"] else "") for r in rows])
-    if _positive_log_ok([r["r_q"]["mean"] for r in rows] + [r["r_q"]["ci"][0] for r in rows]):
+        m = r.r_q.mean
+        ax.errorbar(m, i, xerr=_yerr(m, r.r_q.ci), fmt="o", color=colors[r.quantizer], capsize=3)
+    ax.set_yticks(range(len(rows)), [r.quantizer + (" (ref)" if r.is_reference else "") for r in rows])
+    if _positive_log_ok([r.r_q.mean for r in rows] + [r.r_q.ci[0] for r in rows]):
         ax.set_xscale("log")
-    thr = report["checklist"]["thresholds"].get("min_r_q")
+    thr = report.checklist.thresholds.min_r_q
     if _finite(thr) and thr > 0:
         ax.axvline(thr, color="firebrick", lw=0.8, ls="--", label=f"checklist minimum {thr:g}")
         ax.legend(loc="lower right", fontsize=8)
@@ -203,59 +222,53 @@ def r_q_intervals(report: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
-def utility_vs_privacy(report: dict[str, Any]) -> bytes | None:
+def _budget_and_limit(ax, th: Any, left: float) -> None:
+    """The utility budget (shaded) and the TPR limit (dashed) of utility_vs_privacy."""
+    if _finite(th.max_utility_loss):
+        ax.axvspan(
+            left,
+            100 * th.max_utility_loss,
+            color="green",
+            alpha=0.07,
+            label=f"utility budget (+{100 * th.max_utility_loss:g}% loss)",
+        )
+    if _finite(th.max_tpr_at_1pct_fpr):
+        limit = th.max_tpr_at_1pct_fpr
+        ax.axhline(limit, color="firebrick", lw=0.8, ls="--", label=f"TPR limit {limit:g}")
+
+
+def utility_vs_privacy(report: ReportLike) -> bytes | None:
     """Relative validation-loss change vs full precision (x) against the best attack's calibrated TPR at
     1% FPR (y); the utility budget and the TPR limit drawn, the recommended quantizer circled."""
+    report = as_report(report)
     rows = [
         r
-        for r in report["grid"]
-        if _finite(r["utility"].get("relative_change")) and _finite((r.get("best_attack") or {}).get("value"))
+        for r in report.grid
+        if _finite(r.utility.relative_change) and r.best_attack is not None and _finite(r.best_attack.value)
     ]
     if not rows:
         return None
     colors = quantizer_colors(report)
-    th = report["checklist"]["thresholds"]
-    rec = (report.get("recommendation") or {}).get("quantizer")
+    rec = report.recommendation.quantizer
     fig = Figure(figsize=(6.4, 4.6))
     ax = fig.add_subplot(1, 1, 1)
-    xs = [100 * r["utility"]["relative_change"] for r in rows]
+    xs = [100 * r.utility.relative_change for r in rows]
     for r, x in zip(rows, xs):
-        best = r["best_attack"]
-        ci = r["utility"].get("relative_change_ci")
+        best, ci = r.best_attack, r.utility.relative_change_ci
         xci = [100 * ci[0], 100 * ci[1]] if ci and _finite(ci[0]) and _finite(ci[1]) else None
+        color = colors[r.quantizer]
+        mfc = "white" if best.reliable is False else color
         ax.errorbar(
-            x,
-            best["value"],
-            xerr=_yerr(x, xci),
-            yerr=_yerr(best["value"], best.get("ci")),
-            fmt="o",
-            color=colors[r["quantizer"]],
-            capsize=3,
-            mfc="white" if best.get("reliable") is False else colors[r["quantizer"]],
+            x, best.value, xerr=_yerr(x, xci), yerr=_yerr(best.value, best.ci), fmt="o", color=color, capsize=3, mfc=mfc
         )
-        if r["quantizer"] == rec:
-            ax.plot(x, best["value"], "o", ms=16, mfc="none", mec="green", mew=1.5, label="recommended")
+        if r.quantizer == rec:
+            ax.plot(x, best.value, "o", ms=16, mfc="none", mec="green", mew=1.5, label="recommended")
     left = min(min(xs), 0.0) - 1.0
-    if _finite(th.get("max_utility_loss")):
-        ax.axvspan(
-            left,
-            100 * th["max_utility_loss"],
-            color="green",
-            alpha=0.07,
-            label=f"utility budget (+{100 * th['max_utility_loss']:g}% loss)",
-        )
-    if _finite(th.get("max_tpr_at_1pct_fpr")):
-        ax.axhline(
-            th["max_tpr_at_1pct_fpr"],
-            color="firebrick",
-            lw=0.8,
-            ls="--",
-            label=f"TPR limit {th['max_tpr_at_1pct_fpr']:g}",
-        )
+    _budget_and_limit(ax, report.checklist.thresholds, left)
     if max(xs) > 50 and min(xs) >= 0:
         ax.set_xscale("symlog", linthresh=10)
     ax.set_xlim(left=left)
-    _label_points(ax, [(x, r["best_attack"]["value"], r["quantizer"]) for r, x in zip(rows, xs)])
+    _label_points(ax, [(x, r.best_attack.value, r.quantizer) for r, x in zip(rows, xs)])
     ax.set_xlabel("validation loss change vs full precision (%)")
     ax.set_ylabel("best attack: TPR at 1% FPR (calibrated)")
     ax.set_title("Utility against privacy (lower left is better; open marker: unreliable)", fontsize=10)
@@ -264,17 +277,18 @@ def utility_vs_privacy(report: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
-def trajectory(report: dict[str, Any]) -> bytes | None:
+def trajectory(report: ReportLike) -> bytes | None:
     """Mean validation loss along the training trajectory (checkpoint step), one line per quantizer."""
-    traj = report["result"].get("trajectory") or {}
+    report = as_report(report)
+    traj = report.result.get("trajectory")
     if not traj:
         return None
     colors = quantizer_colors(report)
     fig = Figure(figsize=(6.4, 4.4))
     ax = fig.add_subplot(1, 1, 1)
     all_y = []
-    for row in report["grid"]:
-        curve = traj.get(row["quantizer"])
+    for row in report.grid:
+        curve = traj.get(row.quantizer)
         if not curve:
             continue
         y = [v if _finite(v) else np.nan for v in curve["val_loss"]]
@@ -283,9 +297,9 @@ def trajectory(report: dict[str, Any]) -> bytes | None:
             curve["checkpoint"],
             y,
             marker=".",
-            color=colors[row["quantizer"]],
-            lw=2.2 if row["is_reference"] else 1.3,
-            label=row["quantizer"],
+            color=colors[row.quantizer],
+            lw=2.2 if row.is_reference else 1.3,
+            label=row.quantizer,
         )
     if all_y and min(all_y) > 0 and max(all_y) / min(all_y) > 3:
         from matplotlib.ticker import ScalarFormatter
@@ -313,23 +327,23 @@ PRIMARY_TASK_METRICS = (
 """The task metric the privacy-utility figure shows when report.utility_metric is not one: the first measured."""
 
 
-def _privacy_axis(rows: list[dict[str, Any]]) -> tuple[str, str]:
+def _privacy_axis(rows: list[GridRow]) -> tuple[str, str]:
     """(grid key, label) of the figure's privacy axis: the best attack's calibrated TPR at 1% FPR when every
     quantizer's is reliable, else the best attack's AUROC (small experiments: too few non-members for 1%)."""
-    if rows and all((r.get("best_attack") or {}).get("reliable") for r in rows):
+    if rows and all(r.best_attack is not None and r.best_attack.reliable for r in rows):
         return "best_attack", "best attack: TPR at 1% FPR (calibrated)"
     return "best_attack_by_auroc", "best attack: AUROC"
 
 
-def _task_axis(report: dict[str, Any]) -> str | None:
+def _task_axis(report: ReportJson) -> str | None:
     """report.utility_metric when it is a measured task metric, else the first of PRIMARY_TASK_METRICS that
     differs between quantizers (a metric at 0 for all of them says nothing), else the first measured."""
     values: dict[str, set] = {}
-    for r in report["grid"]:
-        for n, m in r["utility"]["task_metrics"].items():
-            if _finite(m.get("value")):
-                values.setdefault(n, set()).add(round(m["value"], 9))
-    chosen = report["checklist"]["thresholds"].get("utility_metric")
+    for r in report.grid:
+        for n, m in r.utility.task_metrics.items():
+            if _finite(m.value):
+                values.setdefault(n, set()).add(round(m.value, 9))
+    chosen = report.checklist.thresholds.utility_metric
     if chosen in values:
         return chosen
     ordered = [n for n in PRIMARY_TASK_METRICS if n in values] + sorted(set(values) - set(PRIMARY_TASK_METRICS))
@@ -340,18 +354,18 @@ def _utility_panel(ax, rows, colors, xs, xcis, ykey, *, lower_x_is_better: bool)
     """One panel: a point per quantizer with interval bars, the Pareto front joined and ringed."""
     points = []
     for r, x, xci in zip(rows, xs, xcis):
-        best = r[ykey]
+        best = getattr(r, ykey)
         ax.errorbar(
             x,
-            best["value"],
+            best.value,
             xerr=_yerr(x, xci),
-            yerr=_yerr(best["value"], best.get("ci")),
+            yerr=_yerr(best.value, best.ci),
             fmt="o",
-            color=colors[r["quantizer"]],
+            color=colors[r.quantizer],
             capsize=3,
             ms=6,
         )
-        points.append((x, best["value"]))
+        points.append((x, best.value))
     front = [p for p, on in zip(points, pareto_front(points, lower_x_is_better=lower_x_is_better)) if on]
     front.sort(key=lambda p: p[0], reverse=not lower_x_is_better)
     ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="green", lw=1.0, drawstyle="steps-post")
@@ -362,47 +376,57 @@ def _utility_panel(ax, rows, colors, xs, xcis, ykey, *, lower_x_is_better: bool)
     ax.grid(alpha=0.3)
 
 
-def privacy_utility(report: dict[str, Any]) -> bytes | None:
+def _y(r: GridRow, ykey: str) -> float | None:
+    best = getattr(r, ykey)
+    return None if best is None else best.value
+
+
+def privacy_utility(report: ReportLike) -> bytes | None:
     """Privacy against utility, one point per quantizer with 95% intervals: the best attack (y, lower = more
     private) against the mean KL from full precision (left, lower = closer) and against a task metric (right,
     higher = better); the Pareto front (no other quantizer is both more private and more useful) marked."""
-    grid = report["grid"]
-    kl_rows = [r for r in grid if _finite(((r["utility"].get("divergence") or {}).get("kl_mean") or {}).get("mean"))]
+    report = as_report(report)
+    grid = report.grid
+    kl_rows = [
+        r for r in grid if r.utility.divergence.kl_mean is not None and _finite(r.utility.divergence.kl_mean.mean)
+    ]
     task = _task_axis(report)
-    task_rows = [r for r in grid if task and _finite((r["utility"]["task_metrics"].get(task) or {}).get("value"))]
+    task_rows = [
+        r for r in grid if task and task in r.utility.task_metrics and _finite(r.utility.task_metrics[task].value)
+    ]
     ykey, ylabel = _privacy_axis(kl_rows or task_rows)
-    kl_rows = [r for r in kl_rows if _finite((r.get(ykey) or {}).get("value"))]
-    task_rows = [r for r in task_rows if _finite((r.get(ykey) or {}).get("value"))]
+    kl_rows = [r for r in kl_rows if _finite(_y(r, ykey))]
+    task_rows = [r for r in task_rows if _finite(_y(r, ykey))]
     if len(kl_rows) < 2 and len(task_rows) < 2:
         return None
     colors = quantizer_colors(report)
     fig = Figure(figsize=(11, 4.6))
     if len(kl_rows) >= 2:
         ax = fig.add_subplot(1, 2, 1)
-        stats = [r["utility"]["divergence"]["kl_mean"] for r in kl_rows]
-        xs = [s["mean"] for s in stats]
-        _utility_panel(ax, kl_rows, colors, xs, [s.get("ci") for s in stats], ykey, lower_x_is_better=True)
+        stats = [r.utility.divergence.kl_mean for r in kl_rows]
+        xs = [s.mean for s in stats]
+        _utility_panel(ax, kl_rows, colors, xs, [s.ci for s in stats], ykey, lower_x_is_better=True)
         positive = [x for x in xs if x > 0]
         if positive:
             ax.set_xscale("symlog", linthresh=10 ** math.floor(math.log10(min(positive))))
         ax.set_xlabel("mean KL(p_ref || p_q) per validation token (nats), 95% CI over runs")
         ax.set_ylabel(ylabel)
         ax.set_title("against the divergence from full precision", fontsize=10)
-        _label_points(ax, [(x, r[ykey]["value"], r["quantizer"]) for r, x in zip(kl_rows, xs)])
+        _label_points(ax, [(x, _y(r, ykey), r.quantizer) for r, x in zip(kl_rows, xs)])
     if len(task_rows) >= 2:
         ax = fig.add_subplot(1, 2, 2)
-        ms = [r["utility"]["task_metrics"][task] for r in task_rows]
-        xs = [m["value"] for m in ms]
-        _utility_panel(ax, task_rows, colors, xs, [m.get("ci") for m in ms], ykey, lower_x_is_better=False)
+        ms = [r.utility.task_metrics[task] for r in task_rows]
+        xs = [m.value for m in ms]
+        _utility_panel(ax, task_rows, colors, xs, [m.ci for m in ms], ykey, lower_x_is_better=False)
         ax.set_xlabel(f"{task} (higher = better), mean over runs, 95% CI")
         ax.set_ylabel(ylabel)
         ax.set_title(f"against the task metric {task}", fontsize=10)
-        _label_points(ax, [(x, r[ykey]["value"], r["quantizer"]) for r, x in zip(task_rows, xs)])
+        _label_points(ax, [(x, _y(r, ykey), r.quantizer) for r, x in zip(task_rows, xs)])
     fig.suptitle("Privacy against utility across quantizers (lower = more private)", fontsize=10)
     return _png(fig)
 
 
-FIGURES: dict[str, tuple[Callable[[dict[str, Any]], bytes | None], str]] = {
+FIGURES: dict[str, tuple[Callable[[ReportLike], bytes | None], str]] = {
     "r_q_vs_attack": (r_q_vs_attack, "r_Q against the best attack across quantizers"),
     "lira_roc": (lira_roc, "Offline LiRA ROC per quantizer (log-log)"),
     "r_q_intervals": (r_q_intervals, "r_Q per quantizer with 95% intervals"),
@@ -415,8 +439,9 @@ WIDE_FIGURES = ("r_q_vs_attack", "privacy_utility")
 """Figures drawn with two panels: the HTML gives them the full page width."""
 
 
-def render_all(report: dict[str, Any]) -> dict[str, bytes]:
+def render_all(report: ReportLike) -> dict[str, bytes]:
     """{figure name: PNG bytes} for every figure the report has data for, in FIGURES order."""
+    report = as_report(report)
     out = {}
     for name, (fn, _caption) in FIGURES.items():
         png = fn(report)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
+from llmaudit.report.model_base import dig
 from llmaudit.report.release import attack_criterion, decision_of
 from llmaudit.report.utility import metric_estimate
 
@@ -80,7 +81,7 @@ def worst(statuses: Iterable[str]) -> str:
 
 
 def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
-    th = dict(result.get("thresholds") or {})
+    th = dict(dig(result, "thresholds", default=()))
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
     th.setdefault("min_indicator", None)
     th.setdefault("utility_metric", "loss")
@@ -131,7 +132,7 @@ def _legacy_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dic
     for name, att in row["attacks"].items():
         t = checklist_tpr(att)
         n_models = att.get("n_models") or 0
-        if (att.get("not_measured") or {}).get("pooled_calibrated"):
+        if dig(att, "not_measured", "pooled_calibrated"):
             measured, why = False, att["not_measured"]["pooled_calibrated"]
         elif n_models < min_runs:
             measured, why = False, f"{n_models} target models < min_runs {min_runs}"
@@ -144,7 +145,7 @@ def _legacy_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dic
         if verdict["status"] == NOT_MEASURED and t["tpr"] is not None and t["tpr"] > limit:
             verdict["reason"] += f"; indicative estimate {t['tpr']:.4g} exceeds the limit"
         per_attack[name] = {"value": t["tpr"], "ci": t["ci"], "reliable": t["reliable"]} | verdict
-    best = row.get("best_attack") or {}
+    best = row.get("best_attack") or dict.fromkeys(("name", "value", "ci", "reliable"))
     out = {
         "id": "attack_tpr",
         "description": f"highest TPR at {CHECKLIST_FPR:.0%} FPR (per-sample calibrated, pooled) over every attack <= limit",
@@ -203,7 +204,7 @@ def _r_q_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
 
 def _indicator_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     """The validated attack-free indicator (report.indicator) >= report.min_indicator."""
-    ind = row.get("indicator") or {}
+    ind = row.get("indicator") or dict.fromkeys(("name", "mean", "ci", "n_finite", "status"))
     limit, min_runs = th.get("min_indicator"), int(th["min_runs"])
     out = {
         "id": "indicator",

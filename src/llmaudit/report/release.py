@@ -10,13 +10,16 @@ from collections import Counter
 from typing import Any
 
 from llmaudit.analyze.decision.models import QuantizerDecision, SizeNeeded
+from llmaudit.report.models import GridRow, Provenance
 
 DIRECTION_ORDER = {"LESS": 0, "SAME": 1, "CANNOT TELL": 2, "NOT MEASURED": 3, "MORE": 4}
 """How the recommendation ranks a quantizer's comparison with full precision (lower = better)."""
 
 
-def decision_of(row: dict[str, Any]) -> QuantizerDecision | None:
-    """The typed decision of a grid row; None for a report.json written before the release rule existed."""
+def decision_of(row: dict[str, Any] | GridRow) -> QuantizerDecision | None:
+    """The typed decision of a grid row (built or read); None for a report.json written before the release rule."""
+    if isinstance(row, GridRow):
+        return row.decided()
     raw = row.get("decision")
     return None if raw is None else QuantizerDecision.model_validate(raw)
 
@@ -75,20 +78,20 @@ def attack_criterion(row: dict[str, Any], d: QuantizerDecision) -> dict[str, Any
     }
 
 
-def direction_of(row: dict[str, Any]) -> str:
+def direction_of(row: dict[str, Any] | GridRow) -> str:
     """MORE / SAME / LESS / CANNOT TELL / NOT MEASURED against full precision; SAME for the reference itself."""
-    if row.get("is_reference"):
+    if row.is_reference if isinstance(row, GridRow) else row.get("is_reference"):
         return "SAME"
     d = decision_of(row)
     return "NOT MEASURED" if d is None or d.comparison is None else d.comparison.direction
 
 
-def comparison_sentence(row: dict[str, Any]) -> str | None:
+def comparison_sentence(row: dict[str, Any] | GridRow) -> str | None:
     d = decision_of(row)
     return None if d is None or d.comparison is None else d.comparison.sentence
 
 
-def size_phrase(size: dict[str, Any] | SizeNeeded | None, provenance: dict[str, Any]) -> str:
+def size_phrase(size: dict[str, Any] | SizeNeeded | None, provenance: dict[str, Any] | Provenance) -> str:
     """What would decide an open verdict in the store's own numbers: the pool (a recipe's data.pool_size) or the
     imported records, scaled by the factor the decision computed."""
     if size is None:
@@ -96,11 +99,11 @@ def size_phrase(size: dict[str, Any] | SizeNeeded | None, provenance: dict[str, 
     size = size if isinstance(size, SizeNeeded) else SizeNeeded.model_validate(size)
     if size.factor is None or not math.isfinite(size.factor):
         return size.sentence
-    membership = provenance.get("membership") or {}
-    pool = membership.get("pool_size")
-    if pool and provenance.get("origin") != "import":
+    prov = provenance if isinstance(provenance, Provenance) else Provenance.model_validate(provenance)
+    pool = prov.membership.pool_size if prov.membership else None
+    if pool and prov.origin != "import":
         new = int(math.ceil(pool * size.factor))
-        recipe = f"{provenance['run_dir']}/config.yaml" if provenance.get("run_dir") else "RECIPE"
+        recipe = f"{prov.run_dir}/config.yaml" if prov.run_dir else "RECIPE"
         return (
             f"{size.sentence}: a pool of {new} records instead of {pool} (data.pool_size={new}; "
             f"`llmaudit plan {recipe} data.pool_size={new}` prices it)"

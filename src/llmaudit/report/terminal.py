@@ -15,26 +15,27 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from llmaudit.report.models import ReportJson, as_report
 from llmaudit.report.summary import headline, leakage_statement, summary_rows
 
 STATUS_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow", "NOT MEASURED": "bold"}
 
 
-def gate_decision(report: dict[str, Any], release: str | None) -> tuple[bool, str]:
+def gate_decision(report: dict[str, Any] | ReportJson, release: str | None) -> tuple[bool, str]:
     """(cleared, why) for the quantizer a release ships (`release`, default the recommended one): cleared only
     when its overall verdict is PASS. Raises KeyError-free: an unknown name is reported as not cleared."""
-    rec = report.get("recommendation") or {}
-    q = release or rec.get("quantizer")
+    report = as_report(report)
+    q = release or report.recommendation.quantizer
     if q is None:
         return False, "no quantizer is recommended (none keeps enough utility), so nothing is cleared for release"
-    per_q = report["checklist"]["per_quantizer"]
+    per_q = report.checklist.per_quantizer
     if q not in per_q:
         return False, f"{q} is not in the report ({', '.join(per_q)})"
-    overall = per_q[q]["overall"]
+    overall = per_q[q].overall
     return overall == "PASS", f"{q}: overall {overall}" + ("" if overall == "PASS" else ", NOT cleared for release")
 
 
-def _table(report: dict[str, Any], width: int) -> Table:
+def _table(report: ReportJson, width: int) -> Table:
     narrow = width < 100
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
     t.add_column("quantizer", no_wrap=True)
@@ -57,22 +58,22 @@ def _table(report: dict[str, Any], width: int) -> Table:
     return t
 
 
-def print_summary(report: dict[str, Any], *, file: TextIO | None = None, width: int | None = None) -> None:
+def print_summary(report: dict[str, Any] | ReportJson, *, file: TextIO | None = None, width: int | None = None) -> None:
     """Print the answer screen to `file` (default stdout): the table, what it reads, then the recommendation."""
+    report = as_report(report)
     console = Console(file=file or sys.stdout, width=width, highlight=False, markup=False, emoji=False, soft_wrap=False)
     w = console.width
-    prov = report.get("provenance") or {}
-    console.print(Text(f"llmaudit verdict: {prov.get('experiment_name')}", style="bold"))
+    console.print(Text(f"llmaudit verdict: {report.provenance.experiment_name}", style="bold"))
     console.print(_table(report, w))
     console.print(Text("* recommended. " + leakage_statement(report), style="dim"))
     console.print("")
-    rec = report.get("recommendation") or {}
-    console.print(Text(headline(report), style="bold green" if rec.get("cleared_for_release") else "bold yellow"))
-    if rec.get("explanation"):
-        console.print(Text(rec["explanation"]))
+    rec = report.recommendation
+    console.print(Text(headline(report), style="bold green" if rec.cleared_for_release else "bold yellow"))
+    if rec.explanation:
+        console.print(Text(rec.explanation))
 
 
-def summary_text(report: dict[str, Any], width: int = 80) -> str:
+def summary_text(report: dict[str, Any] | ReportJson, width: int = 80) -> str:
     """The answer screen as plain text at `width` columns (what a log that is not a terminal receives)."""
     buf = io.StringIO()
     print_summary(report, file=buf, width=width)

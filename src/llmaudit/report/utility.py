@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from llmaudit.common.formatting import finite_or_none, interval_or_none
+from llmaudit.report.model_base import dig
 
 DIVERGENCE_KEYS = (
     "kl_mean",
@@ -39,29 +40,29 @@ METRIC_LABELS = {
 def divergence_row(entry: dict[str, Any] | None) -> dict[str, Any]:
     """A quantizer's divergence summary for its grid row: every statistic's mean over runs, interval and token
     error, or not measured with the reason."""
-    entry = entry or {}
-    if not entry.get("measured"):
-        return {"measured": False, "reason": entry.get("reason") or "not measured"}
-    out: dict[str, Any] = {"measured": True, "reason": None, "n_runs": entry.get("n_runs")}
+    if not dig(entry, "measured"):
+        return {"measured": False, "reason": dig(entry, "reason") or "not measured"}
+    out: dict[str, Any] = {"measured": True, "reason": None, "n_runs": dig(entry, "n_runs")}
     for key in DIVERGENCE_KEYS:
-        s = entry.get(key) or {}
         out[key] = {
-            "mean": finite_or_none(s.get("mean")),
-            "ci": interval_or_none(*(s.get("ci") or [None, None])),
-            "token_se": finite_or_none(s.get("token_se")),
+            "mean": finite_or_none(dig(entry, key, "mean")),
+            "ci": interval_or_none(*(dig(entry, key, "ci") or [None, None])),
+            "token_se": finite_or_none(dig(entry, key, "token_se")),
         }
     return out
 
 
 def task_metric_row(m: dict[str, Any]) -> dict[str, Any]:
     """One task metric of one quantizer for its grid row: value, interval, its drop below the reference."""
-    drop = m.get("drop_vs_reference") or {}
     return {
         "value": finite_or_none(m.get("value")),
         "ci": interval_or_none(*(m.get("ci") or [None, None])),
         "higher_is_better": m.get("higher_is_better", True),
         "n_runs": m.get("n_runs"),
-        "drop": {"value": finite_or_none(drop.get("value")), "ci": interval_or_none(*(drop.get("ci") or [None, None]))},
+        "drop": {
+            "value": finite_or_none(dig(m, "drop_vs_reference", "value")),
+            "ci": interval_or_none(*(dig(m, "drop_vs_reference", "ci") or [None, None])),
+        },
     }
 
 
@@ -70,25 +71,24 @@ def metric_estimate(row: dict[str, Any], metric: str, limit: float | None) -> di
     ("max": value <= limit, "min": value >= limit), the limit, runs behind it, and why it is missing (or None)."""
     u = row["utility"]
     if metric in ("kl", "same_top"):
-        d = u.get("divergence") or {}
-        stat = (d.get("kl_mean") if metric == "kl" else d.get("same_top")) or {}
+        d = u.get("divergence")
+        stat = "kl_mean" if metric == "kl" else "same_top"
         return {
-            "value": stat.get("mean"),
-            "ci": stat.get("ci"),
+            "value": dig(d, stat, "mean"),
+            "ci": dig(d, stat, "ci"),
             "kind": "max" if metric == "kl" else "min",
             "limit": DEFAULT_LIMITS[metric] if limit is None else float(limit),
-            "n_runs": d.get("n_runs") or 0,
-            "missing": None if d.get("measured") else f"divergence not measured: {d.get('reason')}",
+            "n_runs": dig(d, "n_runs") or 0,
+            "missing": None if dig(d, "measured") else f"divergence not measured: {dig(d, 'reason')}",
             "description": f"{METRIC_LABELS[metric]} {'<=' if metric == 'kl' else '>='} limit",
         }
-    m = (u.get("task_metrics") or {}).get(metric)
-    drop = (m or {}).get("drop") or {}
+    m = dig(u, "task_metrics", metric)
     return {
-        "value": drop.get("value"),
-        "ci": drop.get("ci"),
+        "value": dig(m, "drop", "value"),
+        "ci": dig(m, "drop", "ci"),
         "kind": "max",
         "limit": TASK_DEFAULT_LIMIT if limit is None else float(limit),
-        "n_runs": (m or {}).get("n_runs") or 0,
+        "n_runs": dig(m, "n_runs") or 0,
         "missing": None if m else f"task metric {metric} not measured",
         "description": f"drop of {metric} below full precision (reference - quantizer, paired by run) <= limit",
     }
@@ -114,9 +114,9 @@ def indistinguishable_by_kl(grid: list[dict[str, Any]]) -> list[list[str]]:
     order them (near-lossless quantizers typically)."""
     rows = []
     for r in grid:
-        stat = ((r["utility"].get("divergence") or {}).get("kl_mean")) or {}
-        if stat.get("mean") is not None and stat.get("ci"):
-            rows.append((stat["mean"], stat["ci"], r["quantizer"]))
+        mean, ci = dig(r, "utility", "divergence", "kl_mean", "mean"), dig(r, "utility", "divergence", "kl_mean", "ci")
+        if mean is not None and ci:
+            rows.append((mean, ci, r["quantizer"]))
     rows.sort(key=lambda t: t[0])
     groups: list[list[str]] = []
     current: list[str] = []
@@ -138,18 +138,17 @@ def indistinguishable_by_kl(grid: list[dict[str, Any]]) -> list[list[str]]:
 def utility_summary(result: dict[str, Any]) -> dict[str, Any]:
     """The report's block on how utility beyond the loss was measured: the divergence's definition, and the
     task metrics' settings, metrics, and what was not measured with the fix."""
-    tasks = result.get("task_metrics") or {}
-    divergence = result.get("divergence") or {}
-    settings = tasks.get("settings") or {}
-    generation = settings.get("generation") or {}
+    generation = dig(result, "task_metrics", "settings", "generation")
     return {
-        "divergence_definition": divergence.get("definition"),
-        "divergence_reference": divergence.get("reference_quantizer"),
-        "tasks_measured": bool(tasks.get("measured")),
-        "tasks_reason": tasks.get("reason"),
-        "task_metrics": dict(tasks.get("metrics") or {}),
-        "tasks_not_measured": dict(tasks.get("not_measured") or {}),
-        "generation_samples": tasks.get("n_samples") or len(generation.get("sample_ids") or []) or None,
-        "generation_max_new_tokens": generation.get("max_new_tokens"),
-        "generation_decoding": generation.get("decoding"),
+        "divergence_definition": dig(result, "divergence", "definition"),
+        "divergence_reference": dig(result, "divergence", "reference_quantizer"),
+        "tasks_measured": bool(dig(result, "task_metrics", "measured")),
+        "tasks_reason": dig(result, "task_metrics", "reason"),
+        "task_metrics": dict(dig(result, "task_metrics", "metrics", default=())),
+        "tasks_not_measured": dict(dig(result, "task_metrics", "not_measured", default=())),
+        "generation_samples": dig(result, "task_metrics", "n_samples")
+        or len(dig(generation, "sample_ids") or [])
+        or None,
+        "generation_max_new_tokens": dig(generation, "max_new_tokens"),
+        "generation_decoding": dig(generation, "decoding"),
     }

@@ -4,9 +4,8 @@ table of every quantizer), the comparison with full precision per attack, and th
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmaudit.report.cells import Cell, Section, Table, code, lit
+from llmaudit.report.models import GridRow, ReportJson
 from llmaudit.report.release import decision_of
 from llmaudit.report.summary import headline, leakage_statement, summary_rows
 
@@ -22,7 +21,7 @@ SUMMARY_HEADER = [
 ]
 
 
-def summary_table(report: dict[str, Any]) -> Table:
+def summary_table(report: ReportJson) -> Table:
     """Every quantizer on one table: verdict, leakage against full precision, the honest strongest attack, utility."""
     rows, marked = [], None
     for i, s in enumerate(summary_rows(report)):
@@ -41,20 +40,19 @@ def summary_table(report: dict[str, Any]) -> Table:
                 Cell(s.kl),
             ]
         )
-    return Table(SUMMARY_HEADER, rows, highlight_first=bool(report["grid"][0].get("is_reference")), marked_row=marked)
+    return Table(SUMMARY_HEADER, rows, highlight_first=report.grid[0].is_reference, marked_row=marked)
 
 
-def verdict_section(report: dict[str, Any]) -> Section:
+def verdict_section(report: ReportJson) -> Section:
     """The answer: the headline, the recommendation paragraph and the summary table."""
-    rec = report.get("recommendation") or {}
     paras = [f"**{lit(headline(report))}**"]
-    if rec.get("explanation"):
-        paras.append(lit(rec["explanation"]))
+    if report.recommendation.explanation:
+        paras.append(lit(report.recommendation.explanation))
     paras.append(lit(leakage_statement(report)))
     return Section("Verdict", paras, [summary_table(report)], anchor="verdict")
 
 
-def _difference_cell(row: dict[str, Any], attack: str, metric: str) -> Cell:
+def _difference_cell(row: GridRow, attack: str, metric: str) -> Cell:
     d = decision_of(row)
     if d is None or d.comparison is None:
         return Cell("n/a")
@@ -65,22 +63,22 @@ def _difference_cell(row: dict[str, Any], attack: str, metric: str) -> Cell:
     return Cell(f"{e.value:+.3f}", span)
 
 
-def comparison_section(report: dict[str, Any]) -> Section | None:
+def comparison_section(report: ReportJson) -> Section | None:
     """Per quantizer, the comparison with full precision and, per attack, the paired differences of the TPR at 1% FPR
     and of the AUROC (quantizer minus reference, 95% intervals over the same resampled samples)."""
-    rows = [r for r in report["grid"] if not r.get("is_reference") and decision_of(r) is not None]
+    rows = [r for r in report.grid if not r.is_reference and decision_of(r) is not None]
     decisions = [decision_of(r) for r in rows]
     if not rows or all(d is None or d.comparison is None for d in decisions):
         return None
     bullets = [
-        f"{code(r['quantizer'])}: **{d.comparison.direction}**: {lit(d.comparison.sentence)}"
+        f"{code(r.quantizer)}: **{d.comparison.direction}**: {lit(d.comparison.sentence)}"
         for r, d in zip(rows, decisions)
         if d is not None and d.comparison is not None
     ]
     attacks = list(dict.fromkeys(x.attack for d in decisions if d and d.comparison for x in d.comparison.per_attack))
     tables = [
         Table(
-            [f"Δ {label} vs {report['reference_quantizer']}"] + [r["quantizer"] for r in rows],
+            [f"Δ {label} vs {report.reference_quantizer}"] + [r.quantizer for r in rows],
             [[Cell(a, code=True)] + [_difference_cell(r, a, metric) for r in rows] for a in attacks],
         )
         for metric, label in (("tpr", "TPR at 1% FPR"), ("auroc", "AUROC"))
@@ -94,7 +92,7 @@ def comparison_section(report: dict[str, Any]) -> Section | None:
     return Section("Compared with full precision", paras, tables, bullets=bullets, anchor="comparison")
 
 
-def rule_bullets(report: dict[str, Any]) -> list[str]:
+def rule_bullets(report: ReportJson) -> list[str]:
     """The release rule's statements as recorded with the decision (what each verdict controls)."""
-    rule = report.get("decision_rule") or {}
-    return [lit(s) for s in rule.get("statements") or []]
+    rule = report.decision_rule
+    return [lit(s) for s in rule.statements] if rule is not None else []

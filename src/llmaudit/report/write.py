@@ -10,6 +10,7 @@ from llmaudit.report.build import build_report
 from llmaudit.report.html import render_html
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.model_card import UnknownQuantizerError, render_model_card
+from llmaudit.report.models import dump_report, read_built
 from llmaudit.report.plots import render_all
 from llmaudit.report.schema import validate_report
 from llmaudit.store.run_store import RunStore
@@ -29,15 +30,17 @@ def write_report(
     figures = render_all(report)
     report["plots"] = {name: f"plots/{name}.png" for name in figures}
     validate_report(report)
+    typed = read_built(report)  # every key the builder writes present and typed
+    content = dump_report(typed)
     out = store.report_dir
     files = {f"plots/{name}.png": png for name, png in figures.items()}
-    files["report.json"] = (json.dumps(report, indent=2, allow_nan=False) + "\n").encode()
-    files["report.md"] = render_markdown(report).encode()
-    files["report.html"] = render_html(report, figures).encode()
+    files["report.json"] = (json.dumps(content, indent=2, allow_nan=False) + "\n").encode()
+    files["report.md"] = render_markdown(typed).encode()
+    files["report.html"] = render_html(typed, figures).encode()
     paths = {"json": str(out / "report.json"), "markdown": str(out / "report.md"), "html": str(out / "report.html")}
     paths["plots"] = str(out / "plots")
     try:
-        files["model_card.md"] = render_model_card(report, quantizer=release).encode()
+        files["model_card.md"] = render_model_card(typed, quantizer=release).encode()
     except UnknownQuantizerError as exc:
         replace_directory(out, files)
         raise UnknownQuantizerError(f"{exc} (report.json, report.md and report.html are written in {out})") from exc

@@ -4,6 +4,7 @@ under one model, fast and in bounded memory. Pure computation: no files, no conf
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
@@ -17,6 +18,7 @@ import torch
 from llmaudit.common.runtime import cpu_parallelism, torch_threads
 from llmaudit.data.tokenize import collate
 from llmaudit.models.layers import decoder_and_head
+from llmaudit.score.cpu_head import HeadScores, head_scores, merge_tiles  # also imported from here (older path)
 
 
 def length_sorted_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -68,118 +70,6 @@ def cpu_vocab_tile(rows: int, vocab: int) -> int:
     ops stall; run such a box with one thread per process (torch.set_num_threads(1) / OMP_NUM_THREADS=1)."""
     per_tile = CPU_HEAD_TILE_BYTES * max(1, torch.get_num_threads())
     return min(vocab, max(1, per_tile // (4 * rows)))
-
-
-HeadScores = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]
-"""(NLL of the targets, mean of log p or None, std of log p or None, top-1 token id), each [C]."""
-
-
-def merge_tiles(
-    stats: torch.Tensor, target_logit: torch.Tensor, tile_top: torch.Tensor, tile_width: int, *, vocab_stats: bool
-) -> HeadScores:
-    """Per-tile statistics [2 or 4, tiles, C] (max, sum of exp(x - max), and with vocab_stats the
-    p-weighted mean and variance of x) merged over the tiles: log-sum-exp, and the law of total variance
-    (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once). tile_top [tiles, C]: each
-    tile's argmax (within the tile) of tiles `tile_width` columns wide. Returns the NLL of the targets, with
-    vocab_stats the mean and std of log p under the model's distribution, and the top-1 token id: the first
-    tile holding the overall max (argmax over tiles takes the first), so ties go to the lowest id."""
-    top = stats[0].amax(0)
-    best_tile = stats[0].argmax(0)  # [C]
-    top1 = tile_top.gather(0, best_tile[None]).squeeze(0) + best_tile * tile_width
-    weights = stats[1] * torch.exp(stats[0] - top)  # [tiles, C]: each tile's share of the mass
-    total = weights.sum(0)
-    lse = top + total.log()
-    nll = lse - target_logit
-    if not vocab_stats:
-        return nll, None, None, top1
-    tile_mean, tile_var = stats[2], stats[3]
-    mean = (weights * tile_mean).sum(0) / total
-    spread = (weights * (tile_var + (tile_mean - mean).square())).sum(0)  # within + between tiles
-    return nll, mean - lse, (spread / total).clamp_min(0).sqrt(), top1
-
-
-@torch.no_grad()
-def head_scores(
-    head: torch.nn.Linear, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, vocab_tile: int
-) -> HeadScores:
-    """NLL of `targets` [C] under softmax(head(h)) for h [C, H], optionally the mean and std of log p
-    under that distribution (all [C] float32), and the top-1 token id [C] (int64, the lowest id on ties, as
-    torch.argmax), without holding more than [C, vocab_tile] logits.
-
-    Each vocabulary tile's logits x are reduced in place, while they are still in cache, to their max m
-    (with its position: the tile's argmax), the sum of exp(x - m) and (vocab_stats) the p-weighted mean and centred variance of x within the
-    tile. The tiles are merged once at the end: logsumexp over the tiles, and the law of total variance
-    (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once), so no variance is ever
-    formed as E[x^2] - E[x]^2. mean log p = E_p[x] - logsumexp(x) and var log p = var_p(x). The target's
-    logit is the dot product of its hidden state with its weight row, computed once.
-
-    The tile buffers and the per-tile statistics are allocated once per call and written in place: a
-    fresh block per tile, interleaved with small long-lived ones, fragments the C heap, and the process
-    then grows with the number of tiles although the live tensors do not."""
-    weight, bias = head.weight, head.bias
-    vocab, rows = weight.shape[0], h.shape[0]
-    tiles = range(0, vocab, vocab_tile)
-    h = h.to(weight.dtype)  # a float32 head on half-precision hidden states computes in float32
-    direct = weight.dtype == torch.float32
-    if direct:
-        target_logit = torch.linalg.vecdot(h, weight[targets])
-        if bias is not None:
-            target_logit += bias[targets].float()
-    else:  # half-precision logits: the target's is read from its rounded tile, as head(h) would give it
-        target_logit = torch.zeros(rows, dtype=torch.float32, device=h.device)
-        half = torch.empty(rows * vocab_tile, dtype=weight.dtype, device=h.device)
-    # per tile: max, sum of exp(x - max), and with vocab_stats the p-weighted mean and variance of x
-    stats = torch.empty(4 if vocab_stats else 2, len(tiles), rows, dtype=torch.float32, device=h.device)
-    tile_top = torch.empty(len(tiles), rows, dtype=torch.long, device=h.device)
-    full = rows * vocab_tile
-    buffer = torch.empty(full * (3 if vocab_stats else 1), dtype=torch.float32, device=h.device)
-    for t, v0 in enumerate(tiles):
-        v1 = min(v0 + vocab_tile, vocab)
-        size = rows * (v1 - v0)
-        x = buffer[:size].view(rows, v1 - v0)
-        if direct:
-            torch.mm(h, weight[v0:v1].t(), out=x)
-            if bias is not None:
-                x.add_(bias[v0:v1])
-        else:
-            _half_tile_logits(h, weight, bias, v0, v1, half[:size].view(rows, v1 - v0), x, targets, target_logit)
-        m, _ = torch.max(x, 1, out=(stats[0, t], tile_top[t]))  # one pass: the max and its first position
-        x.sub_(m[:, None])  # x - m <= 0
-        if not vocab_stats:
-            torch.sum(x.exp_(), 1, out=stats[1, t])
-            continue
-        w = torch.exp(x, out=buffer[full : full + size].view(rows, v1 - v0))  # unnormalised p in the tile
-        scratch = buffer[2 * full : 2 * full + size].view(rows, v1 - v0)
-        w_sum = torch.sum(w, 1, out=stats[1, t])  # >= 1: the max contributes exp(0)
-        mean = torch.sum(torch.mul(w, x, out=scratch), 1, out=stats[2, t]).div_(w_sum)  # of x - m
-        x.sub_(mean[:, None])
-        torch.sum(torch.mul(w.mul_(x), x, out=scratch), 1, out=stats[3, t]).div_(w_sum)
-        mean.add_(m)
-    return merge_tiles(stats, target_logit, tile_top, vocab_tile, vocab_stats=vocab_stats)
-
-
-def _half_tile_logits(
-    h: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    v0: int,
-    v1: int,
-    half: torch.Tensor,
-    x: torch.Tensor,
-    targets: torch.Tensor,
-    target_logit: torch.Tensor,
-) -> None:
-    """Logits of vocabulary tile [v0, v1) for a half-precision head (bf16/fp16 weights and hidden states): the
-    matmul in the weights' dtype into `half` (oneDNN accumulates in float32 and rounds once, as head(h) does),
-    then float32 in `x` for every reduction; the targets that fall in the tile get their logit from it."""
-    torch.mm(h, weight[v0:v1].t(), out=half)
-    if bias is not None:
-        half.add_(bias[v0:v1])
-    x.copy_(half)
-    inside = (targets >= v0) & (targets < v1)
-    if bool(inside.any()):
-        rows = torch.nonzero(inside).squeeze(1)
-        target_logit[rows] = x[rows, targets[rows] - v0]
 
 
 # Bytes of logits, and of the same-sized temporaries made from them, that one head call may hold at once
@@ -314,39 +204,45 @@ def plain_modules(model: Any) -> bool:
     return True
 
 
-def _score_batch(
-    decoder: Any,
-    head: Any,
-    examples: Sequence[tuple[Sequence[int], Sequence[bool]]],
-    *,
-    pad_id: int,
-    head_chunk: int,
-    vocab_stats: bool,
-    device: torch.device,
-    head_logits_bytes: int | None = None,
-    hidden_hook: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
-) -> list[TokenScores]:
-    """Scores of one length-sorted batch (see score_examples)."""
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How score_examples batches and bounds its work (see there): the engine's typed settings.
+
+    token_budget: padded tokens per batch; head_chunk: positions per head call; vocab_stats: the mean and std of
+    log p (Min-K%++); cpu_workers: threads scoring whole batches on CPU (None: one per core); head_logits_bytes:
+    the logits budget of one head call off the CPU tiles (None: HEAD_LOGITS_BYTES)."""
+
+    token_budget: int = 8192
+    head_chunk: int = 1024
+    vocab_stats: bool = False
+    device: torch.device | str = "cpu"
+    cpu_workers: int | None = None
+    head_logits_bytes: int | None = None
+
+
+def _chunk_head_scores(head: Any, h: torch.Tensor, targets: torch.Tensor, options: ScoringOptions) -> list[HeadScores]:
+    """The head's scores of the positions h [P, H], `options.head_chunk` positions at a time."""
     tiled = type(head) is torch.nn.Linear  # tiles slice the weight; any other head (quantized) is called whole
-    ids, _, mask = collate(list(examples), pad_id, device)
-    # Right padding + causal attention: a real token only attends to earlier tokens, which are all real,
-    # so no padding mask is needed; without one the decoder takes the fused causal attention kernel.
-    # use_cache=False: no key/value cache is built (it would copy every layer's keys and values).
-    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
-    pred = mask[:, 1:]
-    h = hidden[:, :-1][pred]  # [P, H]
-    targets = ids[:, 1:][pred]  # [P]
-    del hidden
-    if hidden_hook is not None:
-        hidden_hook(h, targets)
+    on_cpu = torch.device(options.device).type == "cpu"
     parts = []
-    for start in range(0, h.shape[0], head_chunk):
-        h_c, t_c = h[start : start + head_chunk], targets[start : start + head_chunk]
-        tile = cpu_vocab_tile(h_c.shape[0], head.weight.shape[0]) if tiled and device.type == "cpu" else None
+    for start in range(0, h.shape[0], options.head_chunk):
+        h_c, t_c = h[start : start + options.head_chunk], targets[start : start + options.head_chunk]
+        tile = cpu_vocab_tile(h_c.shape[0], head.weight.shape[0]) if tiled and on_cpu else None
         if tile is not None and tile < head.weight.shape[0]:
-            parts.append(head_scores(head, h_c, t_c, vocab_stats=vocab_stats, vocab_tile=tile))
+            parts.append(head_scores(head, h_c, t_c, vocab_stats=options.vocab_stats, vocab_tile=tile))
         else:  # GPU, a quantized head, or a vocabulary within one CPU tile: full logits, within the byte budget
-            parts.append(bounded_head_scores(head, h_c, t_c, vocab_stats=vocab_stats, max_bytes=head_logits_bytes))
+            parts.append(
+                bounded_head_scores(
+                    head, h_c, t_c, vocab_stats=options.vocab_stats, max_bytes=options.head_logits_bytes
+                )
+            )
+    return parts
+
+
+def _split_scores(
+    parts: list[HeadScores], targets: torch.Tensor, counts: list[int], *, vocab_stats: bool
+) -> list[TokenScores]:
+    """The batch's head scores (its samples' positions one after the other) as one TokenScores per sample."""
     none = [torch.zeros(0)]  # a batch of one-token samples has no scored position
     nll_np = torch.cat([p[0] for p in parts] or none).cpu().numpy()
     top1_np = (torch.cat([p[3] for p in parts]) == targets).cpu().numpy() if parts else np.zeros(0, bool)
@@ -356,7 +252,7 @@ def _score_batch(
     mu_np = torch.cat([p[1] for p in parts] or none).cpu().numpy() if vocab_stats else None
     sd_np = torch.cat([p[2] for p in parts] or none).cpu().numpy() if vocab_stats else None
     out, offset = [], 0
-    for count in pred.sum(1).tolist():
+    for count in counts:
         sl = slice(offset, offset + count)
         out.append(
             TokenScores(
@@ -368,6 +264,30 @@ def _score_batch(
         )
         offset += count
     return out
+
+
+def _score_batch(
+    decoder: Any,
+    head: Any,
+    examples: Sequence[tuple[Sequence[int], Sequence[bool]]],
+    pad_id: int,
+    options: ScoringOptions,
+    hidden_hook: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+) -> list[TokenScores]:
+    """Scores of one length-sorted batch (see score_examples; options.device is a torch.device here)."""
+    ids, _, mask = collate(list(examples), pad_id, options.device)
+    # Right padding + causal attention: a real token only attends to earlier tokens, which are all real,
+    # so no padding mask is needed; without one the decoder takes the fused causal attention kernel.
+    # use_cache=False: no key/value cache is built (it would copy every layer's keys and values).
+    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+    pred = mask[:, 1:]
+    h = hidden[:, :-1][pred]  # [P, H]
+    targets = ids[:, 1:][pred]  # [P]
+    del hidden
+    if hidden_hook is not None:
+        hidden_hook(h, targets)
+    parts = _chunk_head_scores(head, h, targets, options)
+    return _split_scores(parts, targets, pred.sum(1).tolist(), vocab_stats=options.vocab_stats)
 
 
 def _worker_count(model: Any, device: torch.device, n_batches: int, cpu_workers: int | None) -> int:
@@ -398,15 +318,12 @@ def score_examples(
     examples: Sequence[tuple[Sequence[int], Sequence[bool]]],
     *,
     pad_id: int,
-    token_budget: int = 8192,
-    head_chunk: int = 1024,
-    vocab_stats: bool = False,
-    device: torch.device | str = "cpu",
-    cpu_workers: int | None = None,
-    head_logits_bytes: int | None = None,
+    options: ScoringOptions | None = None,
     hidden_hook: Callable[[list[int], torch.Tensor, torch.Tensor], None] | None = None,
+    **overrides: Any,
 ) -> list[TokenScores]:
-    """Per-token losses of each (input_ids, loss_mask) example, in input order.
+    """Per-token losses of each (input_ids, loss_mask) example, in input order, scored as `options` says
+    (`ScoringOptions`; overrides: any of its fields by keyword, applied over options, e.g. vocab_stats=True).
 
     On CPU, `cpu_workers` threads (None: one per available core, at most one per batch) each score whole
     batches, longest first, with the torch threads divided among them. A small model's ops are too short
@@ -425,24 +342,16 @@ def score_examples(
     before the head: `batch` the example indices in batch order, h [P, H] the rows of those examples one after
     the other (each example's sum(loss_mask[1:]) positions in order), targets [P] the tokens they predict. It
     runs in the worker thread of that batch (llmaudit.score.divergence uses it)."""
+    options = dataclasses.replace(options or ScoringOptions(), **overrides)
+    options = dataclasses.replace(options, device=torch.device(options.device))  # a torch.device from here on
     decoder, head = decoder_and_head(model)
-    device = torch.device(device)
-    batches = length_sorted_batches([len(ids) for ids, _ in examples], token_budget)
-    workers = _worker_count(model, device, len(batches), cpu_workers)
+    batches = length_sorted_batches([len(ids) for ids, _ in examples], options.token_budget)
+    workers = _worker_count(model, options.device, len(batches), options.cpu_workers)
 
     def run(batch: list[int]) -> list[TokenScores]:
         with torch.inference_mode():  # thread-local: worker threads enter it themselves
-            return _score_batch(
-                decoder,
-                head,
-                [examples[i] for i in batch],
-                pad_id=pad_id,
-                head_chunk=head_chunk,
-                vocab_stats=vocab_stats,
-                device=device,
-                head_logits_bytes=head_logits_bytes,
-                hidden_hook=None if hidden_hook is None else functools.partial(hidden_hook, batch),
-            )
+            hook = None if hidden_hook is None else functools.partial(hidden_hook, batch)
+            return _score_batch(decoder, head, [examples[i] for i in batch], pad_id, options, hook)
 
     if workers == 1:
         results = map(run, batches)

@@ -31,11 +31,3 @@ def claim(path: Path, *, timeout: float = 0.0) -> Iterator[bool]:
         yield True
     finally:
         lock.release()
-
-
-def is_claimed(path: Path) -> bool:
-    """Whether a live process holds the lock at `path` right now (for `llmaudit status`)."""
-    if not path.exists():
-        return False
-    with claim(path) as mine:
-        return not mine

@@ -72,17 +72,6 @@ REQUIRED_COLUMNS: dict[str, str] = {
     "token_losses": "list<float>",
 }
 
-OPTIONAL_COLUMNS: dict[str, str] = {
-    "token_vocab_mean": "list<float>",
-    "token_vocab_std": "list<float>",
-    "token_top1": "list<bool>",
-    "zlib_bytes": "int",
-    "point_id": "str",
-    "token_kl": "list<float>",
-    "token_same_top": "list<bool>",
-    "generated": "str",
-}
-
 UTILITY_METADATA_KEY = b"llmaudit.utility"
 """Parquet schema metadata of a unit file with utility columns: JSON of the settings they were made with."""
 
@@ -134,20 +123,7 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
             "(see `llmaudit.losstable` or the README section 'Loss tables')."
         )
     _check_nulls(df, source)
-    df = df.copy()
-    try:
-        df["run"] = df["run"].astype("int64")
-        df["checkpoint"] = df["checkpoint"].astype("int64")
-        df["n_tokens"] = df["n_tokens"].astype("int64")
-        df["loss"] = df["loss"].astype("float64")
-    except (TypeError, ValueError) as exc:
-        raise LossTableError(f"{source}: a numeric column holds non-numbers ({exc}).") from exc
-    for col in ("quantizer", "sample_id", "split"):
-        df[col] = df[col].astype(str)
-    if df["member"].dtype != bool:
-        if not df["member"].isin([0, 1, True, False]).all():
-            raise LossTableError(f"{source}: column 'member' must be boolean (True/False or 0/1).")
-        df["member"] = df["member"].astype(bool)
+    df = _canonical_dtypes(df, source)
     bad_split = sorted(set(df["split"]) - set(SPLITS))
     if bad_split:
         raise LossTableError(f"{source}: unknown split value(s) {bad_split}; allowed: {list(SPLITS)}.")
@@ -177,6 +153,25 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
     _check_token_columns(df, source)
     _check_duplicates(df, source)
     check_one_membership(df, source)
+    return df
+
+
+def _canonical_dtypes(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """A copy with the canonical dtypes: int64 run/checkpoint/n_tokens, float64 loss, str names, bool member."""
+    df = df.copy()
+    try:
+        df["run"] = df["run"].astype("int64")
+        df["checkpoint"] = df["checkpoint"].astype("int64")
+        df["n_tokens"] = df["n_tokens"].astype("int64")
+        df["loss"] = df["loss"].astype("float64")
+    except (TypeError, ValueError) as exc:
+        raise LossTableError(f"{source}: a numeric column holds non-numbers ({exc}).") from exc
+    for col in ("quantizer", "sample_id", "split"):
+        df[col] = df[col].astype(str)
+    if df["member"].dtype != bool:
+        if not df["member"].isin([0, 1, True, False]).all():
+            raise LossTableError(f"{source}: column 'member' must be boolean (True/False or 0/1).")
+        df["member"] = df["member"].astype(bool)
     return df
 
 

@@ -27,23 +27,18 @@ or unpickled, and `trust_remote_code` is never taken from a manifest (docs/archi
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
-import importlib.metadata
 import json
-import platform
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from llmaudit import __version__
 from llmaudit.common.bounded import InputLimitError, JsonLineError, read_jsonl
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
 from llmaudit.common.io import file_digest as file_digest  # re-exported: its import path since 0.2
-from llmaudit.common.names import check_safe_name, is_safe_name
+from llmaudit.common.names import check_safe_name
 from llmaudit.common.runtime import (
     DTYPE_NAMES,
     SHORT_DTYPE_NAMES,
@@ -52,64 +47,12 @@ from llmaudit.common.runtime import (
     dtype_name,
     legacy_dtype,
 )
-from llmaudit.config import MAX_MASK_CELLS, MAX_RUNS, ExperimentConfig, RecipeError, config_from_dict, dump_config
+from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config
 from llmaudit.store.confine import check_store_tree
 from llmaudit.store.digests import DIGEST_SCOPE, parse_record
-
-MANIFEST_VERSION = 3
-DIGESTED_KEYS_V2 = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
-DIGESTED_KEYS = (*DIGESTED_KEYS_V2, "compute", "score_compute")
-"""The manifest content that defines an experiment and its numbers: its digest is checked on every read. Version 3
-added the compute dtype the store trains in (`compute`, decided once when the store is created) and scores in
-(`score_compute`, decided by the first `score`); a version-2 manifest is digested over its own keys."""
-REQUIRED_KEYS = ("name", "identity_hash", "identity", "config", "data", "membership")
-REPAIR = "restore the run directory from its source, or recreate it with `llmaudit finetune` (or `llmaudit import`)"
-
-TRACKED_LIBRARIES = (
-    "torch",
-    "transformers",
-    "peft",
-    "accelerate",
-    "safetensors",
-    "tokenizers",
-    "datasets",
-    "numpy",
-    "scipy",
-    "scikit-learn",
-    "pandas",
-    "pyarrow",
-    "hqq",
-    "bitsandbytes",
-    "gptqmodel",
-    "optimum",
-    "gguf",
-)
-
-
-class StoreError(UserError):
-    """The run store is missing, damaged, tampered with, or belongs to another experiment."""
-
-
-def digested_keys(manifest: dict[str, Any]) -> tuple[str, ...]:
-    """The keys a manifest's digest covers (DIGESTED_KEYS; DIGESTED_KEYS_V2 for a version-2 manifest)."""
-    version = manifest.get("manifest_version")
-    return DIGESTED_KEYS if isinstance(version, int) and version >= 3 else DIGESTED_KEYS_V2
-
-
-def content_digest(manifest: dict[str, Any]) -> str:
-    """sha256 of the manifest's defining content (`digested_keys`), canonical JSON."""
-    blob = json.dumps({k: manifest.get(k) for k in digested_keys(manifest)}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def library_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version(), "llmaudit": __version__}
-    for name in TRACKED_LIBRARIES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+from llmaudit.store.manifest import MANIFEST_VERSION, REPAIR, check_manifest, jsonable, mask_rows, new_manifest
+from llmaudit.store.manifest import StoreError as StoreError  # re-exported: imported from here across llmaudit
+from llmaudit.store.manifest import content_digest as content_digest  # re-exported, as StoreError
 
 
 class RunStore:
@@ -188,53 +131,7 @@ class RunStore:
                 "Run `llmaudit finetune RECIPE` (or `llmaudit import`) first, or point to the directory it printed."
             )
         manifest = read_json(self.manifest_path, what="run-store manifest", fix=REPAIR + ".")
-        if not isinstance(manifest, dict):
-            raise StoreError(f"{self.manifest_path} is not a JSON object; {REPAIR}.")
-        missing = [k for k in REQUIRED_KEYS if k not in manifest]
-        if missing:
-            raise StoreError(f"{self.manifest_path} lacks the key(s) {missing}: the manifest is damaged; {REPAIR}.")
-        recorded = manifest.get("content_digest")
-        if recorded is not None and recorded != content_digest(manifest):
-            raise StoreError(
-                f"{self.manifest_path} was modified after llmaudit wrote it: its content digest does not match "
-                f"its {'/'.join(digested_keys(manifest))} sections (an edited pool size, membership mask or data id changes "
-                f"every attack). Restore the original manifest; {REPAIR}."
-            )
-        bad = [q for q in manifest.get("quantizers") or [] if not is_safe_name(q)]
-        if bad:
-            raise StoreError(
-                f"{self.manifest_path}: quantizer name(s) {bad[:3]} are not allowed (they would name paths); {REPAIR}."
-            )
-        self._check_membership(manifest)
-        return manifest
-
-    def _check_membership(self, manifest: dict[str, Any]) -> None:
-        mem, data = manifest["membership"], manifest["data"]
-        where = f"{self.manifest_path}: membership"
-        try:
-            rows = _mask_rows(mem["masks"], where)
-            problems = []
-            if any(((row != ord("0")) & (row != ord("1"))).any() for row in rows):
-                problems.append("masks hold characters other than 0 and 1")
-            if len(rows) != mem["runs"]:
-                problems.append(f"runs = {mem['runs']} but {len(rows)} masks")
-            identity_runs = ((manifest.get("identity") or {}).get("train") or {}).get("runs")
-            if identity_runs is not None and identity_runs != mem["runs"]:
-                problems.append(f"runs = {mem['runs']} but the experiment's identity says train.runs = {identity_runs}")
-            widths = {len(r) for r in rows}
-            if widths != {mem["pool_size"]}:
-                problems.append(f"pool_size = {mem['pool_size']} but the masks hold {sorted(widths)[:5]} samples")
-            if "pool_ids" in data and len(data["pool_ids"]) != mem["pool_size"]:
-                problems.append(f"pool_size = {mem['pool_size']} but data.pool_ids lists {len(data['pool_ids'])}")
-            counts = [int((r == ord("1")).sum()) for r in rows]
-            if counts != list(mem["n_train"]):
-                problems.append(f"n_train = {str(mem['n_train'])[:100]} but the masks count {str(counts)[:100]}")
-            if counts and mem["pool_size"] and abs(mem["fpc"] - (1 - np.mean(counts) / mem["pool_size"])) > 1e-9:
-                problems.append(f"fpc = {mem['fpc']} does not equal 1 - mean(n_train) / pool_size")
-        except (KeyError, TypeError) as exc:
-            raise StoreError(f"{where} is incomplete ({exc!r} missing or malformed); {REPAIR}.") from None
-        if problems:
-            raise StoreError(f"{where} contradicts itself: {'; '.join(problems)}; {REPAIR}.")
+        return check_manifest(manifest, self.manifest_path)
 
     def config(self, *, trust_remote_code: bool = False) -> ExperimentConfig:
         """The experiment's resolved config. `model.trust_remote_code` is the caller's (False unless the
@@ -250,7 +147,7 @@ class RunStore:
             cfg = config_from_dict(raw, source=str(self.manifest_path))
         except (RecipeError, AttributeError, TypeError) as exc:
             raise StoreError(f"{self.manifest_path}: its config section is invalid ({exc}); {REPAIR}.") from None
-        if cfg.identity_hash() != manifest["identity_hash"] or cfg.identity() != _jsonable(manifest["identity"]):
+        if cfg.identity_hash() != manifest["identity_hash"] or cfg.identity() != jsonable(manifest["identity"]):
             raise StoreError(
                 f"{self.manifest_path}: the config section no longer matches the experiment's identity (model, data, "
                 f"LoRA and training settings were edited); {REPAIR}."
@@ -332,31 +229,7 @@ class RunStore:
     ) -> dict[str, Any]:
         """A new store's manifest. `compute`: the dtype it trains and scores in and why (`ComputeChoice.to_record`),
         decided once here so that every later process, shard or machine computes in the same dtype."""
-        manifest = {
-            "manifest_version": MANIFEST_VERSION,
-            "name": cfg.name,
-            "origin": "import" if imported else "finetune",
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "identity_hash": cfg.identity_hash(),
-            "identity": cfg.identity(),
-            "config": cfg.model_dump(mode="json"),
-            "versions": library_versions(),
-            "seeds": {"data": cfg.data.seed, "train": cfg.train.seed, "builtin_model": cfg.model.builtin.seed},
-            "data": data,
-            "membership": {
-                "runs": int(membership.shape[0]),
-                "pool_size": int(membership.shape[1]),
-                "n_train": [int(x) for x in membership.sum(axis=1)],
-                "fpc": float(1 - membership.sum(axis=1).mean() / membership.shape[1]),
-                "masks": ["".join("1" if m else "0" for m in row) for row in membership],
-            },
-            "imported": imported,
-            "model_source": model_source,
-            "compute": compute,
-            "score_compute": None,
-            "quantizers": [],
-        }
-        manifest = _jsonable(manifest)
+        manifest = new_manifest(cfg, data, membership, imported=imported, model_source=model_source, compute=compute)
         self.write_manifest(manifest)
         atomic_write_text(self.root / "config.yaml", dump_config(cfg))
         self.pending_path.unlink(missing_ok=True)
@@ -434,7 +307,7 @@ class RunStore:
 
     def membership(self) -> np.ndarray:
         """[runs, pool_size] booleans: run r trained on pool sample j."""
-        rows = _mask_rows(self.manifest()["membership"]["masks"], f"{self.manifest_path}: membership")
+        rows = mask_rows(self.manifest()["membership"]["masks"], f"{self.manifest_path}: membership")
         return np.stack(rows).reshape(len(rows), -1) == ord("1")
 
     def scored_quantizers(self) -> list[str]:
@@ -556,22 +429,3 @@ class RunStore:
         except InputLimitError as exc:
             raise StoreError(f"{exc} {REPAIR[0].upper()}{REPAIR[1:]}.") from None
         return records
-
-
-def _mask_rows(masks: Any, where: str) -> list[np.ndarray]:
-    """The membership masks as byte arrays ('0'/'1'), refused before any is expanded when they are not a list of
-    strings or hold more runs or characters than a valid experiment can (`config.MAX_RUNS`, `MAX_MASK_CELLS`)."""
-    if not isinstance(masks, list) or not all(isinstance(row, str) for row in masks):
-        raise TypeError("masks must be a list of strings of 0 and 1")
-    cells = sum(len(row) for row in masks)
-    if len(masks) > MAX_RUNS or cells > MAX_MASK_CELLS:
-        raise StoreError(
-            f"{where}: {len(masks):,} masks of {cells:,} characters are more than any experiment holds (at most "
-            f"{MAX_RUNS:,} runs and {MAX_MASK_CELLS:,} characters); {REPAIR}."
-        )
-    return [np.frombuffer(row.encode("utf-8"), dtype=np.uint8) for row in masks]
-
-
-def _jsonable(obj: Any) -> Any:
-    """The value as JSON would read it back (tuples to lists, numpy to Python)."""
-    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))

@@ -18,7 +18,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,26 @@ def model_sequence_bits(
     return np.concatenate(bits)
 
 
+def _full_batch_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, vocab_size: int
+) -> float:
+    """One optimizer step on the mean next-token cross-entropy of all `tokens`; returns that loss (nats/token)."""
+    logits = _data_logits(model, tokens, vocab_size)
+    loss = F.cross_entropy(logits.reshape(-1, vocab_size), tokens.reshape(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+def _window_gain(losses: list[float], window: int, log2v: float) -> tuple[float, float]:
+    """(memorised bits per token implied by the mean loss of the last `window` steps, its relative gain over
+    the window before)."""
+    now = log2v - np.mean(losses[-window:]) / LN2
+    before = log2v - np.mean(losses[-2 * window : -window]) / LN2
+    return now, float((now - before) / max(abs(before), 1e-9))
+
+
 def train_to_saturation(
     model: torch.nn.Module,
     tokens: torch.Tensor,
@@ -166,21 +186,10 @@ def train_to_saturation(
     losses: list[float] = []
     gain = None
     saturated = False
-
-    def step_once() -> None:
-        logits = _data_logits(model, tokens, vocab_size)
-        loss = F.cross_entropy(logits.reshape(-1, vocab_size), tokens.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-
     for step in range(1, max_steps + 1):
-        step_once()
+        losses.append(_full_batch_step(model, optimizer, tokens, vocab_size))
         if step % window == 0 and step >= 2 * window:
-            now = log2v - np.mean(losses[-window:]) / LN2
-            before = log2v - np.mean(losses[-2 * window : -window]) / LN2
-            gain = float((now - before) / max(abs(before), 1e-9))
+            now, gain = _window_gain(losses, window, log2v)
             if now > 0 and gain < min_rel_gain:
                 saturated = True
                 break
@@ -188,7 +197,7 @@ def train_to_saturation(
     for i in range(cooldown_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr * (cooldown_steps - i) / cooldown_steps
-        step_once()
+        losses.append(_full_batch_step(model, optimizer, tokens, vocab_size))
     return {
         "steps": len(losses),
         "constant_lr_steps": constant_steps,
@@ -198,50 +207,50 @@ def train_to_saturation(
     }
 
 
+@dataclass(frozen=True)
+class CapacityTraining:
+    """The data and training settings of one capacity measurement (`measure_capacity`), in the order the
+    results' settings record them."""
+
+    seq_len: int = 16
+    vocab_size: int = 16
+    lr: float = 1e-2
+    max_steps: int = 2500
+    window: int = 250
+    min_rel_gain: float = 0.01
+    cooldown_steps: int = 500
+    seed: int = 0
+    device: str = "cpu"
+
+
 def measure_capacity(
-    size: TinyGPTSize | str,
-    n_sequences: int,
-    *,
-    seq_len: int = 16,
-    vocab_size: int = 16,
-    lr: float = 1e-2,
-    max_steps: int = 2500,
-    window: int = 250,
-    min_rel_gain: float = 0.01,
-    cooldown_steps: int = 500,
-    seed: int = 0,
-    device: str = "cpu",
+    size: TinyGPTSize | str, n_sequences: int, training: CapacityTraining | None = None, **options: Any
 ) -> dict[str, Any]:
     """Train one tiny model on N random sequences and measure what it memorised.
 
-    Returns params, true entropy, memorised bits (train), the same estimator on as many unseen random
-    sequences (its false-positive floor: clipping at 0 turns noise into positive bits), bits per
-    parameter (memorised / params) and training facts (steps, saturated, wall time)."""
+    training: `CapacityTraining` (default: its defaults); `options` are keyword overrides of its fields
+    (`measure_capacity("8x1", 8, seq_len=8, max_steps=300)`). Returns params, true entropy, memorised bits
+    (train), the same estimator on as many unseen random sequences (its false-positive floor: clipping at 0
+    turns noise into positive bits), bits per parameter (memorised / params) and training facts (steps,
+    saturated, wall time)."""
+    t = replace(training or CapacityTraining(), **options)
     size = TinyGPTSize.parse(size)
     start = time.perf_counter()
-    train = uniform_random_tokens(n_sequences, seq_len, vocab_size, seed=seed).to(device)
-    heldout = uniform_random_tokens(n_sequences, seq_len, vocab_size, seed=seed + 1_000_003).to(device)
-    model = build_tiny_gpt(size, vocab_size=vocab_size, seq_len=seq_len, seed=seed).to(device)
+    train = uniform_random_tokens(n_sequences, t.seq_len, t.vocab_size, seed=t.seed).to(t.device)
+    heldout = uniform_random_tokens(n_sequences, t.seq_len, t.vocab_size, seed=t.seed + 1_000_003).to(t.device)
+    model = build_tiny_gpt(size, vocab_size=t.vocab_size, seq_len=t.seq_len, seed=t.seed).to(t.device)
     params = count_parameters(model).total
-    training = train_to_saturation(
-        model,
-        train,
-        vocab_size,
-        lr=lr,
-        max_steps=max_steps,
-        window=window,
-        min_rel_gain=min_rel_gain,
-        cooldown_steps=cooldown_steps,
-    )
-    memorized = float(uniform_memorized_bits(model_sequence_bits(model, train, vocab_size), seq_len, vocab_size).sum())
-    floor = float(uniform_memorized_bits(model_sequence_bits(model, heldout, vocab_size), seq_len, vocab_size).sum())
-    entropy = true_entropy_bits(n_sequences, seq_len, vocab_size)
+    schedule = {k: getattr(t, k) for k in ("lr", "max_steps", "window", "min_rel_gain", "cooldown_steps")}
+    training_facts = train_to_saturation(model, train, t.vocab_size, **schedule)
+    memorized = float(_memorized_bits(model, train, t).sum())
+    floor = float(_memorized_bits(model, heldout, t).sum())
+    entropy = true_entropy_bits(n_sequences, t.seq_len, t.vocab_size)
     return {
         "model": size.label,
         **asdict(size),
         "params": params,
         "n_sequences": int(n_sequences),
-        "n_tokens": int(n_sequences * seq_len),
+        "n_tokens": int(n_sequences * t.seq_len),
         "true_entropy_bits": entropy,
         "nominal_capacity_bits": params * DEFAULT_BITS_PER_PARAM,
         "memorized_bits": memorized,
@@ -249,9 +258,14 @@ def measure_capacity(
         "heldout_bits": floor,
         "bits_per_param": memorized / params,
         "net_bits_per_param": (memorized - floor) / params,
-        **training,
+        **training_facts,
         "wall_s": time.perf_counter() - start,
     }
+
+
+def _memorized_bits(model: torch.nn.Module, tokens: torch.Tensor, t: CapacityTraining) -> np.ndarray:
+    """mem_U with the uniform reference of each sequence of `tokens` [n, S] under `model` -> [n] bits."""
+    return uniform_memorized_bits(model_sequence_bits(model, tokens, t.vocab_size), t.seq_len, t.vocab_size)
 
 
 def _check_capacity_args(
@@ -315,7 +329,7 @@ def _measure_size(
     counts = _sequence_counts(params, n_sequences, data_over_capacity, seq_len * math.log2(vocab_size))
     rows = []
     for n in counts:
-        row = measure_capacity(size, n, **train_kw)
+        row = measure_capacity(size, n, CapacityTraining(**train_kw))
         rows.append(row)
         if progress:
             _print_progress(row, n)
@@ -346,43 +360,23 @@ def capacity_command(
     sizes: Sequence[str | TinyGPTSize] = DEFAULT_SIZES,
     data_over_capacity: Sequence[float] = DEFAULT_DATA_OVER_CAPACITY,
     n_sequences: Sequence[int] | None = None,
-    seq_len: int = 16,
-    vocab_size: int = 16,
-    lr: float = 1e-2,
-    max_steps: int = 2500,
-    window: int = 250,
-    min_rel_gain: float = 0.01,
-    cooldown_steps: int = 500,
-    seed: int = 0,
-    device: str = "cpu",
     num_threads: int | None = 1,
     markdown_out: str | os.PathLike | None = None,
     progress: bool = True,
+    **training: Any,
 ) -> dict[str, Any]:
     """`llmaudit validate capacity`: bits per parameter of tiny GPT models on uniform random tokens.
 
     For each model size, data sets of `data_over_capacity` x the nominal capacity (params x 3.6 bits,
     rounded to whole sequences), or of exactly `n_sequences` sequences when given. A size's capacity
     estimate is its largest memorised total over the data sets (memorisation plateaus at capacity once
-    the data hold more than the model can store). Writes JSON (and markdown if asked); returns it."""
-
+    the data hold more than the model can store). `training`: the fields of `CapacityTraining` (seq_len,
+    vocab_size, lr, max_steps, ...). Writes JSON (and markdown if asked); returns it."""
     parsed = [TinyGPTSize.parse(s) for s in sizes]
-    _check_capacity_args(seq_len, vocab_size, n_sequences, data_over_capacity)
-    # the arguments of `measure_capacity`, in the order the settings record them
-    train_kw = {
-        "seq_len": seq_len,
-        "vocab_size": vocab_size,
-        "lr": lr,
-        "max_steps": max_steps,
-        "window": window,
-        "min_rel_gain": min_rel_gain,
-        "cooldown_steps": cooldown_steps,
-        "seed": seed,
-        "device": device,
-    }
+    train_kw = asdict(CapacityTraining(**training))  # in the order the settings record them
+    _check_capacity_args(train_kw["seq_len"], train_kw["vocab_size"], n_sequences, data_over_capacity)
     started = time.perf_counter()
-    measurements = []
-    summary = []
+    measurements, summary = [], []
     with torch_threads(num_threads):
         for size in parsed:
             rows, size_summary = _measure_size(size, n_sequences, data_over_capacity, train_kw, progress)

@@ -12,29 +12,23 @@ import numpy as np
 import pandas as pd
 
 from llmaudit import __version__
-from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS, REF_MODELS, attack_definitions
+from llmaudit.analyze.attacks.context import AttackContext
 from llmaudit.analyze.attacks.lira import (
-    LiraWarning,
-    balanced_references,
-    in_reference_counts,
+    leave_one_out,
     lira_offline,
-    lira_online,
     lira_statistic,
     normality_check,
     out_reference_counts,
     parse_fpc,
 )
-from llmaudit.analyze.attacks.matrices import (
-    Target,
-    base_quantizer,
-    base_rows,
-    final_pool,
-    pivot,
-    reference_matrices,
-    rmia_matrices,
-    target_matrices,
+from llmaudit.analyze.attacks.matrices import Target, base_quantizer, final_pool, target_matrices
+from llmaudit.analyze.attacks.registry import (
+    AttackUnavailable,
+    DefinitionSettings,
+    attack_definitions,
+    registered_attacks,
+    resolve_attacks,
 )
-from llmaudit.analyze.attacks.text import combine_scores, min_k_plus_plus_score, min_k_score, ref_score
 from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide, decision_mode
 from llmaudit.analyze.decision.counts import normal_scores
 from llmaudit.analyze.metrics import (
@@ -52,45 +46,8 @@ from llmaudit.store.losstable import REFERENCE_RUN, uniform_vocab_mean_evidence
 
 __all__ = ["AttackSettings", "final_pool", "leave_one_out", "run_attacks", "spearman_vs_indicator"]
 
-
-def _row_text_scores(rows: pd.DataFrame, k: float) -> dict[str, np.ndarray | None]:
-    scores: dict[str, np.ndarray | None] = {
-        "loss": -rows["loss"].to_numpy(dtype=np.float64),
-        "min_k": min_k_score(rows["token_losses"], k),
-        "min_k_plus_plus": None,
-        "zlib": None,
-    }
-    if {"token_vocab_mean", "token_vocab_std"} <= set(rows.columns) and rows["token_vocab_mean"].notna().all():
-        scores["min_k_plus_plus"] = min_k_plus_plus_score(
-            rows["token_losses"], rows["token_vocab_mean"], rows["token_vocab_std"], k
-        )
-    if "zlib_bytes" in rows.columns and rows["zlib_bytes"].notna().all():
-        scores["zlib"] = -rows["loss"].to_numpy(dtype=np.float64) / rows["zlib_bytes"].to_numpy(dtype=np.float64)
-    return scores
-
-
-def _ref_matrix(loss: np.ndarray, keep: np.ndarray, base: np.ndarray | None, ref_models: str) -> np.ndarray:
-    """[M, N] ref scores with each run as target: references are other runs' out-models (as many for a member of the
-    target as for a non-member, `balanced_references`) and/or the base."""
-    M, N = loss.shape
-    out = np.empty((M, N))
-    for m in range(M):
-        refs, mask = [], []
-        if ref_models in ("runs", "both"):
-            others = np.arange(M) != m
-            refs.append(loss[others])
-            mask.append(balanced_references(keep, m)[0][others])
-        if ref_models in ("base", "both"):
-            refs.append(base[None, :])
-            mask.append(np.isfinite(base)[None, :])
-        out[m] = ref_score(loss[m], np.concatenate(refs), np.concatenate(mask))
-    return out
-
-
-def leave_one_out(fn, scores, keep, fpc_value, **kw) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LiraWarning)
-        return np.stack([fn(scores, keep, m, fpc_value, **kw) for m in range(scores.shape[0])])
+REF_MODELS = ("runs", "base", "both")
+"""What the reference attack compares with: the other runs' out-models, the base model, or both."""
 
 
 def _reference_name(quantizers: Sequence[str], reference_quantizer: str | None) -> str | None:
@@ -139,7 +96,7 @@ def spearman_vs_indicator(results: Mapping, r_q: Mapping[str, float]) -> dict:
 class AttackSettings:
     """How `run_attacks` attacks and evaluates (recorded in every result as "settings")."""
 
-    attacks: tuple[str, ...] = DEFAULT_ATTACKS
+    attacks: tuple[str, ...] = field(default_factory=registered_attacks)
     fpc: str | float | None = "auto"
     """Finite population correction: "auto" (1 - n_train / n_pool), a number in (0, 1], or None (off)."""
     n_boot: int = 1000
@@ -157,9 +114,7 @@ class AttackSettings:
     confidence: float = 0.95
 
     def check(self) -> None:
-        unknown = sorted(set(self.attacks) - set(DEFAULT_ATTACKS))
-        if unknown:
-            raise ValueError(f"unknown attack(s) {unknown}; known: {list(DEFAULT_ATTACKS)}.")
+        resolve_attacks(self.attacks)  # a name no attack is registered under: ValueError naming the closest
         if self.ref_models not in REF_MODELS:
             raise ValueError(f"ref_models must be one of {REF_MODELS}; got {self.ref_models!r}.")
         lira_statistic(np.ones(1), self.statistic)  # validates the name
@@ -167,12 +122,7 @@ class AttackSettings:
 
     def definitions(self, fpc_value: float | None = None) -> dict:
         return attack_definitions(
-            k=self.k,
-            ref_models=self.ref_models,
-            statistic=self.statistic,
-            lira_variance=self.lira_variance,
-            fpc_value=fpc_value,
-            t_cutoff=self.t_cutoff,
+            DefinitionSettings(self.k, self.ref_models, self.statistic, self.lira_variance, fpc_value, self.t_cutoff)
         )
 
     def as_dict(self) -> dict:
@@ -181,78 +131,21 @@ class AttackSettings:
         return out | {"checkpoint": "final (max per run)", "split": "pool"}
 
 
-def _text_matrices(t: Target, s: AttackSettings) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """[M, N] scores of the attacks that read one text under one model (loss, min_k, Min-K%++, zlib)."""
-    text = _row_text_scores(t.rows, s.k)
-    rows = t.rows.assign(**{f"_s_{name}": v for name, v in text.items() if v is not None})
-    matrices = {
-        name: pivot(rows, f"_s_{name}", t.runs, t.samples).astype(np.float64)
-        for name, v in text.items()
-        if v is not None
-    }
+def _score_matrices(ctx: AttackContext, attacks: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, str], dict]:
+    """[M, N] membership scores of every attack asked for that can run on this table (registry specs), the reasons
+    of those that cannot, and what the reference-based attacks used (base quantizer, matched base, RMIA's a)."""
+    matrices: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}
-    if text["min_k_plus_plus"] is None:
-        skipped["min_k_plus_plus"] = "loss table has no token_vocab_mean / token_vocab_std columns"
-    if text["zlib"] is None:
-        skipped["zlib"] = "loss table has no zlib_bytes column"
-    return matrices, skipped
-
-
-def _ref_and_combinations(
-    matrices: dict[str, np.ndarray], skipped: dict[str, str], t: Target, base: np.ndarray | None, s: AttackSettings
-) -> None:
-    """The reference attack (other runs and/or the base model) and the combinations, added in place."""
-    ref_models = "base" if s.ref_models == "runs" and t.runs.size == 1 and base is not None else s.ref_models
-    if ref_models in ("base", "both") and base is None:
-        skipped["ref"] = "no base-model rows (run == -1) on split 'pool' for this quantizer"
-    elif ref_models == "runs" and t.runs.size == 1:
-        skipped["ref"] = "one fine-tuning run and no base-model rows: no reference model"
-    else:
-        matrices["ref"] = _ref_matrix(t.loss, t.keep, base, ref_models)
-    for combo in ("loss+zlib", "loss+ref", "loss+zlib+ref"):
-        lacking = [p for p in combo.split("+") if p not in matrices]
-        if lacking:
-            skipped[combo] = f"component(s) {lacking} unavailable"
-        else:
-            matrices[combo] = combine_scores(*(matrices[p] for p in combo.split("+")), axis=1)
-
-
-def _lira_matrices(
-    matrices: dict[str, np.ndarray], skipped: dict[str, str], t: Target, s: AttackSettings, fpc_value: float | None
-) -> None:
-    """Offline and online LiRA, added in place (online only with at least 2 in- and out-references)."""
-    stat = lira_statistic(t.loss, s.statistic)
-    if "lira_offline" in s.attacks:
-        matrices["lira_offline"] = leave_one_out(lira_offline, stat, t.keep, fpc_value, variance=s.lira_variance)
-    if "lira_online" in s.attacks:
-        n_in = in_reference_counts(t.keep)
-        n_out = out_reference_counts(t.keep)
-        if np.median(n_in) < 2 or np.median(n_out) < 2:
-            skipped["lira_online"] = (
-                f"too few reference models: median {np.median(n_in):g} in- and "
-                f"{np.median(n_out):g} out-references per sample (needs >= 2 each)"
-            )
-        else:
-            matrices["lira_online"] = leave_one_out(lira_online, stat, t.keep, fpc_value, variance=s.lira_variance)
-
-
-def _score_matrices(
-    df: pd.DataFrame, quantizer: str, t: Target, s: AttackSettings, fpc_value: float | None, base_q: str | None
-) -> tuple[dict[str, np.ndarray], dict[str, str], dict]:
-    """[M, N] membership scores of every attack that can run on this table, the reasons of those that
-    cannot, and what the reference-based attacks used (base quantizer, matched base, RMIA's a)."""
-    matrices, skipped = _text_matrices(t, s)
-    base = base_rows(df, base_q, t.samples)
-    matched = base_rows(df, quantizer, t.samples) if quantizer != base_q else None
-    base_loss = None if base is None else base["loss"].to_numpy(dtype=np.float64)
-    _ref_and_combinations(matrices, skipped, t, base_loss, s)
-    _lira_matrices(matrices, skipped, t, s, fpc_value)
-    ref_m, ref_skipped = reference_matrices(t, base, matched, s.attacks)
-    rmia_m, rmia_skipped, rmia_info = rmia_matrices(df, quantizer, t, s.attacks)
-    matrices |= ref_m | rmia_m
-    skipped |= ref_skipped | rmia_skipped
-    info = {"base_model_quantizer": base_q if base is not None else None, "matched_base": matched is not None}
-    return matrices, skipped, info | rmia_info
+    for name in attacks:
+        try:
+            matrices[name] = ctx.scores(name)
+        except AttackUnavailable as exc:
+            skipped[name] = str(exc)
+    used = {
+        "base_model_quantizer": ctx.base_q if ctx.base is not None else None,
+        "matched_base": ctx.matched is not None,
+    }
+    return matrices, skipped, used | ctx.info
 
 
 def _table_warnings(t: Target) -> list[str]:
@@ -361,6 +254,29 @@ class _EvidenceBuilder:
         )
 
 
+def _evaluate_attacks(
+    t: Target,
+    matrices: dict[str, np.ndarray],
+    skipped: dict[str, str],
+    s: AttackSettings,
+    fpc_value: float | None,
+    builder: _EvidenceBuilder | None,
+) -> dict:
+    """The evaluation of every scored attack in the order asked for (an attack whose scores cannot be evaluated joins
+    `skipped` with its reason); what the release decision reads goes to `builder`."""
+    n_ref = out_reference_counts(t.keep)
+    results: dict = {}
+    for attack in (a for a in s.attacks if a in matrices):
+        why = _unusable(attack, matrices[attack], t.keep, n_ref)
+        if why:
+            skipped[attack] = why
+            continue
+        results[attack], z, n_ref_eff = _evaluate(attack, matrices[attack], t.keep, n_ref, fpc_value, s)
+        if builder is not None:
+            builder.add(attack, matrices[attack], normal_scores(z, n_ref_eff, s.t_cutoff), results[attack])
+    return results
+
+
 def attack_quantizer(
     df: pd.DataFrame,
     quantizer: str,
@@ -378,25 +294,14 @@ def attack_quantizer(
     train_size = float(s.n_train) if s.n_train is not None else float(t.keep.sum(1).mean())
     fpc_value = parse_fpc(s.fpc, n_train=train_size, n_pool=pool_size)
     definitions = s.definitions(fpc_value)
-    matrices, skipped, used = _score_matrices(df, quantizer, t, s, fpc_value, base_q)
-    n_ref = out_reference_counts(t.keep)
+    matrices, skipped, used = _score_matrices(AttackContext(df, quantizer, t, s, fpc_value, base_q), s.attacks)
     builder = None
     if decision is not None:
         mode = decision_mode(int(t.runs.size), decision.min_runs)
         builder = _EvidenceBuilder(quantizer, mode, list(t.samples), t.keep, t.loss)
-    results: dict = {}
-    for attack in s.attacks:
-        if attack not in matrices:
-            skipped.setdefault(attack, "not computed")
-            continue
-        why = _unusable(attack, matrices[attack], t.keep, n_ref)
-        if why:
-            skipped[attack] = why
-            continue
-        entry, z, n_ref_eff = _evaluate(attack, matrices[attack], t.keep, n_ref, fpc_value, s)
-        results[attack] = {"definition": definitions[attack]} | entry
-        if builder is not None:
-            builder.add(attack, matrices[attack], normal_scores(z, n_ref_eff, s.t_cutoff), entry)
+    results = _evaluate_attacks(t, matrices, skipped, s, fpc_value, builder)
+    for attack in results:
+        results[attack] = {"definition": definitions[attack]} | results[attack]
     if builder is not None:
         builder.unjudged |= {a: why for a, why in skipped.items() if a in s.attacks}
     non_lira = [a for a in results if not a.startswith("lira")]
@@ -418,6 +323,24 @@ def attack_quantizer(
         "best_attack": max(non_lira, key=lambda a: results[a]["headline"]["auroc"]) if non_lira else None,
     }
     return block, definitions, None if builder is None else builder.evidence()
+
+
+def _settings(settings: dict) -> AttackSettings:
+    """`AttackSettings` from `run_attacks`' keywords, checked ("all" is every registered attack)."""
+    if "attacks" in settings:
+        settings["attacks"] = resolve_attacks(settings["attacks"])
+    s = AttackSettings(**{k: tuple(v) if k in ("attacks", "fprs") else v for k, v in settings.items()})
+    s.check()
+    return s
+
+
+def _add_vs_reference(per_q: dict, reference: str) -> None:
+    """Each attack's headline minus the reference quantizer's, in place ("vs_reference")."""
+    for block in per_q.values():
+        for attack, entry in block["attacks"].items():
+            ref_entry = per_q[reference]["attacks"].get(attack)
+            if ref_entry is not None:
+                entry["vs_reference"] = {m: entry["headline"][m] - ref_entry["headline"][m] for m in entry["headline"]}
 
 
 def run_attacks(
@@ -442,8 +365,7 @@ def run_attacks(
         and is reported. The bootstraps dominate the cost. With `decision` settings, the release decision of every
     quantizer and its paired comparison with the reference (`llmaudit.analyze.decision`) are added as "decision".
     Returns a JSON-ready dict."""
-    s = AttackSettings(**{k: tuple(v) if k in ("attacks", "fprs") else v for k, v in settings.items()})
-    s.check()
+    s = _settings(settings)
     available = sorted(df.loc[(df["split"] == "pool") & (df["run"] != REFERENCE_RUN), "quantizer"].unique())
     quantizers = list(available if quantizers is None else quantizers)
     missing = sorted(set(quantizers) - set(available))
@@ -459,13 +381,7 @@ def run_attacks(
         if ev is not None:
             evidence[q] = ev
     if reference is not None:
-        for block in per_q.values():
-            for attack, entry in block["attacks"].items():
-                ref_entry = per_q[reference]["attacks"].get(attack)
-                if ref_entry is not None:
-                    entry["vs_reference"] = {
-                        m: entry["headline"][m] - ref_entry["headline"][m] for m in entry["headline"]
-                    }
+        _add_vs_reference(per_q, reference)
     out = {
         "llmaudit_version": __version__,
         "attack_definitions": definitions,

@@ -265,3 +265,11 @@ def normality_check(out_scores, keep=None, *, level: float = 0.05, min_n: int = 
         "share_rejected": float((p_values < level).mean()) if p_values.size else float("nan"),
         "expected_share_if_gaussian": float(level),
     }
+
+
+def leave_one_out(fn, scores, keep, fpc_value, **kw) -> np.ndarray:
+    """[M, N] of `fn` (lira_offline or lira_online) with each run in turn the target and the others its
+    references; LiRA's warnings about thin references are left to the evaluation's `skipped` reasons."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LiraWarning)
+        return np.stack([fn(scores, keep, m, fpc_value, **kw) for m in range(scores.shape[0])])

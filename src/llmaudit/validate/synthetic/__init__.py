@@ -16,7 +16,7 @@ Pipeline per data set (k_modes x sigma):
    quantizer on [x, y, flattened quantized parameters, loss] rows of 80% of the runs; MIS = 2 - 2 acc
    on the rows of the remaining runs. All quantizers' discriminators train at once as stacked
    tensors (written-out forward/backward, one Adam over one flat parameter buffer);
-   `train_discriminator_reference` trains one alone (nn.Linear + autograd + torch.optim.Adam) and is
+   `mis_reference.train_discriminator_reference` trains one alone (nn.Linear + autograd + torch.optim.Adam) and is
    the reference the tests compare against.
 5. Spearman rho between the two rankings, the stability study, and clearly labelled r_Q VARIANTS
    (never replacing the published estimator) that probe the sign of that correlation.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,19 +41,14 @@ def init_linear(seeds: Sequence[int], dim: int, n_classes: int = 2) -> tuple[tor
     return torch.stack(ws), torch.stack(bs)
 
 
-class _threads:
-    """Temporarily set torch's intra-op threads (tiny batched ops run fastest on one thread)."""
+@dataclass(frozen=True)
+class AdamSettings:
+    """The Adam hyper-parameters besides the learning rate of `train_batched` (torch.optim.Adam's defaults)
+    and the intra-op threads it runs on (tiny batched ops run fastest on one)."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __enter__(self) -> None:
-        self.old = torch.get_num_threads()
-        if self.n > 0:
-            torch.set_num_threads(self.n)
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self.old)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    threads: int = 1
 
 
 def train_batched(
@@ -64,9 +60,7 @@ def train_batched(
     *,
     lr: float,
     batch_size: int,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    threads: int = 1,
+    adam: AdamSettings = AdamSettings(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Train R linear classifiers at once with Adam on mean cross-entropy, one checkpoint per epoch.
 
@@ -78,35 +72,44 @@ def train_batched(
     update rule (no weight decay, no amsgrad) applied elementwise: per run this is exactly R
     independent nn.Linear + Adam trainings (`train_per_run`), without autograd's per-step overhead."""
     R, n, d = x.shape
-    E = order.shape[1]
-    b1, b2 = betas
-    with torch_threads(threads), torch.no_grad():
+    with torch_threads(adam.threads), torch.no_grad():
         xa = torch.cat([x, torch.ones(R, n, 1, dtype=x.dtype)], -1)  # [R, n, d + 1]
         theta = torch.cat([w0, b0[..., None]], -1).clone()  # [R, C, d + 1]
-        m = torch.zeros_like(theta)
-        v = torch.zeros_like(theta)
+        state = {"m": torch.zeros_like(theta), "v": torch.zeros_like(theta), "step": 0}
         traj = [theta.clone()]
         run_idx = torch.arange(R)[:, None]
-        step = 0
-        for e in range(E):
+        for e in range(order.shape[1]):
             perm = order[:, e]
             for s in range(0, n, batch_size):
                 idx = perm[:, s : s + batch_size]  # [R, B]
-                xb, yb = xa[run_idx, idx], y[run_idx, idx]  # [R, B, d+1], [R, B]
-                logits = torch.bmm(xb, theta.transpose(1, 2))  # [R, B, C]
-                g = torch.softmax(logits, -1)
-                g.scatter_add_(-1, yb[..., None], torch.full_like(g[..., :1], -1.0))
-                grad = torch.bmm(g.transpose(1, 2), xb).div_(idx.shape[1])  # [R, C, d+1]
-                step += 1
-                m.mul_(b1).add_(grad, alpha=1 - b1)
-                v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-                bc1 = 1 - b1**step
-                bc2 = 1 - b2**step
-                denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
-                theta.addcdiv_(m, denom, value=-lr / bc1)
+                grad = _mean_ce_grad(theta, xa[run_idx, idx], y[run_idx, idx])
+                _adam_step(theta, grad, state, lr, adam)
             traj.append(theta.clone())
         t = torch.stack(traj)
     return t[..., :d].contiguous(), t[..., d].contiguous()
+
+
+def _mean_ce_grad(theta: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    """Gradient [R, C, d+1] of the mean cross-entropy of R linear classifiers theta [R, C, d+1] on a
+    mini-batch xb [R, B, d+1] (inputs with the constant 1), yb [R, B]: (softmax - onehot)^T xb / B."""
+    logits = torch.bmm(xb, theta.transpose(1, 2))  # [R, B, C]
+    g = torch.softmax(logits, -1)
+    g.scatter_add_(-1, yb[..., None], torch.full_like(g[..., :1], -1.0))
+    return torch.bmm(g.transpose(1, 2), xb).div_(yb.shape[1])  # [R, C, d+1]
+
+
+def _adam_step(theta: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, adam: AdamSettings) -> None:
+    """torch.optim.Adam's update of theta in place (no weight decay, no amsgrad); state holds m, v and step."""
+    b1, b2 = adam.betas
+    m, v = state["m"], state["v"]
+    state["step"] += 1
+    step = state["step"]
+    m.mul_(b1).add_(grad, alpha=1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    bc1 = 1 - b1**step
+    bc2 = 1 - b2**step
+    denom = (v.sqrt() / math.sqrt(bc2)).add_(adam.eps)
+    theta.addcdiv_(m, denom, value=-lr / bc1)
 
 
 def train_per_run(

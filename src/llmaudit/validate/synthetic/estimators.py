@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -79,15 +80,40 @@ def r_q_from_points(
     return (r, n_points) if return_points else r
 
 
+@dataclass(frozen=True)
+class VariantInputs:
+    """The samples `r_q_all_variants` scores: x_rq [n, d] (shared) or [R, n, d] (per run) with labels y_rq
+    for r_Q, each run's training samples x_train [R, n_train, d], y_train (the "train-loss" variant), and
+    the perturbed points (w [K', R, C, d], b [K', R, C]) of the "perturbed" variant (None: not computed)."""
+
+    x_rq: torch.Tensor
+    y_rq: torch.Tensor
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    pert: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def _loss_fn(wq: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """bias [K, R, C] -> per-sample losses [R, K, n] of the quantized weights wq [K, R, C, d] with that bias;
+    for shared inputs x [n, d] the weight products are computed once and reused for every bias."""
+    if x.dim() != 2:
+        return lambda bias: point_losses(wq, bias, x, y)
+    K, R, C, d = wq.shape
+    z_w = (wq.reshape(K * R * C, d) @ x.T).view(K, R, C, -1)  # [K, R, C, n]
+    yy = y.view(1, 1, 1, -1).expand(K, R, 1, -1)
+
+    def losses(bias: torch.Tensor) -> torch.Tensor:
+        z = z_w + bias[..., None]
+        return -torch.log_softmax(z, 2).gather(2, yy).squeeze(2).transpose(0, 1)  # [R, K, n]
+
+    return losses
+
+
 def r_q_all_variants(
     name: str,
     traj_w: torch.Tensor,
     traj_b: torch.Tensor,
-    x_rq: torch.Tensor,
-    y_rq: torch.Tensor,
-    x_train: torch.Tensor,
-    y_train: torch.Tensor,
-    pert: tuple[torch.Tensor, torch.Tensor] | None,
+    inputs: VariantInputs,
     cfg: SyntheticConfig,
     variants: Sequence[str],
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -105,18 +131,7 @@ def r_q_all_variants(
     b_pub, b_alt = (b_q, b) if cfg.quantize_bias else (b, b_q)
     ep, cs = slice(cfg.rq_first_epoch - e0, None), slice(cfg.converged_from_epoch - e0, None)
     out: dict[str, np.ndarray] = {}
-    if x_rq.dim() == 2:
-        z_w = (wq.reshape(K * R * C, d) @ x_rq.T).view(K, R, C, -1)  # [K, R, C, n]
-        yy = y_rq.view(1, 1, 1, -1).expand(K, R, 1, -1)
-
-        def losses(bias: torch.Tensor) -> torch.Tensor:
-            z = z_w + bias[..., None]
-            return -torch.log_softmax(z, 2).gather(2, yy).squeeze(2).transpose(0, 1)  # [R, K, n]
-    else:
-
-        def losses(bias: torch.Tensor) -> torch.Tensor:
-            return point_losses(wq, bias, x_rq, y_rq)
-
+    losses = _loss_fn(wq, inputs.x_rq, inputs.y_rq)
     L = losses(b_pub)
     out["published"], pts = r_q_batched_details(L[:, ep], ddof=cfg.rq_ddof)
     if "converged" in variants:
@@ -125,9 +140,11 @@ def r_q_all_variants(
     if "unquantized-bias" in variants:
         out["unquantized-bias"] = r_q_batched_details(losses(b_alt)[:, ep], ddof=cfg.rq_ddof)[0]
     if "train-loss" in variants:
-        out["train-loss"] = r_q_batched_details(point_losses(wq[ep], b_pub[ep], x_train, y_train), ddof=cfg.rq_ddof)[0]
-    if "perturbed" in variants and pert is not None:
+        train_losses = point_losses(wq[ep], b_pub[ep], inputs.x_train, inputs.y_train)
+        out["train-loss"] = r_q_batched_details(train_losses, ddof=cfg.rq_ddof)[0]
+    if "perturbed" in variants and inputs.pert is not None:
+        pw, pb = inputs.pert
         out["perturbed"] = r_q_from_points(
-            name, pert[0], pert[1], x_rq, y_rq, quantize_bias=cfg.quantize_bias, ddof=cfg.rq_ddof
+            name, pw, pb, inputs.x_rq, inputs.y_rq, quantize_bias=cfg.quantize_bias, ddof=cfg.rq_ddof
         )
     return out, pts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,34 @@ from llmaudit.common.runtime import torch_threads
 from llmaudit.validate.synthetic.classifier import per_sample_losses, quantized_params
 from llmaudit.validate.synthetic.config import SyntheticConfig
 from llmaudit.validate.synthetic.data import derive_seed, seeded_generator
+
+
+@dataclass(frozen=True)
+class DiscriminatorSettings:
+    """How the MIS discriminators are trained (`train_discriminators`): an [x, y, theta, loss] -> hidden -> 1
+    MLP per quantizer, `epochs` passes of mini-batches of `batch_size` rows with Adam at `lr`."""
+
+    hidden: int
+    epochs: int
+    lr: float
+    batch_size: int
+    dtype: str
+    """"float32" (the batched, written-out trainer) or "bfloat16" (the autograd trainer under autocast)."""
+    seed: int
+    threads: int = 0
+    """Intra-op threads of the batched trainer (0: unchanged)."""
+
+    @classmethod
+    def from_config(cls, cfg: SyntheticConfig, seed: int) -> DiscriminatorSettings:
+        """The synthetic protocol's discriminator settings (cfg.disc_*) with the given seed."""
+        return cls(
+            hidden=cfg.disc_hidden,
+            epochs=cfg.disc_epochs,
+            lr=cfg.disc_lr,
+            batch_size=cfg.disc_batch_size,
+            dtype=cfg.disc_dtype,
+            seed=seed,
+        )
 
 
 def mis_features(
@@ -220,14 +249,8 @@ def train_discriminators(
     feats: list[dict[str, torch.Tensor]],
     train_runs: torch.Tensor,
     test_runs: torch.Tensor,
+    settings: DiscriminatorSettings,
     *,
-    hidden: int,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    dtype: str,
-    seed: int,
-    threads: int = 0,
     return_state: bool = False,
 ) -> dict[str, Any]:
     """Train one [x, y, theta, loss] -> hidden -> 1 MLP per entry of `feats` (one per quantizer),
@@ -243,29 +266,19 @@ def train_discriminators(
     Features are standardised with the training rows' mean and std.
     Returns correct [Q, len(test_runs)] (fraction of correctly classified test rows per run) and
     train_acc [Q]; with `return_state` also the final parameters and the row permutations."""
-    if dtype != "float32":
+    if settings.dtype != "float32":
         # The written-out backward is float32; keep the autograd path for the bfloat16 setting.
-        return _train_discriminators_autograd(
-            feats,
-            train_runs,
-            test_runs,
-            hidden=hidden,
-            epochs=epochs,
-            lr=lr,
-            batch_size=batch_size,
-            dtype=dtype,
-            seed=seed,
-        )
+        return _train_discriminators_autograd(feats, train_runs, test_runs, settings)
     pre = _disc_prepare(feats, train_runs, test_runs)
     Q, m, d, P = pre["Q"], pre["m"], pre["d"], pre["P"]
-    g = seeded_generator(seed, "disc")
-    init = _disc_init(Q, d, P, hidden, g)
+    g = seeded_generator(settings.seed, "disc")
+    init = _disc_init(Q, d, P, settings.hidden, g)
     n_tr = len(train_runs) * m
-    perms = [torch.randperm(n_tr, generator=g) for _ in range(epochs)]  # same draws as one per epoch
-    prm, grd, opt = _flat_adam(init, lr)
+    perms = [torch.randperm(n_tr, generator=g) for _ in range(settings.epochs)]  # same draws as one per epoch
+    prm, grd, opt = _flat_adam(init, settings.lr)
     rows = _batched_train_rows(pre, train_runs)
-    with torch_threads(threads), torch.no_grad():
-        _batched_fit(prm, grd, opt, rows, perms, batch_size)
+    with torch_threads(settings.threads), torch.no_grad():
+        _batched_fit(prm, grd, opt, rows, perms, settings.batch_size)
         correct, train_acc = _batched_score(prm, pre, rows, test_runs)
     out: dict[str, Any] = {"correct": correct.numpy(), "train_acc": train_acc.numpy()}
     if return_state:
@@ -274,85 +287,6 @@ def train_discriminators(
         out["perms"] = perms
         out["prepared"] = pre
     return out
-
-
-def _reference_rows(pre: dict[str, Any], q: int, runs: torch.Tensor) -> torch.Tensor:
-    """Materialised rows [x, y, theta, loss] of quantizer q for `runs`: [len(runs) * m, d + 1 + P + 1]."""
-    m, d, P = pre["m"], pre["d"], pre["P"]
-    n = len(runs) * m
-    th = pre["theta_s"][q, runs][:, None, :].expand(-1, m, -1).reshape(n, P)
-    return torch.cat([pre["xy"][runs].reshape(n, d + 1), th, pre["loss_s"][q, runs].reshape(n, 1)], 1)
-
-
-def _reference_net(
-    pre: dict[str, Any], q: int, init: dict[str, torch.Tensor], hidden: int
-) -> tuple[torch.nn.Linear, torch.nn.Linear]:
-    """Linear(d + 1 + P + 1, hidden) and Linear(hidden, 1) holding slice q of the batched init."""
-    d, P = pre["d"], pre["P"]
-    l1, l2 = torch.nn.Linear(d + 1 + P + 1, hidden), torch.nn.Linear(hidden, 1)
-    with torch.no_grad():
-        l1.weight.copy_(
-            torch.cat([init["w_xy"][:, q * hidden : (q + 1) * hidden], init["w_th"][q], init["w_l"][q][None]]).T
-        )
-        l1.bias.copy_(init["b1"][q])
-        l2.weight.copy_(init["w2"][q][None])
-        l2.bias.copy_(init["b2"][q][None])
-    return l1, l2
-
-
-def _reference_params(l1: torch.nn.Linear, l2: torch.nn.Linear, d: int, P: int) -> dict[str, torch.Tensor]:
-    """The reference network's parameters in the batched layout (one discriminator's slice)."""
-    w1 = l1.weight.T
-    return {
-        "w_xy": w1[: d + 1],
-        "w_th": w1[d + 1 : d + 1 + P],
-        "w_l": w1[-1],
-        "b1": l1.bias.clone(),
-        "w2": l2.weight[0].clone(),
-        "b2": l2.bias[0].clone(),
-    }
-
-
-def train_discriminator_reference(
-    pre: dict[str, Any],
-    q: int,
-    init: dict[str, torch.Tensor],
-    perms: Sequence[torch.Tensor],
-    train_runs: torch.Tensor,
-    test_runs: torch.Tensor,
-    *,
-    hidden: int,
-    lr: float,
-    batch_size: int,
-) -> dict[str, Any]:
-    """Reference for ONE discriminator (quantizer index q of `train_discriminators`): the plain
-    Linear(388, hidden) - ReLU - Linear(hidden, 1) network on materialised 388-wide rows
-    [x, y, theta, loss], mean BCE, torch.optim.Adam, autograd; the same initial parameters (slice q
-    of the batched init) and the same row order per epoch. Returns its parameters in the batched
-    layout (slice q) and correct / train_acc."""
-    m = pre["m"]
-    l1, l2 = _reference_net(pre, q, init, hidden)
-    net = torch.nn.Sequential(l1, torch.nn.ReLU(), l2)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    x_tr, t_tr = _reference_rows(pre, q, train_runs), pre["member"][train_runs].reshape(-1)
-    for perm in perms:
-        for s in range(0, len(perm), batch_size):
-            idx = perm[s : s + batch_size]
-            loss = F.binary_cross_entropy_with_logits(net(x_tr[idx]).squeeze(-1), t_tr[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    with torch.no_grad():
-        te_logits = net(_reference_rows(pre, q, test_runs)).squeeze(-1)
-        correct = (
-            ((te_logits > 0).float() == pre["member"][test_runs].reshape(-1))
-            .float()
-            .reshape(len(test_runs), m)
-            .mean(-1)
-        )
-        train_acc = ((net(x_tr).squeeze(-1) > 0).float() == t_tr).float().mean()
-        params = _reference_params(l1, l2, pre["d"], pre["P"])
-    return {"params": params, "correct": correct.numpy(), "train_acc": float(train_acc)}
 
 
 def _autograd_forward(
@@ -410,13 +344,7 @@ def _train_discriminators_autograd(
     feats: list[dict[str, torch.Tensor]],
     train_runs: torch.Tensor,
     test_runs: torch.Tensor,
-    *,
-    hidden: int,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    dtype: str,
-    seed: int,
+    settings: DiscriminatorSettings,
 ) -> dict[str, np.ndarray]:
     """Previous autograd implementation (torch.optim.Adam over the stacked parameters), kept for
     disc_dtype=bfloat16 (autocast). Same init and row order as `train_discriminators`.
@@ -426,14 +354,14 @@ def _train_discriminators_autograd(
     same network as applying the full 388-wide layer to every row, without the redundant work.
     Returns correct [Q, len(test_runs)] (fraction of correctly classified test rows per run) and
     train_acc [Q]."""
-    g = seeded_generator(seed, "disc")
+    g = seeded_generator(settings.seed, "disc")
     pre = _disc_prepare(feats, train_runs, test_runs)
     Q, m, d, P = pre["Q"], pre["m"], pre["d"], pre["P"]
-    params = _disc_init(Q, d, P, hidden, g)
+    params = _disc_init(Q, d, P, settings.hidden, g)
     for p in params.values():
         p.requires_grad_(True)
-    opt = torch.optim.Adam(params.values(), lr=lr)
-    use_bf16 = dtype == "bfloat16"
+    opt = torch.optim.Adam(params.values(), lr=settings.lr)
+    use_bf16 = settings.dtype == "bfloat16"
     n_tr = len(train_runs) * m
     rows = {
         "run_of_row": torch.arange(len(train_runs)).repeat_interleave(m),
@@ -442,10 +370,10 @@ def _train_discriminators_autograd(
         "loss": pre["loss_s"][:, train_runs].reshape(Q, n_tr),  # [Q, N]
         "target": pre["member"][train_runs].reshape(n_tr),
     }
-    for _ in range(epochs):
+    for _ in range(settings.epochs):
         perm = torch.randperm(n_tr, generator=g)
-        for s in range(0, n_tr, batch_size):
-            idx = perm[s : s + batch_size]
+        for s in range(0, n_tr, settings.batch_size):
+            idx = perm[s : s + settings.batch_size]
             logits = _autograd_forward(
                 params, use_bf16, rows["run_of_row"][idx], rows["xy"][idx], rows["loss"][:, idx], rows["th"]
             )
@@ -487,17 +415,8 @@ def mis_estimate(
         for q in names
     ]
     tr, te = split_runs(len(runs), cfg.disc_train_fraction, seeded_generator(cfg.seed, *seed_key, "split"))
-    out = train_discriminators(
-        feats,
-        tr,
-        te,
-        hidden=cfg.disc_hidden,
-        epochs=cfg.disc_epochs,
-        lr=cfg.disc_lr,
-        batch_size=cfg.disc_batch_size,
-        dtype=cfg.disc_dtype,
-        seed=derive_seed(cfg.seed, *seed_key),
-    )
+    settings = DiscriminatorSettings.from_config(cfg, derive_seed(cfg.seed, *seed_key))
+    out = train_discriminators(feats, tr, te, settings)
     acc = out["correct"].mean(1)
     return {
         "mis": 2 - 2 * acc,

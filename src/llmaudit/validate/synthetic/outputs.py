@@ -15,6 +15,26 @@ from llmaudit.validate.synthetic.config import load_config
 from llmaudit.validate.synthetic.protocol import run_synthetic
 
 
+def _dataset_section(d: dict[str, Any]) -> list[str]:
+    """The lines of results.md for one data set: its heading and the per-quantizer table."""
+    lines = [
+        "",
+        f"## {d['name']} (k_modes={d['k_modes']}, sigma={d['sigma']}): Spearman {d['comparison']['published']['spearman']:+.2f}, "
+        f"full-precision val acc {d['classifier']['val_acc_full_precision']:.3f}",
+        "",
+        "| quantizer | r_Q mean | r_Q CI | undefined runs | MIS | MIS CI | rank r_Q | rank MIS | distinct points/run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for q, t in d["table"].items():
+        a = t["r_q"]
+        lines.append(
+            f"| {q} | {fmt_sig(a['mean'])} | [{fmt_sig(a['ci_low'])}, {fmt_sig(a['ci_high'])}] | {a['n_undefined']} | "
+            f"{t['mis']:.3f} | [{t['mis_ci'][0]:.3f}, {t['mis_ci'][1]:.3f}] | {t['rank_r_q']:g} | {t['rank_mis']:g} | "
+            f"{t['mean_distinct_points']:.1f} |"
+        )
+    return lines
+
+
 def markdown_report(res: dict[str, Any]) -> str:
     cfg = res["config"]
     lines = [
@@ -51,25 +71,41 @@ def markdown_report(res: dict[str, Any]) -> str:
     if "mis_mean_rho" in res["stability_summary"]:
         lines.append("| MIS | " + " | ".join(f"{x:.2f}" for x in res["stability_summary"]["mis_mean_rho"]) + " |")
     for d in res["datasets"]:
-        lines += [
-            "",
-            f"## {d['name']} (k_modes={d['k_modes']}, sigma={d['sigma']}): Spearman {d['comparison']['published']['spearman']:+.2f}, "
-            f"full-precision val acc {d['classifier']['val_acc_full_precision']:.3f}",
-            "",
-            "| quantizer | r_Q mean | r_Q CI | undefined runs | MIS | MIS CI | rank r_Q | rank MIS | distinct points/run |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for q, t in d["table"].items():
-            a = t["r_q"]
-            lines.append(
-                f"| {q} | {fmt_sig(a['mean'])} | [{fmt_sig(a['ci_low'])}, {fmt_sig(a['ci_high'])}] | {a['n_undefined']} | "
-                f"{t['mis']:.3f} | [{t['mis_ci'][0]:.3f}, {t['mis_ci'][1]:.3f}] | {t['rank_r_q']:g} | {t['rank_mis']:g} | "
-                f"{t['mean_distinct_points']:.1f} |"
-            )
+        lines += _dataset_section(d)
     return "\n".join(lines) + "\n"
 
 
+def _save_png(fig: Any, path: Path) -> Path:
+    """The figure as a PNG (110 dpi), written atomically."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _rq_vs_mis_panel(ax: Any, d: dict[str, Any]) -> None:
+    """One data set's panel: each quantizer's mean r_Q (log x) against its MIS, with both intervals."""
+    for q, t in d["table"].items():
+        ax.errorbar(
+            t["r_q"]["mean"],
+            t["mis"],
+            yerr=[[t["mis"] - t["mis_ci"][0]], [t["mis_ci"][1] - t["mis"]]],
+            xerr=[
+                [max(t["r_q"]["mean"] - t["r_q"]["ci_low"], 0)],
+                [max(t["r_q"]["ci_high"] - t["r_q"]["mean"], 0)],
+            ],
+            fmt="o",
+            ms=4,
+            capsize=2,
+        )
+        ax.annotate(q, (t["r_q"]["mean"], t["mis"]), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_title(f"{d['name']}  rho={d['comparison']['published']['spearman']:+.2f}", fontsize=9)
+    ax.set_xlabel("r_Q (mean over runs)")
+    ax.set_ylabel("baseline MIS")
+
+
 def write_plots(res: dict[str, Any], out: Path) -> list[Path]:
+    """rq_vs_mis.png (one panel per data set) and stability.png (k-run ranking vs the full ranking)."""
     import matplotlib  # heavy: only when plots are written
 
     matplotlib.use("Agg")
@@ -81,31 +117,11 @@ def write_plots(res: dict[str, Any], out: Path) -> list[Path]:
     nrow = math.ceil(len(ds) / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(4 * ncol, 3.4 * nrow), squeeze=False)
     for ax, d in zip(axes.flat, ds):
-        for q, t in d["table"].items():
-            ax.errorbar(
-                t["r_q"]["mean"],
-                t["mis"],
-                yerr=[[t["mis"] - t["mis_ci"][0]], [t["mis_ci"][1] - t["mis"]]],
-                xerr=[
-                    [max(t["r_q"]["mean"] - t["r_q"]["ci_low"], 0)],
-                    [max(t["r_q"]["ci_high"] - t["r_q"]["mean"], 0)],
-                ],
-                fmt="o",
-                ms=4,
-                capsize=2,
-            )
-            ax.annotate(q, (t["r_q"]["mean"], t["mis"]), fontsize=7)
-        ax.set_xscale("log")
-        ax.set_title(f"{d['name']}  rho={d['comparison']['published']['spearman']:+.2f}", fontsize=9)
-        ax.set_xlabel("r_Q (mean over runs)")
-        ax.set_ylabel("baseline MIS")
+        _rq_vs_mis_panel(ax, d)
     for ax in list(axes.flat)[len(ds) :]:
         ax.axis("off")
     fig.tight_layout()
-    for name, f in (("rq_vs_mis.png", fig),):
-        buf = io.BytesIO()
-        f.savefig(buf, format="png", dpi=110)
-        paths.append(atomic_write_bytes(out / name, buf.getvalue()))
+    paths.append(_save_png(fig, out / "rq_vs_mis.png"))
     plt.close(fig)
 
     st = res["stability_summary"]
@@ -119,9 +135,7 @@ def write_plots(res: dict[str, Any], out: Path) -> list[Path]:
     ax.set_ylabel("Spearman with full ranking")
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    paths.append(atomic_write_bytes(out / "stability.png", buf.getvalue()))
+    paths.append(_save_png(fig, out / "stability.png"))
     plt.close(fig)
     return paths
 

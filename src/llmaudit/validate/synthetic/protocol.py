@@ -14,13 +14,13 @@ import numpy as np
 import torch
 from scipy import stats
 
-from llmaudit.analyze.indicator import aggregate_r_q, ranking_stability
+from llmaudit.analyze.rq_aggregate import aggregate_r_q, ranking_stability
 from llmaudit.common.runtime import set_threads
 from llmaudit.common.stats import percentile_interval, spearman_rho
 from llmaudit.validate.synthetic.classifier import init_linear, per_sample_losses, train_batched
 from llmaudit.validate.synthetic.config import SyntheticConfig
 from llmaudit.validate.synthetic.data import derive_seed, make_dataset, seeded_generator
-from llmaudit.validate.synthetic.estimators import r_q_all_variants
+from llmaudit.validate.synthetic.estimators import VariantInputs, r_q_all_variants
 from llmaudit.validate.synthetic.mis import mis_estimate
 
 
@@ -121,12 +121,11 @@ def _r_q_per_run(
         if v != "reciprocal":
             per_run[v] = {}
     pert = _perturbed_points(cfg, ds_index, traj_w[-1], traj_b[-1]) if "perturbed" in variants else None
+    inputs = VariantInputs(x_rq, y_rq, data["x_train"], data["y_train"], pert)
     n_points = {}
     with torch.no_grad():
         for q in names:
-            est, pts = r_q_all_variants(
-                q, traj_w, traj_b, x_rq, y_rq, data["x_train"], data["y_train"], pert, cfg, variants
-            )
+            est, pts = r_q_all_variants(q, traj_w, traj_b, inputs, cfg, variants)
             n_points[q] = float(pts.mean())
             for v, r in est.items():
                 per_run[v][q] = r

@@ -1,6 +1,6 @@
 """Validation of the candidate indicators on reported run stores (docs/science.md section 8): Spearman
 across quantizers between each candidate and each attack's AUROC (`store_validation`). Part of
-`llmaudit validate indicators` (`llmaudit.validate.indicators`).
+`llmaudit validate indicators` (`llmaudit.validate.candidate_validation`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from llmaudit.analyze.indicators import (
-    candidates_from_table,
-)
+from llmaudit.analyze.candidates_table import candidates_from_table
 from llmaudit.common.io import read_json
 from llmaudit.common.stats import partial_spearman, spearman
 from llmaudit.store.losstable import read_loss_table

@@ -1,91 +1,38 @@
-"""Typed, validated experiment recipes.
-
-A recipe is a YAML file whose keys equal the field names below; `key=value` overrides on the command
-line use dotted paths (`train.epochs=3`). Unknown keys and bad values fail at load time with the key,
-the value and what is allowed.
-"""
+"""The sections of a recipe (model, data, lora, train, score, attack, report, cluster) and the whole experiment;
+each field documented where it is declared."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from llmaudit.common.bounded import MAX_YAML_BYTES, InputLimitError, check_file, load_yaml
-from llmaudit.common.errors import UserError, did_you_mean
+from llmaudit.common.errors import did_you_mean
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
-from llmaudit.common.sbatch import option_problem, path_problem, value_problem
-
-DEFAULT_TASKS = ("molecule_captioning", "molecule_generation")
-
-ALL_TASKS = (
-    "forward_synthesis",
-    "retrosynthesis",
-    "molecule_captioning",
-    "molecule_generation",
-    "name_conversion-i2f",
-    "name_conversion-i2s",
-    "name_conversion-s2f",
-    "name_conversion-s2i",
-    "property_prediction-esol",
-    "property_prediction-lipo",
-    "property_prediction-bbbp",
-    "property_prediction-clintox",
-    "property_prediction-hiv",
-    "property_prediction-sider",
+from llmaudit.config.cluster import ClusterConfig
+from llmaudit.config.fields import (
+    ALL_TASKS,
+    BUILTIN_WHY,
+    CHECKPOINTS_WHY,
+    CORES_WHY,
+    DEFAULT_TASKS,
+    FULL_PLACEHOLDER,
+    MAX_MASK_CELLS,
+    MAX_POOL,
+    MAX_QUANTIZERS,
+    MAX_RUNS,
+    MEMORY_WHY,
+    POOL_WHY,
+    RUNS_WHY,
+    Section,
+    size_field,
 )
 
-RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 
-DEMO_RECIPE = "demo-cpu"
-
-FULL_PLACEHOLDER = "full"
-"""In score.quantizers: the full-precision reference of the store's compute dtype, named bf16, fp32 or fp16 once the
-store is known (ScoreConfig.with_reference)."""
-
-
-MAX_RUNS = 1024
-MAX_POOL = 1_000_000
-MAX_MASK_CELLS = 50_000_000
-MAX_QUANTIZERS = 128
-RUNS_WHY = (
-    "each run is a complete fine-tune scored with every quantizer; 1,024 runs is 50x the paper's 20, far beyond "
-    "what offline LiRA needs"
-)
-POOL_WHY = (
-    "every sample is scored at every run's final checkpoint with every quantizer; a million is 50x the paper's pool"
-)
-CHECKPOINTS_WHY = "every checkpoint is scored with every quantizer; at most 10,000 checkpoints per run are planned"
-MEMORY_WHY = "a batch's activations grow with it: larger values only exhaust the device's memory"
-CORES_WHY = "one per core is the most that helps"
-NODE_WHY = "more than any cluster node offers"
-SHARDS_WHY = "each shard is one array task; a SLURM array of more tasks is refused by the scheduler"
-BUILTIN_WHY = (
-    "the built-in model is a tiny CPU model for demos and tests; for a larger one set model.name to a real model"
-)
-UPPER_BOUND_WHY = "upper_bound_why"
-
-
-def size_field(default: Any, *, ge: int, le: int, why: str) -> Any:
-    """A size field: at least `ge`, at most `le`; `why` is printed with a value above the bound (every size in a
-    recipe has one, so that an absurd value is refused before it allocates anything)."""
-    return Field(default, ge=ge, le=le, json_schema_extra={UPPER_BOUND_WHY: why})
-
-
-class RecipeError(UserError):
-    """A recipe (or an override) is invalid. The message names the key, the value and the fix."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, protected_namespaces=())
-
-
-class BuiltinModelConfig(_Section):
+class BuiltinModelConfig(Section):
     """Architecture of the tiny built-in model (`model.name: builtin:tiny-qwen2`) used by the CPU demo."""
 
     hidden_size: int = size_field(96, ge=8, le=4096, why=BUILTIN_WHY)
@@ -120,7 +67,7 @@ class BuiltinModelConfig(_Section):
         return self
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """The base causal LM that every run fine-tunes."""
 
     name: str = "builtin:tiny-qwen2"
@@ -138,7 +85,7 @@ class ModelConfig(_Section):
     """Settings of the built-in tiny model (ignored for hub or local models)."""
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     """Where the SMolInstruct records come from and how the audited pool is drawn."""
 
     source: Literal["synthetic", "hub", "local"] = "synthetic"
@@ -179,7 +126,7 @@ class DataConfig(_Section):
         return self
 
 
-class LoraSettings(_Section):
+class LoraSettings(Section):
     """LoRA adapter settings (peft)."""
 
     r: int = size_field(
@@ -197,7 +144,7 @@ class LoraSettings(_Section):
     """Module names that receive an adapter."""
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     """Fine-tuning runs: how many, on what subset, and the optimisation."""
 
     runs: int = size_field(8, ge=1, le=MAX_RUNS, why=RUNS_WHY)
@@ -229,7 +176,7 @@ class TrainConfig(_Section):
         return self
 
 
-class ScoreConfig(_Section):
+class ScoreConfig(Section):
     """Scoring: which quantizers, on which device, with which batching."""
 
     quantizers: list[str] = Field(
@@ -337,7 +284,10 @@ class ScoreConfig(_Section):
     """Tokens each answer may have; null = from the data: 1.5 x the subset's longest reference response."""
 
 
-_LEGACY_ATTACKS = [
+ATTACK_NAMES = "attack_names"
+"""Validation-context key of the registered attacks' names (`config_from_dict(..., attack_names=...)`)."""
+
+LEGACY_ATTACK_NAMES = (
     "loss",
     "min_k",
     "min_k_plus_plus",
@@ -348,42 +298,38 @@ _LEGACY_ATTACKS = [
     "loss+zlib+ref",
     "lira_offline",
     "lira_online",
-]
-"""Every attack before the attacks of 2024-2026 (llmaudit.analyze.attacks.definitions.LEGACY_DEFAULT_ATTACKS)."""
-
-_ATTACKS = _LEGACY_ATTACKS + [
-    "ez_mia",
-    "ez_mia_bottom",
-    "ez_mia_skip_first",
-    "ez_mia_qbase",
-    "wbc",
-    "wbc_paper_grid",
-    "wbc_skip_long",
-    "wbc_qbase",
-    "ref_qbase",
-    "rmia",
-    "rmia_online",
-]
-"""Every attack (llmaudit.analyze.attacks.definitions.DEFAULT_ATTACKS; a test keeps the two equal)."""
+)
+"""Every attack before the attacks of 2024-2026: a recorded config listing exactly these asked for every attack."""
 
 
-class AttackConfig(_Section):
+class AttackConfig(Section):
     """Membership inference attacks run on every quantizer's final checkpoint."""
 
-    attacks: list[str] = Field(default_factory=lambda: list(_ATTACKS), max_length=64)
-    """Attacks to run (default: every attack). A store's recorded config that lists exactly every attack
-    of earlier versions asked for all of them and runs the newer ones too, so that an old store's report
-    is never weaker than today's."""
+    attacks: list[str] = Field(default_factory=lambda: ["all"], min_length=1, max_length=64, validate_default=True)
+    """Attacks to run: `all` (the default: every registered attack, `llmaudit.analyze.attacks.registry`) or their
+    names. Names are checked against the registry when a recipe loads. A store's recorded config that lists exactly
+    every attack of earlier versions asked for all of them and runs the newer ones too, so that an old store's
+    report is never weaker than today's."""
 
     @field_validator("attacks")
     @classmethod
-    def _every_attack_of_earlier_versions(cls, names: list[str]) -> list[str]:
-        unknown = [name for name in names if name not in _ATTACKS]
-        if unknown:
-            raise ValueError(
-                f"unknown attack {unknown[0]!r}{did_you_mean(unknown[0], _ATTACKS)}; allowed: {', '.join(_ATTACKS)}"
-            )
-        return list(_ATTACKS) if names == _LEGACY_ATTACKS else names
+    def _registered_names(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        """The attacks of earlier versions are `all` (kept as `all`: the analysis runs every attack registered when it
+        runs); with the registry's names in the validation context (`ATTACK_NAMES`, given by the loader above the
+        analysis) an unknown name is refused."""
+        if names == list(LEGACY_ATTACK_NAMES):
+            names = ["all"]
+        known = (info.context or {}).get(ATTACK_NAMES)
+        if known is None or names == ["all"]:
+            return names
+        for name in names:
+            if name not in known:
+                raise ValueError(
+                    f"unknown attack {name!r}{did_you_mean(name, known)}; allowed: {', '.join(known)}, all"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError(f"attacks repeat: {names}")
+        return names
 
     fpc: Literal["auto", "off"] | float = "auto"
     """Finite population correction of LiRA's OUT variance: auto = 1 - N/N_+ from the manifest."""
@@ -414,7 +360,7 @@ UTILITY_METRICS = (
 """Values of report.utility_metric: the validation-loss ratio, the divergence from full precision, a task metric."""
 
 
-class ReportConfig(_Section):
+class ReportConfig(Section):
     """Release checklist thresholds."""
 
     max_tpr_at_1pct_fpr: float = Field(0.05, ge=0, le=1)
@@ -461,61 +407,7 @@ class ReportConfig(_Section):
     """Bootstrap resamples of samples behind every bound of the release decision and the paired comparisons."""
 
 
-class ClusterConfig(_Section):
-    """Batch settings of `llmaudit submit`: where the shard jobs run and what each one asks for.
-
-    Not part of the experiment identity: moving an experiment between a laptop and a cluster, or
-    changing the shard count, never invalidates finished runs or scores."""
-
-    cluster: Literal["local", "slurm"] = "local"
-    """local = shard jobs run as processes on this machine (submitit's LocalExecutor); slurm = a SLURM array job."""
-    partition: str | None = None
-    """SLURM partition (slurm_partition); None = the cluster's default partition."""
-    gpus_per_job: int = size_field(0, ge=0, le=64, why=NODE_WHY)
-    """GPUs per shard job (gpus_per_node). With cluster=local, each running shard gets its own GPUs via CUDA_VISIBLE_DEVICES."""
-    cpus_per_job: int = size_field(4, ge=1, le=4096, why=NODE_WHY)
-    """CPU cores per shard job (cpus_per_task); also torch's thread count in the job unless LLMAUDIT_THREADS is set."""
-    mem_gb: int | None = size_field(None, ge=1, le=65536, why=NODE_WHY)
-    """Host memory per shard job in GB; None = the cluster's default."""
-    time_minutes: int = size_field(240, ge=1, le=525_600, why="a year; a job that is cut off resumes from disk")
-    """Wall-clock limit of one shard job. A job that hits it (or is preempted) is requeued and resumes from disk."""
-    array_parallelism: int = size_field(16, ge=1, le=100_000, why=SHARDS_WHY)
-    """Most shard jobs running at once (slurm_array_parallelism; with cluster=local, concurrent processes)."""
-    shards: int = size_field(1, ge=1, le=100_000, why=SHARDS_WHY)
-    """N: every stage is split round-robin into N shard jobs (`--shard I/N`); finetune uses at most train.runs of them."""
-    slurm_additional_parameters: dict[str, Any] = Field(default_factory=dict, max_length=256)
-    """Extra sbatch options, e.g. {account: my-project, qos: normal, constraint: a100}: only the options
-    `llmaudit.common.sbatch.FIELD_FORMS` lists, each value in its option's form (nothing else reaches the script)."""
-    gpu_model: Literal["h100", "h200", "a100", "l40s", "a6000"] | None = None
-    """GPU model of the nodes, for the plan `llmaudit submit` prints (and `llmaudit plan --device`);
-    None with gpus_per_job > 0 prices an H100."""
-    log_dir: str | None = None
-    """Where submitit writes job scripts, pickles and logs; default <output_dir>/jobs."""
-
-    @field_validator("partition")
-    @classmethod
-    def _partition_form(cls, value: str | None) -> str | None:
-        if value is not None and value_problem("partition", value):
-            raise ValueError(value_problem("partition", value))
-        return value
-
-    @field_validator("log_dir")
-    @classmethod
-    def _plain_path(cls, value: str | None) -> str | None:
-        if value is not None and path_problem(value):
-            raise ValueError(path_problem(value))
-        return value
-
-    @field_validator("slurm_additional_parameters")
-    @classmethod
-    def _allowed_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problems = [f"{key}: {option_problem(key, v)}" for key, v in value.items() if option_problem(key, v)]
-        if problems:
-            raise ValueError("; ".join(problems))
-        return value
-
-
-class ExperimentConfig(_Section):
+class ExperimentConfig(Section):
     """A whole audit: model, data, runs, scoring, attacks and report."""
 
     name: str = "audit"
@@ -567,168 +459,3 @@ class ExperimentConfig(_Section):
     def identity_hash(self) -> str:
         blob = json.dumps(self.identity(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def _field_of(model: type[BaseModel], loc: tuple) -> Any:
-    """The pydantic FieldInfo of the key at `loc` (None when `loc` does not name a config field)."""
-    cls, field = model, None
-    for part in loc:
-        field = cls.model_fields.get(str(part)) if cls is not None else None
-        if field is None:
-            return None
-        annotation = field.annotation
-        cls = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    return field
-
-
-def _bound_reason(model: type[BaseModel], loc: tuple) -> str:
-    field = _field_of(model, loc)
-    extra = getattr(field, "json_schema_extra", None)
-    return f" ({extra[UPPER_BOUND_WHY]})" if isinstance(extra, dict) and UPPER_BOUND_WHY in extra else ""
-
-
-def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
-    """The field names of the section that holds the key at `loc` (None when it is not a config section)."""
-    cls = model
-    for part in loc[:-1]:
-        field = cls.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return None
-        cls = annotation
-    return sorted(cls.model_fields)
-
-
-def _override_of(loc: tuple, overrides: list[str]) -> str | None:
-    """The command-line override (the last one) that set the key at `loc`, a section above it or a key below it."""
-    dotted = ".".join(str(p) for p in loc) + "."
-    keys = [(o, o.split("=", 1)[0].strip() + ".") for o in overrides if "=" in o]
-    hits = [o for o, key in keys if dotted.startswith(key) or key.startswith(dotted)]
-    return hits[-1] if hits else None
-
-
-def _problem(err: Any, model: type[BaseModel], overrides: list[str]) -> tuple[str, bool]:
-    """One invalid key in words, and whether a command-line override gave it."""
-    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        allowed = _allowed_keys(model, tuple(err["loc"]))
-        hint = did_you_mean(err["loc"][-1], allowed or [])
-        msg = f"unknown key{hint or ' (check the spelling)'}" + (f"; allowed here: {allowed}" if allowed else "")
-    elif err["type"] == "less_than_equal":
-        msg += _bound_reason(model, tuple(err["loc"]))
-    override = _override_of(tuple(err["loc"]), overrides)
-    if override is not None:
-        written = override.split("=", 1)[1]
-        msg += f" (from the command line: {override!r})"
-        if err["type"] == "list_type" and not written.strip().startswith("["):
-            msg += f"; a list is written {key}='[{written.strip()}]' (quoted for the shell)"
-    if isinstance(err.get("input"), dict) and err["type"] == "value_error":  # a whole section's rule
-        return f"{key}: {msg}", override is not None
-    value = repr(err.get("input"))
-    if len(value) > 200:  # a hostile value is shown in part: the message stays one readable line
-        value = value[:200] + f"... ({len(value):,} characters)"
-    return f"{key} = {value}: {msg}", override is not None
-
-
-def format_validation_error(
-    exc: ValidationError,
-    source: str,
-    *,
-    what: str = "recipe",
-    model: type[BaseModel] | None = None,
-    overrides: list[str] | None = None,
-) -> str:
-    """One line per invalid key: the dotted key, the value given and what is allowed (for an unknown
-    key, the keys its section allows, and the closest one); a key a command-line override set says so."""
-    found = [_problem(err, model or ExperimentConfig, overrides or []) for err in exc.errors()]
-    problems = [text for text, _ in found]
-    if all(from_command_line for _, from_command_line in found):
-        return "invalid command-line override: " + "; ".join(problems)
-    return f"invalid {what} {source}: " + "; ".join(problems)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    if "=" not in text:
-        raise RecipeError(f"override {text!r} is not of the form key=value (e.g. train.epochs=3)")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise RecipeError(f"override {text!r} has an empty key")
-    try:
-        value = load_yaml(raw, f"override {key}") if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"override {text!r}: value is not valid YAML ({' '.join(str(exc).split())})") from None
-    except InputLimitError as exc:
-        raise RecipeError(str(exc)) from None
-    return key.split("."), value
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    raw = json.loads(json.dumps(raw))  # deep copy of plain data
-    for text in overrides:
-        path, value = parse_override(text)
-        node = raw
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise RecipeError(f"override {text!r}: {part!r} is not a section")
-            node = child
-        node[path[-1]] = value
-    return raw
-
-
-def resolve_recipe_path(recipe: str | Path | None) -> Path:
-    """A path to a YAML file, or the name of a shipped recipe (`demo-cpu`, `qwen2.5-0.5b-smolinstruct`)."""
-    if recipe is None:
-        recipe = DEMO_RECIPE
-    path = Path(recipe)
-    if path.is_file():
-        return path
-    name = str(recipe)
-    if "/" not in name and os.sep not in name:
-        for candidate in (name, name.removesuffix(".yaml").removesuffix(".yml")):
-            shipped = RECIPE_DIR / f"{candidate}.yaml"
-            if shipped.is_file():
-                return shipped
-    available = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
-    raise RecipeError(
-        f"recipe {recipe!s} not found{did_you_mean(recipe, available)}: pass a YAML file or one of the shipped "
-        f"recipes {available}."
-    )
-
-
-def read_recipe_yaml(path: Path) -> dict[str, Any]:
-    """The mapping in a recipe file (keys = config field names)."""
-    try:
-        check_file(path, limit=MAX_YAML_BYTES, what="recipe")
-        raw = load_yaml(path.read_text(encoding="utf-8"), f"recipe {path}") or {}
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {path} is not valid YAML: {' '.join(str(exc).split())}") from None
-    except UnicodeDecodeError:
-        raise RecipeError(f"recipe {path} is not UTF-8 text; pass a YAML file.") from None
-    except InputLimitError as exc:
-        raise RecipeError(str(exc)) from None
-    if not isinstance(raw, dict):
-        raise RecipeError(f"recipe {path} must be a mapping of keys to values (sections: model, data, train, ...)")
-    return raw
-
-
-def load_recipe(recipe: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
-    path = resolve_recipe_path(recipe)
-    raw = apply_overrides(read_recipe_yaml(path), overrides or [])
-    return config_from_dict(raw, source=str(path), overrides=overrides)
-
-
-def config_from_dict(
-    raw: dict[str, Any], source: str = "(dict)", *, overrides: list[str] | None = None
-) -> ExperimentConfig:
-    """The validated config; `overrides`: the command-line key=value pairs applied to `raw` (named in an error)."""
-    try:
-        return ExperimentConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise RecipeError(format_validation_error(exc, source, overrides=overrides)) from None
-
-
-def dump_config(cfg: ExperimentConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,7 +1,7 @@
 """Validation of the candidate attack-free indicators (docs/science.md section 8).
 
 `llmaudit validate indicators` runs `validate_indicators_command`: every candidate of
-`llmaudit.analyze.indicators.CANDIDATES`
+`llmaudit.analyze.candidates.CANDIDATES`
 
 (a) on the synthetic protocol (docs/science.md section 5) against the baseline MIS, `synthetic_validation`:
     per data set Spearman over the quantizers between the candidate's mean over runs and the MIS; the mean
@@ -16,7 +16,7 @@
 
 and writes one table (indicators.json, indicators.md) with each candidate's `validation_status`.
 
-Part (a) is `llmaudit.validate.indicators_synthetic`, part (b) `llmaudit.validate.indicators_stores`; this
+Part (a) is `llmaudit.validate.candidates_synthetic`, part (b) `llmaudit.validate.candidates_stores`; this
 module holds the command, the table and the pass rule, and re-exports both parts' public names.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmaudit.analyze.indicators import (
+from llmaudit.analyze.candidates import (
     CANDIDATES,
     CONTROL_FAMILIES,
     ORIENTATION,
@@ -36,7 +36,7 @@ from llmaudit.analyze.indicators import (
 from llmaudit.common.io import atomic_write_json, atomic_write_text
 from llmaudit.config import RecipeError, load_recipe
 from llmaudit.store.run_store import RunStore
-from llmaudit.validate.indicators_stores import (
+from llmaudit.validate.candidates_stores import (
     DAMAGE_CONTROL,
     GROUND_TRUTH_ATTACKS,
     PASS_P_VALUE,
@@ -44,7 +44,7 @@ from llmaudit.validate.indicators_stores import (
     is_store_dir,
     store_validation,
 )
-from llmaudit.validate.indicators_synthetic import (
+from llmaudit.validate.candidates_synthetic import (
     DPI_CHAIN,
     QUICK_OVERRIDES,
     STABILITY_K_RUNS,
@@ -295,26 +295,24 @@ def validate_indicators_command(
         log(f"indicators: store {st.root if isinstance(st, RunStore) else st}")
         results["stores"].append(store_validation(st))
     results["status"] = {n: validation_status(n, results) for n in CANDIDATES}
-    results["files"] = {
+    command = " ".join(
+        ["llmaudit validate indicators", "--out", str(out)]
+        + [f"--store {s['source']}" for s in results["stores"]]
+        + (["--quick"] if quick else [])
+        + (["--no-synthetic"] if not synthetic else [])
+        + list(overrides)
+    )
+    results["files"] = _write_validation(out, results, command)
+    return results
+
+
+def _write_validation(out: Path, results: dict[str, Any], command: str) -> dict[str, str]:
+    """indicators.json, indicators.md and registry.json (the validation registry, with the command that made it)."""
+    return {
         "json": str(atomic_write_json(out / "indicators.json", results)),
         "markdown": str(atomic_write_text(out / "indicators.md", markdown_table(results))),
-        "registry": str(
-            atomic_write_json(
-                out / "registry.json",
-                registry_from_results(
-                    results,
-                    command=" ".join(
-                        ["llmaudit validate indicators", "--out", str(out)]
-                        + [f"--store {s['source']}" for s in results["stores"]]
-                        + (["--quick"] if quick else [])
-                        + (["--no-synthetic"] if not synthetic else [])
-                        + list(overrides)
-                    ),
-                ),
-            )
-        ),
+        "registry": str(atomic_write_json(out / "registry.json", registry_from_results(results, command=command))),
     }
-    return results
 
 
 def beyond_damage(name: str, results: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The candidate attack-free indicators as pure numpy functions, with their pre-registered
 hyper-parameters (docs/science.md section 8); the registry that names, versions and evaluates them is
-`llmaudit.analyze.indicators`.
+`llmaudit.analyze.candidates`.
 
 Every function takes ONE training run's per-sample losses (two labelled controls: its parameters) and
 returns ONE number per run, oriented so that HIGHER = MORE SECURE.
@@ -17,7 +17,7 @@ so it scores R runs at once; one run is the case without a batch dimension):
     d_k = (mean_j L_val[k, j] - mean_j L_train[k, j]) / s_pooled[k]     standardized gap (Cohen's d),
           s_pooled^2 = ((n_val - 1) s_val^2 + (n_train - 1) s_train^2) / (n_val + n_train - 2)
 
-The published r_Q is `llmaudit.analyze.indicator.r_q` (docs/science.md section 2), called run by run:
+The published r_Q is `llmaudit.analyze.rq.r_q` (docs/science.md section 2), called run by run:
 `rq_published` gives exactly its numbers.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
-from llmaudit.analyze.indicator import r_q as published_r_q
+from llmaudit.analyze.rq import r_q as published_r_q
 
 # ---- pre-registered hyper-parameters (docs/science.md section 8) -----------------------------------
 DDOF = 1
@@ -57,7 +57,7 @@ def _f64(a: Any) -> np.ndarray:
 
 
 def r_q_runs(val: Any, *, ddof: int = DDOF) -> np.ndarray:
-    """The published r_Q (Algorithm 2, docs/science.md section 2) of each run: `llmaudit.analyze.indicator.r_q`
+    """The published r_Q (Algorithm 2, docs/science.md section 2) of each run: `llmaudit.analyze.rq.r_q`
     applied run by run, so the numbers are exactly the published estimator's.
 
     val [..., K, n] -> [...]: identical rows merged (exact equality), ddof 1; 0.0 when a distinct point has
@@ -94,7 +94,7 @@ def from_r_q_half_reciprocal(r: np.ndarray) -> np.ndarray:
 def rq_published(val: Any) -> np.ndarray:
     """r_Q on the held-out losses of the quantized checkpoints, published orientation.
 
-    val [..., K, n_val] -> [...]. Equal to `llmaudit.analyze.indicator.r_q` per run."""
+    val [..., K, n_val] -> [...]. Equal to `llmaudit.analyze.rq.r_q` per run."""
     return from_r_q_identity(r_q_runs(val))
 
 

@@ -1,4 +1,4 @@
-"""Tests for llmaudit.indicator. Expected numbers are worked out by hand from docs/science.md section 2."""
+"""Tests for llmaudit.analyze.rq and rq_aggregate (public path llmaudit.indicator). Expected numbers are worked out by hand from docs/science.md section 2."""
 
 from __future__ import annotations
 
@@ -10,24 +10,27 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmaudit.analyze.indicator import (
+from llmaudit.analyze.rq import (
     STATUS_INFINITE,
     STATUS_OK,
     STATUS_UNDEFINED,
     STATUS_ZERO,
-    aggregate_r_q,
-    indicator_from_table,
     merge_identical_points,
     r_q,
     r_q_as_printed,
     r_q_details,
     r_q_min_ratio,
     r_q_reciprocal,
+)
+from llmaudit.analyze.rq_aggregate import (
+    RQSettings,
+    aggregate_r_q,
+    indicator_from_table,
     rank_quantizers,
     ranking_stability,
 )
+from llmaudit.commands.indicator import indicator_command
 from llmaudit.common.io import read_json
-from llmaudit.report.tables import indicator_command
 from llmaudit.store.losstable import read_loss_table, write_loss_table
 
 # Three quantized checkpoints on n = 4 validation samples, rows deliberately NOT sorted by mean loss.
@@ -295,3 +298,15 @@ def test_missing_run_quantizer_pair_is_reported_and_counted():
     uni = result["per_quantizer"]["uniform-4"]["r_q"]
     assert uni["n_runs"] == 2 and uni["n_undefined"] == 2 and math.isnan(uni["mean"])
     assert math.isnan(result["per_quantizer"]["uniform-4"]["rank"])
+
+
+def test_indicator_from_table_settings_object_equals_keyword_options():
+    """`RQSettings` and keyword overrides of its fields are the same call; an unknown option is refused."""
+    table = _hand_table()
+    by_options = indicator_from_table(table, n_boot=10, n_resamples=2, seed=3)
+    by_settings = indicator_from_table(table, RQSettings(n_boot=10, n_resamples=2, seed=3))
+    assert json.dumps(by_options, sort_keys=True) == json.dumps(by_settings, sort_keys=True)
+    overridden = indicator_from_table(table, RQSettings(n_boot=10, n_resamples=2), seed=3)
+    assert json.dumps(overridden, sort_keys=True) == json.dumps(by_options, sort_keys=True)
+    with pytest.raises(TypeError):
+        indicator_from_table(table, n_bootstrap=10)

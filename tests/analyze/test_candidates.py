@@ -1,4 +1,4 @@
-"""Tests for llmaudit.analyze.indicators (docs/science.md section 8). Expected numbers are worked out by hand."""
+"""Tests for llmaudit.analyze.candidates and candidates_table (docs/science.md section 8). Expected numbers are worked out by hand."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from llmaudit.analyze import indicators as ind
-from llmaudit.analyze.indicator import indicator_from_table, r_q
+from llmaudit.analyze import candidates as ind
+from llmaudit.analyze.candidates_table import candidates_from_table
+from llmaudit.analyze.rq import r_q
+from llmaudit.analyze.rq_aggregate import indicator_from_table
 
-# The hand example of tests/analyze/test_indicator.py: three quantized checkpoints on n = 4 samples,
+# The hand example of tests/analyze/test_rq.py: three quantized checkpoints on n = 4 samples,
 # r_Q = 3/7 (binding point C: sigma2/delta^2 = 7/6).
 L3 = np.array([[1.0, 7.0, 4.0, 4.0], [1.0, 2.0, 3.0, 2.0], [2.0, 2.0, 4.0, 4.0]])
 
@@ -261,7 +263,7 @@ def _store_like_table():
 
 
 def test_candidates_from_table_by_hand():
-    res = ind.candidates_from_table(_store_like_table(), n_boot=200)
+    res = candidates_from_table(_store_like_table(), n_boot=200)
     assert res["reference_quantizer"] == "fp32"  # found by name
     assert res["runs"] == [0, 1] and res["quantizers"] == ["fp32", "q4"]
     c = res["candidates"]
@@ -300,7 +302,7 @@ def test_candidates_from_table_matches_the_published_indicator():
     df = _store_like_table()
     rng = np.random.default_rng(4)
     df.loc[df["split"] == "val", "loss"] = rng.exponential(1.0, int((df["split"] == "val").sum()))
-    res = ind.candidates_from_table(df)
+    res = candidates_from_table(df)
     pub = indicator_from_table(df, variants=())
     for e in pub["per_run"]:
         ours = res["candidates"]["rq_published"]["per_quantizer"][e["quantizer"]]["values"][e["run"]]
@@ -312,7 +314,7 @@ def test_candidates_from_table_with_pool_rows_at_every_checkpoint():
     rows = []
     for ck, val, train in ((10, [1, 3], [1, 1, 1]), (20, [2, 4], [0, 1, 2])):
         rows += _rows(0, ck, "q4", "val", val) + _rows(0, ck, "q4", "pool", [*train, 9.0], members=(0, 1, 2))
-    res = ind.candidates_from_table(pd.DataFrame(rows))
+    res = candidates_from_table(pd.DataFrame(rows))
     c = res["candidates"]
     assert c["gap_std_traj"]["per_quantizer"]["q4"]["values"] == pytest.approx([-(math.sqrt(1.5) + math.sqrt(3.0)) / 2])
     assert c["rq_train"]["computable"]
@@ -325,12 +327,12 @@ def test_candidates_from_table_with_pool_rows_at_every_checkpoint():
 def test_candidates_from_table_missing_inputs():
     df = _store_like_table()
     no_pool = df[df["split"] == "val"]
-    res = ind.candidates_from_table(no_pool, reference_quantizer="fp32")
+    res = candidates_from_table(no_pool, reference_quantizer="fp32")
     assert not res["candidates"]["gap_std_final"]["computable"]
     assert "no member pool rows at the final checkpoint 20" in res["candidates"]["gap_std_final"]["reason"]
     assert res["candidates"]["rq_published"]["computable"]  # needs the held-out trajectory only
     # a named reference that the table does not hold
-    res = ind.candidates_from_table(df, reference_quantizer="bf16")
+    res = candidates_from_table(df, reference_quantizer="bf16")
     assert "bf16" in res["candidates"]["gap_std_ratio_fp"]["reason"]
     with pytest.raises(ValueError, match="unknown candidate"):
-        ind.candidates_from_table(df, names=["nope"])
+        candidates_from_table(df, names=["nope"])

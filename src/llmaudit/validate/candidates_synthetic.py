@@ -1,6 +1,6 @@
 """Validation of the candidate indicators on the synthetic protocol (docs/science.md sections 5 and 8):
 per data set, every candidate's mean over runs against the baseline MIS, rank stability and DPI pairs
-(`synthetic_validation`). Part of `llmaudit validate indicators` (`llmaudit.validate.indicators`).
+(`synthetic_validation`). Part of `llmaudit validate indicators` (`llmaudit.validate.candidate_validation`).
 
 The synthetic part reuses the protocol's own code: `make_dataset`, `init_linear`, `train_batched`, the
 quantizers and losses of `classifier`, the MIS discriminators of `mis.mis_estimate` (same seeds as
@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from llmaudit.analyze.indicator import ranking_stability
-from llmaudit.analyze.indicators import (
+from llmaudit.analyze.candidates import (
     CANDIDATES,
     ORIENTATION,
     PREREGISTRATION,
     evaluate_candidates,
 )
+from llmaudit.analyze.rq_aggregate import ranking_stability
 from llmaudit.common.io import atomic_write_bytes
 from llmaudit.common.runtime import torch_threads
 from llmaudit.common.stats import percentile_interval, spearman, spearman_rho
@@ -211,6 +211,19 @@ def synthetic_dataset_arrays(
     if cached is not None:
         log(f"[{ds_index + 1}] {ds_name}: cached ({path})")
         return cached
+    out = _train_and_score(cfg, (ds_index, k_modes, sigma), names, log)
+    if path is not None:
+        _save_arrays(path, key, out)
+    return out
+
+
+def _train_and_score(
+    cfg: SyntheticConfig, dataset: tuple[int, int, float], names: list[str], log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The arrays of `synthetic_dataset_arrays` computed (not cached) for dataset = (index, k_modes, sigma):
+    train the runs, every candidate per run on the trajectory, the baseline MIS on the final checkpoints."""
+    ds_index, k_modes, sigma = dataset
+    quantizers = list(cfg.quantizers)
     t0 = time.perf_counter()
     data = make_dataset(cfg, ds_index, k_modes, sigma)
     R = cfg.n_runs
@@ -228,24 +241,21 @@ def synthetic_dataset_arrays(
     t2 = time.perf_counter()
     mis = mis_estimate(quantizers, traj_w[-1], traj_b[-1], data, torch.arange(R), cfg, (ds_index, "mis", R))
     t_mis = time.perf_counter() - t2
-    timing = {"train": t_train, "candidates": t_cand, "mis": t_mis}
+    ds_name = f"k{k_modes}-s{sigma:g}"
     log(
         f"[{ds_index + 1}] {ds_name}: train {t_train:.0f}s, candidates {t_cand:.0f}s, MIS {t_mis:.0f}s; MIS "
         + " ".join(f"{q}={m:.3f}" for q, m in zip(quantizers, mis["mis"]))
     )
-    out = {
+    return {
         "name": ds_name,
         "values": values,
         "mis": np.asarray(mis["mis"], dtype=np.float64),
         "correct": np.asarray(mis["correct_per_run"], dtype=np.float64),
         "candidates": names,
         "quantizers": quantizers,
-        "timing_s": timing,
+        "timing_s": {"train": t_train, "candidates": t_cand, "mis": t_mis},
         "cached": False,
     }
-    if path is not None:
-        _save_arrays(path, key, out)
-    return out
 
 
 def _stability(

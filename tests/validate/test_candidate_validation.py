@@ -1,4 +1,4 @@
-"""Tests of llmaudit.validate.indicators: the synthetic protocol (quick mode), a hand-made store, the pass rule."""
+"""Tests of llmaudit.validate.candidate_validation: the synthetic protocol (quick mode), a hand-made store, the pass rule."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from llmaudit.analyze.indicators import CANDIDATES, CONTROL_FAMILIES, REASON_PARAMETERS
+from llmaudit.analyze.candidates import CANDIDATES, CONTROL_FAMILIES, REASON_PARAMETERS
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.store.losstable import write_loss_table
-from llmaudit.validate import indicators as vi
-from llmaudit.validate import indicators_synthetic as vis
+from llmaudit.validate import candidate_validation as vi
+from llmaudit.validate import candidates_synthetic as vis
 from llmaudit.validate.synthetic.classifier import quantize_batched
 from llmaudit.validate.synthetic.config import load_config
 from llmaudit.validate.synthetic.protocol import run_dataset
@@ -283,7 +283,7 @@ def test_default_stores_are_the_real_model_recipes_stores(tmp_path, monkeypatch)
 def test_the_shipped_registry_follows_the_pass_rule_from_its_own_numbers():
     """Every status in llmaudit/analyze/indicator_validation.json (what reports print) is what the pass rule
     gives on the numbers recorded beside it, for the current candidate versions."""
-    from llmaudit.analyze.indicators import validation_registry
+    from llmaudit.analyze.candidates import validation_registry
 
     reg = validation_registry()
     assert set(reg["candidates"]) == set(CANDIDATES)

@@ -1,6 +1,8 @@
-"""From the loss tables of an experiment to one result object: r_Q, attacks, memorization, utility.
+"""The analysis of a run store: from its verified loss tables to one result object (r_Q, attacks,
+memorization, candidate indicators, blind baseline, utility), written to the store's results/*.json.
 
-The result object is what every report rendering (JSON, Markdown, HTML) is made from.
+`analyze(cfg, store)` is what `llmaudit analyze` runs; the result object is what every report rendering
+(JSON, Markdown, HTML) is made from.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from llmaudit import __version__
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.blind import blind_baseline_for_pool
+from llmaudit.analyze.candidates import validation_of
+from llmaudit.analyze.candidates_table import candidates_from_table
 from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.fidelity import divergence_from_table
-from llmaudit.analyze.indicator import indicator_from_table
-from llmaudit.analyze.indicators import candidates_from_table, validation_of
 from llmaudit.analyze.memorization import memorization_from_table
+from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
@@ -229,6 +232,29 @@ def utility_settings(store: RunStore, quantizers: list[str]) -> dict[str, Any] |
     return None
 
 
+def _memorization(table: pd.DataFrame, manifest: dict, cfg: ExperimentConfig, n_boot: int, echo) -> dict | None:
+    """The memorization view when the table holds the base model's rows (run == REFERENCE_RUN), else None."""
+    if not (table["run"] == REFERENCE_RUN).any():
+        return None
+    echo("[analyze] memorization ...")
+    params = manifest.get("parameters", {})
+    return memorization_from_table(
+        table,
+        adapter_params=params.get("adapter_trainable"),
+        model_params=params.get("model_total"),
+        n_boot=n_boot,
+        seed=cfg.attack.seed,
+    )
+
+
+def _write_results(store: RunStore, result: dict[str, Any]) -> None:
+    """results/indicator.json, attacks.json, memorization.json (those computed) and result.json."""
+    for name in ("indicator", "attacks", "memorization"):
+        if result[name] is not None:
+            atomic_write_json(store.results_dir / f"{name}.json", result[name])
+    atomic_write_json(store.results_dir / "result.json", result)
+
+
 def analyze(
     cfg: ExperimentConfig, store: RunStore, *, quantizers: list[str] | None = None, echo=print
 ) -> dict[str, Any]:
@@ -252,17 +278,7 @@ def analyze(
     r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
     echo("[analyze] attacks ...")
     attacks = _attacks(cfg, manifest, attack_table, quantizers, reference, r_q_means)
-    memorization = None
-    params = manifest.get("parameters", {})
-    if (table["run"] == REFERENCE_RUN).any():
-        echo("[analyze] memorization ...")
-        memorization = memorization_from_table(
-            table,
-            adapter_params=params.get("adapter_trainable"),
-            model_params=params.get("model_total"),
-            n_boot=n_boot,
-            seed=cfg.attack.seed,
-        )
+    memorization = _memorization(table, manifest, cfg, n_boot, echo)
     echo("[analyze] candidate indicators ...")
     indicators = _indicators(cfg, table, quantizers, reference, n_boot)
     echo("[analyze] blind baseline ...")
@@ -286,8 +302,5 @@ def analyze(
         "indicators": indicators,
         "thresholds": cfg.report.model_dump(),
     }
-    for name in ("indicator", "attacks", "memorization"):
-        if result[name] is not None:
-            atomic_write_json(store.results_dir / f"{name}.json", result[name])
-    atomic_write_json(store.results_dir / "result.json", result)
+    _write_results(store, result)
     return result

@@ -1,0 +1,100 @@
+"""EZ-MIA [Ilic2026] (docs/science.md section 4): the upward against the downward shifts of log p from the
+reference to the target in the target's error zone. Scores are "higher = more likely a member".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llmaudit.analyze.attacks.token_shift import flat_shifts, log_prob_shift, paired_texts
+from llmaudit.common.ragged import length_blocks, padded, row_sums, sizes
+
+EZ_EDGES = ("top", "bottom")
+"""EZ-MIA's conventions for a text whose error zone has no negative shift (N = 0), no position included:
+"top" ranks it above every other text (LeakPro, the paper's appendix E.5/E.6: all probability mass moved up
+is the strongest member signal); "bottom" scores it 0, the lowest possible value (the authors' released
+code). The authors' code also scores a text with fewer than 2 error positions 0; with one position the
+ratio is 0 or N = 0 anyway, so that rule adds nothing here."""
+
+
+def error_zone_masses(delta: np.ndarray, top1: np.ndarray, *, skip_first: bool = False) -> tuple[float, float, int]:
+    """(P, N, |E|) of one text: E = positions where the target's top-1 prediction is NOT the token
+    (top1 False), optionally without the first scored position; P = sum over E of max(delta_t, 0),
+    N = sum over E of max(-delta_t, 0). delta, top1: [T]."""
+    delta = np.asarray(delta, dtype=np.float64)
+    wrong = ~np.asarray(top1, dtype=bool)
+    if wrong.shape != delta.shape:
+        raise ValueError(f"{delta.size} token shifts but {wrong.size} top-1 flags.")
+    if skip_first and wrong.size:
+        wrong = wrong.copy()
+        wrong[0] = False
+    zone = delta[wrong]
+    return float(np.clip(zone, 0, None).sum()), float(np.clip(-zone, 0, None).sum()), int(wrong.sum())
+
+
+def ez_mia_score(
+    target_token_losses, reference_token_losses, target_top1, *, edge: str = "top", skip_first: bool = False
+) -> np.ndarray:
+    """EZ-MIA [Ilic2026]: the ratio P / N of the upward to the downward shifts of log p in the target's
+    error zone, reported as the monotone map P / (P + N) in [0, 1) so that every score is finite (the same
+    ranking as P / N, across texts and targets). n texts of per-token losses and top-1 flags -> [n].
+
+    edge="top": a text with N = 0 (all movement upward, or no error position) scores 1 + P / (1 + P) in
+    [1, 2), above every other and ordered by P among themselves (LeakPro's rank). edge="bottom": a text with
+    N = 0 scores 0 (the authors' code). A text with P = 0 < N scores 0 under both (ratio 0). skip_first
+    leaves the first scored position out of the error zone. All texts at once, the same numbers as
+    `error_zone_masses` text by text (`_zone_sums`)."""
+    if edge not in EZ_EDGES:
+        raise ValueError(f"edge must be one of {EZ_EDGES}; got {edge!r}.")
+    flags = [np.asarray(f).ravel() for f in target_top1]
+    delta, lengths = flat_shifts(target_token_losses, reference_token_losses)
+    if len(flags) != lengths.size:
+        raise ValueError(f"{lengths.size} texts but {len(flags)} rows of top-1 flags.")
+    if lengths.size == 0:
+        return np.zeros(0)
+    wrong_size = np.flatnonzero(sizes(flags) != lengths)
+    if wrong_size.size:
+        i = int(wrong_size[0])
+        raise ValueError(f"text {i}: {lengths[i]} token shifts but {flags[i].size} top-1 flags.")
+    wrong = ~np.concatenate(flags).astype(bool)  # the error zone
+    if skip_first:
+        wrong[np.cumsum(lengths) - lengths] = False
+    p, n = _zone_sums(delta[wrong], np.add.reduceat(wrong.astype(np.int64), np.cumsum(lengths) - lengths))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = p / (p + n)
+    return np.where(n > 0, ratio, 1.0 + p / (1.0 + p) if edge == "top" else 0.0)
+
+
+def _zone_sums(zone: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P, N) [n] of every text's error zone: zone = the zone shifts of every text concatenated, sizes [n] their
+    numbers; each sum is numpy's sum of that text's clipped zone alone, as `error_zone_masses` computes it
+    (texts of similar zone sizes padded together, in bounded blocks)."""
+    p, n = np.zeros(sizes.size), np.zeros(sizes.size)
+    starts = np.cumsum(sizes) - sizes
+    up, down = np.clip(zone, 0, None), np.clip(-zone, 0, None)
+    for idx in length_blocks(sizes):
+        width = max(int(sizes[idx].max()), 1)
+        p[idx] = row_sums(padded(up, sizes[idx], starts[idx], 0.0, width=width), sizes[idx])
+        n[idx] = row_sums(padded(down, sizes[idx], starts[idx], 0.0, width=width), sizes[idx])
+    return p, n
+
+
+def ez_mia_score_per_sample(
+    target_token_losses, reference_token_losses, target_top1, *, edge: str = "top", skip_first: bool = False
+) -> np.ndarray:
+    """`ez_mia_score` as it was computed before issue 33, one text at a time (`error_zone_masses`): the
+    reference of the tests and the baseline of benchmarks/bench_analysis.py."""
+    if edge not in EZ_EDGES:
+        raise ValueError(f"edge must be one of {EZ_EDGES}; got {edge!r}.")
+    flags = [np.asarray(f).ravel() for f in target_top1]
+    pairs = paired_texts(target_token_losses, reference_token_losses)
+    if len(flags) != len(pairs):
+        raise ValueError(f"{len(pairs)} texts but {len(flags)} rows of top-1 flags.")
+    out = np.empty(len(pairs))
+    for i, ((t, r), top1) in enumerate(zip(pairs, flags)):
+        p, n, _ = error_zone_masses(log_prob_shift(t, r), top1, skip_first=skip_first)
+        if n > 0:
+            out[i] = p / (p + n)
+        else:
+            out[i] = 1.0 + p / (1.0 + p) if edge == "top" else 0.0
+    return out

@@ -1,0 +1,51 @@
+"""`llmaudit audit [RECIPE]`: finetune, score and report in order, then the verdict (no recipe: the CPU demo)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from llmaudit.analyze.store_analysis import analyze
+from llmaudit.commands.base import (
+    GATE_HELP,
+    OVERRIDES_HELP,
+    RELEASE_HELP,
+    app,
+    finish,
+    progress,
+)
+from llmaudit.finetune.runs import finetune as do_finetune
+from llmaudit.jobs.local import score_in_processes
+from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
+from llmaudit.report.write import write_report
+from llmaudit.score.stage import score as do_score
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def audit(
+    args: list[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]; default: the CPU demo. {OVERRIDES_HELP}"),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
+    no_progress: bool = typer.Option(False, "--no-progress"),
+    release: str | None = typer.Option(None, "--release", help=RELEASE_HELP),
+    gate: bool = typer.Option(False, "--gate", help=GATE_HELP),
+) -> None:
+    """finetune, score and report in order, then print the verdict. `llmaudit audit` alone runs the CPU demo (a
+    few minutes)."""
+    t0 = time.time()
+    recipe, overrides = split_recipe_args(list(args or []))
+    cfg = config_from_recipe(recipe, overrides, out)
+    show_progress = progress(no_progress)
+    store = do_finetune(cfg, progress=show_progress)
+    if cfg.score.processes > 1:
+        score_in_processes(cfg, store, echo=typer.echo)
+    else:
+        do_score(cfg, store, progress=show_progress)
+    result = analyze(cfg, store)
+    paths = write_report(store, result, release=release)
+    typer.echo(
+        f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}"
+    )
+    finish(json.loads(Path(paths["json"]).read_text(encoding="utf-8")), release=release, gate=gate)

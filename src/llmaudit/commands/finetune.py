@@ -1,0 +1,35 @@
+"""`llmaudit finetune RECIPE`: LoRA runs on random subsets of the pool, membership recorded, resumable."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from llmaudit.commands.base import (
+    OVERRIDES_HELP,
+    RECIPE_HELP,
+    SHARD_HELP,
+    app,
+    progress,
+)
+from llmaudit.finetune.runs import finetune as do_finetune
+from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
+from llmaudit.store.shards import parse_shard
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def finetune(
+    args: list[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]. {RECIPE_HELP} {OVERRIDES_HELP}"),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default: ./llmaudit-out/<name>)."),
+    shard: str | None = typer.Option(None, help=SHARD_HELP),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Print concise lines instead of progress bars."),
+) -> None:
+    """LoRA fine-tuning runs, each on a random subset of the sample pool (membership recorded), with adapter
+    checkpoints along each trajectory. Rerunning skips finished runs and resumes interrupted ones."""
+    recipe, overrides = split_recipe_args(list(args or []))
+    cfg = config_from_recipe(recipe, overrides, out)
+    store = do_finetune(cfg, shard=parse_shard(shard), progress=progress(no_progress))
+    if int(os.environ.get("RANK", "0")) == 0:  # under accelerate/torchrun only the main process reports
+        typer.echo(f"[finetune] done: {store.root}")

@@ -1,0 +1,57 @@
+"""`llmaudit report RUN_DIR`: the analysis of a verified store, report.json/.md/.html, the model card, the verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from llmaudit.analyze.store_analysis import analyze
+from llmaudit.commands.base import (
+    GATE_HELP,
+    RELEASE_HELP,
+    app,
+    finish,
+)
+from llmaudit.common.io import read_json
+from llmaudit.jobs.status import report_is_current
+from llmaudit.jobs.targets import config_from_run_dir
+from llmaudit.report.model_card import UnknownQuantizerError
+from llmaudit.report.write import write_model_card, write_report
+from llmaudit.store.run_store import RunStore
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="The experiment directory written by finetune/score."),
+    include_samples: bool = typer.Option(
+        False,
+        "--include-samples",
+        help="Also print the text of the most vulnerable samples (off: ids and scores only).",
+    ),
+    quantizers: str | None = typer.Option(
+        None,
+        "--quantizers",
+        help="Comma-separated quantizers to report (default: every quantizer scored in the store).",
+    ),
+    release: str | None = typer.Option(None, "--release", help=RELEASE_HELP),
+    gate: bool = typer.Option(False, "--gate", help=GATE_HELP),
+) -> None:
+    """Compute r_Q, the attacks and memorization from the verified loss tables and write report.json,
+    report.md, a self-contained report.html (plots embedded) and model_card.md (the privacy section of the
+    released model's card); print the verdict. An inconsistent store is refused."""
+    store = RunStore(run_dir)
+    cfg = config_from_run_dir(run_dir, [])
+    chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
+    if release is not None and chosen is None and not include_samples and report_is_current(store):
+        card = write_model_card(store, release)  # another quantizer's card: from report.json, in seconds
+        typer.echo(f"[report] wrote {card} from {store.report_dir / 'report.json'} (the report is up to date)")
+        report_data = read_json(store.report_dir / "report.json", what="report")
+        return finish(report_data, release=release, gate=gate)
+    if release is not None and chosen is not None and release not in chosen:  # refused before the analysis
+        raise UnknownQuantizerError(f"--release {release!r} is not among --quantizers {', '.join(chosen)}: add it")
+    result = analyze(cfg, store, quantizers=chosen)
+    paths = write_report(store, result, include_samples=include_samples, release=release)
+    typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
+    finish(json.loads(Path(paths["json"]).read_text(encoding="utf-8")), release=release, gate=gate)

@@ -1,0 +1,61 @@
+"""`llmaudit score RUN_DIR`: the loss tables of every (run, checkpoint, quantizer) unit, resumable and lockable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from llmaudit.commands.base import (
+    SHARD_HELP,
+    TRUST_HELP,
+    app,
+    progress,
+)
+from llmaudit.common.errors import UserError
+from llmaudit.jobs.local import score_in_processes
+from llmaudit.jobs.targets import resolve_target, split_recipe_args
+from llmaudit.score.stage import score as do_score
+from llmaudit.store.shards import parse_shard
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def score(
+    args: list[str] = typer.Argument(None, help="RUN_DIR or RECIPE, then key=value overrides of the score section."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory when a recipe is given."),
+    shard: str | None = typer.Option(None, help=SHARD_HELP),
+    no_progress: bool = typer.Option(False, "--no-progress"),
+    deep_verify: bool = typer.Option(
+        False,
+        "--deep-verify",
+        help="Read every finished unit in full (per-token values too) and rescore any that fails.",
+    ),
+    refresh_utility: bool = typer.Option(
+        False,
+        "--refresh-utility",
+        help="Also rescore the finished final units whose KL / generation columns were made with other settings "
+        "(or are missing: stores scored by an earlier llmaudit).",
+    ),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_HELP),
+) -> None:
+    """Per-sample token losses of every (run, checkpoint, quantizer) unit, one parquet loss table per unit.
+    Impossible quantizer requests are rejected before any work; finished units are skipped, failed ones
+    moved aside and scored again; several processes may score one store at once (units are locked)."""
+    target, overrides = split_recipe_args(list(args or []))
+    if target is None:  # never silently the demo's store
+        raise UserError(
+            "llmaudit score needs a target: a run directory (llmaudit score llmaudit-out/NAME) or a recipe "
+            "(llmaudit score demo-cpu), then key=value overrides"
+        )
+    cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
+    if cfg.score.processes > 1 and shard is None:
+        score_in_processes(cfg, store, echo=typer.echo, deep_verify=deep_verify, refresh_utility=refresh_utility)
+    else:
+        do_score(
+            cfg,
+            store,
+            shard=parse_shard(shard),
+            progress=progress(no_progress),
+            deep_verify=deep_verify,
+            refresh_utility=refresh_utility,
+        )

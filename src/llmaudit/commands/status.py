@@ -1,0 +1,25 @@
+"""`llmaudit status RUN_DIR`: what is done, running and missing, with the fix for each problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from llmaudit.commands.base import (
+    app,
+)
+from llmaudit.common.io import to_json
+from llmaudit.jobs.status import format_status, stage_status
+from llmaudit.store.run_store import RunStore
+
+
+@app.command()
+def status(
+    run_dir: Path = typer.Argument(..., help="The experiment directory written by finetune/score/submit."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (for scripts)."),
+) -> None:
+    """What is done, running and missing: runs and their checkpoints, scoring units per quantizer, the report.
+    A unit whose job was killed shows as missing (rerunning the stage resumes it)."""
+    result = stage_status(RunStore(run_dir))
+    typer.echo(to_json(result).rstrip() if as_json else format_status(result))

@@ -1,0 +1,105 @@
+"""report.json's typed contract (llmaudit.report.models): a fresh report.json validates against the JSON Schema
+generated from the models and is written from them key for key; a report.json written by an earlier llmaudit
+still renders."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from pydantic import ValidationError
+
+from llmaudit.report.html import render_html
+from llmaudit.report.markdown import render_markdown
+from llmaudit.report.model_card import render_model_card
+from llmaudit.report.models import ReportJson, as_report, dump_report
+from llmaudit.report.plots import render_all
+from llmaudit.report.schema import REPORT_SCHEMA, validate_report
+from llmaudit.report.summary import headline
+from llmaudit.report.terminal import gate_decision, summary_text
+
+LANDED = Path(__file__).parents[1] / "data" / "report_landed_ae578c7.json.gz"
+
+
+@pytest.fixture(scope="module")
+def fresh(audited_tiny_store):
+    """report.json of the session's tiny audited store (read only: never changed here)."""
+    text = (audited_tiny_store / "report" / "report.json").read_text()
+    return text, json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def landed():
+    """report.json written by llmaudit at commit ae578c7, before report.json was typed: the whole file as that
+    code wrote it for a tiny demo store (nothing dropped)."""
+    return json.loads(gzip.decompress(LANDED.read_bytes()))
+
+
+def test_the_generated_schema_is_valid_and_versioned():
+    jsonschema.Draft202012Validator.check_schema(REPORT_SCHEMA)
+    assert REPORT_SCHEMA["properties"]["report_schema_version"] == {"const": 4}
+    assert "QuantizerDecision" in REPORT_SCHEMA["$defs"] and "GridRow" in REPORT_SCHEMA["$defs"]
+    grid_row = REPORT_SCHEMA["$defs"]["GridRow"]
+    assert {"quantizer", "utility", "r_q", "attacks", "best_attack", "decision"} <= set(grid_row["required"])
+
+
+def test_a_fresh_report_validates_against_the_generated_schema(fresh):
+    text, report = fresh
+    jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
+    validate_report(report)
+    # written from the models: the same keys, values and order as the file
+    assert json.dumps(dump_report(report), indent=2, allow_nan=False) + "\n" == text
+
+
+def test_a_renamed_key_fails_when_written_not_silently_none(fresh):
+    _, report = fresh
+    bad = json.loads(json.dumps(report))
+    row = bad["grid"][0]
+    row["r_q_mean"] = row.pop("r_q")
+    with pytest.raises(ValidationError, match="GridRow lacks r_q"):
+        dump_report(bad)
+    bad = json.loads(json.dumps(report))
+    att = next(iter(bad["grid"][0]["attacks"].values()))
+    att["auc"] = att.pop("auroc")
+    with pytest.raises(ValidationError, match="AttackEntry lacks auroc"):
+        dump_report(bad)
+
+
+def test_an_old_report_renders(landed):
+    report = as_report(landed)
+    assert report.report_schema_version == 4 and report.grid[0].is_reference
+    # read and written again: nothing lost, nothing added
+    assert report.model_dump(mode="json", exclude_unset=True) == landed
+    verdict = headline(report).split(" (")[0]  # the headline up to the parenthesis Markdown escapes
+    assert verdict.startswith(("Release", "Nothing"))
+    md = render_markdown(landed)
+    assert "## Verdict" in md and verdict in md
+    figures = render_all(landed)
+    assert figures
+    page = render_html(landed, figures)
+    assert page.startswith("<!DOCTYPE html>") and "banner" in page
+    screen = summary_text(landed, width=120)
+    assert "llmaudit verdict" in screen and verdict in " ".join(screen.split())
+    card = render_model_card(landed)
+    assert "## Privacy: membership-inference audit" in card
+    assert gate_decision(landed, None)[1].startswith(landed["recommendation"]["quantizer"])
+
+
+def test_an_old_report_without_later_keys_still_renders(landed):
+    """A report.json older still: no release decision, no explanation, no divergence, no indicators."""
+    old = json.loads(json.dumps(landed))
+    for key in ("decision_rule", "indicator_agreement", "indicators", "utility", "blind_baseline"):
+        old.pop(key)
+    old["recommendation"].pop("explanation")
+    for row in old["grid"]:
+        for key in ("decision", "strongest_vs_loss", "r_q_status", "indicator", "calibration"):
+            row.pop(key)
+        row["utility"].pop("divergence")
+    report = ReportJson.model_validate(old)
+    assert report.grid[0].decided() is None and report.decision_rule is None
+    md = render_markdown(report)
+    assert "## Verdict" in md and headline(report).split(" (")[0] in md
+    assert "## Privacy" in render_model_card(old)
