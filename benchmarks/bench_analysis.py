@@ -37,11 +37,12 @@ import pandas as pd
 from scipy import stats
 
 from llmaudit.analyze import metrics
-from llmaudit.analyze.attacks import evaluate, matrices
-from llmaudit.analyze.attacks.definitions import DEFAULT_ATTACKS
+from llmaudit.analyze.attacks.catalog import ez_mia_attacks, single_model, wbc_attacks
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.ez_mia import ez_mia_score_per_sample
+from llmaudit.analyze.attacks.registry import registered_attacks
 from llmaudit.analyze.attacks.text import min_k_plus_plus_score_per_sample, min_k_score_per_sample
-from llmaudit.analyze.attacks.tokens import ez_mia_score_per_sample, wbc_score_per_sample
+from llmaudit.analyze.attacks.wbc import wbc_score_per_sample
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
 
@@ -66,14 +67,18 @@ def landed_calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = metr
 @contextlib.contextmanager
 def landed():
     """The analysis as it landed before issue 33: WBC, EZ-MIA, min-k% and Min-K%++ one text at a time, the
-    bootstrap over distinct-score groups (all still in the library: `*_per_sample`, `bootstrap_ci(engine=
-    "groups")`), the calibrated threshold's quantile per entry (`landed_calibrated_threshold`)."""
+    bootstrap over distinct-score groups (all still in the library: `*_per_sample`, `bootstrap_ci(resampling=
+    Resampling(engine="groups"))`), the calibrated threshold's quantile per entry (`landed_calibrated_threshold`)."""
     with (
-        mock.patch.object(matrices, "wbc_score", wbc_score_per_sample),
-        mock.patch.object(matrices, "ez_mia_score", ez_mia_score_per_sample),
-        mock.patch.object(evaluate, "min_k_score", min_k_score_per_sample),
-        mock.patch.object(evaluate, "min_k_plus_plus_score", min_k_plus_plus_score_per_sample),
-        mock.patch.object(metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, engine="groups")),
+        mock.patch.object(wbc_attacks, "wbc_score", wbc_score_per_sample),
+        mock.patch.object(ez_mia_attacks, "ez_mia_score", ez_mia_score_per_sample),
+        mock.patch.object(single_model, "min_k_score", min_k_score_per_sample),
+        mock.patch.object(single_model, "min_k_plus_plus_score", min_k_plus_plus_score_per_sample),
+        mock.patch.object(
+            metrics,
+            "bootstrap_ci",
+            functools.partial(metrics.bootstrap_ci, resampling=metrics.Resampling(engine="groups")),
+        ),
         mock.patch.object(metrics, "calibrated_threshold", landed_calibrated_threshold),
     ):
         yield
@@ -110,7 +115,7 @@ class ResamplingClock:
             yield self
 
 
-def analyse(df: pd.DataFrame, n_boot: int, decision: bool = False, attacks=DEFAULT_ATTACKS) -> tuple[dict, dict]:
+def analyse(df: pd.DataFrame, n_boot: int, decision: bool = False, attacks=registered_attacks()) -> tuple[dict, dict]:
     """CPU seconds of `run_attacks` on `attacks` (with the release decision, as `llmaudit attack` runs it, when
     `decision`): {"total_s", "resampling_s", "fixed_s", "per_resample_s"}, and its result. CPU time of this
     process, so that other processes on the machine do not count."""
@@ -197,7 +202,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run the release decision (its own decision_resamples), as `llmaudit attack` does",
     )
-    ap.add_argument("--attacks", nargs="+", default=list(DEFAULT_ATTACKS), help="default: every attack")
+    ap.add_argument("--attacks", nargs="+", default=list(registered_attacks()), help="default: every attack")
     ap.add_argument("--quick", action="store_true", help="6 runs x 40 / 80 records, 10 resamples, 4 attacks")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)

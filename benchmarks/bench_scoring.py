@@ -49,23 +49,23 @@ The CPU is shared: check `uptime` and rerun if the load average exceeds the core
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import json
 import os
-import statistics
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 
 from llmaudit.score.engine import score_examples
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # scoring_measure.py, beside this script
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scoring_measure import PeakMemory, matmul_peak_flops, peak_memory_here, timed_rounds  # noqa: E402
 
 Example = tuple[list[int], list[bool]]
 
@@ -132,136 +132,6 @@ def engine_scores(
     return [s.token_losses for s in scores]
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def _heap_in_use_reader() -> Callable[[], int] | None:
-    """Bytes the C heap has handed out and not taken back (glibc mallinfo2: arenas' in-use chunks plus
-    mmapped blocks, all threads), i.e. live memory without the allocator's free lists; None off glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallinfo2 = libc.mallinfo2
-    except (OSError, AttributeError):
-        return None
-    mallinfo2.restype = _MallInfo2
-
-    def read() -> int:
-        info = mallinfo2()
-        return int(info.uordblks + info.hblkhd)
-
-    return read
-
-
-class PeakMemory:
-    """Peak memory of a block above what was in use when it started (see the module docstring): on CPU
-    `peak_bytes` is the resident high-water mark and `live_bytes` the peak of the C heap in use (sampled);
-    on GPU both are torch.cuda.max_memory_allocated."""
-
-    def __init__(self, device: torch.device, interval_s: float = 0.0005):
-        self.device, self.interval_s = device, interval_s
-        self.peak_bytes = 0
-        self.live_bytes: int | None = None
-        self.how = ""
-
-    def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._base = torch.cuda.memory_allocated()
-            self.how = "torch.cuda.max_memory_allocated"
-            return self
-        self._proc = psutil.Process()
-        self._heap = _heap_in_use_reader()
-        self._hwm = _reset_high_water_mark()
-        self._base = self._proc.memory_info().rss
-        self.how = "kernel high-water mark (VmHWM)" if self._hwm else "RSS sampled every 0.5 ms"
-        self._heap_base = self._heap() if self._heap else 0
-        self._rss_peak, self._heap_peak = self._base, self._heap_base
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            if not self._hwm:
-                self._rss_peak = max(self._rss_peak, self._proc.memory_info().rss)
-            if self._heap:
-                self._heap_peak = max(self._heap_peak, self._heap())
-            time.sleep(self.interval_s)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            self.peak_bytes = torch.cuda.max_memory_allocated() - self._base
-            self.live_bytes = self.peak_bytes
-            return
-        self._stop.set()
-        self._thread.join()
-        rss = _high_water_mark() if self._hwm else max(self._rss_peak, self._proc.memory_info().rss)
-        self.peak_bytes = rss - self._base
-        if self._heap:
-            self.live_bytes = max(self._heap_peak, self._heap()) - self._heap_base
-
-
-def _high_water_mark() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmHWM in /proc/self/status")
-
-
-def _reset_high_water_mark() -> bool:
-    """Reset the kernel's peak-RSS counter of this process (Linux >= 4.0); False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        _high_water_mark()
-        return True
-    except OSError:
-        return False
-
-
-def timed_rounds(
-    methods: dict[str, Callable[[], list[np.ndarray]]], device: torch.device, repeats: int
-) -> dict[str, tuple[list[np.ndarray], float, float]]:
-    """Each method's result and median wall and process CPU seconds over `repeats` rounds; within a round
-    the methods run one after the other, so drift in the machine's speed affects all of them alike."""
-    seconds: dict[str, list[float]] = {name: [] for name in methods}
-    cpu_seconds: dict[str, list[float]] = {name: [] for name in methods}
-    results: dict[str, list[np.ndarray]] = {}
-    for _ in range(repeats):
-        for name, fn in methods.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0, c0 = time.perf_counter(), time.process_time()
-            results[name] = fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds[name].append(time.perf_counter() - t0)
-            cpu_seconds[name].append(time.process_time() - c0)
-    return {
-        name: (results[name], statistics.median(seconds[name]), statistics.median(cpu_seconds[name]))
-        for name in methods
-    }
-
-
 def probe_memory(method: str, args: argparse.Namespace, **changes: int) -> tuple[int, int | None, str]:
     """Peak memory of one method, run once in a fresh process (this script with --memory-probe)."""
     argv = [sys.executable, os.path.abspath(__file__), "--memory-probe", method]
@@ -280,35 +150,6 @@ def probe_memory(method: str, args: argparse.Namespace, **changes: int) -> tuple
         raise RuntimeError(f"memory probe {method} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     result = json.loads(lines[-1])
     return int(result["peak_bytes"]), result["live_bytes"], str(result["how"])
-
-
-def peak_memory_here(fn: Callable[[], Any], device: torch.device) -> tuple[int, int | None, str]:
-    """Peak memory of one method in this process. GPU: torch.cuda.max_memory_allocated, reset just before,
-    above the allocation before (the other methods' tensors are freed by then; cached blocks do not count).
-    CPU (--memory in-process, a quick look only): as PeakMemory measures it, but after the other methods, whose
-    freed memory the C allocator may hand back to this one."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    with PeakMemory(device) as mem:
-        fn()
-    return mem.peak_bytes, mem.live_bytes, mem.how + ("" if device.type == "cuda" else ", in process")
-
-
-def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int, tries: int = 5) -> tuple[float, float]:
-    """Best FLOP/s of a square torch.mm over `tries`, per wall second and per process CPU second."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    best, best_cpu = 0.0, 0.0
-    for _ in range(tries):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0, c0 = time.perf_counter(), time.process_time()
-        torch.mm(a, b)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-        best_cpu = max(best_cpu, 2 * n**3 / max(time.process_time() - c0, 1e-9))
-    return best, best_cpu
 
 
 def _mib(n: int | None) -> str:
@@ -355,8 +196,7 @@ def memory_probe(args: argparse.Namespace) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--min-len", type=int, default=64)
     parser.add_argument("--max-len", type=int, default=512)
@@ -382,6 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--peak-n", type=int, default=None, help="matmul size for the peak (default 2048 CPU, 8192 GPU)"
     )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_options(parser)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
         "--dtype",
@@ -403,20 +248,39 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-probe", choices=METHODS, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.memory_probe:
-        memory_probe(args)
-        return
+    return parser.parse_args(argv)
 
-    device, dtype, model, examples = setup(args)
-    all_tokens = sum(len(ids) for ids, _ in examples)
-    scored = sum(sum(m[1:]) for _, m in examples)
-    body = model.get_decoder()
-    params_body = sum(p.numel() for p in body.parameters()) - body.embed_tokens.weight.numel()
-    flops = 2 * params_body * all_tokens + 2 * args.hidden * args.vocab * scored
-    peak_n = args.peak_n or (8192 if device.type == "cuda" else 2048)
-    peak_flops, peak_flops_cpu = matmul_peak_flops(device, dtype, peak_n)
 
+@dataclass
+class Bench:
+    """The model and samples of one run, the work they need and this machine's matmul peak (measured here)."""
+
+    args: argparse.Namespace
+    device: torch.device
+    dtype: torch.dtype
+    model: Any
+    examples: list[Example]
+    all_tokens: int = field(init=False)
+    scored: int = field(init=False)
+    params_body: int = field(init=False)
+    flops: int = field(init=False)
+    peak_n: int = field(init=False)
+    peak_flops: float = field(init=False)
+    peak_flops_cpu: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        args, examples = self.args, self.examples
+        self.all_tokens = sum(len(ids) for ids, _ in examples)
+        self.scored = sum(sum(m[1:]) for _, m in examples)
+        body = self.model.get_decoder()
+        self.params_body = sum(p.numel() for p in body.parameters()) - body.embed_tokens.weight.numel()
+        self.flops = 2 * self.params_body * self.all_tokens + 2 * args.hidden * args.vocab * self.scored
+        self.peak_n = args.peak_n or (8192 if self.device.type == "cuda" else 2048)
+        self.peak_flops, self.peak_flops_cpu = matmul_peak_flops(self.device, self.dtype, self.peak_n)
+
+
+def print_setting(b: Bench) -> None:
+    args, device, dtype = b.args, b.device, b.dtype
     load = os.getloadavg()[0]
     print(
         f"device {device} ({torch.get_num_threads()} threads, load average {load:.1f} on {os.cpu_count()} cores), torch {torch.__version__}, dtype {dtype}"
@@ -424,63 +288,79 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda":
         print(f"gpu: {torch.cuda.get_device_name(device)}")
     print(
-        f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; body params {params_body / 1e6:.2f} M"
+        f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; body params {b.params_body / 1e6:.2f} M"
     )
     print(
-        f"data: {len(examples)} samples, lengths {args.min_len}-{args.max_len}, {all_tokens} tokens, {scored} scored (half prompt)"
+        f"data: {len(b.examples)} samples, lengths {args.min_len}-{args.max_len}, {b.all_tokens} tokens, {b.scored} scored (half prompt)"
     )
     print(
-        f"needed work: 2*{params_body}*{all_tokens} + 2*{args.hidden}*{args.vocab}*{scored} = {flops / 1e9:.1f} GFLOP"
+        f"needed work: 2*{b.params_body}*{b.all_tokens} + 2*{args.hidden}*{args.vocab}*{b.scored} = {b.flops / 1e9:.1f} GFLOP"
     )
     print(
-        f"matmul peak ({dtype}, {peak_n}^2 torch.mm): {peak_flops / 1e9:.1f} GFLOP/s per wall s, {peak_flops_cpu / 1e9:.1f} per CPU s"
+        f"matmul peak ({dtype}, {b.peak_n}^2 torch.mm): {b.peak_flops / 1e9:.1f} GFLOP/s per wall s, {b.peak_flops_cpu / 1e9:.1f} per CPU s"
     )
     print(
         f"engine: token_budget {args.token_budget}, head_chunk {args.head_chunk}, cpu_workers {args.cpu_workers or 'auto'}"
         f"; {args.repeats} timed round(s), median"
     )
 
-    names = [m for m in METHODS if not (args.no_naive and m == "naive")]
-    methods = {name: method_fn(name, model, examples, device, args) for name in names}
-    warm = examples[:2]  # thread pools, allocator, kernels
+
+Memory = dict[str, tuple[int, int | None, str]]
+
+
+def measure(b: Bench, names: list[str]) -> tuple[dict[str, tuple[list[np.ndarray], float, float]], Memory]:
+    """Each method's timed rounds (after a warm-up), then its peak memory."""
+    args = b.args
+    methods = {name: method_fn(name, b.model, b.examples, b.device, args) for name in names}
+    warm = b.examples[:2]  # thread pools, allocator, kernels
     for name in names:
-        method_fn(name, model, warm, device, args)()
-    timings = timed_rounds(methods, device, args.repeats)
-    if args.memory == "in-process" or (args.memory == "auto" and device.type == "cuda"):
-        memory = {name: peak_memory_here(methods[name], device) for name in names}
+        method_fn(name, b.model, warm, b.device, args)()
+    timings = timed_rounds(methods, b.device, args.repeats)
+    if args.memory == "in-process" or (args.memory == "auto" and b.device.type == "cuda"):
+        memory = {name: peak_memory_here(methods[name], b.device) for name in names}
     else:
         memory = {name: probe_memory(name, args) for name in names}
+    return timings, memory
 
+
+def _differences(result: list[np.ndarray], naive: list[np.ndarray]) -> tuple[float, float]:
+    """max |per-sample loss difference| and max |per-token loss difference| against the naive loop."""
+    max_dloss = max(
+        (
+            abs(float(a.astype(np.float64).mean()) - float(b.astype(np.float64).mean()))
+            for a, b in zip(result, naive)
+            if len(b)
+        ),
+        default=0.0,
+    )
+    max_dtoken = max((float(np.abs(a - b).max(initial=0.0)) for a, b in zip(result, naive)), default=0.0)
+    return max_dloss, max_dtoken
+
+
+def method_rows(b: Bench, timings: dict[str, tuple[list[np.ndarray], float, float]], memory: Memory) -> dict:
     naive = timings["naive"][0] if "naive" in timings else None
     t_ref, c_ref = (timings["naive"][1], timings["naive"][2]) if naive is not None else (None, None)
     rows: dict[str, dict[str, Any]] = {}
-    for name in names:
-        result, t, c = timings[name]
+    for name, (result, t, c) in timings.items():
         rows[name] = {
             "wall_s": t,
             "cpu_s": c,
-            "tokens_per_s": all_tokens / t,
+            "tokens_per_s": b.all_tokens / t,
             "ratio": t_ref / t if t_ref else None,
             "cpu_ratio": c_ref / c if c_ref else None,
-            "of_peak": flops / t / peak_flops,
-            "cpu_of_peak": flops / c / peak_flops_cpu,
+            "of_peak": b.flops / t / b.peak_flops,
+            "cpu_of_peak": b.flops / c / b.peak_flops_cpu,
             "peak_bytes": memory[name][0],
             "live_bytes": memory[name][1],
             "max_dloss": None,
             "max_dtoken": None,
         }
         if naive is not None and name != "naive":
-            rows[name]["max_dloss"] = max(
-                (
-                    abs(float(a.astype(np.float64).mean()) - float(b.astype(np.float64).mean()))
-                    for a, b in zip(result, naive)
-                    if len(b)
-                ),
-                default=0.0,
-            )
-            rows[name]["max_dtoken"] = max(
-                (float(np.abs(a - b).max(initial=0.0)) for a, b in zip(result, naive)), default=0.0
-            )
+            rows[name]["max_dloss"], rows[name]["max_dtoken"] = _differences(result, naive)
+    return rows
+
+
+def print_rows(rows: dict[str, dict[str, Any]], device: torch.device, memory_how: str) -> None:
     print()
     print(
         f"{'method':<24} {'wall s':>7} {'CPU s':>7} {'tokens/s':>9} {'ratio':>6} {'CPU ratio':>9} {'live MiB':>8} {'RSS MiB':>7} "
@@ -500,57 +380,86 @@ def main(argv: list[str] | None = None) -> None:
         print(
             "(live MiB = RSS MiB: torch.cuda.max_memory_allocated, reset before each method, above the allocation before it)"
         )
-    elif memory[names[0]][2].endswith("in process"):
+    elif memory_how.endswith("in process"):
         print("(memory measured in this process after the timed rounds (--memory in-process): a rough look only)")
     else:
         print(
             f"(each method in a fresh process, above the memory in use before it; live MiB: peak of the C heap in use"
-            f" (glibc mallinfo2, sampled every 0.5 ms, all threads); RSS MiB: {memory[names[0]][2]}, which also counts"
+            f" (glibc mallinfo2, sampled every 0.5 ms, all threads); RSS MiB: {memory_how}, which also counts"
             " the allocator's caches and fragmentation)"
         )
 
-    scaling: dict[str, dict[str, list[int | None]]] = {}
-    if not args.no_scaling:
-        print("\npeak live MiB / RSS MiB as the workload grows (fresh process per cell):")
-        cells = {
-            "as above": {},
-            f"vocab {2 * args.vocab}": {"vocab": 2 * args.vocab},
-            f"max length {2 * args.max_len}": {"max_len": 2 * args.max_len},
-        }
-        print(f"{'method':<24} " + " ".join(f"{label:>18}" for label in cells))
-        for name in names:
-            row = [memory[name] if not change else probe_memory(name, args, **change) for change in cells.values()]
-            print(f"{name:<24} " + " ".join(f"{f'{_mib(live)} / {_mib(rss)}':>18}" for rss, live, _ in row))
-            scaling[name] = {label: [rss, live] for label, (rss, live, _) in zip(cells, row)}
 
+def scaling_table(args: argparse.Namespace, names: list[str], memory: Memory) -> dict[str, dict[str, list]]:
+    """Peak memory per method at the run's size, at twice the vocabulary and at twice the length (printed)."""
+    scaling: dict[str, dict[str, list[int | None]]] = {}
+    if args.no_scaling:
+        return scaling
+    print("\npeak live MiB / RSS MiB as the workload grows (fresh process per cell):")
+    cells = {
+        "as above": {},
+        f"vocab {2 * args.vocab}": {"vocab": 2 * args.vocab},
+        f"max length {2 * args.max_len}": {"max_len": 2 * args.max_len},
+    }
+    print(f"{'method':<24} " + " ".join(f"{label:>18}" for label in cells))
+    for name in names:
+        row = [memory[name] if not change else probe_memory(name, args, **change) for change in cells.values()]
+        print(f"{name:<24} " + " ".join(f"{f'{_mib(live)} / {_mib(rss)}':>18}" for rss, live, _ in row))
+        scaling[name] = {label: [rss, live] for label, (rss, live, _) in zip(cells, row)}
+    return scaling
+
+
+def print_targets(device: torch.device) -> dict[str, float]:
     target_ratio, target_frac = (10, 0.40) if device.type == "cuda" else (3, 0.50)
     print(
         f"\ntargets on {device.type}: ratio >= {target_ratio}, >= {target_frac:.0%} of matmul peak, max |dloss| <= 1e-5"
         f"; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
+    return {"ratio": target_ratio, "of_peak": target_frac}
+
+
+def write_json(path: str, b: Bench, rows: dict, memory_how: str, scaling: dict, targets: dict) -> None:
+    args, device = b.args, b.device
+    report = {
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "dtype": str(b.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params_body": b.params_body},
+        "samples": len(b.examples),
+        "tokens": b.all_tokens,
+        "scored_tokens": b.scored,
+        "flops": b.flops,
+        "matmul_peak_flops": b.peak_flops,
+        "matmul_peak_flops_cpu": b.peak_flops_cpu,
+        "token_budget": args.token_budget,
+        "head_chunk": args.head_chunk,
+        "repeats": args.repeats,
+        "memory_how": memory_how,
+        "methods": rows,
+        "scaling": scaling,
+        "targets": targets,
+    }
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.memory_probe:
+        memory_probe(args)
+        return
+    b = Bench(args, *setup(args))
+    print_setting(b)
+    names = [m for m in METHODS if not (args.no_naive and m == "naive")]
+    timings, memory = measure(b, names)
+    rows = method_rows(b, timings, memory)
+    memory_how = memory[names[0]][2]
+    print_rows(rows, b.device, memory_how)
+    scaling = scaling_table(args, names, memory)
+    targets = print_targets(b.device)
     if args.json:
-        report = {
-            "device": str(device),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "dtype": str(dtype).removeprefix("torch."),
-            "torch": torch.__version__,
-            "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params_body": params_body},
-            "samples": len(examples),
-            "tokens": all_tokens,
-            "scored_tokens": scored,
-            "flops": flops,
-            "matmul_peak_flops": peak_flops,
-            "matmul_peak_flops_cpu": peak_flops_cpu,
-            "token_budget": args.token_budget,
-            "head_chunk": args.head_chunk,
-            "repeats": args.repeats,
-            "memory_how": memory[names[0]][2],
-            "methods": rows,
-            "scaling": scaling,
-            "targets": {"ratio": target_ratio, "of_peak": target_frac},
-        }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.json, b, rows, memory_how, scaling, targets)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ import copy
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,7 +118,42 @@ def rel_weight_error(w0: dict[str, torch.Tensor], model) -> float | None:
     return (num / sum(float(t.square().sum()) for t in w0.values())) ** 0.5
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class Study:
+    """The base model, its held-out records and the rows measured so far (the fp32 baseline first)."""
+
+    base: Any
+    tok: Any
+    examples: list
+    texts: list[str]
+    pad: int
+    w0: dict[str, torch.Tensor]
+    fp: float = 0.0
+    rows: list[dict] = field(default_factory=list)
+
+    def row(self, label: str, build) -> None:
+        t = time.perf_counter()
+        model = build()
+        loss = mean_loss(model, self.examples, self.pad)
+        self.rows.append(
+            {
+                "row": label,
+                "loss": loss,
+                "ratio": loss / self.fp,
+                "rel_weight_error": rel_weight_error(self.w0, model),
+                "seconds": time.perf_counter() - t,
+            }
+        )
+        r = self.rows[-1]
+        err = "-" if r["rel_weight_error"] is None else f"{100 * r['rel_weight_error']:.2f}%"
+        print(f"  {label:<42} loss {loss:.4f}  x{r['ratio']:.4f} of fp32  weight error {err}  ({r['seconds']:.0f} s)")
+        sys.stdout.flush()
+
+    def quantized(self, name: str, **options):
+        return lambda: quantized(self.base, name, self.tok, self.texts, **options)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=48, help="Held-out records scored per row.")
     ap.add_argument("--gptq", action="store_true", help="Also gptq-4 at group 64 (about a minute per pass).")
@@ -127,66 +164,58 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     if ns.quick:
         ns.records = min(ns.records, 4)
-    torch.manual_seed(0)
-    t0 = time.perf_counter()
+    return ns
+
+
+def start_study(records: int) -> tuple[Study, float]:
+    """The base model, its held-out records, the grid check (printed) and the fp32 baseline row."""
     base, tok = load()
-    examples = held_out(tok, ns.records)
+    examples = held_out(tok, records)
     texts = [tok.decode(ids) for ids, _ in examples[:16]]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    w0 = weights(base)
-    share = on_grid_share(w0)
-    print(f"base: {MODEL}; {len(w0)} decoder linear layers; share of 32-column blocks on a 16-level grid: {share:.4f}")
-    fp = mean_loss(base, examples, pad)
-    rows = [{"row": "fp32 (baseline)", "loss": fp, "ratio": 1.0, "rel_weight_error": 0.0}]
+    study = Study(base, tok, examples, texts, pad, weights(base))
+    share = on_grid_share(study.w0)
+    print(
+        f"base: {MODEL}; {len(study.w0)} decoder linear layers; share of 32-column blocks on a 16-level grid: {share:.4f}"
+    )
+    study.fp = mean_loss(base, examples, pad)
+    study.rows.append({"row": "fp32 (baseline)", "loss": study.fp, "ratio": 1.0, "rel_weight_error": 0.0})
+    return study, share
 
-    def row(label: str, build) -> None:
-        t = time.perf_counter()
-        model = build()
-        loss = mean_loss(model, examples, pad)
-        rows.append(
-            {
-                "row": label,
-                "loss": loss,
-                "ratio": loss / fp,
-                "rel_weight_error": rel_weight_error(w0, model),
-                "seconds": time.perf_counter() - t,
-            }
-        )
-        r = rows[-1]
-        err = "-" if r["rel_weight_error"] is None else f"{100 * r['rel_weight_error']:.2f}%"
-        print(f"  {label:<42} loss {loss:.4f}  x{r['ratio']:.4f} of fp32  weight error {err}  ({r['seconds']:.0f} s)")
-        sys.stdout.flush()
 
-    print(f"fp32: mean held-out loss {fp:.4f} over {len(examples)} records")
-    row("RTN 4-bit, groups of 32 input columns", lambda: rtn_model(base, 4, 32))
-    row("RTN 4-bit, groups of 64 input columns", lambda: rtn_model(base, 4, 64))
-    row("hqq-4 g64 (axis 1, optimizer: hqq defaults)", lambda: quantized(base, "hqq-4", tok, texts, group_size=64))
-    if ns.quick:
-        return _finish(ns, share, rows, t0)
-    row("hqq-4 g64 axis 0", lambda: quantized(base, "hqq-4", tok, texts, group_size=64, axis=0))
-    row("hqq-4 g64 optimizer off", lambda: quantized(base, "hqq-4", tok, texts, group_size=64, optimize=False))
-    row("hqq-4 g32 (axis 1)", lambda: quantized(base, "hqq-4", tok, texts, group_size=32))
-    row("bnb-nf4 (blocks of 64)", lambda: quantized(base, "bnb-nf4", tok, texts))
-    row("hqq-8 g64", lambda: quantized(base, "hqq-8", tok, texts, group_size=64))
-    row("bnb-int8", lambda: quantized(base, "bnb-int8", tok, texts))
-    if ns.gptq:
-        row(
-            "gptq-4 g64 (16 calibration texts)",
-            lambda: quantized(base, "gptq-4", tok, texts, group_size=64, calibration_samples=16),
-        )
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    study, share = start_study(ns.records)
+    base = study.base
+    print(f"fp32: mean held-out loss {study.fp:.4f} over {len(study.examples)} records")
+    study.row("RTN 4-bit, groups of 32 input columns", lambda: rtn_model(base, 4, 32))
+    study.row("RTN 4-bit, groups of 64 input columns", lambda: rtn_model(base, 4, 64))
+    study.row("hqq-4 g64 (axis 1, optimizer: hqq defaults)", study.quantized("hqq-4", group_size=64))
+    if not ns.quick:
+        other_rows(study, ns.gptq)
+    return _finish(ns, share, study.rows, t0)
+
+
+def other_rows(study: Study, gptq: bool) -> None:
+    """Every row after the first three: hqq-4's options, the other quantizers, per-layer sensitivity."""
+    study.row("hqq-4 g64 axis 0", study.quantized("hqq-4", group_size=64, axis=0))
+    study.row("hqq-4 g64 optimizer off", study.quantized("hqq-4", group_size=64, optimize=False))
+    study.row("hqq-4 g32 (axis 1)", study.quantized("hqq-4", group_size=32))
+    study.row("bnb-nf4 (blocks of 64)", study.quantized("bnb-nf4"))
+    study.row("hqq-8 g64", study.quantized("hqq-8", group_size=64))
+    study.row("bnb-int8", study.quantized("bnb-int8"))
+    if gptq:
+        study.row("gptq-4 g64 (16 calibration texts)", study.quantized("gptq-4", group_size=64, calibration_samples=16))
     for kind in KINDS:
-        row(
-            f"hqq-4 g64 on {kind} only",
-            lambda kind=kind: quantized(base, "hqq-4", tok, texts, group_size=64, modules=[rf"{DECODER}.*{kind}$"]),
+        study.row(
+            f"hqq-4 g64 on {kind} only", study.quantized("hqq-4", group_size=64, modules=[rf"{DECODER}.*{kind}$"])
         )
-    n_layers = base.config.num_hidden_layers
+    n_layers = study.base.config.num_hidden_layers
     for name, layers in (("first", range(3)), ("last", range(n_layers - 3, n_layers))):
         scope = rf"(^|\.)layers\.({'|'.join(map(str, layers))})\."
-        row(
-            f"hqq-4 g64 on the {name} 3 layers only",
-            lambda scope=scope: quantized(base, "hqq-4", tok, texts, group_size=64, modules=[scope]),
-        )
-    return _finish(ns, share, rows, t0)
+        study.row(f"hqq-4 g64 on the {name} 3 layers only", study.quantized("hqq-4", group_size=64, modules=[scope]))
 
 
 def _finish(ns, share: float, rows: list[dict], t0: float) -> int:
