@@ -394,3 +394,16 @@ def test_bench_analysis_quick_times_both_paths_with_the_same_numbers(tmp_path, c
     res = mod.run_attacks(mod.synthetic_table(6, 40, 2), n_boot=0, seed=0)
     assert res["quantizers"]["q1"]["skipped"] == {}
     assert set(res["quantizers"]["fp32"]["skipped"]) == {"ez_mia_qbase", "wbc_qbase", "ref_qbase"}
+
+
+def test_bench_report_processes_times_both_with_the_same_numbers(capsys):
+    """benchmarks/bench_report_processes.py on a small table: both wall times printed, and the same numbers."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_report_processes", SCRIPT.with_name("bench_report_processes.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--runs", "4", "--records", "60", "--quantizers", "2", "--n-boot", "10", "--processes", "2"])
+    out = capsys.readouterr().out
+    assert re.search(r"1 process: [\d.]+ s; 2 processes: [\d.]+ s; ratio [\d.]+x", out)
+    assert "same numbers: True" in out

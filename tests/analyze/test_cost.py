@@ -15,6 +15,15 @@ def test_fit_cost_is_the_line_through_the_two_sizes_with_nonnegative_parts():
     assert fit_cost([100, 400], [-0.1, 0.0]) == CostModel(0.0, 0.0)
 
 
+def test_the_quantizers_are_priced_a_round_of_processes_at_a_time():
+    zero = CostModel(0.0, 0.0)
+    c = AnalysisCost(CostModel(2.0, 0.0), zero, zero, runs=8, records=(500, 1000), attacks=("loss",), measured_in_s=1.0)
+    priced = [
+        analysis_seconds(c, pool=10, quantizers=5, n_boot=0, decision_resamples=0, processes=p) for p in (1, 2, 5, 8)
+    ]
+    assert priced == pytest.approx([10.0, 6.0, 2.0, 2.0])  # 5, 3, 1 and 1 rounds of 2 s
+
+
 def test_analysis_seconds_by_hand():
     c = AnalysisCost(CostModel(1.0, 0.01), CostModel(0.0, 0.001), CostModel(0.5, 0.0), 6, (100, 400), ("loss",), 1.0)
     # per quantizer at n = 1000: 1 + 10, plus 200 x 1, plus 50 x 0.5

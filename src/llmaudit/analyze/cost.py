@@ -161,11 +161,13 @@ def measure_analysis_cost(
     )
 
 
-def analysis_seconds(cost: AnalysisCost, *, pool: int, quantizers: int, n_boot: int, decision_resamples: int) -> float:
-    """Q x [fixed(n) + B x per_boot(n) + D x per_decision(n)] at n = pool records, for the runs the cost was
-    measured at (module docstring)."""
+def analysis_seconds(
+    cost: AnalysisCost, *, pool: int, quantizers: int, n_boot: int, decision_resamples: int, processes: int = 1
+) -> float:
+    """ceil(Q / P) x [fixed(n) + B x per_boot(n) + D x per_decision(n)] at n = pool records, for the runs the cost was
+    measured at (module docstring): the quantizers are attacked P at a time (`report.processes`, on as many cores)."""
     n = max(pool, 1)
     per_quantizer = (
         cost.fixed.at(n) + max(n_boot, 0) * cost.per_boot.at(n) + max(decision_resamples, 0) * cost.per_decision.at(n)
     )
-    return quantizers * per_quantizer
+    return -(-quantizers // max(processes, 1)) * per_quantizer

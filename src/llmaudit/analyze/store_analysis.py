@@ -29,6 +29,7 @@ from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
+from llmaudit.common.runtime import available_cores
 from llmaudit.config import ExperimentConfig
 from llmaudit.quantize import full_precision_reference
 from llmaudit.score.utility import recorded_settings
@@ -105,6 +106,7 @@ def _attacks(
             r_q=r_q,
             reference_quantizer=reference,
             decision=decision_settings(cfg),
+            processes=cfg.report.processes or available_cores(),
         )
         for q, block in attacks.get("quantizers", {}).items():
             fpc_value = block.get("fpc") if isinstance(block.get("fpc"), (int, float)) else None
@@ -300,7 +302,7 @@ def analyze(
         "memorization": memorization,
         "blind_baseline": blind,
         "indicators": indicators,
-        "thresholds": cfg.report.model_dump(),
+        "thresholds": cfg.report.model_dump(exclude={"processes"}),  # how the stage runs is not a threshold
     }
     _write_results(store, result)
     return result

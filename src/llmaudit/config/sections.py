@@ -361,7 +361,11 @@ UTILITY_METRICS = (
 
 
 class ReportConfig(Section):
-    """Release checklist thresholds."""
+    """Release checklist thresholds, and how the report stage runs."""
+
+    processes: int | None = size_field(None, ge=1, le=256, why=CORES_WHY)
+    """Worker processes that attack the quantizers, one quantizer each at a time (null: this machine's cores, at most
+    one per quantizer). The numbers do not depend on it."""
 
     max_tpr_at_1pct_fpr: float = Field(0.05, ge=0, le=1)
     """Criterion: the best attack's TPR at 1% FPR must stay below this."""

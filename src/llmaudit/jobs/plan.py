@@ -33,7 +33,7 @@ import torch
 from llmaudit.analyze.attacks.registry import resolve_attacks
 from llmaudit.analyze.cost import AnalysisCost, analysis_seconds, measure_analysis_cost
 from llmaudit.common.errors import UserError, did_you_mean
-from llmaudit.common.runtime import SHORT_DTYPE_NAMES, choose_compute_dtype, pick_device
+from llmaudit.common.runtime import SHORT_DTYPE_NAMES, available_cores, choose_compute_dtype, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
@@ -257,12 +257,14 @@ def estimate(
     utility_s = utility_seconds(work, speed)
     score_s += utility_s
     pool = len(work.members_per_run) and max(1, int(round(np.mean(work.members_per_run) / cfg.train.member_fraction)))
+    processes = cfg.report.processes or available_cores()
     report_s = REPORT_OVERHEAD_S + analysis_seconds(
         analysis,
         pool=pool,
         quantizers=len(work.quantizers),
         n_boot=cfg.attack.n_boot,
         decision_resamples=cfg.report.decision_resamples,
+        processes=processes,
     )
     total = finetune_s + score_s + report_s
     parallel = jobs > 1
@@ -271,6 +273,7 @@ def estimate(
         "score_s": score_s,
         "utility_s": utility_s,
         "report_s": report_s,
+        "report_processes": min(processes, max(1, len(work.quantizers))),
         "total_s": total,
         "jobs": jobs,
         "parallel_total_s": (
@@ -403,7 +406,8 @@ def format_plan(plan: dict[str, Any]) -> str:
         a = plan["analysis"]
         lines.append(
             f"    (report: the analysis measured on this CPU in {a['measured_in_s']:.0f} s on synthetic tables of "
-            f"{a['runs']} runs x {' and '.join(str(r) for r in a['records'])} records, scaled as a + b n ln n)"
+            f"{a['runs']} runs x {' and '.join(str(r) for r in a['records'])} records, scaled as a + b n ln n; "
+            f"{plan['estimate'].get('report_processes', 1)} quantizer(s) at a time, report.processes)"
         )
     lines.append(
         f"  time            finetune {_duration(e['finetune_s'])}, score {_duration(e['score_s'])} (utility columns "

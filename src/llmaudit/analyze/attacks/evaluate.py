@@ -4,8 +4,10 @@ calibrated and per-sample evaluations (docs/science.md section 4).
 
 from __future__ import annotations
 
+import multiprocessing
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -325,6 +327,38 @@ def attack_quantizer(
     return block, definitions, None if builder is None else builder.evidence()
 
 
+_FORKED: tuple | None = None
+"""What `attack_quantizers`' worker processes read (inherited by fork, never pickled): the table and the settings."""
+
+
+def _attack_forked(quantizer: str) -> tuple:
+    df, s, base_q, decision = _FORKED
+    return attack_quantizer(df, quantizer, s, base_q, decision)
+
+
+def attack_quantizers(
+    df: pd.DataFrame,
+    quantizers: Sequence[str],
+    s: AttackSettings,
+    base_q: str | None,
+    decision: DecisionSettings | None,
+    processes: int = 1,
+) -> list[tuple]:
+    """`attack_quantizer` of every quantizer, in order. With processes > 1 (and the fork start method, which shares
+    the table with the workers without copying it), the quantizers are spread over that many worker processes: each
+    quantizer's numbers depend on its own rows and the seed only, so they are the same as in one process."""
+    workers = min(processes, len(quantizers))
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [attack_quantizer(df, q, s, base_q, decision) for q in quantizers]
+    global _FORKED
+    _FORKED = (df, s, base_q, decision)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(_attack_forked, quantizers))
+    finally:
+        _FORKED = None
+
+
 def _settings(settings: dict) -> AttackSettings:
     """`AttackSettings` from `run_attacks`' keywords, checked ("all" is every registered attack)."""
     if "attacks" in settings:
@@ -343,6 +377,16 @@ def _add_vs_reference(per_q: dict, reference: str) -> None:
                 entry["vs_reference"] = {m: entry["headline"][m] - ref_entry["headline"][m] for m in entry["headline"]}
 
 
+def _attacked_quantizers(df: pd.DataFrame, asked: Sequence[str] | None) -> list[str]:
+    """The quantizers asked for (default: every one with pool rows of fine-tuned runs), each checked to have them."""
+    available = sorted(df.loc[(df["split"] == "pool") & (df["run"] != REFERENCE_RUN), "quantizer"].unique())
+    quantizers = list(available if asked is None else asked)
+    missing = sorted(set(quantizers) - set(available))
+    if missing:
+        raise ValueError(f"quantizer(s) {missing} have no pool rows of fine-tuned runs; available: {available}.")
+    return quantizers
+
+
 def run_attacks(
     df: pd.DataFrame,
     *,
@@ -350,34 +394,31 @@ def run_attacks(
     r_q: Mapping[str, float] | None = None,
     reference_quantizer: str | None = None,
     decision: DecisionSettings | None = None,
+    processes: int = 1,
     **settings,
 ) -> dict:
     """Run every attack on a validated loss table, each run in turn as the target (leave-one-out).
 
-        For each quantizer: each run's FINAL checkpoint (max checkpoint per run) on split "pool"; samples
-        scored by every run (others dropped, counted). Per attack: pooled naive, pooled calibrated (the
-        attack score standardized per sample by the other models' out-scores, `lira_offline`; LiRA offline
-        is its own calibration) and per-sample evaluations with bootstrap CIs over samples. `settings` are
-        the fields of `AttackSettings` (attacks, fpc, n_boot, seed, n_pool, n_train, fprs, k, ref_models,
-        statistic, lira_variance, t_cutoff, confidence). The finite population correction targets the threat
-        of a model trained on an independent draw; within one pool (targets and references from the same
-        pool, as here) it is conservative: the realised FPR of the calibrated evaluation falls below alpha,
-        and is reported. The bootstraps dominate the cost. With `decision` settings, the release decision of every
-    quantizer and its paired comparison with the reference (`llmaudit.analyze.decision`) are added as "decision".
-    Returns a JSON-ready dict."""
+    For each quantizer: each run's FINAL checkpoint (max checkpoint per run) on split "pool"; samples
+    scored by every run (others dropped, counted). Per attack: pooled naive, pooled calibrated (the
+    attack score standardized per sample by the other models' out-scores, `lira_offline`; LiRA offline
+    is its own calibration) and per-sample evaluations with bootstrap CIs over samples. `settings` are
+    the fields of `AttackSettings` (attacks, fpc, n_boot, seed, n_pool, n_train, fprs, k, ref_models,
+    statistic, lira_variance, t_cutoff, confidence). The finite population correction (conservative within
+    one pool: the realised FPR of the calibrated evaluation, reported, falls below alpha) is LiRA's. With
+    `decision` settings, the release decision of every quantizer and its paired comparison with the reference
+    (`llmaudit.analyze.decision`) are added as "decision". processes: the quantizers are attacked in this many
+    worker processes (`attack_quantizers`; the same numbers). Returns a JSON-ready dict."""
     s = _settings(settings)
-    available = sorted(df.loc[(df["split"] == "pool") & (df["run"] != REFERENCE_RUN), "quantizer"].unique())
-    quantizers = list(available if quantizers is None else quantizers)
-    missing = sorted(set(quantizers) - set(available))
-    if missing:
-        raise ValueError(f"quantizer(s) {missing} have no pool rows of fine-tuned runs; available: {available}.")
+    quantizers = _attacked_quantizers(df, quantizers)
     reference = _reference_name(quantizers, reference_quantizer)
     base_q = base_quantizer(df, reference)
     per_q: dict = {}
     definitions = s.definitions()
     evidence: dict[str, QuantizerEvidence] = {}
-    for q in quantizers:
-        per_q[q], definitions, ev = attack_quantizer(df, q, s, base_q, decision)
+    attacked = attack_quantizers(df, quantizers, s, base_q, decision, processes)
+    for q, (block, q_definitions, ev) in zip(quantizers, attacked):
+        per_q[q], definitions = block, q_definitions  # every quantizer's definitions, with its own FPC
         if ev is not None:
             evidence[q] = ev
     if reference is not None:
