@@ -11,20 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from llmaudit.analyze.fidelity import SUMMARY_KEYS
 from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.report.model_base import dig
 
-DIVERGENCE_KEYS = (
-    "kl_mean",
-    "kl_median",
-    "kl_99",
-    "kl_max",
-    "same_top",
-    "delta_p_mean",
-    "delta_p_rms",
-    "ln_ppl_ratio",
-    "ppl_ratio",
-)
+DIVERGENCE_KEYS = SUMMARY_KEYS
+"""The divergence statistics of each quantizer's row: the per-run statistics the analysis averages over runs."""
 
 DEFAULT_LIMITS = {"kl": 0.05, "same_top": 0.90}
 """report.utility_limit when unset: mean KL per token at most 0.05 nats; the most likely token agrees on at least
