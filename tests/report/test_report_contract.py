@@ -21,7 +21,7 @@ from llmaudit.report.schema import REPORT_SCHEMA, validate_report
 from llmaudit.report.summary import headline
 from llmaudit.report.terminal import gate_decision, summary_text
 
-LANDED = Path(__file__).parents[1] / "data" / "report_landed_ae578c7.json.gz"
+LANDED = Path(__file__).parent / "fixtures" / "report_landed_ae578c7.json.gz"  # report.json of the landed ae578c7
 
 
 @pytest.fixture(scope="module")
