@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from llmaudit import __version__
 from llmaudit.analyze.attacks.context import AttackContext
@@ -33,6 +34,7 @@ from llmaudit.analyze.attacks.registry import (
 )
 from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide, decision_mode
 from llmaudit.analyze.decision.counts import normal_scores
+from llmaudit.analyze.decision.decide import decide_one
 from llmaudit.analyze.metrics import (
     DEFAULT_FPRS,
     T_CUTOFF,
@@ -42,6 +44,7 @@ from llmaudit.analyze.metrics import (
     pooled_naive,
     roc_curve_loglog,
 )
+from llmaudit.common.runtime import available_cores
 from llmaudit.common.stats import spearman
 from llmaudit.quantize import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN, uniform_vocab_mean_evidence
@@ -331,9 +334,22 @@ _FORKED: tuple | None = None
 """What `attack_quantizers`' worker processes read (inherited by fork, never pickled): the table and the settings."""
 
 
+def _attack_and_decide(
+    df: pd.DataFrame, quantizer: str, s: AttackSettings, base_q: str | None, decision: DecisionSettings | None
+) -> tuple:
+    """`attack_quantizer`, and the quantizer's own release decision (`decide_one`) when `decision` settings are given."""
+    block, definitions, ev = attack_quantizer(df, quantizer, s, base_q, decision)
+    return block, definitions, ev, None if ev is None else decide_one(ev, decision)
+
+
+def _share_the_cores(threads: int) -> None:
+    """A worker's BLAS and OpenMP pools sized to its share of the cores (workers x threads <= cores)."""
+    threadpool_limits(limits=threads)
+
+
 def _attack_forked(quantizer: str) -> tuple:
     df, s, base_q, decision = _FORKED
-    return attack_quantizer(df, quantizer, s, base_q, decision)
+    return _attack_and_decide(df, quantizer, s, base_q, decision)
 
 
 def attack_quantizers(
@@ -344,16 +360,22 @@ def attack_quantizers(
     decision: DecisionSettings | None,
     processes: int = 1,
 ) -> list[tuple]:
-    """`attack_quantizer` of every quantizer, in order. With processes > 1 (and the fork start method, which shares
-    the table with the workers without copying it), the quantizers are spread over that many worker processes: each
-    quantizer's numbers depend on its own rows and the seed only, so they are the same as in one process."""
+    """(block, definitions, evidence, own decision) of every quantizer, in order (`_attack_and_decide`). With
+    processes > 1 (and the fork start method, which shares the table with the workers without copying it), the
+    quantizers are spread over that many worker processes: each quantizer's numbers depend on its own rows and the
+    seed only, so they are the same as in one process."""
     workers = min(processes, len(quantizers))
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [attack_quantizer(df, q, s, base_q, decision) for q in quantizers]
+        return [_attack_and_decide(df, q, s, base_q, decision) for q in quantizers]
     global _FORKED
     _FORKED = (df, s, base_q, decision)
     try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_share_the_cores,
+            initargs=(max(1, available_cores() // workers),),
+        ) as pool:
             return list(pool.map(_attack_forked, quantizers))
     finally:
         _FORKED = None
@@ -416,11 +438,12 @@ def run_attacks(
     per_q: dict = {}
     definitions = s.definitions()
     evidence: dict[str, QuantizerEvidence] = {}
+    own: dict[str, tuple] = {}
     attacked = attack_quantizers(df, quantizers, s, base_q, decision, processes)
-    for q, (block, q_definitions, ev) in zip(quantizers, attacked):
+    for q, (block, q_definitions, ev, q_own) in zip(quantizers, attacked):
         per_q[q], definitions = block, q_definitions  # every quantizer's definitions, with its own FPC
         if ev is not None:
-            evidence[q] = ev
+            evidence[q], own[q] = ev, q_own
     if reference is not None:
         _add_vs_reference(per_q, reference)
     out = {
@@ -432,5 +455,5 @@ def run_attacks(
     }
     out["spearman_vs_r_q"] = spearman_vs_indicator(out, r_q) if r_q else None
     if decision is not None:
-        out["decision"] = decide(evidence, reference, decision).model_dump(mode="json")
+        out["decision"] = decide(evidence, reference, decision, own).model_dump(mode="json")
     return out

@@ -128,24 +128,19 @@ def _auroc(ev: QuantizerEvidence, attack: str, weights: np.ndarray) -> np.ndarra
 
 
 def per_attack_differences(
-    q: QuantizerEvidence,
-    ref: QuantizerEvidence,
-    qa: CountArrays,
-    ra: CountArrays,
-    weights: np.ndarray,
-    s: DecisionSettings,
-    attacks: set[str],
+    q: OwnDecision, ref: OwnDecision, s: DecisionSettings, attacks: set[str]
 ) -> list[Difference]:
-    """Per attack judged on both (`attacks`): the paired differences (quantizer - reference) of the TPR at the decision FPR and
-    of the AUROC, each with its percentile interval at the decision's level (1 - 2 alpha) over the same
-    resamples."""
+    """Per attack judged on both (`attacks`): the paired differences (quantizer - reference) of the TPR at the decision
+    FPR and of the AUROC, each with its percentile interval at the decision's level (1 - 2 alpha) over the same
+    resamples (both decisions made with the same weights)."""
     out = []
+    qa, ra = q.arrays, ref.arrays
     for a in [a for a in qa.attacks if a in ra.attacks and a in attacks]:
         i, j = qa.attacks.index(a), ra.attacks.index(a)
         d_tpr = ratio(qa.per_attack[:, i, TP], qa.per_attack[:, i, POS]) - ratio(
             ra.per_attack[:, j, TP], ra.per_attack[:, j, POS]
         )
-        d_auc = _auroc(q, a, weights) - _auroc(ref, a, weights)
+        d_auc = q.aurocs[a] - ref.aurocs[a]
         for metric, d in (("tpr", d_tpr), ("auroc", d_auc)):
             lo, hi = percentile_interval(d[1:], s.alpha, 1 - s.alpha)
             value = float(d[0]) if np.isfinite(d[0]) else None
@@ -179,48 +174,60 @@ def loss_gap(loss: np.ndarray, keep: np.ndarray, weights: np.ndarray) -> Estimat
     return Estimate(value=value, low=low, high=high, confidence=0.95, method="percentile bootstrap over samples")
 
 
-def _decide_one(
-    ev: QuantizerEvidence, s: DecisionSettings
-) -> tuple[QuantizerDecision, np.ndarray, CountArrays, np.ndarray]:
+@dataclass(frozen=True)
+class OwnDecision:
+    """One quantizer's decision on its own evidence, with what a paired comparison reuses: the resampled strongest
+    attack, the counts, the resampling weights and each counted attack's resampled AUROC."""
+
+    decision: QuantizerDecision
+    resampled: np.ndarray
+    arrays: CountArrays
+    weights: np.ndarray
+    aurocs: dict[str, np.ndarray]
+
+
+def decide_one(ev: QuantizerEvidence, s: DecisionSettings) -> OwnDecision:
+    """`OwnDecision` of one quantizer: independent of the other quantizers (a worker process may make it)."""
     weights = _weights(ev, s)
     arrays = count_arrays(ev, weights, s)
     decision, resampled = decision_of(ev.quantizer, arrays, s, ev.unjudged, ev.keep.shape[0], ev.mode)
     if ev.loss is not None:
         decision = decision.model_copy(update={"loss_gap": loss_gap(ev.loss, ev.keep, weights)})
-    return decision, resampled, arrays, weights
+    aurocs = {a: _auroc(ev, a, weights) for a in arrays.attacks}
+    return OwnDecision(decision, resampled, arrays, weights, aurocs)
 
 
 def _with_comparison(
-    q: QuantizerEvidence, ref: QuantizerEvidence, own: tuple, ref_own: tuple, s: DecisionSettings
+    q: QuantizerEvidence, ref: QuantizerEvidence, own: OwnDecision, ref_own: OwnDecision, s: DecisionSettings
 ) -> QuantizerDecision:
     """The quantizer's decision with its paired comparison with the reference (on the samples both scored)."""
-    decision, resampled, arrays, weights = own
-    ref_decision, ref_resampled, ref_arrays, _ = ref_own
+    decision, ref_decision = own.decision, ref_own.decision
     if q.sample_ids != ref.sample_ids:  # pair on the common samples, recounted with common resamples
         common = [x for x in ref.sample_ids if x in set(q.sample_ids)]
-        q, ref = q.restricted(common), ref.restricted(common)
-        _, resampled, arrays, weights = _decide_one(q, s)
-        _, ref_resampled, ref_arrays, _ = _decide_one(ref, s)
+        own, ref_own = decide_one(q.restricted(common), s), decide_one(ref.restricted(common), s)
     judged = {a.attack for a in decision.attacks if a.judged} & {a.attack for a in ref_decision.attacks if a.judged}
-    diffs = per_attack_differences(q, ref, arrays, ref_arrays, weights, s, judged)
-    comparison = compare(q.quantizer, ref.quantizer, resampled - ref_resampled, diffs, s)
+    diffs = per_attack_differences(own, ref_own, s, judged)
+    comparison = compare(q.quantizer, ref.quantizer, own.resampled - ref_own.resampled, diffs, s)
     return decision.model_copy(update={"comparison": comparison})
 
 
-def decide(evidence: dict[str, QuantizerEvidence], reference: str | None, s: DecisionSettings) -> ReleaseDecision:
+def decide(
+    evidence: dict[str, QuantizerEvidence], reference: str | None, s: DecisionSettings, own: dict | None = None
+) -> ReleaseDecision:
     """The release decision of every quantizer in `evidence` (rules: RULE_STATEMENTS), each compared with
-    `reference` (the store's full precision) where it is among them."""
+    `reference` (the store's full precision) where it is among them. own: `decide_one` of some quantizers, made
+    already (by the worker process that attacked them); the others are made here."""
     s.check()
     modes = {ev.mode for ev in evidence.values()}
     if len(modes) > 1:
         raise ValueError(f"every quantizer must be judged in one mode; got {sorted(modes)}.")
-    own = {q: _decide_one(ev, s) for q, ev in evidence.items()}
+    own = {q: (own or {}).get(q) or decide_one(ev, s) for q, ev in evidence.items()}
     per_q = {}
     for q, ev in evidence.items():
         if reference in evidence:
             per_q[q] = _with_comparison(ev, evidence[reference], own[q], own[reference], s)
         else:
-            per_q[q] = own[q][0]
+            per_q[q] = own[q].decision
     rule = DecisionRule(
         limit=s.limit,
         fpr=s.fpr,
