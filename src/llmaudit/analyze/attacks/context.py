@@ -76,9 +76,7 @@ class AttackContext:
         if name not in self._scores:
             spec = attack_spec(name)
             try:
-                why = spec.unavailable_columns(list(self.target.rows.columns))
-                if why is None:
-                    why = _column_gaps(self.target.rows, spec.columns, spec.missing_columns)
+                why = spec.unavailable_columns(self.target.rows)
                 if why is not None:
                     raise AttackUnavailable(why)
                 self._scores[name] = np.asarray(spec.build(self), dtype=np.float64)
@@ -88,13 +86,3 @@ class AttackContext:
         if isinstance(value, AttackUnavailable):
             raise value
         return value
-
-
-def _column_gaps(rows: pd.DataFrame, columns: tuple[str, ...], reason: str | None) -> str | None:
-    """Why a column the attack reads has missing values in some row, or None."""
-    for column in columns:
-        if not rows[column].notna().all():
-            if reason:
-                return reason
-            return f"loss table has no {' / '.join(columns)} column{'s' if len(columns) > 1 else ''}"
-    return None

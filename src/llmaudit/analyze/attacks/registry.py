@@ -82,10 +82,10 @@ class AttackSpec:
         text = self.parameters if isinstance(self.parameters, str) else self.parameters(settings)
         return f"{self.version}:{text}"
 
-    def unavailable_columns(self, columns: Sequence[str]) -> str | None:
-        """Why the table's columns do not allow this attack, or None."""
-        missing = [c for c in self.columns if c not in columns]
-        if not missing:
+    def unavailable_columns(self, rows: Any) -> str | None:
+        """Why the target rows (a DataFrame) do not allow this attack: a column it reads is absent or has a missing
+        value in some row; None when they allow it."""
+        if all(c in rows.columns and rows[c].notna().all() for c in self.columns):
             return None
         if self.missing_columns:
             return self.missing_columns
