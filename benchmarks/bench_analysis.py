@@ -3,17 +3,19 @@
 
 For each size (runs x records per quantizer x quantizers; every attack the table allows: base rows, the base
 under every quantizer, validation texts, top-1 flags, vocabulary statistics, zlib lengths), in one process and
-on the same table: the seconds of `run_attacks` with `--resamples`, on the landed path
-(`landed()`: the text and token attacks one text at a time, the bootstrap over distinct-score groups, the
-calibrated threshold's quantile per entry) and the current one; their
-ratio; and the largest difference between the two results' numbers (the same seed gives the same intervals).
-Times are CPU seconds of this process (other processes on a shared machine do not count), split into the
-resampled intervals (`bootstrap_ci`, `_calibrated_ci`; per_sample's weighted means are counted as fixed) and the
-rest ("fixed": scores, point estimates, calibration).
+on the same table: the seconds of `run_attacks` with `--resamples` (and with `--decision`, the release decision's
+own resamples), on the landed path (`landed()`: the text and token attacks one text at a time, the bootstrap over
+distinct-score groups, the calibrated threshold's quantile per entry, the decision's running weights over every
+row of every resample, benchmarks/landed_decision.py) and the current one; their ratio; and the largest
+difference between the two results' numbers (the same seed gives the same intervals; average precision to
+rounding). Times are CPU seconds of this process (other processes on a shared machine do not count), split into
+the resampled intervals (`bootstrap_ci`, `_calibrated_ci`; per_sample's weighted means are counted as fixed), the
+decision's resampled counts and AUROCs, and the rest ("fixed": scores, point estimates, calibration).
 Then, per path, the growth exponent of each part in the scores per quantizer (least squares of log seconds on
 log runs x records), and the extrapolated time of the paper's grid on this machine: 20 runs x 20,000 records x
-12 quantizers, every attack, 1,000 resamples, as quantizers x [fixed(n) + 1000 x per-resample(n)], each part
-scaled from the largest size measured by its exponent, at least 1 (one process).
+12 quantizers, every attack, 1,000 resamples (and 1,000 decision resamples with `--decision`), as quantizers x
+[fixed(n) + 1000 x per-resample(n) + 1000 x per-decision-resample(n)], each part scaled from the largest size
+measured by its exponent, at least 1 (one process; the report runs `report.processes` quantizers at a time).
 
     python benchmarks/bench_analysis.py [--runs 8] [--records 250 500 1000] [--quantizers 2] [--resamples 100] \\
         [--attacks ...] [--decision] [--no-landed] [--json PATH]
@@ -25,6 +27,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
+import importlib.util
 import json
 import math
 import time
@@ -36,7 +40,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from llmaudit.analyze import metrics
+from llmaudit.analyze import metrics, roc_kernel
 from llmaudit.analyze.attacks.catalog import ez_mia_attacks, single_model, wbc_attacks
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.ez_mia import ez_mia_score_per_sample
@@ -50,6 +54,18 @@ PAPER = {"runs": 20, "records": 20_000, "quantizers": 12, "resamples": 1000}
 
 
 synthetic_table = synthetic_loss_table  # the table `llmaudit plan` times too (llmaudit.analyze.cost)
+
+
+def _landed_decision():
+    """benchmarks/landed_decision.py, loaded by its path (this file also runs outside benchmarks/: the tests)."""
+    spec = importlib.util.spec_from_file_location("landed_decision", Path(__file__).with_name("landed_decision.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LANDED_DECISION = _landed_decision()
+decide = importlib.import_module("llmaudit.analyze.decision.decide")  # the module (the package exports its function)
 
 
 def landed_calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = metrics.T_CUTOFF):
@@ -68,7 +84,8 @@ def landed_calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = metr
 def landed():
     """The analysis as it landed before issue 33: WBC, EZ-MIA, min-k% and Min-K%++ one text at a time, the
     bootstrap over distinct-score groups (all still in the library: `*_per_sample`, `bootstrap_ci(resampling=
-    Resampling(engine="groups"))`), the calibrated threshold's quantile per entry (`landed_calibrated_threshold`)."""
+    Resampling(engine="groups"))`), the calibrated threshold's quantile per entry (`landed_calibrated_threshold`),
+    the decision's counts and AUROCs over every row of every resample (benchmarks/landed_decision.py)."""
     with (
         mock.patch.object(wbc_attacks, "wbc_score", wbc_score_per_sample),
         mock.patch.object(ez_mia_attacks, "ez_mia_score", ez_mia_score_per_sample),
@@ -80,19 +97,22 @@ def landed():
             functools.partial(metrics.bootstrap_ci, resampling=metrics.Resampling(engine="groups")),
         ),
         mock.patch.object(metrics, "calibrated_threshold", landed_calibrated_threshold),
+        mock.patch.object(decide, "calibrated_counts", LANDED_DECISION.landed_calibrated_counts),
+        mock.patch.object(decide, "weighted_auroc", LANDED_DECISION.landed_weighted_auroc),
     ):
         yield
 
 
 class ResamplingClock:
-    """CPU seconds spent in the resampled intervals (`bootstrap_ci` and `_calibrated_ci`, outermost calls only),
-    while installed (`install`)."""
+    """CPU seconds spent in the resampled intervals (`bootstrap_ci` and `_calibrated_ci`) and in the decision's
+    resampled counts and AUROCs (`decide.calibrated_counts`, `empirical_counts`, `weighted_auroc`), outermost calls
+    only, while installed (`install`)."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.seconds = {"intervals": 0.0, "decision": 0.0}
         self._depth = 0
 
-    def wrap(self, fn):
+    def wrap(self, fn, bucket: str):
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             self._depth += 1
@@ -102,36 +122,39 @@ class ResamplingClock:
             finally:
                 self._depth -= 1
                 if self._depth == 0:
-                    self.seconds += time.process_time() - start
+                    self.seconds[bucket] += time.process_time() - start
 
         return timed
 
     @contextlib.contextmanager
     def install(self):
-        with (
-            mock.patch.object(metrics, "bootstrap_ci", self.wrap(metrics.bootstrap_ci)),
-            mock.patch.object(metrics, "_calibrated_ci", self.wrap(metrics._calibrated_ci)),
-        ):
+        patches = [(metrics, "bootstrap_ci", "intervals"), (metrics, "_calibrated_ci", "intervals")]
+        patches += [(decide, name, "decision") for name in ("calibrated_counts", "empirical_counts", "weighted_auroc")]
+        with contextlib.ExitStack() as stack:
+            for module, name, bucket in patches:
+                stack.enter_context(mock.patch.object(module, name, self.wrap(getattr(module, name), bucket)))
             yield self
 
 
 def analyse(df: pd.DataFrame, n_boot: int, decision: bool = False, attacks=registered_attacks()) -> tuple[dict, dict]:
     """CPU seconds of `run_attacks` on `attacks` (with the release decision, as `llmaudit attack` runs it, when
-    `decision`): {"total_s", "resampling_s", "fixed_s", "per_resample_s"}, and its result. CPU time of this
-    process, so that other processes on the machine do not count."""
+    `decision`): {"total_s", "resampling_s", "decision_s", "fixed_s", "per_resample_s", "per_decision_resample_s"},
+    and its result. CPU time of this process, so that other processes on the machine do not count."""
     clock = ResamplingClock()
     start = time.process_time()
+    settings = DecisionSettings(seed=0) if decision else None
     with warnings.catch_warnings(), clock.install():
         warnings.simplefilter("ignore")  # the synthetic table's own oddities (e.g. LiRA's normality check)
-        settings = DecisionSettings(seed=0) if decision else None
         out = run_attacks(df, n_boot=n_boot, seed=0, decision=settings, attacks=attacks)
     total = time.process_time() - start
-    per = clock.seconds / n_boot if n_boot else 0.0
+    boot, dec = clock.seconds["intervals"], clock.seconds["decision"]
     return {
         "total_s": total,
-        "resampling_s": clock.seconds,
-        "fixed_s": total - clock.seconds,
-        "per_resample_s": per,
+        "resampling_s": boot,
+        "decision_s": dec,
+        "fixed_s": total - boot - dec,
+        "per_resample_s": boot / n_boot if n_boot else 0.0,
+        "per_decision_resample_s": dec / settings.resamples if settings else 0.0,
     }, out
 
 
@@ -178,16 +201,28 @@ def exponent(sizes: list[float], seconds: list[float]) -> float:
 
 
 def extrapolate(rows: list[dict], path: str) -> dict:
-    """Growth exponents of the fixed and per-resample seconds in runs x records, and the paper grid's seconds."""
+    """Growth exponents of the fixed, per-resample and per-decision-resample seconds in runs x records, and the
+    paper grid's seconds in one process."""
     n = [r["runs"] * r["records"] for r in rows]
-    fixed = [r[path]["fixed_s"] / r["quantizers"] for r in rows]
-    per = [r[path]["per_resample_s"] / r["quantizers"] for r in rows]
-    k_fixed, k_per = exponent(n, fixed), exponent(n, per)
+    parts = {
+        key: [r[path][key] / r["quantizers"] for r in rows]
+        for key in ("fixed_s", "per_resample_s", "per_decision_resample_s")
+    }
+    k = {key: exponent(n, v) for key, v in parts.items()}
     scale = PAPER["runs"] * PAPER["records"] / n[-1]
     # below 1 the sizes measured are still dominated by per-call overheads: the work itself grows at least linearly
-    grow = lambda k: scale ** (max(k, 1.0) if math.isfinite(k) else 1.0)  # noqa: E731
-    paper_s = PAPER["quantizers"] * (fixed[-1] * grow(k_fixed) + PAPER["resamples"] * per[-1] * grow(k_per))
-    return {"exponent_fixed": k_fixed, "exponent_per_resample": k_per, "paper_grid_s": paper_s}
+    grow = lambda e: scale ** (max(e, 1.0) if math.isfinite(e) else 1.0)  # noqa: E731
+    per_quantizer = {key: v[-1] * grow(k[key]) for key, v in parts.items()}
+    paper_s = PAPER["quantizers"] * (
+        per_quantizer["fixed_s"]
+        + PAPER["resamples"] * (per_quantizer["per_resample_s"] + per_quantizer["per_decision_resample_s"])
+    )
+    return {
+        "exponent_fixed": k["fixed_s"],
+        "exponent_per_resample": k["per_resample_s"],
+        "exponent_per_decision_resample": k["per_decision_resample_s"],
+        "paper_grid_s": paper_s,
+    }
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -213,6 +248,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    roc_kernel.warm_up()  # the compiled bootstrap pass: compiled before anything is timed
     rows = []
     for records in a.records:
         r = measure(a, records)
@@ -222,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             if path in r:
                 p = r[path]
                 line += (
-                    f"  {path} {p['total_s']:.2f} s ({p['fixed_s']:.2f} + {1e3 * p['per_resample_s']:.1f} ms/resample)"
+                    f"  {path} {p['total_s']:.2f} s ({p['fixed_s']:.2f} + {1e3 * p['per_resample_s']:.1f} ms/resample"
+                    f" + {1e3 * p['per_decision_resample_s']:.1f} ms/decision resample)"
                 )
         if "ratio" in r:
             line += f"  ratio {r['ratio']:.2f}x  max |diff| {r['max_abs_difference']:.1e}"

@@ -19,12 +19,11 @@ from llmaudit.analyze.decision.counts import (
     NEG,
     POS,
     TP,
-    calibrated_counts,
     empirical_counts,
     multiplicities,
     sample_folds,
-    weighted_auroc,
 )
+from llmaudit.analyze.decision.pooled import calibrated_counts, weighted_auroc
 from llmaudit.analyze.decision.rule import cross_fit
 from llmaudit.analyze.metrics import tpr_at_fpr
 from llmaudit.store.losstable import validate_loss_table
@@ -138,16 +137,17 @@ def test_multiplicities_keep_row_zero_observed_and_strata_sizes():
     assert np.array_equal(w, multiplicities(100, 50, seed=5, strata=strata))  # seeded
 
 
-def test_calibrated_counts_equal_a_slow_reference():
+@pytest.mark.parametrize("M, N, fpr", [(5, 60, 0.1), (6, 1500, 0.01)])
+def test_calibrated_counts_equal_a_slow_reference(M, N, fpr):
     """Calibrated scores pooled over targets: strict and loose thresholds (the higher and the lower of the analytic
-    and the empirical one), the choice at the analytic threshold, the measurement at the strict one."""
+    and the empirical one), the choice at the analytic threshold, the measurement at the strict one. The larger case
+    finds the empirical threshold among the top non-members only (`pooled._empirical_thresholds`' window)."""
     rng = np.random.default_rng(8)
-    M, N, fpr = 5, 60, 0.1
     keep = rng.random((M, N)) < 0.4
     z = np.round(rng.normal(size=(M, N)) + keep, 1)
     z[2, 5] = np.nan
     weights = multiplicities(N, 4, seed=9)
-    folds = np.array([0, 1, 2, 0, 1])
+    folds = np.arange(M) % 3
     strict, loose, train, test = calibrated_counts(z, keep, weights, fpr, folds)
     analytic = stats.norm.ppf(1 - fpr)
     for b, w in enumerate(weights.astype(int)):

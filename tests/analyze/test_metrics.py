@@ -214,7 +214,7 @@ def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
         stratified, kw["fprs"] = False, (0.2,)
         labels = np.array([1, 0, 0, 0, 0, 0, 1], bool)
     landed = bootstrap_ci(scores, labels, resampling=Resampling(stratified, "groups"), **kw)
-    for engine in ("sorted", "auto"):
+    for engine in ("sorted", "compiled"):
         got = bootstrap_ci(scores, labels, resampling=Resampling(stratified, engine), **kw)
         a, b = _ci_values(got), _ci_values(landed)
         assert np.array_equal(np.delete(a, 1, axis=0), np.delete(b, 1, axis=0), equal_nan=True)
@@ -244,6 +244,29 @@ def test_sorted_roc_stats_equal_the_group_stats_per_resample():
     assert np.allclose(got["average_precision"], want["average_precision"], rtol=0, atol=1e-13)
     for key in want["tpr_at_fpr"]:
         assert np.array_equal(got["tpr_at_fpr"][key], want["tpr_at_fpr"][key])
+
+
+@pytest.mark.parametrize("decimals", [None, 1])
+def test_compiled_roc_stats_equal_the_sorted_ones_per_resample(decimals):
+    """The compiled pass (`roc_kernel`) resample by resample: AUROC and TPR exactly, AP to rounding, with and
+    without ties, zero weights, several rows per unit, a resample without members (NaN), every level order."""
+    from llmaudit.analyze.bootstrap import sort_rows, sorted_roc_stats
+    from llmaudit.analyze.roc_kernel import roc_rows, roc_stats
+
+    rng = np.random.default_rng(14)
+    unit = np.tile(np.arange(300), 4)  # 4 rows per unit
+    labels = rng.random(1200) < 0.4
+    scores = rng.normal(size=1200) + labels
+    scores = np.round(scores, decimals) if decimals is not None else scores
+    counts = rng.poisson(1.0, size=(60, 300)).astype(np.float64)
+    counts[7, np.unique(unit[labels])] = 0.0  # no member left in resample 7
+    fprs = (0.01, 0.3, 0.1, 0.001, 0.5)
+    want = sorted_roc_stats(sort_rows(scores, labels, unit), counts, fprs)
+    auroc, ap, tpr = roc_stats(roc_rows(scores, labels, unit, 300), counts, fprs)
+    assert np.array_equal(auroc, want["auroc"], equal_nan=True) and np.isnan(auroc[7])
+    assert np.allclose(ap, want["average_precision"], rtol=0, atol=1e-13, equal_nan=True)
+    for i, alpha in enumerate(fprs):
+        assert np.array_equal(tpr[:, i], want["tpr_at_fpr"][f"{alpha:g}"], equal_nan=True)
 
 
 def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):

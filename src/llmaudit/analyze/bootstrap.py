@@ -4,8 +4,9 @@
 A resample of units (samples, or rows) with replacement is a vector of multiplicities c [n_units]; every row
 of a unit carries its unit's multiplicity as its weight. The rows are sorted ONCE, members and non-members
 apart, by score descending; in that order a resample's weighted AUROC, average precision and TPR at an FPR
-level are cumulative sums of its weights (`sorted_roc_stats`), never a re-sort, vectorised over blocks of
-resamples. The landed path (`weighted_roc_stats` over distinct-score groups, `group_bootstrap_stats`) draws
+level are cumulative sums of its weights, never a re-sort: one compiled pass over the sorted rows per resample
+(`roc_kernel`, the default engine), or numpy cumulative sums vectorised over blocks of resamples
+(`sorted_roc_stats`, its reference). The first path (`weighted_roc_stats` over distinct-score groups, `group_bootstrap_stats`) draws
 the same multiplicities from the same generator and stays callable: the tests' reference and the baseline of
 benchmarks/bench_analysis.py.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-FPR_TOL = 1e-12  # k / n_neg compared with alpha in floating point
+from llmaudit.analyze.roc_kernel import FPR_TOL, roc_rows, roc_stats
 
 
 def fpr_key(alpha: float) -> str:
@@ -97,12 +98,7 @@ def sorted_roc_stats(rows: SortedRows, counts: np.ndarray, fprs: Sequence[float]
     n_pos, n_neg = tp[:, -1].astype(np.float64), fp[:, -1].astype(np.float64)
     fp_hi = np.take(fp, rows.fp_hi, axis=1)
     tp_hi = np.take(tp, rows.tp_hi - 1, axis=1) if rows.member_ties else tp
-    above = np.einsum("ij,ij->i", w_p, fp_hi, dtype=np.float64)
-    above = (
-        above + np.einsum("ij,ij->i", w_p, np.take(fp, rows.fp_lo, axis=1), dtype=np.float64)
-        if rows.ties
-        else 2 * above
-    )
+    above = _pairs_above(rows, w_p, fp, fp_hi)
     precision = np.divide(tp_hi, np.maximum(tp_hi + fp_hi, 1), dtype=np.float64)  # 0 / 1 where no weight yet
     with np.errstate(invalid="ignore", divide="ignore"):  # a resample that lost a class: NaN, ignored
         auroc = (n_pos * n_neg - 0.5 * above) / (n_pos * n_neg)
@@ -116,6 +112,16 @@ def sorted_roc_stats(rows: SortedRows, counts: np.ndarray, fprs: Sequence[float]
         with np.errstate(invalid="ignore", divide="ignore"):
             tpr[b] = np.where(n_in > 0, tp[b, np.maximum(n_in - 1, 0)], 0).astype(np.float64) / n_pos[b]
     return {"auroc": auroc, "average_precision": ap, "tpr_at_fpr": {fpr_key(a): tpr[:, i] for i, a in enumerate(fprs)}}
+
+
+def _pairs_above(rows: SortedRows, w_p: np.ndarray, fp: np.ndarray, fp_hi: np.ndarray) -> np.ndarray:
+    """[B] sum_i w_i (FP_lo_i + FP_hi_i): twice the weighted (member, non-member) pairs with the non-member at or
+    above the member, a tie counted once (w_p [B, nP]; fp [B, nQ + 1] the non-members' running weight; fp_hi [B, nP]
+    its value at each member's fp_hi)."""
+    above = np.einsum("ij,ij->i", w_p, fp_hi, dtype=np.float64)
+    if not rows.ties:
+        return 2 * above
+    return above + np.einsum("ij,ij->i", w_p, np.take(fp, rows.fp_lo, axis=1), dtype=np.float64)
 
 
 def sorted_bootstrap_stats(
@@ -204,7 +210,7 @@ def group_bootstrap_stats(
     return parts
 
 
-def auto_bootstrap_stats(
+def compiled_bootstrap_stats(
     scores: np.ndarray,
     labels: np.ndarray,
     unit_of_row: np.ndarray,
@@ -214,26 +220,37 @@ def auto_bootstrap_stats(
     n_boot: int,
     seed: int,
 ) -> list[dict]:
-    """The faster of the two for these scores, with the same numbers: the group path when the scores take few
-    distinct values (fewer than a quarter of the rows: its per-resample arrays are that much narrower, e.g. a
-    counting score such as WBC's or RMIA's), else the sorted path."""
-    few = np.unique(scores).size * 4 < scores.size
-    engine = group_bootstrap_stats if few else sorted_bootstrap_stats
-    return engine(scores, labels, unit_of_row, n_units, strata, fprs, n_boot, seed)
+    """`sorted_bootstrap_stats` in one compiled pass per resample over the sorted rows (`roc_kernel`): the same
+    blocks of the same draws, the same AUROC and TPR, AP to rounding."""
+    rows = roc_rows(scores, labels, unit_of_row, n_units)
+    rng = np.random.default_rng(seed)
+    step = block_size(n_boot, np.unique(scores).size + n_units)
+    parts = []
+    for start in range(0, n_boot, step):
+        auroc, ap, tpr = roc_stats(rows, resample_counts(rng, n_units, min(step, n_boot - start), strata), fprs)
+        parts.append(
+            {"auroc": auroc, "average_precision": ap, "tpr_at_fpr": {fpr_key(a): tpr[:, i] for i, a in enumerate(fprs)}}
+        )
+    return parts
 
 
-BOOTSTRAP_ENGINES = {"auto": auto_bootstrap_stats, "sorted": sorted_bootstrap_stats, "groups": group_bootstrap_stats}
-"""How `bootstrap_ci` computes each resample's statistics: "sorted" (one sort, cumulative sums over the sorted
-rows), "groups" (the landed path: weights of the distinct-score groups), "auto" (the default: "groups" where the
-scores take few distinct values, else "sorted"). All draw the same resamples and give the same numbers."""
+BOOTSTRAP_ENGINES = {
+    "compiled": compiled_bootstrap_stats,
+    "sorted": sorted_bootstrap_stats,
+    "groups": group_bootstrap_stats,
+}
+"""How `bootstrap_ci` computes each resample's statistics: "compiled" (the default: one sort, one compiled pass over the sorted rows per resample, `roc_kernel`), "sorted" (one sort, numpy cumulative sums over the
+sorted rows), "groups" (the first path: weights of the distinct-score groups). All draw the same resamples and give
+the same numbers (average precision to rounding)."""
 
 
 @dataclass(frozen=True)
 class Resampling:
     """How `bootstrap_ci` resamples. stratified (default: True without groups, False with them) keeps the numbers
     of members and non-members fixed in every resample. engine: how each resample is computed
-    (`BOOTSTRAP_ENGINES`: "sorted", one sort and cumulative sums; "groups", the landed path; "auto", the faster
-    for these scores); all draw the same resamples and give the same numbers (average precision to rounding)."""
+    (`BOOTSTRAP_ENGINES`: "compiled", one sort and a compiled pass per resample; "sorted", one sort and numpy
+    cumulative sums; "groups", the first path); all draw the same resamples and give the same numbers (average
+    precision to rounding)."""
 
     stratified: bool | None = None
-    engine: str = "auto"
+    engine: str = "compiled"

@@ -33,6 +33,7 @@ import pandas as pd
 from ..store.losstable import validate_loss_table
 from .attacks.evaluate import run_attacks
 from .decision import DecisionSettings
+from .roc_kernel import warm_up
 
 DECISION_RESAMPLES = 200
 """Decision resamples of the measurement: enough that their work stands out of the timing noise at the sizes
@@ -140,6 +141,7 @@ def measure_analysis_cost(
     resamples, with `resamples` bootstrap resamples, and with DECISION_RESAMPLES decision resamples (CPU seconds
     of this process, `_seconds`; the measurement takes 10 to 30 seconds at the defaults, longer with more runs)."""
     started = time.perf_counter()
+    warm_up()  # the compiled bootstrap pass, compiled before anything is timed
     attacks = tuple(attacks)
     sizes, fixed, boot, dec = [], [], [], []
     quantizers = 2

@@ -302,8 +302,8 @@ def uniform_vocab_mean_evidence(token_losses, token_vocab_mean, *, min_positions
       positions. Flagged when at least 10% of such positions (and min_positions) break the bound by 1e-3.
     - a mean that is the same at every position (e.g. -log V written as a constant): a model's entropy varies.
     At positions where the model is unsure the two means cannot be told apart from the table alone."""
-    losses = np.concatenate([np.asarray(t, dtype=np.float64).ravel() for t in token_losses])
-    means = np.concatenate([np.asarray(m, dtype=np.float64).ravel() for m in token_vocab_mean])
+    losses = np.concatenate(list(token_losses), axis=None).astype(np.float64)  # one C loop, not one call per text
+    means = np.concatenate(list(token_vocab_mean), axis=None).astype(np.float64)
     if losses.size != means.size or losses.size < min_positions:
         return None
     q = np.exp(-losses)

@@ -25,15 +25,14 @@ from llmaudit.analyze.decision.bounds import percentile_interval
 from llmaudit.analyze.decision.counts import (
     POS,
     TP,
-    calibrated_counts,
     empirical_counts,
     multiplicities,
     ratio,
     sample_folds,
     target_folds,
-    weighted_auroc,
 )
 from llmaudit.analyze.decision.models import DecisionRule, Difference, Estimate, QuantizerDecision, ReleaseDecision
+from llmaudit.analyze.decision.pooled import calibrated_counts, weighted_auroc
 from llmaudit.analyze.decision.rule import CountArrays, DecisionSettings, compare, decision_of
 
 RULE_STATEMENTS = [
