@@ -8,7 +8,9 @@ own resamples), on the landed path (`landed()`: the text and token attacks one t
 distinct-score groups, the calibrated threshold's quantile per entry, the decision's running weights over every
 row of every resample, benchmarks/landed_decision.py) and the current one; their ratio; and the largest
 difference between the two results' numbers (the same seed gives the same intervals; average precision to
-rounding). Times are CPU seconds of this process (other processes on a shared machine do not count), split into
+rounding). Times are CPU seconds of this process with one BLAS/OpenMP thread, as a report worker
+runs on a machine it fills (other processes on a shared machine do not count; idle pool threads spinning between
+calls would), split into
 the resampled intervals (`bootstrap_ci`, `_calibrated_ci`; per_sample's weighted means are counted as fixed), the
 decision's resampled counts and AUROCs, and the rest ("fixed": scores, point estimates, calibration).
 Then, per path, the growth exponent of each part in the scores per quantizer (least squares of log seconds on
@@ -39,6 +41,7 @@ from unittest import mock
 import numpy as np
 import pandas as pd
 from scipy import stats
+from threadpoolctl import threadpool_limits
 
 from llmaudit.analyze import metrics, roc_kernel
 from llmaudit.analyze.attacks.catalog import ez_mia_attacks, single_model, wbc_attacks
@@ -49,6 +52,7 @@ from llmaudit.analyze.attacks.text import min_k_plus_plus_score_per_sample, min_
 from llmaudit.analyze.attacks.wbc import wbc_score_per_sample
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
+from llmaudit.common.runtime import available_cores
 
 PAPER = {"runs": 20, "records": 20_000, "quantizers": 12, "resamples": 1000}
 
@@ -143,7 +147,7 @@ def analyse(df: pd.DataFrame, n_boot: int, decision: bool = False, attacks=regis
     clock = ResamplingClock()
     start = time.process_time()
     settings = DecisionSettings(seed=0) if decision else None
-    with warnings.catch_warnings(), clock.install():
+    with warnings.catch_warnings(), clock.install(), threadpool_limits(limits=1):
         warnings.simplefilter("ignore")  # the synthetic table's own oddities (e.g. LiRA's normality check)
         out = run_attacks(df, n_boot=n_boot, seed=0, decision=settings, attacks=attacks)
     total = time.process_time() - start
@@ -213,11 +217,14 @@ def extrapolate(rows: list[dict], path: str) -> dict:
     # below 1 the sizes measured are still dominated by per-call overheads: the work itself grows at least linearly
     grow = lambda e: scale ** (max(e, 1.0) if math.isfinite(e) else 1.0)  # noqa: E731
     per_quantizer = {key: v[-1] * grow(k[key]) for key, v in parts.items()}
-    paper_s = PAPER["quantizers"] * (
-        per_quantizer["fixed_s"]
-        + PAPER["resamples"] * (per_quantizer["per_resample_s"] + per_quantizer["per_decision_resample_s"])
+    one = per_quantizer["fixed_s"] + PAPER["resamples"] * (
+        per_quantizer["per_resample_s"] + per_quantizer["per_decision_resample_s"]
     )
+    paper_s = PAPER["quantizers"] * one
+    cores = available_cores()
     return {
+        "paper_grid_on_cores_s": -(-PAPER["quantizers"] // cores) * one,
+        "cores": cores,
         "exponent_fixed": k["fixed_s"],
         "exponent_per_resample": k["per_resample_s"],
         "exponent_per_decision_resample": k["per_decision_resample_s"],
@@ -271,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{path}: growth exponent {e['exponent_fixed']:.2f} (fixed) / {e['exponent_per_resample']:.2f} "
                 f"(per resample); paper grid ({PAPER['runs']} x {PAPER['records']} x {PAPER['quantizers']}, "
-                f"{PAPER['resamples']} resamples) extrapolated: {e['paper_grid_s'] / 60:.0f} min in one process"
+                f"{PAPER['resamples']} resamples) extrapolated: {e['paper_grid_s'] / 60:.0f} min in one process, "
+                f"{e['paper_grid_on_cores_s'] / 60:.0f} min on this machine's {e['cores']} cores (report.processes)"
             )
     if "landed_extrapolation" in out:
         ratio = out["landed_extrapolation"]["paper_grid_s"] / out["current_extrapolation"]["paper_grid_s"]

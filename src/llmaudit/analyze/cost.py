@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from ..store.losstable import validate_loss_table
 from .attacks.evaluate import run_attacks
@@ -135,23 +136,21 @@ def _seconds(df: pd.DataFrame, attacks: tuple[str, ...], n_boot: int, decision: 
 
 
 def measure_analysis_cost(
-    attacks: Sequence[str], *, runs: int, records: Sequence[int] = (100, 400), resamples: int = 200
+    attacks: Sequence[str], *, runs: int, records: Sequence[int] = (200, 800), resamples: int = 200
 ) -> AnalysisCost:
     """Time the analysis of `attacks` on synthetic tables of `runs` x each of `records` (2 quantizers), without
     resamples, with `resamples` bootstrap resamples, and with DECISION_RESAMPLES decision resamples (CPU seconds
-    of this process, `_seconds`; the measurement takes 10 to 30 seconds at the defaults, longer with more runs)."""
+    of this process, `_seconds`, with one BLAS/OpenMP thread as a report worker has on a machine it fills: idle
+    pool threads that spin between calls would count as work; the measurement takes 15 to 40 seconds at the
+    defaults, longer with more runs)."""
     started = time.perf_counter()
     warm_up()  # the compiled bootstrap pass, compiled before anything is timed
     attacks = tuple(attacks)
     sizes, fixed, boot, dec = [], [], [], []
     quantizers = 2
-    for n_records in records:
-        df = synthetic_loss_table(runs, n_records, quantizers)
-        base = _seconds(df, attacks, 0, 0)
-        sizes.append(n_records)
-        fixed.append(base / quantizers)
-        boot.append(max(_seconds(df, attacks, resamples, 0) - base, 0.0) / resamples / quantizers)
-        dec.append(max(_seconds(df, attacks, 0, DECISION_RESAMPLES) - base, 0.0) / DECISION_RESAMPLES / quantizers)
+    with threadpool_limits(limits=1):
+        for n_records in records:
+            _measure_size(runs, n_records, quantizers, attacks, resamples, (sizes, fixed, boot, dec))
     return AnalysisCost(
         fixed=fit_cost(sizes, fixed),
         per_boot=fit_cost(sizes, boot),
@@ -161,6 +160,17 @@ def measure_analysis_cost(
         attacks=attacks,
         measured_in_s=time.perf_counter() - started,
     )
+
+
+def _measure_size(runs: int, n_records: int, quantizers: int, attacks: tuple, resamples: int, into: tuple) -> None:
+    """One size of `measure_analysis_cost`: appends the size and its three parts per quantizer to `into`."""
+    sizes, fixed, boot, dec = into
+    df = synthetic_loss_table(runs, n_records, quantizers)
+    base = _seconds(df, attacks, 0, 0)
+    sizes.append(n_records)
+    fixed.append(base / quantizers)
+    boot.append(max(_seconds(df, attacks, resamples, 0) - base, 0.0) / resamples / quantizers)
+    dec.append(max(_seconds(df, attacks, 0, DECISION_RESAMPLES) - base, 0.0) / DECISION_RESAMPLES / quantizers)
 
 
 def analysis_seconds(

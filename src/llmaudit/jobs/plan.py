@@ -406,7 +406,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         a = plan["analysis"]
         lines.append(
             f"    (report: the analysis measured on this CPU in {a['measured_in_s']:.0f} s on synthetic tables of "
-            f"{a['runs']} runs x {' and '.join(str(r) for r in a['records'])} records, scaled as a + b n ln n; "
+            f"{a['runs']} runs x {' and '.join(str(r) for r in a['records'])} records, scaled as a + b n; "
             f"{plan['estimate'].get('report_processes', 1)} quantizer(s) at a time, report.processes)"
         )
     lines.append(
