@@ -14,17 +14,8 @@ from llmaudit.analyze.decision.counts import _chunks, as_counts, normal_quantile
 def landed_calibrated_counts(
     z: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_target: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(strict [B + 1, 4], loose [B + 1, 4], train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack's
-    per-sample calibrated scores pooled over the target models.
-
-    z: [M, N] calibrated scores on the normal scale (`normal_scores`: a non-member is N(0, 1) where the calibration's
-    Gaussian model holds); keep: [M, N]; weights: [B + 1, N]; fold_of_target: [M]. Two thresholds: the analytic one,
-    Phi^-1(1 - fpr), and the empirical one, the in-sample threshold of the pooled non-member rows (FPR <= fpr
-    whatever the scores' distribution). strict = every row against the HIGHER of the two, loose = against the
-    LOWER: a FAIL reads the strict one and a PASS the loose one, so neither rests on the Gaussian model where the
-    data contradict it. Cross-fitting over folds of targets: "train", the rows of the other targets against the
-    analytic threshold (the attack is chosen on a threshold with no sampling noise, so no luck of a low threshold
-    decides the choice); "test", the fold's rows against the strict threshold."""
+    """`llmaudit.analyze.decision.pooled.calibrated_counts` (same arguments, same result) as it landed: running
+    weights per class and fold over every row of every resample."""
     n_folds = int(fold_of_target.max()) + 1
     analytic = float(normal_quantile(1 - fpr))
     ok = np.isfinite(z)
