@@ -93,6 +93,10 @@ def test_a_store_computes_in_the_dtype_chosen_when_it_was_created(auto_cfg, monk
     dtypes = {(r["quantizer"], r["dtype"]) for r in log}
     assert dtypes == {("bf16", "bfloat16"), ("fp32", "float32"), ("uniform-4", "bfloat16")}
     assert {r["run"] for r in log if r["quantizer"] == "bf16"} == {-1, 0, 1, 2}  # the base on the reference
+    # every unit says what the scoring process held once it was written, and the process's peak so far
+    assert all(0 < r["rss_mib"] <= r["peak_rss_mib"] + 1 for r in log)
+    peaks = [r["peak_rss_mib"] for r in log]
+    assert peaks == sorted(peaks)  # one scoring process here: its peak never goes down
 
     # asking for another dtype on the scored store is refused with the fix (exit 2, one line)
     code, _, err = run_cli(["score", str(store.root), "score.dtype=float32", "--no-progress"])

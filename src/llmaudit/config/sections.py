@@ -165,6 +165,12 @@ class TrainConfig(Section):
     """Base seed; run r uses (seed, r) for its subset, its adapter init and its batch order."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train: auto = cuda if available."""
+    token_budget: int | None = size_field(None, ge=64, le=2**22, why=MEMORY_WHY)
+    """Maximum padded tokens per forward/backward pass of fine-tuning: a wider batch is computed in slices of
+    rows whose gradients add up to the batch's (the same optimizer step, up to float rounding); null = on a CPU as
+    many as keep the activations within 1.5 GiB (SmolLM2-135M: 970, so its batches of 8 x 192 go in two halves;
+    the demo's tiny model never slices), on a GPU the whole batch. How the work is cut, not what is trained: not
+    part of the experiment's identity."""
 
     @model_validator(mode="after")
     def _bounded_checkpoints(self) -> TrainConfig:
@@ -457,7 +463,7 @@ class ExperimentConfig(Section):
             "model": self.model.model_dump(exclude={"trust_remote_code"}),
             "data": self.data.model_dump(),
             "lora": self.lora.model_dump(),
-            "train": {k: v for k, v in self.train.model_dump().items() if k != "device"},
+            "train": {k: v for k, v in self.train.model_dump().items() if k not in ("device", "token_budget")},
         }
 
     def identity_hash(self) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from llmaudit.common.io import atomic_dir, atomic_write_json, read_json
+from llmaudit.common.memory import peak_rss_mib, release_memory
 from llmaudit.common.runtime import pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import tokenize_records
@@ -39,7 +40,14 @@ from llmaudit.finetune.distributed import launched_processes, make_accelerator
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.models.layers import count_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, load_tokenizer
-from llmaudit.models.training import Checkpointing, TrainSettings, TrainState, steps_per_epoch, train_epochs
+from llmaudit.models.training import (
+    Checkpointing,
+    TrainSettings,
+    TrainState,
+    steps_per_epoch,
+    train_epochs,
+    train_token_budget,
+)
 from llmaudit.store.digests import DIGEST_SCOPE
 from llmaudit.store.integrity import quarantine
 from llmaudit.store.locks import claim
@@ -180,9 +188,10 @@ def _saver(store: RunStore, run: int, model: Any, accelerator: Any | None) -> Ca
 
 
 def _train_settings(
-    cfg: ExperimentConfig, store: RunStore, run: int, pad_id: int, device: torch.device, progress: bool
+    cfg: ExperimentConfig, store: RunStore, run: int, pad_id: int, device: torch.device, progress: bool, model: Any
 ) -> TrainSettings:
-    """The run's optimisation settings: the recipe's, with the run's own batch-order seed."""
+    """The run's optimisation settings: the recipe's, with the run's own batch-order seed (`model`: the base, whose
+    sizes set the default token budget of a pass)."""
     return TrainSettings(
         epochs=cfg.train.epochs,
         batch_size=cfg.train.batch_size,
@@ -194,6 +203,7 @@ def _train_settings(
         device=device,
         progress=progress,
         autocast=autocast_dtype(store.train_dtype(cfg.model.dtype, device), device),
+        token_budget=train_token_budget(cfg.train.token_budget, device, getattr(model, "config", None)),
     )
 
 
@@ -215,7 +225,7 @@ def train_run(
     save_at = checkpoint_steps(len(examples), cfg.train.batch_size, cfg.train.epochs, cfg.train.checkpoints_per_epoch)
     model = _lora_model(copy.deepcopy(base), cfg, run).to(device)
     resume = _resume(store, run, model, device)
-    settings = _train_settings(cfg, store, run, tok.pad_token_id, device, progress)
+    settings = _train_settings(cfg, store, run, tok.pad_token_id, device, progress, base)
     checkpoints = Checkpointing(
         save_at=frozenset(save_at), on_save=_saver(store, run, model, accelerator), resume=resume
     )
@@ -288,6 +298,7 @@ def finetune(
         return store
     base = load_base_model(cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device))
     _record_parameters(store, manifest, base, cfg)
+    release_memory()  # what loading (or converting) the model left behind, before the first run's activations
     for run in todo:
         with claim(store.lock_path("runs", f"run-{run:03d}")) as mine:
             if not mine or store.run_done(run):
@@ -295,9 +306,13 @@ def finetune(
                 continue
             with running_marker(run_marker_path(store, run)):
                 res = train_run(cfg, store, run, base, tok, device, progress=progress)
+        release_memory()  # the run's activations and optimizer, before the next run or the scoring processes
         echo(
-            f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} ({res.seconds:.1f}s)"
+            f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} "
+            f"({res.seconds:.1f}s; this process's peak memory so far {peak_rss_mib() / 1024:.1f} GiB)"
         )
+    del base
+    release_memory()
     return store
 
 

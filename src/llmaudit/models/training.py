@@ -38,6 +38,13 @@ def scored_hidden(
     return hidden[:, :-1][pred], ids[:, 1:][pred], rows
 
 
+def summed_nll(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Summed negative log-likelihood over all scored tokens of the batch (float32)."""
+    h, targets, _ = scored_hidden(model, ids, attn, mask)
+    _, head = decoder_and_head(model)
+    return torch.nn.functional.cross_entropy(head(h).float(), targets, reduction="sum")
+
+
 def batch_mean_nll(model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood over all scored tokens of the batch (the training objective)."""
     h, targets, _ = scored_hidden(model, ids, attn, mask)
@@ -59,9 +66,7 @@ class _SliceNLL(torch.nn.Module):
     def forward(
         self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        h, targets, _ = scored_hidden(self.model, ids, attn, mask)
-        _, head = decoder_and_head(self.model)
-        nll = torch.nn.functional.cross_entropy(head(h).float(), targets, reduction="sum")
+        nll = summed_nll(self.model, ids, attn, mask)
         return nll * scale, nll.detach()
 
 
@@ -70,6 +75,47 @@ def autocast_to(device: torch.device | str, dtype: torch.dtype | None) -> Any:
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=dtype)
+
+
+CPU_ACTIVATION_BYTES = 3 * 2**29
+"""On a CPU, the activations one forward/backward pass of fine-tuning may hold (1.5 GiB): train.token_budget's
+default is this over `activation_bytes_per_token`. Measured on SmolLM2-135M under bf16 autocast: a batch of 8 x
+192 tokens held 2.4 GiB whole (1.56 MB per token; the estimate says 1.66) and the process peaked at 4.7 GiB; in
+two slices of 4 rows, 3.2 GiB."""
+
+
+def activation_bytes_per_token(config: Any) -> int | None:
+    """What one token's activations kept for the backward pass take in a decoder of this `config` (a transformers
+    PretrainedConfig), float32: about 8 hidden-wide and 6 intermediate-wide vectors per layer (the attention's
+    inputs, outputs and norms; the MLP's gate, up, their product and activation). None when the config does not
+    say its sizes."""
+    sizes = [getattr(config, k, None) for k in ("num_hidden_layers", "hidden_size", "intermediate_size")]
+    if not all(isinstance(v, int) and v > 0 for v in sizes):
+        return None
+    layers, hidden, inner = sizes
+    return 4 * layers * (8 * hidden + 6 * inner)
+
+
+def train_token_budget(configured: int | None, device: torch.device | str, config: Any) -> int | None:
+    """The padded tokens per pass of a run: the recipe's train.token_budget; else on a CPU as many as keep the
+    activations within CPU_ACTIVATION_BYTES (model `config`), and the whole batch on other devices (whose memory
+    is sized for it and whose kernels want wide batches) or when the config does not say its sizes."""
+    if configured is not None:
+        return int(configured)
+    per_token = activation_bytes_per_token(config)
+    if torch.device(device).type != "cpu" or per_token is None:
+        return None
+    return max(64, CPU_ACTIVATION_BYTES // per_token)
+
+
+def row_slices(rows: int, width: int, budget: int | None) -> list[tuple[int, int]]:
+    """Contiguous row slices [lo, hi) of a batch of `rows` rows padded to `width` tokens, as even as possible,
+    each of at most `budget` padded tokens (a row wider than the budget is a slice of its own); one slice when
+    the batch fits or `budget` is None."""
+    if budget is None or rows * width <= budget:
+        return [(0, rows)]
+    parts = math.ceil(rows / max(1, budget // max(1, width)))
+    return [local_rows(rows, k, parts) for k in range(parts)]
 
 
 def local_rows(batch_rows: int, rank: int, world: int) -> tuple[int, int]:
@@ -109,6 +155,9 @@ class TrainSettings:
     device: torch.device | str = "cpu"
     progress: bool = True
     autocast: torch.dtype | None = None
+    token_budget: int | None = None
+    """Padded tokens per forward/backward pass: a wider batch is computed in row slices (`row_slices`) whose
+    gradients add up to the batch's; None = the whole batch at once."""
 
 
 @dataclass(frozen=True)
@@ -218,20 +267,37 @@ def _plain_step(
     examples: Sequence[TrainExample],
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
-    pad_id: int,
-    device: torch.device | str,
-    autocast: torch.dtype | None,
+    settings: TrainSettings,
     batch: np.ndarray,
 ) -> tuple[float, int, int]:
-    """One single-process optimizer step on `batch`: (its mean NLL, real tokens, padded tokens)."""
-    ids, attn, mask = collate([examples[i] for i in batch], pad_id, device)
-    with autocast_to(device, autocast):
-        loss = batch_mean_nll(model, ids, attn, mask)
+    """One single-process optimizer step on `batch`: (its mean NLL, real tokens, padded tokens computed on).
+
+    A batch wider than settings.token_budget is computed in row slices, each differentiating its summed NLL over
+    the batch's scored tokens, so the accumulated gradient is the batch mean's; each slice is cut to its own
+    longest row (right padding only ever follows a row's tokens)."""
+    ids, attn, mask = collate([examples[i] for i in batch], settings.pad_id)
+    slices = row_slices(len(batch), ids.shape[1], settings.token_budget)
+    device, autocast = settings.device, settings.autocast
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    if len(slices) == 1:
+        ids, attn, mask = (t.to(device) for t in (ids, attn, mask))
+        with autocast_to(device, autocast):
+            loss = batch_mean_nll(model, ids, attn, mask)
+        loss.backward()
+        mean, padded = float(loss.detach()), ids.numel()
+    else:
+        n_scored, total, padded = int(mask[:, 1:].sum()), 0.0, 0
+        for lo, hi in slices:
+            width = int(attn[lo:hi].sum(dim=1).max())
+            part = [t[lo:hi, :width].to(device) for t in (ids, attn, mask)]
+            with autocast_to(device, autocast):
+                nll = summed_nll(model, *part)
+            (nll / n_scored).backward()
+            total, padded = total + float(nll.detach()), padded + part[0].numel()
+        mean = total / n_scored
     optimizer.step()
     scheduler.step()
-    return float(loss.detach()), int(attn.sum()), ids.numel()
+    return mean, int(attn.sum()), padded
 
 
 def train_epochs(
@@ -260,9 +326,7 @@ def train_epochs(
             return _train_epochs_ddp(model, examples, accelerator, optimizer, scheduler, loop)
         finally:
             accelerator.free_memory()  # drop accelerate's references to this run's model and optimizer
-    take_step = functools.partial(
-        _plain_step, model, examples, optimizer, scheduler, settings.pad_id, settings.device, settings.autocast
-    )
+    take_step = functools.partial(_plain_step, model, examples, optimizer, scheduler, settings)
     return _run_steps(model, len(examples), optimizer, take_step, loop)
 
 

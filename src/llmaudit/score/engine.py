@@ -371,5 +371,5 @@ def weights_digest(model: Any) -> str:
         if not isinstance(tensor, torch.Tensor):
             continue
         h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # the buffer, not a copy
     return h.hexdigest()[:16]

@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from llmaudit.common.io import read_json
+from llmaudit.common.memory import peak_rss_mib, release_memory, rss_mib
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.models.loading import load_tokenizer
@@ -152,9 +153,18 @@ def _score_claimed_unit(inputs: ScoreInputs, unit: Unit, path: Path, work: Check
                 "shared_seconds": round(work.take_paid(), 3),
                 "seconds": round(time.time() - start, 3),
                 **work_fields(uwork),
+                **_memory_fields(),
             },
         )
     return work
+
+
+def _memory_fields() -> dict[str, float]:
+    """The scoring process's memory once a unit is written and its copies freed: what it holds ("rss_mib") and
+    its peak so far ("peak_rss_mib"), so the work log shows which units set the process's peak."""
+    release_memory()
+    now = rss_mib()
+    return {"peak_rss_mib": round(peak_rss_mib()), **({"rss_mib": round(now)} if now is not None else {})}
 
 
 def checkpoint_groups(units: list[Unit]) -> list[list[Unit]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import gc
 import json
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import torch
 
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json
+from llmaudit.common.memory import bounded_heap, release_memory
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.models.layers import cast_parameters
@@ -29,7 +29,7 @@ from llmaudit.quantize.base import Quantizer
 from llmaudit.quantize.calibration import read_calibration_file
 from llmaudit.quantize.given import GivenFile, load_given
 from llmaudit.score.calibration import calibration_record, calibration_texts, given_file
-from llmaudit.score.engine import ScoringOptions, TokenScores, score_examples, weights_digest
+from llmaudit.score.engine import ScoringOptions, TokenScores, plain_modules, score_examples, weights_digest
 from llmaudit.score.utility import UnitUtility, UtilityWork, nonfinite_divergence
 from llmaudit.store.integrity import check_checkpoint_dir
 from llmaudit.store.losstable import REFERENCE_RUN
@@ -208,7 +208,7 @@ def load_checkpoint(inputs: ScoreInputs, work: CheckpointWork, unit: Unit) -> Ch
         return work
     work.model = None
     work.shared.clear()
-    gc.collect()
+    release_memory()  # the previous checkpoint's model and shared work, handed back before the next is loaded
     t0 = time.time()
     model = inputs.base if unit.run == REFERENCE_RUN else checkpoint_model(inputs, unit.run, unit.step)
     return CheckpointWork(key=key, model=model, paid=time.time() - t0)
@@ -281,21 +281,16 @@ def _engine(inputs: ScoreInputs, model: Any, examples: list[Example], hidden_hoo
 def score_unit(inputs: ScoreInputs, unit: Unit, work: CheckpointWork) -> tuple[pd.DataFrame, UtilityWork | None]:
     """The loss table of one unit: its checkpoint (`work.model`) quantized, scored on its samples; at a run's
     final checkpoint with the utility columns of its validation rows (llmaudit.score.utility), measured against
-    the checkpoint in the store's dtype (`work.reference`), and what they cost."""
+    the checkpoint in the store's dtype (`work.reference`), and what they cost. A model with real quantized layers
+    is scored with large blocks mapped (`bounded_heap`: their float32 temporaries would fragment the heap)."""
     quantizer = inputs.quantizers[unit.quantizer]
     given = given_file(inputs.store, unit)
     qmodel = _quantized(inputs, quantizer, work, unit, given)
     if given is None:  # the record describes llmaudit's quantization; a user's own file is recorded at import
         _record_quantizer(inputs.store, quantizer, qmodel, calibration_record(inputs, quantizer))
     examples = unit_examples(inputs.val, inputs.pool, unit)
-    extra, uwork = None, None
-    if inputs.utility.applies(unit):  # validation and pool in separate passes: the reference sees the same batches
-        engine = functools.partial(_engine, inputs)
-        reference = work.reference(inputs.dtype)
-        scores, extra, uwork = inputs.utility.score_val(unit, reference, qmodel, engine, inputs.device)
-        scores += _engine(inputs, qmodel, inputs.pool) if unit.final else []
-    else:
-        scores = _engine(inputs, qmodel, examples)
+    with bounded_heap(not plain_modules(qmodel)):
+        scores, extra, uwork = _unit_scores(inputs, unit, work, qmodel)
     nonfinite = [e.sample_id for e, s in zip(examples, scores, strict=True) if not np.isfinite(s.token_losses).all()]
     if nonfinite:
         raise ScoringError(
@@ -316,3 +311,17 @@ def score_unit(inputs: ScoreInputs, unit: Unit, work: CheckpointWork) -> tuple[p
         else {inputs.pool[i].sample_id for i in np.flatnonzero(inputs.masks[unit.run])}
     )
     return _rows(unit, examples, scores, members, weights_digest(qmodel), extra), uwork
+
+
+def _unit_scores(
+    inputs: ScoreInputs, unit: Unit, work: CheckpointWork, qmodel: Any
+) -> tuple[list[TokenScores], dict | None, UtilityWork | None]:
+    """The engine's scores of the unit's samples (validation, then the pool at a final checkpoint), with the
+    utility columns of the validation rows and what they cost where they apply."""
+    if not inputs.utility.applies(unit):
+        return _engine(inputs, qmodel, unit_examples(inputs.val, inputs.pool, unit)), None, None
+    # validation and pool in separate passes: the reference sees the same batches
+    engine = functools.partial(_engine, inputs)
+    scores, extra, uwork = inputs.utility.score_val(unit, work.reference(inputs.dtype), qmodel, engine, inputs.device)
+    scores += _engine(inputs, qmodel, inputs.pool) if unit.final else []
+    return scores, extra, uwork
