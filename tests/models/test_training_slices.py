@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -105,6 +107,20 @@ def test_a_sliced_step_differentiates_the_batch_mean():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-5, atol=1e-7)
 
 
+def test_peak_memory_is_this_process_s_own_after_exec():
+    """getrusage's maximum survives exec; the peak reported is the new process's own (VmHWM)."""
+    if rss_mib() is None:
+        pytest.skip("needs /proc")
+    parent = (
+        "import subprocess, sys, torch\n"
+        "big = torch.ones(1500 * 2**20, dtype=torch.uint8)\n"  # the parent holds 1.5 GiB when it starts the child
+        "child = 'from llmaudit.common.memory import peak_rss_mib; print(round(peak_rss_mib()))'\n"
+        "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True, check=True).stdout)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True).stdout
+    assert int(out.split()[-1]) < 1000  # the child's own peak, not the parent's 1.5 GiB and more
+
+
 def test_memory_readings():
     assert peak_rss_mib() > 0
     now = rss_mib()
@@ -146,3 +162,46 @@ def test_bound_allocator_is_accepted_by_glibc():
         pytest.skip("needs glibc")
     assert memory.bound_allocator(memory.MMAP_THRESHOLD) is True
     assert memory.bound_allocator(memory.DYNAMIC_CEILING) is True
+
+
+def test_importing_gptqmodel_keeps_no_frame_of_its_caller():
+    """gptqmodel keeps a traceback from its import; imported in a thread of its own, it holds none of the caller's
+    frames (which held whole model copies). Checked in a fresh interpreter, where gptqmodel is not imported yet."""
+    script = (
+        "import gc, types\n"
+        "def caller():\n"
+        "    model_copy = bytearray(10)\n"
+        "    from llmaudit.models.loading import import_gptqmodel_quietly\n"
+        "    import_gptqmodel_quietly()\n"
+        "caller()\n"
+        "gc.collect()\n"
+        "import sys\n"
+        "print('imported' if 'gptqmodel' in sys.modules else 'absent')\n"
+        "print(sum(isinstance(o, types.FrameType) and o.f_code.co_name == 'caller' for o in gc.get_objects()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    if out[-2] != "imported":
+        pytest.skip("gptqmodel is not installed")
+    assert out[-1] == "0"
+
+
+def test_a_failing_gptqmodel_import_still_raises_with_its_output(monkeypatch):
+    import builtins
+
+    from llmaudit.models import loading
+
+    real_import = builtins.__import__
+
+    def failing(name, *args, **kwargs):
+        if name == "gptqmodel":
+            print("banner before the failure")
+            raise RuntimeError("no kernels")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "gptqmodel", raising=False)
+    monkeypatch.delenv("LLMAUDIT_LOG", raising=False)
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(builtins, "__import__", failing)
+    with pytest.raises(ImportError, match="no kernels") as caught:
+        loading.import_gptqmodel_quietly()
+    assert "banner before the failure" in str(caught.value)

@@ -98,17 +98,30 @@ def release_memory() -> bool:
 
 
 def peak_rss_mib() -> float:
-    """The largest resident set this process has had so far, in MiB (getrusage; kilobytes on Linux, bytes on
-    macOS)."""
+    """The largest resident set of this process's memory so far, in MiB: VmHWM on Linux (the high-water mark of
+    this process's own address space), else getrusage (kilobytes on Linux, bytes on macOS). Not getrusage on Linux:
+    its maximum survives exec, so a process started from a large parent (llmaudit's scoring processes, spawned by
+    `llmaudit audit` after fine-tuning) would report the parent's size as its own."""
+    status = _proc_status_kib("VmHWM")
+    if status is not None:
+        return status / 2**10
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def rss_mib() -> float | None:
-    """The resident set of this process now, in MiB (/proc on Linux; None elsewhere)."""
+def _proc_status_kib(key: str) -> int | None:
+    """A "kB" line of /proc/self/status (VmHWM, VmRSS), None where there is none."""
     try:
-        with open("/proc/self/statm", encoding="ascii") as handle:
-            pages = int(handle.read().split()[1])
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         return None
-    return pages * resource.getpagesize() / 2**20
+    return None
+
+
+def rss_mib() -> float | None:
+    """The resident set of this process now, in MiB (VmRSS of /proc/self/status on Linux; None elsewhere)."""
+    now = _proc_status_kib("VmRSS")
+    return None if now is None else now / 2**10

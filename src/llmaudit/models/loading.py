@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,14 +53,28 @@ def import_gptqmodel_quietly() -> None:
     """Import gptqmodel (when installed) with its start-up banner, environment notices and ASCII art
     captured instead of printed. peft imports it whenever it wraps a model in LoRA layers, so without this
     every fine-tuning and scoring job opens with a screen of text about GPU kernels. LLMAUDIT_LOG set: the
-    banner is shown. An import that fails still raises, with its output attached."""
+    banner is shown. An import that fails still raises, with its output attached.
+
+    The import runs in a thread of its own: gptqmodel keeps an exception's traceback from its import, which holds
+    every frame that was on the stack then, with their locals, for the life of the process (imported inside the
+    LoRA wrap of `finetune`'s parameter count, it held a whole copy of the model and the base: 0.5 GiB each)."""
     if "gptqmodel" in sys.modules or os.environ.get("LLMAUDIT_LOG") or importlib.util.find_spec("gptqmodel") is None:
         return
     captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            import gptqmodel  # noqa: F401
-    except Exception as exc:
+    failures: list[Exception] = []
+
+    def run() -> None:
+        try:
+            with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+                import gptqmodel  # noqa: F401
+        except Exception as exc:  # raised again in the caller's thread below
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, name="llmaudit-import-gptqmodel")
+    thread.start()
+    thread.join()
+    if failures:
+        exc = failures[0]
         raise ImportError(f"importing gptqmodel failed ({exc}); its output:\n{captured.getvalue()[-2000:]}") from exc
     log.debug("gptqmodel import output:\n%s", captured.getvalue())
 
