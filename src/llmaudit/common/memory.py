@@ -17,7 +17,7 @@ import functools
 import gc
 import resource
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = ["MMAP_THRESHOLD", "bound_allocator", "bounded_heap", "peak_rss_mib", "release_memory", "rss_mib"]
 
@@ -37,35 +37,30 @@ _M_MMAP_THRESHOLD = -3  # glibc malloc.h
 
 
 @functools.cache
-def _malloc_trim():
-    """glibc's malloc_trim, or None (another C library, another system)."""
+def _libc_function(name: str, argtypes: tuple, restype: type) -> Callable | None:
+    """glibc's function `name` with its C signature, or None (another C library, another system)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    function.argtypes, function.restype = list(argtypes), restype
+    return function
 
 
-@functools.cache
-def _mallopt():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        opt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None
-    opt.argtypes, opt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return opt
+def _malloc_trim() -> Callable | None:
+    return _libc_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
+
+
+def _mallopt() -> Callable | None:
+    return _libc_function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
 
 
 def bound_allocator(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold at `threshold` bytes for this process (MMAP_THRESHOLD says why): what a stage
-    that allocates large tensors over and over (fine-tuning, scoring) calls first. True when set, False where the C
-    library has no mallopt (nothing changes there)."""
+    """Fix glibc's mmap threshold at `threshold` bytes for this process (MMAP_THRESHOLD says why; `bounded_heap`
+    sets and lifts it around one scoring unit). True when set, False where the C library has no mallopt (nothing
+    changes there)."""
     opt = _mallopt()
     return opt is not None and opt(_M_MMAP_THRESHOLD, int(threshold)) == 1
 
