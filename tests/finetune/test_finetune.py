@@ -1,3 +1,4 @@
+import contextlib
 import json
 import shutil
 
@@ -161,3 +162,56 @@ def test_lora_fine_tuning_leaves_a_membership_signal(tiny_cfg):
     ]
     assert min(gaps) > 0.02, gaps
     assert max(abs(g) for g in base_gaps) < min(gaps) / 2, (base_gaps, gaps)
+
+
+def test_runs_on_the_base_itself_equal_runs_on_copies(tmp_path, monkeypatch):
+    """One process on a CPU wraps the base itself for each run and unwraps it after (no copy of the model per run):
+    every checkpoint of every run is bit for bit the one a fresh copy of the base gives."""
+    import llmaudit.finetune.runs as runs
+
+    over = TINY_OVERRIDES + ["train.runs=3"]
+    in_place = finetune(
+        load_recipe("demo-cpu", over + [f"output_dir={tmp_path / 'a'}"]), progress=False, echo=lambda *_: None
+    )
+    real = runs.lora_on_base
+    monkeypatch.setattr(runs, "lora_on_base", lambda *a, **k: real(*a, **{**k, "in_place": False}))
+    copies = finetune(
+        load_recipe("demo-cpu", over + [f"output_dir={tmp_path / 'b'}"]), progress=False, echo=lambda *_: None
+    )
+    for run in range(3):
+        a, b = _adapters(in_place, run), _adapters(copies, run)
+        assert a.keys() == b.keys() and a
+        assert all(torch.equal(a[s][k], b[s][k]) for s in a for k in a[s])
+
+
+def _state(model):
+    return (
+        repr(model),
+        [(n, p.detach().clone(), p.requires_grad) for n, p in model.named_parameters()],
+        [m.training for m in model.modules()],
+    )
+
+
+def test_the_base_comes_back_as_it_was_after_a_run_and_after_a_failure(tiny_cfg):
+    """Its layers, weights, gradient flags and train/eval modes, whether the run ends or raises."""
+    from llmaudit.finetune.runs import lora_on_base
+    from tests.tiny_models import tiny_causal_lm
+
+    base = tiny_causal_lm("llama", seed=0, vocab_size=64, hidden_size=16, intermediate_size=32)
+    base.eval()
+    base.model.layers[0].requires_grad_(False)  # flags that differ between parameters come back as they were
+    before = _state(base)
+    for fail in (False, True):
+        expect = pytest.raises(RuntimeError) if fail else contextlib.nullcontext()
+        with expect, lora_on_base(base, tiny_cfg, 0, torch.device("cpu"), in_place=True) as model:
+            assert model is not base and "lora" in repr(model).lower()
+            model.train()
+            assert not any(p.requires_grad for n, p in model.named_parameters() if "lora" not in n)
+            loss = model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss
+            loss.backward()
+            if fail:
+                raise RuntimeError("a run that fails")
+        after = _state(base)
+        assert after[0] == before[0] and after[2] == before[2]
+        assert [(n, g) for n, _, g in after[1]] == [(n, g) for n, _, g in before[1]]
+        assert all(torch.equal(a, b) for (_, a, _), (_, b, _) in zip(after[1], before[1], strict=True))

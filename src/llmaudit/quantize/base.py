@@ -367,6 +367,18 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
+def replace_each(model: nn.Module, targets: list[tuple[str, nn.Module]], make: Callable) -> None:
+    """Replace every (name, module) of ``targets`` by ``make(name, module)``, in order, emptying ``targets`` as it
+    goes: each original layer is released as soon as its replacement is in place. (Iterating over the list would
+    keep every original layer alive until the last replacement is made: a whole second copy of the decoder's
+    weights at the peak, 0.43 GB for SmolLM2-135M in float32.)"""
+    targets.reverse()
+    while targets:
+        name, module = targets.pop()
+        replace_module(model, name, make(name, module))
+        del module
+
+
 def linear_from_weight(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
     """A plain nn.Linear holding ``weight: [out, in]`` (the fake-quantized / dequantized weight)."""
     out_features, in_features = weight.shape

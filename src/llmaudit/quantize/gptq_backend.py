@@ -74,6 +74,7 @@ from .base import (
     integer,
     linear_from_weight,
     real,
+    replace_each,
     replace_module,
     require_linear,
     target_modules,
@@ -263,10 +264,14 @@ class GPTQQuantizer(Quantizer):
             raise QuantizationError(f"{self.name}: {exc}") from exc
         return self._fake_layers(model, targets, solved)
 
-    def _fake_layers(self, model: nn.Module, targets, solved: dict) -> nn.Module:
-        for name, module in targets:
+    def _fake_layers(self, model: nn.Module, targets: list, solved: dict) -> nn.Module:
+        """Every target replaced by an nn.Linear with its dequantized weight (`targets` is emptied)."""
+
+        def fake(name: str, module: nn.Module) -> nn.Linear:
             bias = module.bias if isinstance(module.bias, torch.Tensor) else None
-            replace_module(model, name, linear_from_weight(solved.pop(name).weight(), bias, self.compute_dtype))
+            return linear_from_weight(solved.pop(name).weight(), bias, self.compute_dtype)
+
+        replace_each(model, targets, fake)
         return model.to(self.compute_dtype)
 
     def _solve(self, model: nn.Module, hessians: GPTQHessians) -> nn.Module:

@@ -43,6 +43,7 @@ from .base import (
     common_options,
     integer,
     linear_from_weight,
+    replace_each,
     replace_module,
     require_linear,
     target_modules,
@@ -100,14 +101,17 @@ class HQQQuantizer(Quantizer):
             return self._quantize_hqqlinear(model)
         workspace = hqq_fast.Workspace()
         o = self.options
-        for name, linear in target_modules(model, o["modules"]):
+
+        def fake(name: str, linear: nn.Module) -> nn.Linear:
             try:
                 weight = hqq_fast.fake_quantize(
                     linear.weight, self.nbits, o["group_size"], o["axis"], o["optimize"], workspace=workspace
                 )
             except QuantizationError as exc:
                 raise QuantizationError(f"{self.name}: layer '{name}': {exc}") from None
-            replace_module(model, name, linear_from_weight(weight, linear.bias, self.compute_dtype))
+            return linear_from_weight(weight, linear.bias, self.compute_dtype)
+
+        replace_each(model, target_modules(model, o["modules"]), fake)
         return model
 
     def _quantize_hqqlinear(self, model: nn.Module) -> nn.Module:
