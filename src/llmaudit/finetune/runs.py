@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from llmaudit.common.io import atomic_dir, atomic_write_json, read_json
-from llmaudit.common.memory import peak_rss_mib, release_memory
+from llmaudit.common.memory import bounded_primitive_cache, peak_rss_mib, release_memory
 from llmaudit.common.runtime import pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import tokenize_records
@@ -323,18 +323,19 @@ def finetune(
     base = load_base_model(cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device))
     _record_parameters(store, manifest, base, cfg)
     release_memory()  # what loading (or converting) the model left behind, before the first run's activations
-    for run in todo:
-        with claim(store.lock_path("runs", f"run-{run:03d}")) as mine:
-            if not mine or store.run_done(run):
-                echo(f"[finetune] run {run}: trained by another process; skipped")
-                continue
-            with running_marker(run_marker_path(store, run)):
-                res = train_run(cfg, store, run, base, tok, device, progress=progress)
-        release_memory()  # the run's activations and optimizer, before the next run or the scoring processes
-        echo(
-            f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} "
-            f"({res.seconds:.1f}s; this process's peak memory so far {peak_rss_mib() / 1024:.1f} GiB)"
-        )
+    with bounded_primitive_cache():  # oneDNN's cache of bf16 primitives grew by a run's shapes at every run
+        for run in todo:
+            with claim(store.lock_path("runs", f"run-{run:03d}")) as mine:
+                if not mine or store.run_done(run):
+                    echo(f"[finetune] run {run}: trained by another process; skipped")
+                    continue
+                with running_marker(run_marker_path(store, run)):
+                    res = train_run(cfg, store, run, base, tok, device, progress=progress)
+            release_memory()  # the run's activations and optimizer, before the next run or the scoring processes
+            echo(
+                f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} "
+                f"({res.seconds:.1f}s; this process's peak memory so far {peak_rss_mib() / 1024:.1f} GiB)"
+            )
     del base
     release_memory()
     return store

@@ -57,7 +57,7 @@ def import_gptqmodel_quietly() -> None:
 
     The import runs in a thread of its own: gptqmodel keeps an exception's traceback from its import, which holds
     every frame that was on the stack then, with their locals, for the life of the process (imported inside the
-    LoRA wrap of `finetune`'s parameter count, it held a whole copy of the model and the base: 0.5 GiB each)."""
+    first LoRA wrap of a fine-tuning job, it held that caller's model for good: 0.5 GiB for SmolLM2-135M)."""
     if "gptqmodel" in sys.modules or os.environ.get("LLMAUDIT_LOG") or importlib.util.find_spec("gptqmodel") is None:
         return
     captured = io.StringIO()
@@ -117,13 +117,14 @@ def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype |
     return model.to(device).eval()
 
 
-def load_checkpoint_model(base: Any, directory: Path, device: torch.device) -> Any:
+def load_checkpoint_model(base: Any, directory: Path, device: torch.device, *, consume: bool = False) -> Any:
     """The fine-tuned model a checkpoint directory holds, in eval mode: the base with a LoRA adapter
     merged (adapter_config.json + adapter_model.safetensors), or a full model (config.json +
-    model*.safetensors). Safetensors only: pickled *.bin weights are refused, never loaded."""
+    model*.safetensors). Safetensors only: pickled *.bin weights are refused, never loaded.
+    consume: the adapter is merged into `base` itself (no copy; the caller never uses `base` again)."""
     directory = Path(directory)
     if (directory / "adapter_config.json").exists():
-        return _merged_adapter(base, directory)
+        return _merged_adapter(base if consume else copy.deepcopy(base), directory)
     weights = sorted(directory.glob("model*.safetensors"))
     if (directory / "config.json").exists() and weights:
         return _full_checkpoint(base, directory, device)
@@ -137,6 +138,7 @@ def load_checkpoint_model(base: Any, directory: Path, device: torch.device) -> A
 
 
 def _merged_adapter(base: Any, directory: Path) -> Any:
+    """`base` (modified: the caller passes a model of its own) with the adapter of `directory` merged."""
     from peft import PeftModel
 
     if not (directory / "adapter_model.safetensors").exists():
@@ -145,7 +147,7 @@ def _merged_adapter(base: Any, directory: Path) -> Any:
             "save the adapter with safe_serialization=True."
         )
     try:
-        adapter = PeftModel.from_pretrained(copy.deepcopy(base), str(directory), is_trainable=False)
+        adapter = PeftModel.from_pretrained(base, str(directory), is_trainable=False)
     except Exception as exc:  # size mismatch, corrupt file, unknown modules: all say the same to the user
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ModelError(

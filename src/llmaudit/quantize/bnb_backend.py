@@ -29,7 +29,7 @@ from .base import (
     common_options,
     linear_from_weight,
     real,
-    replace_module,
+    replace_each,
     require_linear,
     target_modules,
 )
@@ -78,7 +78,8 @@ class BnbQuantizer(Quantizer):
         dtype = self.compute_dtype
         device = self.device
         fake = self.resolved_mode == "fake"
-        for name, linear in target_modules(model, self.options["modules"]):
+
+        def make(name: str, linear: nn.Module) -> nn.Module:
             weight = linear.weight.data.to(device=device, dtype=dtype).contiguous()
             bias = linear.bias.data.to(device=device, dtype=dtype) if linear.bias is not None else None
             if self.kind == "int8":
@@ -89,9 +90,9 @@ class BnbQuantizer(Quantizer):
                 new = self._4bit_layer(linear, weight)
             if not fake and bias is not None:
                 new.bias = nn.Parameter(bias.cpu(), requires_grad=False)
-            if not fake:
-                new = new.to(device)  # moving a bnb parameter to a device is what quantizes it
-            replace_module(model, name, new)
+            return new if fake else new.to(device)  # moving a bnb parameter to a device is what quantizes it
+
+        replace_each(model, target_modules(model, self.options["modules"]), make)
         if device.type != "cpu":
             for _, param in model.named_parameters():
                 if param.dtype.is_floating_point:

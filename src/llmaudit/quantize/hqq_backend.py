@@ -44,7 +44,6 @@ from .base import (
     integer,
     linear_from_weight,
     replace_each,
-    replace_module,
     require_linear,
     target_modules,
 )
@@ -124,14 +123,13 @@ class HQQQuantizer(Quantizer):
         device = str(self.device)
         dtype = self.compute_dtype
         fake = self.resolved_mode == "fake"
-        for name, linear in target_modules(model, self.options["modules"]):
+
+        def make(name: str, linear: nn.Module) -> nn.Module:
             linear = linear.to(dtype)
             hqq_linear = HQQLinear(linear, quant_config, compute_dtype=dtype, device=device, del_orig=not fake)
-            if fake:
-                new = linear_from_weight(hqq_linear.dequantize(), linear.bias, dtype)
-            else:
-                new = hqq_linear
-            replace_module(model, name, new)
+            return linear_from_weight(hqq_linear.dequantize(), linear.bias, dtype) if fake else hqq_linear
+
+        replace_each(model, target_modules(model, self.options["modules"]), make)
         if self.device.type != "cpu":
             # Modules outside the scope (embeddings, norms, head) follow the compute dtype too.
             for _, param in model.named_parameters():
