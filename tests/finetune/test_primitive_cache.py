@@ -12,6 +12,7 @@ import pytest
 
 import llmaudit.finetune.runs as runs_module
 from llmaudit.common.memory import ONEDNN_CACHE_ENV, TRAINING_PRIMITIVE_CACHE, bounded_primitive_cache
+from tests.conftest import run_cli
 
 CHILD = """
 import sys, torch
@@ -59,16 +60,41 @@ def test_the_variable_is_set_within_and_gone_after(monkeypatch):
     assert os.environ[ONEDNN_CACHE_ENV] == "512"
 
 
-def test_finetune_trains_every_run_within_the_bound(tiny_cfg, monkeypatch):
+def test_finetune_holds_the_bound_from_its_start(tiny_cfg, monkeypatch):
+    """The store's bf16 probe (in prepare_experiment) makes the process's first oneDNN primitives: the bound must
+    already hold then, and for every run."""
     monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
     seen = []
-    train_run = runs_module.train_run
+    for name in ("prepare_experiment", "train_run"):
+        real = getattr(runs_module, name)
 
-    def spy(*args, **kwargs):
-        seen.append(os.environ.get(ONEDNN_CACHE_ENV))
-        return train_run(*args, **kwargs)
+        def spy(*args, _real=real, _name=name, **kwargs):
+            seen.append((_name, os.environ.get(ONEDNN_CACHE_ENV)))
+            return _real(*args, **kwargs)
 
-    monkeypatch.setattr(runs_module, "train_run", spy)
+        monkeypatch.setattr(runs_module, name, spy)
     runs_module.finetune(tiny_cfg, progress=False, echo=lambda *a: None)
-    assert seen == [str(TRAINING_PRIMITIVE_CACHE)] * tiny_cfg.train.runs
+    bound = str(TRAINING_PRIMITIVE_CACHE)
+    assert seen == [("prepare_experiment", bound)] + [("train_run", bound)] * tiny_cfg.train.runs
+    assert ONEDNN_CACHE_ENV not in os.environ
+
+
+@pytest.mark.parametrize("command", ["finetune", "audit"])
+def test_the_commands_hold_the_bound_before_they_read_the_recipe(command, tmp_path, monkeypatch):
+    """`llmaudit finetune` and `audit` bound the cache before anything else (a recipe's model conversion may make
+    primitives), and the variable is gone when the bounded part ends, also on failure (`audit` starts its scoring
+    processes after it, so they keep oneDNN's default)."""
+    import importlib
+
+    module = importlib.import_module(f"llmaudit.commands.{command}")
+    monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append(os.environ.get(ONEDNN_CACHE_ENV))
+        raise SystemExit(3)
+
+    monkeypatch.setattr(module, "config_from_recipe", stop)
+    code, _, _ = run_cli([command, "demo-cpu", "--out", tmp_path / "exp"])
+    assert code == 3 and seen == [str(TRAINING_PRIMITIVE_CACHE)]
     assert ONEDNN_CACHE_ENV not in os.environ

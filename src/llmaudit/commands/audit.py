@@ -17,6 +17,7 @@ from llmaudit.commands.base import (
     finish,
     progress,
 )
+from llmaudit.common.memory import bounded_primitive_cache
 from llmaudit.finetune.runs import finetune as do_finetune
 from llmaudit.jobs.local import score_in_processes
 from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
@@ -35,10 +36,11 @@ def audit(
     """finetune, score and report in order, then print the verdict. `llmaudit audit` alone runs the CPU demo (a
     few minutes)."""
     t0 = time.time()
-    recipe, overrides = split_recipe_args(list(args or []))
-    cfg = config_from_recipe(recipe, overrides, out)
-    show_progress = progress(no_progress)
-    store = do_finetune(cfg, progress=show_progress)
+    with bounded_primitive_cache():  # from the start: any oneDNN work fixes the process's cache size
+        recipe, overrides = split_recipe_args(list(args or []))
+        cfg = config_from_recipe(recipe, overrides, out)
+        show_progress = progress(no_progress)
+        store = do_finetune(cfg, progress=show_progress)
     if cfg.score.processes > 1:
         score_in_processes(cfg, store, echo=typer.echo)
     else:

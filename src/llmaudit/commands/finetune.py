@@ -14,6 +14,7 @@ from llmaudit.commands.base import (
     app,
     progress,
 )
+from llmaudit.common.memory import bounded_primitive_cache
 from llmaudit.finetune.runs import finetune as do_finetune
 from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
 from llmaudit.store.shards import parse_shard
@@ -28,8 +29,9 @@ def finetune(
 ) -> None:
     """LoRA fine-tuning runs, each on a random subset of the sample pool (membership recorded), with adapter
     checkpoints along each trajectory. Rerunning skips finished runs and resumes interrupted ones."""
-    recipe, overrides = split_recipe_args(list(args or []))
-    cfg = config_from_recipe(recipe, overrides, out)
-    store = do_finetune(cfg, shard=parse_shard(shard), progress=progress(no_progress))
+    with bounded_primitive_cache():  # from the start: any oneDNN work fixes the process's cache size
+        recipe, overrides = split_recipe_args(list(args or []))
+        cfg = config_from_recipe(recipe, overrides, out)
+        store = do_finetune(cfg, shard=parse_shard(shard), progress=progress(no_progress))
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate/torchrun only the main process reports
         typer.echo(f"[finetune] done: {store.root}")

@@ -97,18 +97,20 @@ ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 TRAINING_PRIMITIVE_CACHE = 64
 """Primitives oneDNN keeps for reuse in a fine-tuning process (its default: 1024). A CPU's bf16 autocast makes a
 primitive, with its packed weights, for every distinct shape of matrix product, and the padded lengths of the
-training batches vary: on the verdict recipe the process grew by about 170 MiB per run (3.2 GiB at the first run's
-peak, 3.8 at the fourth), all of it in that cache. At 64 the peaks stay at 3.1-3.3 GiB over four runs; at 16 they
-stay at 3.0-3.2 GiB, but runs were about 10% slower (docs/results.md section 5)."""
+training batches vary: on the verdict recipe the process grew by about 170 MiB per run (3.1 GiB at the first run's
+peak, 3.7 at the fourth), all of it in that cache. At 64 the peaks stayed at 3.0-3.2 GiB over four runs, at 46.9 s
+per run against 43.7 (one repetition against two; runs of one configuration vary by 10-20% on that box); at 16,
+2.9-3.1 GiB at 48.9 s (docs/results.md section 5)."""
 
 
 @contextlib.contextmanager
 def bounded_primitive_cache(capacity: int = TRAINING_PRIMITIVE_CACHE) -> Iterator[None]:
     """Within: oneDNN's primitive cache holds at most `capacity` primitives in this process, unless the user set
     ONEDNN_PRIMITIVE_CACHE_CAPACITY (theirs is kept). oneDNN reads the variable once, when the process makes its
-    first primitive, so this bounds a process whose oneDNN work begins within (a fine-tuning process; elsewhere it
-    changes nothing). After: the variable is gone again, so the processes started later (`llmaudit audit`'s
-    scoring processes) keep oneDNN's default."""
+    first primitive, so this bounds a process whose oneDNN work begins within (`llmaudit finetune` and `audit` hold
+    it from their start; elsewhere it changes nothing) for the rest of its life, `audit`'s scoring in its own
+    process included. After: the variable is gone again, so the processes started later (`audit`'s scoring
+    processes) keep oneDNN's default."""
     if ONEDNN_CACHE_ENV in os.environ:
         yield
         return

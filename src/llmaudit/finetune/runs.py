@@ -304,11 +304,19 @@ def finetune(
     echo=print,
 ) -> RunStore:
     """Train every run of this shard that is not done, each claimed with a file lock so that several
-    processes (or SLURM array tasks) on one store never train the same run twice."""
-    accelerator = make_accelerator(pick_device(cfg.train.device)) if launched_processes() > 1 else None
-    if accelerator is not None:
-        return _finetune_data_parallel(cfg, accelerator, out=out, shard=shard, progress=progress, echo=echo)
-    store = RunStore(out or cfg.resolved_output_dir())
+    processes (or SLURM array tasks) on one store never train the same run twice. oneDNN's primitive cache is
+    bounded from the start (`bounded_primitive_cache`: the bf16 probe makes the process's first primitives)."""
+    with bounded_primitive_cache():
+        accelerator = make_accelerator(pick_device(cfg.train.device)) if launched_processes() > 1 else None
+        if accelerator is not None:
+            return _finetune_data_parallel(cfg, accelerator, out=out, shard=shard, progress=progress, echo=echo)
+        return _finetune_here(cfg, RunStore(out or cfg.resolved_output_dir()), shard, progress, echo)
+
+
+def _finetune_here(
+    cfg: ExperimentConfig, store: RunStore, shard: tuple[int, int] | None, progress: bool, echo
+) -> RunStore:
+    """`finetune` in this process alone."""
     manifest = prepare_experiment(cfg, store, echo=echo)
     runs = shard_items(list(range(cfg.train.runs)), shard)
     device = pick_device(cfg.train.device)
@@ -323,19 +331,18 @@ def finetune(
     base = load_base_model(cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device))
     _record_parameters(store, manifest, base, cfg)
     release_memory()  # what loading (or converting) the model left behind, before the first run's activations
-    with bounded_primitive_cache():  # oneDNN's cache of bf16 primitives grew by a run's shapes at every run
-        for run in todo:
-            with claim(store.lock_path("runs", f"run-{run:03d}")) as mine:
-                if not mine or store.run_done(run):
-                    echo(f"[finetune] run {run}: trained by another process; skipped")
-                    continue
-                with running_marker(run_marker_path(store, run)):
-                    res = train_run(cfg, store, run, base, tok, device, progress=progress)
-            release_memory()  # the run's activations and optimizer, before the next run or the scoring processes
-            echo(
-                f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} "
-                f"({res.seconds:.1f}s; this process's peak memory so far {peak_rss_mib() / 1024:.1f} GiB)"
-            )
+    for run in todo:
+        with claim(store.lock_path("runs", f"run-{run:03d}")) as mine:
+            if not mine or store.run_done(run):
+                echo(f"[finetune] run {run}: trained by another process; skipped")
+                continue
+            with running_marker(run_marker_path(store, run)):
+                res = train_run(cfg, store, run, base, tok, device, progress=progress)
+        release_memory()  # the run's activations and optimizer, before the next run or the scoring processes
+        echo(
+            f"[finetune] run {run}: {len(res.steps)} checkpoints, final train loss {res.final_loss:.4f} "
+            f"({res.seconds:.1f}s; this process's peak memory so far {peak_rss_mib() / 1024:.1f} GiB)"
+        )
     del base
     release_memory()
     return store
