@@ -114,7 +114,7 @@ class ScoreInputs:
     def take_base(self) -> Any:
         """The base model for the caller to keep or modify (a checkpoint merges its adapter into it): the one held,
         else loaded again from its files. No process keeps a base beside the checkpoint it scores: merging into a
-        copy held 0.54 GB more for SmolLM2-135M between units, for about a second per checkpoint to load again."""
+        copy held 0.54 GB more for SmolLM2-135M between units; loading it again takes 0.16 s once its files are cached."""
         base, self.base = self.base, None
         if base is None:
             base = load_base_model(self.cfg.model, self.device, dtype=base_dtype(self.device, self.dtype))
