@@ -62,6 +62,19 @@ def sequences_bits(token_losses: Iterable[Iterable[float] | np.ndarray]) -> np.n
     return np.array([sequence_bits(t) for t in token_losses], dtype=np.float64)
 
 
+SEQUENCE_BITS = "sequence_bits"
+"""The column of an analysis' light table (`llmaudit.analyze.store_table`): each row's `sequence_bits`, computed
+from its token losses when its file was read and validated; the table's pool rows carry no token lists."""
+
+
+def rows_bits(rows: pd.DataFrame) -> np.ndarray:
+    """H(x | model) in bits [n] of each row of a loss table: its `SEQUENCE_BITS` where the table carries them (a
+    light table), else `sequences_bits` of its token losses (the same numbers)."""
+    if SEQUENCE_BITS in rows.columns:
+        return rows[SEQUENCE_BITS].to_numpy(dtype=np.float64)
+    return sequences_bits(rows["token_losses"])
+
+
 def mem_u_bits(h_ref: np.ndarray | float, h_target: np.ndarray | float) -> np.ndarray:
     """Unintended memorization mem_U(x) = h_ref - min(h_ref, h_target), in bits.
 
@@ -123,7 +136,7 @@ def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFr
     }
     out = pd.DataFrame(
         {
-            "h_ref_bits": sequences_bits(rows["token_losses"]),
+            "h_ref_bits": rows_bits(rows),
             "ref_n_tokens": rows["n_tokens"].to_numpy(dtype=np.int64),
         },
         index=pd.Index(rows["sample_id"].to_numpy(), name="sample_id"),
@@ -166,7 +179,8 @@ def per_sample_memorization(
     Returns (frame, reference description, notes). The frame has one row per target row with columns
     run, checkpoint, quantizer, sample_id, split, member, n_tokens, h_ref_bits, h_target_bits,
     h_joint_bits (= min of the two), mem_u_bits. "val" rows are non-members by construction."""
-    df = validate_loss_table(df)
+    if SEQUENCE_BITS not in df.columns:  # a light table was validated file by file as it was read
+        df = validate_loss_table(df)
     ref, description = resolve_reference(df, reference)
     # A reference read from a separate table may reuse run numbers; only rows of this table are excluded.
     exclude = None
@@ -183,7 +197,7 @@ def per_sample_memorization(
     columns = ["run", "checkpoint", "quantizer", "sample_id", "split", "member", "n_tokens"]
     out = targets[columns].reset_index(drop=True)
     out["h_ref_bits"] = ref["h_ref_bits"].reindex(out["sample_id"]).to_numpy()
-    out["h_target_bits"] = sequences_bits(targets["token_losses"])
+    out["h_target_bits"] = rows_bits(targets)
     out["h_joint_bits"] = np.minimum(out["h_ref_bits"], out["h_target_bits"])
     out["mem_u_bits"] = mem_u_bits(out["h_ref_bits"].to_numpy(), out["h_target_bits"].to_numpy())
     ref_tokens = ref["ref_n_tokens"].reindex(out["sample_id"]).to_numpy()
@@ -443,6 +457,7 @@ __all__ = [
     "DEFINITION",
     "LN2",
     "MemorizationError",
+    "SEQUENCE_BITS",
     "Reference",
     "capacity_view",
     "final_checkpoint_rows",
@@ -454,6 +469,7 @@ __all__ = [
     "parse_scaling_law",
     "per_sample_memorization",
     "resolve_reference",
+    "rows_bits",
     "sequence_bits",
     "sequences_bits",
 ]

@@ -25,6 +25,7 @@ from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import memorization_from_table
 from llmaudit.analyze.rq_aggregate import indicator_from_table
+from llmaudit.analyze.store_table import StoreTable, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
@@ -34,7 +35,7 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.quantize import full_precision_reference
 from llmaudit.score.utility import recorded_settings
 from llmaudit.store.integrity import verify_store
-from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_loss_table
+from llmaudit.store.losstable import REFERENCE_RUN, LossTableError
 from llmaudit.store.run_store import RunStore, content_digest
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ class AnalysisError(UserError):
 
 def load_store_table(
     store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None, *, echo=print
-) -> tuple[pd.DataFrame, list[str], dict[str, int]]:
-    """The verified loss tables of the quantizers whose every unit is done, the quantizers read, and
+) -> tuple[StoreTable, list[str], dict[str, int]]:
+    """The verified loss tables of the quantizers whose every unit is done (a `StoreTable`: the pool rows' token
+    lists are read quantizer by quantizer by the attacks), the quantizers read, and
     {quantizer: units missing} for those left out. Refuses a store with any problem (`verify_store`):
     an edited manifest, a missing checkpoint, a unit that fails its check, unfinished runs."""
     verdict = verify_store(store, cfg)
@@ -74,13 +76,13 @@ def load_store_table(
         raise AnalysisError(
             f"no quantizer of {store.root} is completely scored yet; `llmaudit score {store.root}` scores them."
         )
-    files = [
-        store.unit_path(u.run, u.step, u.quantizer)
+    units = [
+        (u.run, u.quantizer, store.unit_path(u.run, u.step, u.quantizer))
         for u in sorted(verdict.units)
         if u.quantizer in complete or u.run == REFERENCE_RUN
     ]
     try:
-        table = read_loss_table(store.scores_dir, files=files)
+        table = read_store_table(store.scores_dir, units)
     except LossTableError as exc:
         raise AnalysisError(
             f"{exc} Fix: `llmaudit score {store.root} --deep-verify` moves failed units aside and scores them again."
@@ -89,13 +91,15 @@ def load_store_table(
 
 
 def _attacks(
-    cfg: ExperimentConfig, manifest: dict, table: pd.DataFrame, quantizers: list[str], reference: str, r_q: dict
+    cfg: ExperimentConfig, manifest: dict, store_table: StoreTable, quantizers: list[str], reference: str, r_q: dict
 ) -> dict:
     membership = manifest["membership"]
+    table = store_table.light
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         attacks = run_attacks(
             table,
+            rows_of=store_table.rows_of,
             quantizers=quantizers,
             attacks=cfg.attack.attacks,
             fpc=cfg.attack.fpc,
@@ -264,14 +268,13 @@ def analyze(
 
     quantizers: the quantizers to report (default: every quantizer scored in the store, add-only)."""
     manifest = store.manifest()
-    table, quantizers, not_scored = load_store_table(store, cfg, quantizers, echo=echo)
+    store_table, quantizers, not_scored = load_store_table(store, cfg, quantizers, echo=echo)
     if not_scored:
         echo(
             f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {not_scored}"
         )
     reference = full_precision_reference(quantizers) or quantizers[0]
-    attack_table = table
-    table = _without_matched_base(table, reference)  # "base" everywhere else: the reference unit alone
+    table = _without_matched_base(store_table.light, reference)  # "base" everywhere else: the reference unit alone
     n_boot = max(cfg.attack.n_boot, 200)
     echo("[analyze] r_Q indicator ...")
     indicator = indicator_from_table(
@@ -279,7 +282,7 @@ def analyze(
     )
     r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
     echo("[analyze] attacks ...")
-    attacks = _attacks(cfg, manifest, attack_table, quantizers, reference, r_q_means)
+    attacks = _attacks(cfg, manifest, store_table, quantizers, reference, r_q_means)
     memorization = _memorization(table, manifest, cfg, n_boot, echo)
     echo("[analyze] candidate indicators ...")
     indicators = _indicators(cfg, table, quantizers, reference, n_boot)

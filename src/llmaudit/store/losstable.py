@@ -48,6 +48,7 @@ from __future__ import annotations
 import io
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -432,8 +433,15 @@ def unit_metadata(path: str | os.PathLike) -> dict[bytes, bytes]:
         return {}
 
 
-def read_loss_table(path: str | os.PathLike, *, files: list[Path] | None = None) -> pd.DataFrame:
+def read_loss_table(
+    path: str | os.PathLike,
+    *,
+    files: list[Path] | None = None,
+    each: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+) -> pd.DataFrame:
     """Read one parquet file, or every `*.parquet` below a directory (or the given `files`), and validate.
+    each: applied to every file's validated frame before the frames are joined (the analysis keeps a light copy
+    of each: `llmaudit.analyze.store_table`), so no more than one file's whole frame is held at a time.
     Errors name the file at fault."""
     path = Path(path)
     if files is None:
@@ -445,7 +453,8 @@ def read_loss_table(path: str | os.PathLike, *, files: list[Path] | None = None)
         files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
     if not files:
         raise LossTableError(f"{path}: no *.parquet files found.")
-    frames = [validate_loss_table(read_parquet_file(f), source=str(f)) for f in files]
+    keep = each or (lambda frame: frame)
+    frames = [keep(validate_loss_table(read_parquet_file(f), source=str(f))) for f in files]
     if len(frames) == 1:
         return frames[0]
     df = pd.concat(frames, ignore_index=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 
@@ -35,6 +35,7 @@ from llmaudit.analyze.attacks.registry import (
 from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide, decision_mode
 from llmaudit.analyze.decision.counts import normal_scores
 from llmaudit.analyze.decision.decide import decide_one
+from llmaudit.analyze.memorization import SEQUENCE_BITS
 from llmaudit.analyze.metrics import (
     DEFAULT_FPRS,
     T_CUTOFF,
@@ -334,11 +335,23 @@ _FORKED: tuple | None = None
 """What `attack_quantizers`' worker processes read (inherited by fork, never pickled): the table and the settings."""
 
 
+QuantizerRows = Callable[[str, str | None], pd.DataFrame]
+"""Reads the pool rows, token lists included, that the attacks on a quantizer read (given the quantizer and the base
+model's quantizer): `llmaudit.analyze.store_table.StoreTable.rows_of`."""
+
+
 def _attack_and_decide(
-    df: pd.DataFrame, quantizer: str, s: AttackSettings, base_q: str | None, decision: DecisionSettings | None
+    df: pd.DataFrame,
+    quantizer: str,
+    s: AttackSettings,
+    base_q: str | None,
+    decision: DecisionSettings | None,
+    rows_of: QuantizerRows | None = None,
 ) -> tuple:
-    """`attack_quantizer`, and the quantizer's own release decision (`decide_one`) when `decision` settings are given."""
-    block, definitions, ev = attack_quantizer(df, quantizer, s, base_q, decision)
+    """`attack_quantizer`, and the quantizer's own release decision (`decide_one`) when `decision` settings are given.
+    rows_of: where the quantizer's rows are read from when `df` holds no pool token lists (a light table)."""
+    rows = df if rows_of is None else rows_of(quantizer, base_q)
+    block, definitions, ev = attack_quantizer(rows, quantizer, s, base_q, decision)
     return block, definitions, ev, None if ev is None else decide_one(ev, decision)
 
 
@@ -348,8 +361,7 @@ def _share_the_cores(threads: int) -> None:
 
 
 def _attack_forked(quantizer: str) -> tuple:
-    df, s, base_q, decision = _FORKED
-    return _attack_and_decide(df, quantizer, s, base_q, decision)
+    return _attack_and_decide(_FORKED[0], quantizer, *_FORKED[1:])
 
 
 def attack_quantizers(
@@ -359,16 +371,18 @@ def attack_quantizers(
     base_q: str | None,
     decision: DecisionSettings | None,
     processes: int = 1,
+    rows_of: QuantizerRows | None = None,
 ) -> list[tuple]:
     """(block, definitions, evidence, own decision) of every quantizer, in order (`_attack_and_decide`). With
     processes > 1 (and the fork start method, which shares the table with the workers without copying it), the
     quantizers are spread over that many worker processes: each quantizer's numbers depend on its own rows and the
-    seed only, so they are the same as in one process."""
+    seed only, so they are the same as in one process. With `rows_of`, each quantizer's rows are read by the
+    process that attacks it and let go after: memory holds one quantizer's token lists per process."""
     workers = min(processes, len(quantizers))
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [_attack_and_decide(df, q, s, base_q, decision) for q in quantizers]
+        return [_attack_and_decide(df, q, s, base_q, decision, rows_of) for q in quantizers]
     global _FORKED
-    _FORKED = (df, s, base_q, decision)
+    _FORKED = (df, s, base_q, decision, rows_of)
     try:
         with ProcessPoolExecutor(
             max_workers=workers,
@@ -399,8 +413,14 @@ def _add_vs_reference(per_q: dict, reference: str) -> None:
                 entry["vs_reference"] = {m: entry["headline"][m] - ref_entry["headline"][m] for m in entry["headline"]}
 
 
-def _attacked_quantizers(df: pd.DataFrame, asked: Sequence[str] | None) -> list[str]:
-    """The quantizers asked for (default: every one with pool rows of fine-tuned runs), each checked to have them."""
+def _attacked_quantizers(df: pd.DataFrame, asked: Sequence[str] | None, rows_of: QuantizerRows | None) -> list[str]:
+    """The quantizers asked for (default: every one with pool rows of fine-tuned runs), each checked to have them;
+    a light table (pool rows without their token lists) is refused without the `rows_of` that reads them."""
+    if rows_of is None and SEQUENCE_BITS in df.columns:
+        raise ValueError(
+            "a light table (pool rows without their token lists) was given without rows_of: pass "
+            "rows_of=StoreTable.rows_of so each quantizer's rows are read whole for its attacks."
+        )
     available = sorted(df.loc[(df["split"] == "pool") & (df["run"] != REFERENCE_RUN), "quantizer"].unique())
     quantizers = list(available if asked is None else asked)
     missing = sorted(set(quantizers) - set(available))
@@ -417,6 +437,7 @@ def run_attacks(
     reference_quantizer: str | None = None,
     decision: DecisionSettings | None = None,
     processes: int = 1,
+    rows_of: QuantizerRows | None = None,
     **settings,
 ) -> dict:
     """Run every attack on a validated loss table, each run in turn as the target (leave-one-out).
@@ -430,16 +451,17 @@ def run_attacks(
     one pool: the realised FPR of the calibrated evaluation, reported, falls below alpha) is LiRA's. With
     `decision` settings, the release decision of every quantizer and its paired comparison with the reference
     (`llmaudit.analyze.decision`) are added as "decision". processes: the quantizers are attacked in this many
-    worker processes (`attack_quantizers`; the same numbers). Returns a JSON-ready dict."""
+    worker processes (`attack_quantizers`; the same numbers). rows_of: with a light table (`store_table`: the pool
+    rows without token lists), reads each quantizer's rows whole for its attacks. Returns a JSON-ready dict."""
     s = _settings(settings)
-    quantizers = _attacked_quantizers(df, quantizers)
+    quantizers = _attacked_quantizers(df, quantizers, rows_of)
     reference = _reference_name(quantizers, reference_quantizer)
     base_q = base_quantizer(df, reference)
     per_q: dict = {}
     definitions = s.definitions()
     evidence: dict[str, QuantizerEvidence] = {}
     own: dict[str, tuple] = {}
-    attacked = attack_quantizers(df, quantizers, s, base_q, decision, processes)
+    attacked = attack_quantizers(df, quantizers, s, base_q, decision, processes, rows_of)
     for q, (block, q_definitions, ev, q_own) in zip(quantizers, attacked):
         per_q[q], definitions = block, q_definitions  # every quantizer's definitions, with its own FPC
         if ev is not None:

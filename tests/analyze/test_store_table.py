@@ -1,0 +1,122 @@
+"""The analysis' light table (`llmaudit.analyze.store_table`): the pool rows' token lists are never all in memory at
+once, each quantizer's rows are read by the process that attacks it, and every number is the one the whole table
+gives."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.cost import synthetic_loss_table
+from llmaudit.analyze.decision import DecisionSettings
+from llmaudit.analyze.memorization import SEQUENCE_BITS, memorization_from_table, sequences_bits
+from llmaudit.analyze.store_analysis import load_store_table
+from llmaudit.analyze.store_table import TOKEN_LISTS, read_store_table
+from llmaudit.store.losstable import REFERENCE_RUN, read_loss_table, write_loss_table
+from llmaudit.store.run_store import RunStore
+
+
+def _json(result) -> str:
+    return json.dumps(result, sort_keys=True, default=lambda v: v.tolist() if isinstance(v, np.ndarray) else str(v))
+
+
+@pytest.fixture(scope="module")
+def units(tmp_path_factory):
+    """A synthetic table written as one file per (run, quantizer): (units, the whole table read back)."""
+    root = tmp_path_factory.mktemp("units")
+    table = synthetic_loss_table(4, 60, 3, seed=4)
+    out = []
+    for (run, q), rows in table.groupby(["run", "quantizer"], sort=True):
+        out.append((int(run), str(q), write_loss_table(rows.reset_index(drop=True), root / f"{run}-{q}.parquet")))
+    return out, read_loss_table(root, files=[p for _, _, p in out])
+
+
+def _is_list(value) -> bool:
+    return isinstance(value, np.ndarray)
+
+
+def test_the_light_table_holds_no_pool_token_lists_and_the_same_scalars(units):
+    files, whole = units
+    light = read_store_table(files[0][2].parent, files).light
+    pool = (light["split"] == "pool").to_numpy()
+    assert pool.any() and (~pool).any()
+    for column in TOKEN_LISTS:
+        if column in light.columns:
+            assert not light.loc[pool, column].map(_is_list).any(), column
+            assert light.loc[~pool, column].map(_is_list).all(), column  # validation rows keep theirs
+    scalars = [c for c in whole.columns if c not in TOKEN_LISTS]
+    pd.testing.assert_frame_equal(light[scalars], whole[scalars])
+    np.testing.assert_array_equal(light[SEQUENCE_BITS].to_numpy(), sequences_bits(whole["token_losses"]))
+
+
+def test_rows_of_a_quantizer_are_its_units_and_the_base_model_s_in_the_whole_table_s_order(units):
+    files, whole = units
+    table = read_store_table(files[0][2].parent, files)
+    rows = table.rows_of("q1", "fp32")
+    expected = whole[(whole["quantizer"] == "q1") | ((whole["run"] == REFERENCE_RUN) & (whole["quantizer"] == "fp32"))]
+    pd.testing.assert_frame_equal(rows, expected.reset_index(drop=True))
+    assert set(table.rows_of("fp32", "fp32")["quantizer"]) == {"fp32"}
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_attacks_on_the_light_table_give_the_whole_table_s_numbers(units, processes):
+    if processes > 1 and "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("worker processes need the fork start method")
+    files, whole = units
+    table = read_store_table(files[0][2].parent, files)
+    kw = dict(n_boot=20, seed=3, decision=DecisionSettings(seed=3, resamples=50), reference_quantizer="fp32")
+    expected = run_attacks(whole, **kw)
+    got = run_attacks(table.light, rows_of=table.rows_of, processes=processes, **kw)
+    assert _json(got) == _json(expected)
+    assert "rmia" in got["quantizers"]["q1"]["attacks"]  # the attacks that read validation texts ran too
+
+
+def test_each_quantizer_s_rows_are_read_once_by_its_attack(units):
+    files, whole = units
+    table = read_store_table(files[0][2].parent, files)
+    asked = []
+
+    def rows_of(quantizer, base_q):
+        asked.append((quantizer, base_q))
+        return table.rows_of(quantizer, base_q)
+
+    run_attacks(table.light, rows_of=rows_of, n_boot=0, attacks=["loss", "min_k"])
+    assert asked == [("fp32", "fp32"), ("q1", "fp32"), ("q2", "fp32")]
+
+
+def test_attacks_on_a_light_table_without_its_rows_are_refused(units):
+    """Without `rows_of`, the attacks on a light table would find no token lists and skip every attack that reads
+    them as if the table had none: refused instead."""
+    files, _ = units
+    light = read_store_table(files[0][2].parent, files).light
+    with pytest.raises(ValueError, match="light table .* rows_of"):
+        run_attacks(light, n_boot=0, attacks=["min_k"])
+
+
+def test_memorization_of_the_light_table_is_the_whole_table_s(units):
+    files, whole = units
+    light = read_store_table(files[0][2].parent, files).light
+
+    def without_matched_base(t):
+        return t[(t["run"] != REFERENCE_RUN) | (t["quantizer"] == "fp32")]
+
+    expected = memorization_from_table(without_matched_base(whole), n_boot=50, seed=2)
+    assert _json(memorization_from_table(without_matched_base(light), n_boot=50, seed=2)) == _json(expected)
+
+
+def test_a_real_store_s_units_read_light_and_quantizer_by_quantizer(audited_tiny_store):
+    store = RunStore(audited_tiny_store)
+    table, quantizers, _ = load_store_table(store, store.config(), echo=lambda *a: None)
+    whole = read_loss_table(store.scores_dir, files=[p for _, _, p in table.units])
+    assert len(table.light) == len(whole)
+    assert not table.light.loc[table.light["split"] == "pool", "token_losses"].map(_is_list).any()
+    for q in quantizers:
+        rows = table.rows_of(q, quantizers[0])
+        assert rows["token_losses"].map(_is_list).all()
+        assert set(rows["quantizer"]) <= {q, quantizers[0]}
+        assert (rows["quantizer"] == q).sum() == (whole["quantizer"] == q).sum()
