@@ -31,18 +31,18 @@ from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.memorization import memorization_from_table
-from llmaudit.analyze.store_table import read_store_table
+from llmaudit.analyze.store_table import Unit, read_store_table
 from llmaudit.store.losstable import REFERENCE_RUN, read_loss_table, write_loss_table
 
 
-def write_units(root: Path, runs: int, records: int, quantizers: int) -> list[tuple[int, str, Path]]:
-    """The synthetic table written as one file per (run, quantizer); the units (run, quantizer, file), sorted."""
+def write_units(root: Path, runs: int, records: int, quantizers: int) -> list[Unit]:
+    """The synthetic table written as one file per (run, quantizer) (one checkpoint each); the units, sorted."""
     table = synthetic_loss_table(runs, records, quantizers, seed=5)
     units = []
-    for (run, q), rows in table.groupby(["run", "quantizer"], sort=True):
+    for (run, step, q), rows in table.groupby(["run", "checkpoint", "quantizer"], sort=True):
         name = "base" if run == REFERENCE_RUN else f"run-{int(run):03d}"
         path = write_loss_table(rows.reset_index(drop=True), root / name / f"{q}.parquet")
-        units.append((int(run), str(q), path))
+        units.append(Unit(int(run), int(step), str(q), path))
     return units
 
 
@@ -57,10 +57,10 @@ def _peak_mib() -> float:
 def child(mode: str, units_file: Path, resamples: int) -> dict:
     """One path in this process: the peak memory of its imports, then of the analysis; seconds; results' digest."""
     imports = _peak_mib()
-    units = [(run, q, Path(p)) for run, q, p in json.loads(units_file.read_text())]
+    units = [Unit(run, step, q, Path(p)) for run, step, q, p in json.loads(units_file.read_text())]
     start = time.perf_counter()
     if mode == "whole":
-        table, rows_of = read_loss_table(units_file.parent, files=[p for _, _, p in units]), None
+        table, rows_of = read_loss_table(units_file.parent, files=[u.path for u in units]), None
     else:
         store_table = read_store_table(units_file.parent, units)
         table, rows_of = store_table.light, store_table.rows_of
@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         units = write_units(root, args.runs, args.records, args.quantizers)
-        size = sum(p.stat().st_size for _, _, p in units) / 2**20
+        size = sum(u.path.stat().st_size for u in units) / 2**20
         units_file = root / "units.json"
-        units_file.write_text(json.dumps([[run, q, str(p)] for run, q, p in units]))
+        units_file.write_text(json.dumps([[u.run, u.step, u.quantizer, str(u.path)] for u in units]))
         print(
             f"{args.runs} runs x {args.records} pool records x {args.quantizers} quantizers: "
             f"{len(units)} unit files, {size:.1f} MiB of parquet"

@@ -407,3 +407,20 @@ def test_bench_report_processes_times_both_with_the_same_numbers(capsys):
     out = capsys.readouterr().out
     assert re.search(r"1 process: [\d.]+ s; 2 processes: [\d.]+ s; ratio [\d.]+x", out)
     assert "same numbers: True" in out
+
+
+def test_bench_analysis_memory_quick_measures_both_paths_with_the_same_results():
+    """benchmarks/bench_analysis_memory.py --quick: both paths run in fresh interpreters, each peak and the ratio
+    printed, and the two results' digests equal (the script exits non-zero when they differ)."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("bench_analysis_memory.py")), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    digests = [line.split("results ")[1] for line in lines if line.strip().startswith(("whole:", "light:"))]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert "same results: True" in lines[-1] and "peak above the imports" in lines[-1]

@@ -12,11 +12,16 @@ import pandas as pd
 import pytest
 
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.candidates_table import candidates_from_table
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
+from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import SEQUENCE_BITS, memorization_from_table, sequences_bits
+from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.analyze.store_analysis import load_store_table
-from llmaudit.analyze.store_table import TOKEN_LISTS, read_store_table
+from llmaudit.analyze.store_table import TOKEN_LISTS, Unit, read_store_table
+from llmaudit.analyze.taskmetrics import task_metrics_from_table
+from llmaudit.analyze.utility import trajectory_from_table, utility_from_table
 from llmaudit.store.losstable import REFERENCE_RUN, read_loss_table, write_loss_table
 from llmaudit.store.run_store import RunStore
 
@@ -27,28 +32,36 @@ def _json(result) -> str:
 
 @pytest.fixture(scope="module")
 def units(tmp_path_factory):
-    """A synthetic table written as one file per (run, quantizer): (units, the whole table read back)."""
+    """A synthetic table with a trajectory (each run's validation rows also at an earlier checkpoint), written as
+    one file per unit (run, checkpoint, quantizer): (units, the whole table read back)."""
     root = tmp_path_factory.mktemp("units")
     table = synthetic_loss_table(4, 60, 3, seed=4)
+    early = table[(table["split"] == "val") & (table["run"] != REFERENCE_RUN)].copy()
+    early["checkpoint"] = 5
+    early["token_losses"] = [(t * 1.5).astype(np.float32) for t in early["token_losses"]]
+    early["loss"] = [float(t.mean()) for t in early["token_losses"]]
+    table = pd.concat([early, table], ignore_index=True)
     out = []
-    for (run, q), rows in table.groupby(["run", "quantizer"], sort=True):
-        out.append((int(run), str(q), write_loss_table(rows.reset_index(drop=True), root / f"{run}-{q}.parquet")))
-    return out, read_loss_table(root, files=[p for _, _, p in out])
+    for (run, step, q), rows in table.groupby(["run", "checkpoint", "quantizer"], sort=True):
+        path = write_loss_table(rows.reset_index(drop=True), root / f"{run}-{step}-{q}.parquet")
+        out.append(Unit(int(run), int(step), str(q), path))
+    return out, read_loss_table(root, files=[u.path for u in out])
 
 
 def _is_list(value) -> bool:
     return isinstance(value, np.ndarray)
 
 
-def test_the_light_table_holds_no_pool_token_lists_and_the_same_scalars(units):
+def test_the_light_table_keeps_token_lists_on_final_validation_rows_only_and_the_same_scalars(units):
     files, whole = units
-    light = read_store_table(files[0][2].parent, files).light
-    pool = (light["split"] == "pool").to_numpy()
-    assert pool.any() and (~pool).any()
+    light = read_store_table(files[0].path.parent, files).light
+    final = light.groupby(["run", "quantizer"])["checkpoint"].transform("max")
+    kept = ((light["split"] == "val") & (light["checkpoint"] == final)).to_numpy()
+    assert kept.any() and (light.loc[~kept, "split"] == "val").any() and (light.loc[~kept, "split"] == "pool").any()
     for column in TOKEN_LISTS:
         if column in light.columns:
-            assert not light.loc[pool, column].map(_is_list).any(), column
-            assert light.loc[~pool, column].map(_is_list).all(), column  # validation rows keep theirs
+            assert not light.loc[~kept, column].map(_is_list).any(), column
+            assert light.loc[kept, column].map(_is_list).all(), column
     scalars = [c for c in whole.columns if c not in TOKEN_LISTS]
     pd.testing.assert_frame_equal(light[scalars], whole[scalars])
     np.testing.assert_array_equal(light[SEQUENCE_BITS].to_numpy(), sequences_bits(whole["token_losses"]))
@@ -56,7 +69,7 @@ def test_the_light_table_holds_no_pool_token_lists_and_the_same_scalars(units):
 
 def test_rows_of_a_quantizer_are_its_units_and_the_base_model_s_in_the_whole_table_s_order(units):
     files, whole = units
-    table = read_store_table(files[0][2].parent, files)
+    table = read_store_table(files[0].path.parent, files)
     rows = table.rows_of("q1", "fp32")
     expected = whole[(whole["quantizer"] == "q1") | ((whole["run"] == REFERENCE_RUN) & (whole["quantizer"] == "fp32"))]
     pd.testing.assert_frame_equal(rows, expected.reset_index(drop=True))
@@ -68,7 +81,7 @@ def test_attacks_on_the_light_table_give_the_whole_table_s_numbers(units, proces
     if processes > 1 and "fork" not in multiprocessing.get_all_start_methods():
         pytest.skip("worker processes need the fork start method")
     files, whole = units
-    table = read_store_table(files[0][2].parent, files)
+    table = read_store_table(files[0].path.parent, files)
     kw = dict(n_boot=20, seed=3, decision=DecisionSettings(seed=3, resamples=50), reference_quantizer="fp32")
     expected = run_attacks(whole, **kw)
     got = run_attacks(table.light, rows_of=table.rows_of, processes=processes, **kw)
@@ -78,7 +91,7 @@ def test_attacks_on_the_light_table_give_the_whole_table_s_numbers(units, proces
 
 def test_each_quantizer_s_rows_are_read_once_by_its_attack(units):
     files, whole = units
-    table = read_store_table(files[0][2].parent, files)
+    table = read_store_table(files[0].path.parent, files)
     asked = []
 
     def rows_of(quantizer, base_q):
@@ -93,14 +106,14 @@ def test_attacks_on_a_light_table_without_its_rows_are_refused(units):
     """Without `rows_of`, the attacks on a light table would find no token lists and skip every attack that reads
     them as if the table had none: refused instead."""
     files, _ = units
-    light = read_store_table(files[0][2].parent, files).light
+    light = read_store_table(files[0].path.parent, files).light
     with pytest.raises(ValueError, match="light table .* rows_of"):
         run_attacks(light, n_boot=0, attacks=["min_k"])
 
 
 def test_memorization_of_the_light_table_is_the_whole_table_s(units):
     files, whole = units
-    light = read_store_table(files[0][2].parent, files).light
+    light = read_store_table(files[0].path.parent, files).light
 
     def without_matched_base(t):
         return t[(t["run"] != REFERENCE_RUN) | (t["quantizer"] == "fp32")]
@@ -109,14 +122,26 @@ def test_memorization_of_the_light_table_is_the_whole_table_s(units):
     assert _json(memorization_from_table(without_matched_base(light), n_boot=50, seed=2)) == _json(expected)
 
 
-def test_a_real_store_s_units_read_light_and_quantizer_by_quantizer(audited_tiny_store):
+def test_a_real_store_s_analysis_reads_the_whole_table_s_numbers_from_the_light_one(audited_tiny_store):
+    """Every consumer of the light table in `analyze` on a real store (trajectories, divergence, generated texts)
+    against the same consumer on the whole table."""
     store = RunStore(audited_tiny_store)
     table, quantizers, _ = load_store_table(store, store.config(), echo=lambda *a: None)
-    whole = read_loss_table(store.scores_dir, files=[p for _, _, p in table.units])
-    assert len(table.light) == len(whole)
-    assert not table.light.loc[table.light["split"] == "pool", "token_losses"].map(_is_list).any()
+    whole = read_loss_table(store.scores_dir, files=[u.path for u in table.units])
+    light, reference = table.light, quantizers[0]
+    assert len(light) == len(whole) and not light.loc[light["split"] == "pool", "token_losses"].map(_is_list).any()
+    assert "token_kl" in whole.columns  # the divergence reads the final validation rows' lists
+    val = store.read_records("val")
+    for compute in (
+        lambda t: indicator_from_table(t, split="val", n_boot=50, seed=1),
+        lambda t: candidates_from_table(t, reference_quantizer=reference, quantizers=quantizers, n_boot=50, seed=1),
+        lambda t: divergence_from_table(t, quantizers, reference, n_boot=50, seed=1),
+        lambda t: task_metrics_from_table(t, val, quantizers, reference, n_boot=50, seed=1),
+        lambda t: utility_from_table(t, quantizers, reference, n_boot=50, seed=1),
+        trajectory_from_table,
+    ):
+        assert _json(compute(light)) == _json(compute(whole))
     for q in quantizers:
-        rows = table.rows_of(q, quantizers[0])
+        rows = table.rows_of(q, reference)
         assert rows["token_losses"].map(_is_list).all()
-        assert set(rows["quantizer"]) <= {q, quantizers[0]}
         assert (rows["quantizer"] == q).sum() == (whole["quantizer"] == q).sum()

@@ -25,7 +25,7 @@ from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import memorization_from_table
 from llmaudit.analyze.rq_aggregate import indicator_from_table
-from llmaudit.analyze.store_table import StoreTable, read_store_table
+from llmaudit.analyze.store_table import StoreTable, Unit, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
@@ -50,8 +50,8 @@ class AnalysisError(UserError):
 def load_store_table(
     store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None, *, echo=print
 ) -> tuple[StoreTable, list[str], dict[str, int]]:
-    """The verified loss tables of the quantizers whose every unit is done (a `StoreTable`: the pool rows' token
-    lists are read quantizer by quantizer by the attacks), the quantizers read, and
+    """The verified loss tables of the quantizers whose every unit is done (a `StoreTable`: the attacks read the
+    token lists quantizer by quantizer), the quantizers read, and
     {quantizer: units missing} for those left out. Refuses a store with any problem (`verify_store`):
     an edited manifest, a missing checkpoint, a unit that fails its check, unfinished runs."""
     verdict = verify_store(store, cfg)
@@ -77,7 +77,7 @@ def load_store_table(
             f"no quantizer of {store.root} is completely scored yet; `llmaudit score {store.root}` scores them."
         )
     units = [
-        (u.run, u.quantizer, store.unit_path(u.run, u.step, u.quantizer))
+        Unit(u.run, u.step, u.quantizer, store.unit_path(u.run, u.step, u.quantizer))
         for u in sorted(verdict.units)
         if u.quantizer in complete or u.run == REFERENCE_RUN
     ]

@@ -1,11 +1,14 @@
-"""A store's loss tables as the analysis reads them: memory bounded by one quantizer's token lists.
+"""A store's loss tables as the analysis reads them: the token lists of one quantizer's units at a time.
 
-The pool rows' token lists (every pooled sample under every run and quantizer: the bulk of a store) are read by the
-attacks alone. The analysis therefore holds a *light table*: every row of every unit, each file read and validated as
-`read_loss_table` does, where a pool row keeps its scalars (loss, member, n_tokens, zlib_bytes), gains its sequence's
-bits (`SEQUENCE_BITS`, what memorization reads) and drops its token lists; validation rows keep theirs (utility,
-divergence and task metrics read them). The attacks on one quantizer read that quantizer's units whole again
-(`StoreTable.rows_of`), in the process that attacks it, and let them go when they are done.
+The token lists are the bulk of a store: every pooled sample under every run and quantizer at the final checkpoint,
+and every validation sample at every checkpoint of every run's trajectory (on the paper's grid 4.8 million rows of
+each). The analysis reads them in two places only: the attacks (the pool rows and the target's validation texts
+of one quantizer) and the divergence from full precision (the validation rows of each run's final unit). It
+therefore holds a *light table*: every row of every unit, each file read and validated as `read_loss_table` does,
+each row with its scalars (loss, member, n_tokens, zlib_bytes, generated text) and its sequence's bits
+(`SEQUENCE_BITS`, what memorization reads); only the validation rows of a run's final unit keep their token lists.
+The attacks on one quantizer read that quantizer's units whole again (`StoreTable.rows_of`), in the process that
+attacks it, and let them go when they are done.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -25,25 +29,45 @@ TOKEN_LISTS = tuple(
 """The loss table's per-token columns (one list per row)."""
 
 
-def light_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """One validated file's frame as the light table keeps it: every row with its `SEQUENCE_BITS`, the pool rows
-    without their token lists (None), the rows in their order."""
+@dataclass(frozen=True)
+class Unit:
+    """One scoring unit of a store and its file."""
+
+    run: int
+    step: int
+    quantizer: str
+    path: Path
+
+
+def final_steps(units: list[Unit]) -> dict[tuple[int, str], int]:
+    """{(run, quantizer): the step of its last unit}: the run's final checkpoint under that quantizer."""
+    finals: dict[tuple[int, str], int] = {}
+    for u in units:
+        finals[(u.run, u.quantizer)] = max(u.step, finals.get((u.run, u.quantizer), u.step))
+    return finals
+
+
+def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.DataFrame:
+    """One validated file's frame as the light table keeps it: every row with its `SEQUENCE_BITS`, the token lists
+    kept only on validation rows at their run's final step (`finals`, by run and quantizer; None elsewhere), the
+    rows in their order."""
     frame[SEQUENCE_BITS] = sequences_bits(frame["token_losses"])
-    pool = frame["split"].to_numpy() == "pool"
-    if pool.any():
+    final = np.array([finals.get((int(r), str(q)), -1) for r, q in zip(frame["run"], frame["quantizer"])])
+    keep = (frame["split"].to_numpy() == "val") & (frame["checkpoint"].to_numpy() == final)
+    if not keep.all():
         for column in TOKEN_LISTS:
             if column in frame.columns:
-                frame[column] = frame[column].where(~pool, None)
+                frame[column] = frame[column].where(keep, None)
     return frame
 
 
 @dataclass(frozen=True)
 class StoreTable:
-    """The light table of a store's units and, per unit, its run, quantizer and file (in reading order); `source`
-    (the store's scores directory) is what errors about the units together name."""
+    """The light table of a store's units, the units (in reading order) and `source` (the store's scores
+    directory, what errors about the units together name)."""
 
     light: pd.DataFrame
-    units: tuple[tuple[int, str, Path], ...]
+    units: tuple[Unit, ...]
     source: Path
 
     def rows_of(self, quantizer: str, base_quantizer: str | None) -> pd.DataFrame:
@@ -51,13 +75,16 @@ class StoreTable:
         fine-tuned runs' pool and validation rows, its quantization-matched base model's) and the base model's under
         `base_quantizer`, in the order of the whole table, so the attacks compute the same numbers."""
         files = [
-            path for run, q, path in self.units if q == quantizer or (run == REFERENCE_RUN and q == base_quantizer)
+            u.path
+            for u in self.units
+            if u.quantizer == quantizer or (u.run == REFERENCE_RUN and u.quantizer == base_quantizer)
         ]
         return read_loss_table(self.source, files=files)
 
 
-def read_store_table(source: Path, units: list[tuple[int, str, Path]]) -> StoreTable:
-    """The `StoreTable` of these units (run, quantizer, file), read in this order. LossTableError naming the file
-    at fault, as `read_loss_table`."""
-    light = read_loss_table(source, files=[path for _, _, path in units], each=light_frame)
+def read_store_table(source: Path, units: list[Unit]) -> StoreTable:
+    """The `StoreTable` of these units, read in this order. LossTableError naming the file at fault, as
+    `read_loss_table`."""
+    finals = final_steps(units)
+    light = read_loss_table(source, files=[u.path for u in units], each=lambda frame: light_frame(frame, finals))
     return StoreTable(light, tuple(units), Path(source))
