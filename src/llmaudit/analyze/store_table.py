@@ -52,7 +52,9 @@ def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.D
     kept only on validation rows at their run's final step (`finals`, by run and quantizer; None elsewhere), the
     rows in their order."""
     frame[SEQUENCE_BITS] = sequences_bits(frame["token_losses"])
-    final = np.array([finals.get((int(r), str(q)), -1) for r, q in zip(frame["run"], frame["quantizer"])])
+    final = np.full(len(frame), -1, dtype=np.int64)  # per unit of the file (one in a store), not per row
+    for (run, quantizer), rows in frame.groupby(["run", "quantizer"], sort=False).indices.items():
+        final[rows] = finals.get((int(run), str(quantizer)), -1)
     keep = (frame["split"].to_numpy() == "val") & (frame["checkpoint"].to_numpy() == final)
     if not keep.all():
         for column in TOKEN_LISTS:
