@@ -422,9 +422,9 @@ class ReportConfig(Section):
         1000, ge=100, le=100_000, why="bounds from the bootstrap's variance settle within a few thousand resamples"
     )
     """Bootstrap resamples of samples behind every bound of the release decision and the paired comparisons."""
-    release_sets: Annotated[list[list[str]], AfterValidator(check_set_shapes)] = Field(
-        default_factory=list, max_length=MAX_SETS
-    )
+    release_sets: Annotated[
+        list[Annotated[list[str], Field(max_length=MAX_QUANTIZERS)]], AfterValidator(check_set_shapes)
+    ] = Field(default_factory=list, max_length=MAX_SETS)
     """Files published together, each set judged as one release and compared with its best single file, e.g.
     [[bf16, gguf-q4_k_m], [gguf-q8_0, gguf-q6_k, gguf-q4_k_m]] (docs/science.md section 14). Every name must be
     among score.quantizers."""
