@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import special, stats
 
 from llmaudit.analyze.attacks.lira import leave_one_out, lira_offline, out_reference_counts
 from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence
@@ -18,6 +19,7 @@ from llmaudit.analyze.release_sets import (
     decide_release_set,
     joint_weights,
     release_set_evidence,
+    sidak_log_tail,
 )
 from llmaudit.config import RecipeError, load_recipe
 from llmaudit.data.pool import membership_masks
@@ -77,8 +79,25 @@ def test_the_joint_weights_favour_the_less_noisy_file_and_the_combinations_are_s
     assert w[0] > w[1] >= 0 and w.sum() == pytest.approx(1.0)
     for name in ("mean", "joint"):
         assert np.nanstd(combined[name][~keep]) == pytest.approx(1.0, abs=0.05)
+    scored = np.isfinite(z).all(axis=0)
+    assert np.isfinite(combined["max"][scored]).all()  # a finite score wherever every file scored the record
+    assert (combined["max"][~keep] > 2.326).mean() <= 0.012  # the Sidak tail keeps the 1% threshold
+    three = _files(0.0, [1.0, 1.0, 1.0], M=10, N=800)
+    z3 = np.stack([three[f].scores["loss"] for f in three]).astype(np.float64)
+    top = combined_scores(z3, keep)[0]["max"]
+    assert 0.005 <= (top[~keep] > 2.326).mean() <= 0.012  # close to 1% for (nearly) independent files
     same = joint_weights(np.array([[1.0, 0.999999], [0.999999, 1.0]]))  # bf16 and Q8_0: nearly one file
     assert (same >= 0).all() and same.sum() == pytest.approx(1.0)
+
+
+def test_the_sidak_tail_is_the_tail_of_the_largest_of_k_independent_normals_far_out_too():
+    t = np.array([-40.0, -1.0, 0.0, 2.326, 5.0, 12.0, 40.0])
+    exact = np.log(-np.expm1(3 * stats.norm.logcdf(t[1:5])))  # log(1 - Phi(t)^3), without cancellation
+    assert sidak_log_tail(t, 3)[1:5] == pytest.approx(exact, rel=1e-9)
+    assert sidak_log_tail(t, 3)[5:] == pytest.approx(np.log(3) + stats.norm.logsf(t[5:]), rel=1e-12)
+    assert np.isfinite(sidak_log_tail(t, 3)).all() and (sidak_log_tail(t, 3) < 0).all()
+    scores = -special.ndtri_exp(sidak_log_tail(t, 1))
+    assert scores[1:6] == pytest.approx(t[1:6], abs=1e-9)  # one file: its own normal score
 
 
 def test_a_set_keeps_every_files_own_attacks_and_works_with_one_run():

@@ -13,13 +13,13 @@ scale under that model, so the decision's analytic threshold keeps its meaning:
                   whose files are observations N(mu 1, S) of one model, a member shifting every file alike (the
                   generalised least-squares mean, weights kept non-negative so that two nearly identical files,
                   bf16 and Q8_0, are not played off against each other);
-- max:<attack>    the strongest file for this record: the normal score of the Bonferroni tail bound
-                  min(1, sum_f P[N(0, 1) > z_f / s_f]) (s_f^2 = S_ff), never below the true tail of the maximum,
-                  so the analytic threshold is conservative for it (tight for independent files).
+- max:<attack>    the strongest file for this record, t = max_f z_f / s_f (s_f^2 = S_ff), as the normal score of
+                  its Sidak tail 1 - Phi(t)^k: exact for independent files and never below the true tail of the
+                  maximum for positively correlated ones (Slepian's inequality; the files of one model are), so
+                  the analytic threshold is conservative for it.
 Calibrating a combination of calibrated scores once more per sample was tried and discarded: the second Student-t
-correction took a single file's TPR at 1% FPR from 0.041 to chance (0.014) in the simulation of
-tests/analyze/test_release_sets.py. Beside the combinations the set keeps every file's own attacks
-(`<file>:<attack>`): an attacker holding the set may use any one file alone.
+correction cost most of a single file's power in simulation (docs/science.md section 14). Beside the combinations
+the set keeps every file's own attacks (`<file>:<attack>`): an attacker holding the set may use any one file alone.
 
 The set is judged by the release rule itself (`llmaudit.analyze.decision.decide.decide_one`: the strongest attack
 chosen by cross-fitting, FAIL / PASS / INCONCLUSIVE; the empirical threshold of the pooled non-members still
@@ -52,7 +52,8 @@ COMBINATIONS = {
     "on the non-member rows)",
     "joint": "w'z / sqrt(w'Sw), w >= 0 summing to 1 of least variance: the Gaussian likelihood ratio of a shift "
     "common to every file",
-    "max": "the strongest file for the record, as the normal score of the Bonferroni bound on its tail",
+    "max": "the strongest file for the record, as the normal score of the Sidak tail of the maximum (exact for "
+    "independent files, conservative for positively correlated ones)",
 }
 
 
@@ -117,15 +118,24 @@ def _norm_of(cov: np.ndarray, w: np.ndarray) -> float:
     return float(np.sqrt(max(float(w @ cov @ w), 1e-300)))
 
 
+def sidak_log_tail(t: np.ndarray, k: int) -> np.ndarray:
+    """log(1 - Phi(t)^k), the tail of the largest of k independent standard normals, for every t: in logs of the
+    normal tail where it is tiny (log k + log P[N(0, 1) > t] within 1e-13 there, no underflow far out), and at
+    most log(1 - 1e-16) (a finite floor where every file lies far below 0)."""
+    log_sf = stats.norm.logsf(t)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        exact = np.log(-np.expm1(k * np.log1p(-np.exp(log_sf))))
+    return np.minimum(np.where(log_sf < -30, np.log(k) + log_sf, exact), -1e-16)
+
+
 def combined_scores(z: np.ndarray, keep: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """({combination: [M, N] on the normal scale}, the joint weights [k]) of one attack's per-file scores z [k, M, N]
     and membership keep [M, N] (module docstring); NaN where a file did not score the cell."""
     cov = file_covariance(z, ~keep)
     ones, w = np.ones(z.shape[0]), joint_weights(cov)
     sd = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
-    with np.errstate(invalid="ignore"):
-        log_tail = special.logsumexp(stats.norm.logsf(z / sd[:, None, None]), axis=0)
-        strongest = -special.ndtri_exp(np.minimum(log_tail, 0.0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        strongest = -special.ndtri_exp(sidak_log_tail(np.max(z / sd[:, None, None], axis=0), z.shape[0]))
     combined = {
         "mean": np.tensordot(ones, z, axes=1) / _norm_of(cov, ones),
         "joint": np.tensordot(w, z, axes=1) / _norm_of(cov, w),
