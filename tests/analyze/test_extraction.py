@@ -170,7 +170,7 @@ def test_a_quantizer_that_erases_memorization_reads_less_and_one_that_restores_i
     change = {q: {c.measure: c for c in result.per_quantizer[q].comparison} for q in ("q2", "q8")}
     assert change["q2"]["greedy"].direction == "LESS" and change["q8"]["greedy"].direction == "MORE"
     assert change["q2"]["greedy"].nonmembers.value == 0  # only members' extraction changed
-    assert "less than bf16's" in change["q2"]["greedy"].sentence
+    assert change["q2"]["greedy"].sentence.startswith("q2 gives back less of what was memorized than bf16 (greedy")
 
 
 def test_the_rates_intervals_cover_the_truth():
@@ -201,6 +201,15 @@ def test_one_run_resamples_members_and_non_members_apart_and_a_table_without_fla
     w = weights[:, None, :] * np.ones_like(keep)[None]
     hit = (losses < 4.975)[None]
     assert by_hand[:, 0] == pytest.approx((w * hit * keep).sum((1, 2)) / (w * keep).sum((1, 2)))
+
+
+def test_a_light_table_without_the_greedy_column_is_refused_rather_than_read_as_unmeasured():
+    keep, greedy, losses = _world(4, M=2, N=20)
+    light = _table(greedy, losses, keep, "q").assign(sequence_bits=9.0 / np.log(2), token_top1=None)
+    with pytest.raises(ValueError, match="light table"):
+        extraction_matrices(light, "q")
+    flagged = extraction_matrices(light.assign(greedy_extracted=1.0), "q")
+    assert (flagged.greedy == 1.0).all() and flagged.log_p_exact == pytest.approx(np.full(keep.shape, -9.0))
 
 
 def test_greedy_check_of_a_table_reads_the_final_checkpoints_generated_answers():

@@ -27,7 +27,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from llmaudit.analyze.attacks.matrices import pivot, target_matrices
-from llmaudit.analyze.memorization import LN2, rows_bits
+from llmaudit.analyze.memorization import LN2, SEQUENCE_BITS, rows_bits
 from llmaudit.store.losstable import REFERENCE_RUN
 
 GREEDY = "greedy_extracted"
@@ -77,6 +77,12 @@ def rows_greedy(rows: pd.DataFrame) -> np.ndarray:
     `token_top1` list (NaN for every row of a table without the column, as loss tables of version 1)."""
     if GREEDY in rows.columns:
         return rows[GREEDY].to_numpy(dtype=np.float64)
+    if SEQUENCE_BITS in rows.columns and "token_top1" in rows.columns:
+        raise ValueError(
+            f"a light table (pool rows without their token lists) has no {GREEDY!r} column: greedy extraction would "
+            "read as unmeasured; compute the column where the table is read (store_table.light_frame) or pass the "
+            "quantizer's whole rows (StoreTable.rows_of)"
+        )
     if "token_top1" not in rows.columns:
         return np.full(len(rows), np.nan)
     return np.array([greedy_extracted(t) for t in rows["token_top1"]], dtype=np.float64)

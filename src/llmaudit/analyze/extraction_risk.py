@@ -151,23 +151,25 @@ def direction_of(d: Estimate, margin: float) -> Direction:
     return "SAME" if -margin < d.low and d.high < margin else "CANNOT TELL"
 
 
+def _change_sentence(measure: str, quantizer: str, reference: str, d: Estimate, direction: str, margin: float) -> str:
+    if direction == "NOT MEASURED":
+        return f"{quantizer}'s {measure} extraction cannot be compared with {reference}'s: no estimate on both"
+    span = f"members - non-members {d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}] against {reference}"
+    return {
+        "MORE": f"{quantizer} gives back more of what was memorized than {reference} ({measure} extraction; {span})",
+        "LESS": f"{quantizer} gives back less of what was memorized than {reference} ({measure} extraction; {span})",
+        "SAME": f"{quantizer} gives back the same as {reference} within +-{margin:g} ({measure} extraction; {span})",
+        "CANNOT TELL": f"the data cannot tell whether {quantizer} gives back more or less of what was memorized "
+        f"than {reference} ({measure} extraction; {span})",
+    }[direction]
+
+
 def change_of(measure: Measure, quantizer: str, reference: str, q: np.ndarray, ref: np.ndarray, s: DecisionSettings):
     """`ExtractionChange` of two quantizers' `resampled_rates` made with the same multiplicities."""
     method = "paired percentile bootstrap (the same records and resamples)"
     parts = [_difference(q[:, j] - ref[:, j], s.alpha, 1 - s.alpha, method) for j in range(3)]
     direction = direction_of(parts[2], s.margin)
-    d = parts[2]
-    span = "not measured" if d.value is None else f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
-    words = {
-        "MORE": "more",
-        "LESS": "less",
-        "SAME": "the same (within the margin)",
-        "CANNOT TELL": "an amount the data cannot tell from",
-    }
-    sentence = (
-        f"{quantizer}'s memorized {measure} extraction (members - non-members) is {words.get(direction, 'not')} "
-        f"{'measured against' if direction == 'NOT MEASURED' else 'than'} {reference}'s: {span}"
-    )
+    sentence = _change_sentence(measure, quantizer, reference, parts[2], direction, s.margin)
     return ExtractionChange(
         measure=measure,
         reference=reference,
