@@ -3,11 +3,14 @@ judged as one release (docs/science.md section 14).
 
 An attacker who holds every file of a set holds several observations of the same fine-tuned model, each through
 its own quantization. For each attack of the suite the set gets three combined scores of a record, built from the
-per-file scores z_1..z_k the release decision reads (`QuantizerEvidence.scores`: per-sample calibrated scores on
-the normal scale with several runs; with one run, raw scores first standardised over each target's records, which
-reads no membership). Under non-membership the files' scores are modelled as N(0, S), S their covariance estimated
-from the non-member rows (the identity without enough of them), and each combination is put back on the normal
-scale under that model, so the decision's analytic threshold keeps its meaning:
+per-file scores z_1..z_k the release decision reads (`QuantizerEvidence.scores`). With several runs those are
+per-sample calibrated scores meant to be N(0, 1) on non-members; a counting attack's (EZ-MIA, WBC) have heavier
+tails, and the maximum over files would multiply the excess, so each file's scores are first put on the normal
+scale of its own pooled non-member rows (`rank_normal`: the marginals of a Gaussian copula). With one run the raw
+scores are standardised over each target's records instead (no membership read; that mode's thresholds are
+empirical). Under non-membership the files' scores are then modelled as N(0, S), S their covariance on the
+non-member rows (the identity without enough of them), and each combination is put back on the normal scale under
+that model, so the decision's analytic threshold keeps its meaning:
 - mean:<attack>   1'z / sqrt(1'S1), the files' mean standardised;
 - joint:<attack>  w'z / sqrt(w'Sw), w >= 0 summing to 1 of least variance w'Sw: the likelihood ratio of a record
                   whose files are observations N(mu 1, S) of one model, a member shifting every file alike (the
@@ -114,6 +117,26 @@ def standardised(raw: np.ndarray) -> np.ndarray:
     return (raw - mu) / np.where(sd > 0, sd, 1.0)
 
 
+def rank_normal(scores: np.ndarray, nonmember: np.ndarray) -> np.ndarray:
+    """[M, N] the scores on the normal scale of their own non-member rows: each value's mid-rank among the finite
+    non-member values (ties share it), Phi^-1 of its share, linear between distinct values; beyond the lowest or
+    highest non-member value continued with slope 1 / sd of the non-members (monotone, never capped). A file
+    whose non-members are not N(0, 1) (a counting attack's calibrated scores have heavier tails) then is N(0, 1)
+    on its non-members exactly, which the combinations assume; with fewer than 2 distinct non-member values the
+    scores are returned as they are."""
+    values = scores[nonmember & np.isfinite(scores)]
+    distinct, counts = np.unique(values, return_counts=True)
+    if distinct.size < 2:
+        return scores
+    below = np.cumsum(counts) - counts
+    normal = special.ndtri((below + counts / 2) / values.size)
+    slope = 1.0 / max(float(values.std()), 1e-12)
+    out = np.interp(scores, distinct, normal)
+    out = np.where(scores > distinct[-1], normal[-1] + (scores - distinct[-1]) * slope, out)
+    out = np.where(scores < distinct[0], normal[0] + (scores - distinct[0]) * slope, out)
+    return np.where(np.isfinite(scores), out, np.nan)
+
+
 def _norm_of(cov: np.ndarray, w: np.ndarray) -> float:
     return float(np.sqrt(max(float(w @ cov @ w), 1e-300)))
 
@@ -178,7 +201,8 @@ def release_set_evidence(
     scores: dict[str, np.ndarray] = {}
     weights: dict[str, dict[str, float]] = {}
     for a in attacks:
-        z = np.stack([p.scores[a] if mode == "calibrated" else standardised(p.scores[a]) for p in parts])
+        per_file = rank_normal if mode == "calibrated" else lambda s, _: standardised(s)
+        z = np.stack([per_file(p.scores[a].astype(np.float64), ~keep) for p in parts])
         combined, w = combined_scores(z.astype(np.float64), keep)
         weights[a] = {f: float(x) for f, x in zip(files, w)}
         scores |= {f"{kind}:{a}": c.astype(np.float32) for kind, c in combined.items()}
