@@ -84,14 +84,18 @@ TINY_OVERRIDES = [
 def audited_tiny_store(tmp_path_factory):
     """One tiny experiment (TINY_OVERRIDES), fine-tuned, scored and reported once per session: the received
     store that the untrusted-input cases copy and tamper with (never change it: copy it)."""
+    from llmaudit.common.runtime import torch_threads
     from llmaudit.config import load_recipe
     from llmaudit.finetune.runs import finetune
     from llmaudit.score.stage import score
 
     root = tmp_path_factory.mktemp("audited") / "exp"
     cfg = load_recipe("demo-cpu", TINY_OVERRIDES + [f"output_dir={root}"])
-    store = finetune(cfg, progress=False, echo=lambda *a: None)
-    score(cfg, store, progress=False, echo=lambda *a: None)
+    # The commands run a built-in model on one thread; train it the same way so that a case retraining it
+    # through the command line gets the same bits (a CPU's matrix kernels may sum in another order on 2).
+    with torch_threads(1):
+        store = finetune(cfg, progress=False, echo=lambda *a: None)
+        score(cfg, store, progress=False, echo=lambda *a: None)
     code, _, err = run_cli(["report", str(root)])
     assert code == 0, err
     return root
