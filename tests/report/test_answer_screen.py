@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from llmaudit.report.html import render_html
-from llmaudit.report.terminal import gate_decision, summary_text
+from llmaudit.report.gate import gate_decision
+from llmaudit.report.terminal import summary_text
 from tests.report.test_model_card import audited
 
 __all__ = ["audited"]

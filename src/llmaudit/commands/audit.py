@@ -50,4 +50,9 @@ def audit(
     typer.echo(
         f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}"
     )
-    finish(json.loads(Path(paths["json"]).read_text(encoding="utf-8")), release=release, gate=gate)
+    finish(
+        json.loads(Path(paths["json"]).read_text(encoding="utf-8")),
+        release=release,
+        gate=gate,
+        out_dir=store.report_dir,
+    )

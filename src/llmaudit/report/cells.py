@@ -151,7 +151,8 @@ class Table:
 
 
 class Section:
-    """A titled block: paragraphs (Markdown-lite: `code` and **bold**), tables, figures, a bullet list."""
+    """A titled block: paragraphs (Markdown-lite: `code` and **bold**), tables, figures, a bullet list, closing
+    paragraphs after the bullets; `folded`: shown collapsed in HTML (a diagnostic the reader opens)."""
 
     def __init__(
         self,
@@ -161,6 +162,9 @@ class Section:
         bullets: list[str] | None = None,
         figures: list[str] | None = None,
         anchor: str = "",
+        *,
+        closing: list[str] | None = None,
+        folded: bool = False,
     ):
         self.title, self.paras, self.tables, self.bullets, self.figures = (
             title,
@@ -169,4 +173,5 @@ class Section:
             bullets or [],
             figures or [],
         )
+        self.closing, self.folded = closing or [], folded
         self.anchor = anchor or re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")

@@ -4,18 +4,26 @@ table of every quantizer), the comparison with full precision per attack, and th
 
 from __future__ import annotations
 
+from llmaudit.report.answer import (
+    NOT_AUDITED,
+    baseline_sentence,
+    candidate_lines,
+    conclusion,
+    left_out,
+    recommendation_of,
+)
 from llmaudit.report.cells import Cell, Section, Table, code, lit
 from llmaudit.report.models import GridRow, ReportJson
 from llmaudit.report.release import decision_of
-from llmaudit.report.summary import headline, leakage_statement, summary_rows
+from llmaudit.report.summary import leakage_statement, summary_rows
 
 SUMMARY_HEADER = [
     "quantizer",
     "verdict",
     "vs full precision",
-    "strongest attack, TPR at 1% FPR (cross-fitted)",
-    "in-sample max (selection-biased)",
-    "loss gap non-members - members (nats)",
+    "leakage: strongest attack, TPR at 1% FPR (cross-fitted)",
+    "diagnostic: in-sample max (selection-biased)",
+    "diagnostic: loss gap non-members - members (nats)",
     "Δ val loss",
     "KL vs ref",
 ]
@@ -43,11 +51,26 @@ def summary_table(report: ReportJson) -> Table:
     return Table(SUMMARY_HEADER, rows, highlight_first=report.grid[0].is_reference, marked_row=marked)
 
 
+def answer_section(report: ReportJson) -> Section:
+    """The answer in the user's words (`llmaudit.report.answer`): the full-precision baseline, one line per
+    candidate quantizer, what may be released. report.html shows it as the banner at the top of the page."""
+    bullets = [f"{code(a.quantizer)} **{a.status}**: {lit('; '.join(a.segments()))}" for a in candidate_lines(report)]
+    bullets += [f"{code(q)} **{NOT_AUDITED}**: {lit(why)}" for q, why in left_out(report)]
+    return Section(
+        "Answer",
+        [lit(baseline_sentence(report))],
+        bullets=bullets,
+        anchor="answer",
+        closing=[f"**{lit(conclusion(report))}**"],
+    )
+
+
 def verdict_section(report: ReportJson) -> Section:
-    """The answer: the headline, the recommendation paragraph and the summary table."""
-    paras = [f"**{lit(headline(report))}**"]
-    if report.recommendation.explanation:
-        paras.append(lit(report.recommendation.explanation))
+    """The recommendation paragraph, the summary table and what its numbers are."""
+    paras = []
+    explanation = recommendation_of(report).explanation
+    if explanation:
+        paras.append(lit(explanation))
     paras.append(lit(leakage_statement(report)))
     return Section("Verdict", paras, [summary_table(report)], anchor="verdict")
 
