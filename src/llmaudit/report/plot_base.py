@@ -9,6 +9,7 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from llmaudit.report.answer import level
 from llmaudit.report.models import GridRow, ReportJson, as_report
@@ -105,6 +106,12 @@ def _annotate(ax, name: str, xy: tuple[float, float], offset: tuple[float, float
     )
 
 
+def _text_box(ann: Any, renderer: Any) -> Any:
+    """The display box of a label's text alone (an annotation's own extent includes its leader line)."""
+    ann.update_positions(renderer)
+    return Text.get_window_extent(ann, renderer)
+
+
 def _clash(box: Any, area: Any, placed: list, markers: list) -> float:
     """How badly a label box sits: 0 when inside the axes, clear of the labels placed and of the other markers."""
     outside = max(0.0, area.x0 - box.x0) + max(0.0, box.x1 - area.x1) + max(0.0, area.y0 - box.y0)
@@ -123,6 +130,7 @@ def label_points(ax, points: list[tuple[float, float, str]]) -> None:
     measured by the renderer, so it works on log and symlog axes; call after the scales and limits are set);
     where no place is free, the least crowded one. A label away from its point gets a thin line to it."""
     renderer = _renderer(ax.figure)
+    ax.get_xlim(), ax.get_ylim()  # the limits autoscaled now: transData is stale until they are read
     area = ax.get_window_extent(renderer)
     shown = [(x, y, name, ax.transData.transform((x, y))) for x, y, name in points]
     placed: list = []
@@ -132,7 +140,7 @@ def label_points(ax, points: list[tuple[float, float, str]]) -> None:
         for r in _DISTANCES:
             for sx, sy in _DIRECTIONS:
                 ann = _annotate(ax, name, (x, y), (sx * r, sy * r), r >= 20)
-                box = ann.get_window_extent(renderer).expanded(1.04, 1.08)
+                box = _text_box(ann, renderer).expanded(1.04, 1.08)
                 score = _clash(box, area, placed, markers)
                 if best is None or score < best[0]:
                     if best is not None:
@@ -151,4 +159,4 @@ def label_boxes(fig: Figure) -> list[Any]:
     """The display boxes of every point label of a figure (`label_points`), as drawn."""
     renderer = _renderer(fig)
     fig.draw_without_rendering()
-    return [t.get_window_extent(renderer) for ax in fig.axes for t in ax.texts if t.get_gid() == LABEL_GID]
+    return [_text_box(t, renderer) for ax in fig.axes for t in ax.texts if t.get_gid() == LABEL_GID]

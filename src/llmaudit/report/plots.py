@@ -84,6 +84,7 @@ def r_q_vs_attack(report: ReportLike) -> Figure | None:
         return None
     colors = quantizer_colors(report)
     fig = Figure(figsize=(11, 4.6))
+    fig.subplots_adjust(wspace=0.32)
     for i, metric in enumerate(("tpr_at_1pct_calibrated", "auroc")):
         ax = fig.add_subplot(1, 2, i + 1)
         labels = _headline_panel(ax, report, rows, colors) if i == 0 else _auroc_panel(ax, rows, colors)
@@ -322,6 +323,7 @@ def privacy_utility(report: ReportLike) -> Figure | None:
         return None
     colors = quantizer_colors(report)
     fig = Figure(figsize=(11, 4.8))
+    fig.subplots_adjust(wspace=0.32)
     if len(kl_points) >= 2:
         ax = fig.add_subplot(1, 2, 1)
         _utility_panel(ax, kl_points, colors, True)

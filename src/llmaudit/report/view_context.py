@@ -70,7 +70,7 @@ def indicators_section(report: ReportJson) -> Section | None:
     return Section(
         "Attack-free indicators",
         paras,
-        [Table(header, rows, highlight_first=report.grid[0].is_reference)],
+        [Table(header, rows, transpose_html=True, highlight_first=report.grid[0].is_reference)],
         bullets=bullets,
         anchor="indicators",
     )
