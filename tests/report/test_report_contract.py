@@ -12,14 +12,14 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
+from llmaudit.report.answer import conclusion, recommendation_of
+from llmaudit.report.gate import gate_decision
 from llmaudit.report.html import render_html
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.model_card import render_model_card
 from llmaudit.report.models import ReportJson, as_report, dump_report
 from llmaudit.report.plots import render_all
 from llmaudit.report.schema import REPORT_SCHEMA, validate_report
-from llmaudit.report.answer import conclusion, recommendation_of
-from llmaudit.report.gate import gate_decision
 from llmaudit.report.terminal import summary_text
 
 LANDED = Path(__file__).parent / "fixtures" / "report_landed_ae578c7.json.gz"  # report.json of the landed ae578c7

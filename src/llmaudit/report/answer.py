@@ -322,9 +322,8 @@ def design_sentence(report: ReportJson) -> str:
             f"your own split: the members are the {members} records of the training file(s) you supplied, the "
             f"non-members {outside} records of the held-out file you supplied"
             + (f", and {held} more held-out records measure utility" if held else "")
-            + f" ({runs} fine-tune(s) audited). The split is yours, not drawn at random: the blind baseline (a "
-            "text-only classifier of members against non-members) says how much of an attack's success the texts "
-            "alone explain."
+            + f" ({runs} fine-tune(s) audited). The split is yours: the blind baseline (a text-only classifier of "
+            "members against non-members) says how much of an attack's success the texts alone explain."
         )
     return (
         f"{runs} independent fine-tuning runs, each on {members} records drawn at random from a pool of {pool} (the "

@@ -206,7 +206,7 @@ def _attack_rows(row: GridRow, a: Criterion) -> list[str]:
         diff = "n/a" if e.value is None else f"{e.value:+.3f}{interval_text(e.low, e.high, signed=True)}"
         measure = f"leakage against full precision {_c(d.comparison.reference)}: paired difference of that TPR"
         lines.append(
-            _row(measure, diff, e.confidence, f"+-{d.comparison.margin:g} = the same", _e(d.comparison.direction))
+            _row(measure, diff, e.confidence, f"within ±{d.comparison.margin:g}: the same", _e(d.comparison.direction))
         )
     if d is not None and d.loss_gap is not None and d.loss_gap.value is not None:
         g = d.loss_gap

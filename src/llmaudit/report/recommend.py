@@ -180,7 +180,9 @@ def explain_recommendation(
             f": {criterion_phrase(decided)}" if decided else ""
         )
     compared = compared or "no comparison with full precision was measured"
-    text += f". {compared[:1].upper()}{compared[1:]}, {_utility_words(checklist, q)}."
+    if not compared.startswith(q):  # a sentence, not a quantizer's name, starts with a capital
+        compared = compared[:1].upper() + compared[1:]
+    text += f". {compared}, {_utility_words(checklist, q)}."
     if decided and not recommendation.get("cleared_for_release"):
         text += f" To decide it: {what_to_do(decided, provenance)}."
     runner = recommendation.get("runner_up")
