@@ -31,6 +31,7 @@ from llmaudit.report.build import build_report, indicator_agreement
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, release_checklist
 from llmaudit.report.recommend import recommend
+from llmaudit.report.release import headline_of
 from llmaudit.report.schema import REPORT_SCHEMA, ReportSchemaError, validate_report
 from llmaudit.report.write import write_report
 from llmaudit.store.losstable import validate_loss_table
@@ -187,7 +188,9 @@ def test_html_is_self_contained_with_every_plot_embedded(experiment):
         assert forbidden not in lowered, forbidden
     sources = re.findall(r'src="([^"]*)"', page)
     report = json.loads(experiment["outputs"]["json"])
-    assert set(report["plots"]) == {"r_q_vs_attack", "lira_roc", "r_q_intervals", "utility_vs_privacy", "trajectory"}
+    # every figure of leakage shows the headline: with no quantizer's measured here, no utility-against-privacy one
+    assert all(headline_of(r) is None or headline_of(r).value is None for r in report["grid"])
+    assert set(report["plots"]) == {"r_q_vs_attack", "lira_roc", "r_q_intervals", "trajectory"}
     assert len(sources) == len(report["plots"])
     plot_dir = experiment["store"].report_dir
     for src, rel in zip(sources, report["plots"].values()):
