@@ -113,7 +113,7 @@ def _section_html(s: Section, figures: dict[str, bytes]) -> list[str]:
     parts += [f"<p>{to_html(p)}</p>" for p in s.closing]
     if s.figures:
         parts.append('<div class="figs">')
-        for name in s.figures:
+        for name in (n for n in s.figures if n in figures):  # a figure report.json names but not drawn: left out
             b64 = base64.b64encode(figures[name]).decode("ascii")
             wide = ' class="wide"' if name in WIDE_FIGURES else ""
             parts.append(

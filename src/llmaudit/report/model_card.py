@@ -119,6 +119,14 @@ def _base_model(prov: Provenance) -> str:
     return f"{_c(model)} (local weights)"
 
 
+def _meta(value: Any) -> str:
+    """A string of report.json as a YAML metadata value: its public form on one line of letters, digits, spaces
+    and `_-.,:;()+%/=` (anything else, markup or control characters, a space), at most 120 characters: a value is
+    data, never YAML structure nor markup where a renderer shows the metadata."""
+    text = re.sub(r"[^\w \-.,:;()+%/=]", " ", public(value), flags=re.ASCII)
+    return " ".join(text.split())[:120] or "n/a"
+
+
 def _metadata(report: ReportJson, q: str) -> str:
     """The card's YAML metadata in the Hub's format: tags, the base model, a model-index of the released
     quantization's leakage (the headline) and utility, and full precision's leakage beside it."""
@@ -133,14 +141,17 @@ def _metadata(report: ReportJson, q: str) -> str:
         ci = interval_text(head.low, head.high).strip()
         conf = f", {level(head.confidence)} interval {ci}" if head.confidence and ci else ""
         who = f"{row.quantizer}, full precision" if row.is_reference else row.quantizer
-        results.append(_eval(f"TPR at 1% FPR, strongest attack cross-fitted ({who}{conf})", head.value, data))
+        results.append(_eval(_meta(f"TPR at 1% FPR, strongest attack cross-fitted ({who}{conf})"), head.value, data))
     u = report.criteria(q)["utility"]
-    if (u.metric or "loss") == "loss" and u.value is not None and not report.row(q).is_reference:
-        results.append(_eval(f"validation loss change vs full precision ({q})", u.value, data, "val_loss_change"))
+    if u.value is not None and not report.row(q).is_reference:
+        loss = (u.metric or "loss") == "loss"
+        what = "validation loss change vs full precision" if loss else f"utility {u.metric}"
+        metric = "val_loss_change" if loss else _meta(u.metric).replace(" ", "_")
+        results.append(_eval(_meta(f"{what} ({q})"), u.value, data, metric))
     card = ModelCardData(
         base_model=_hub_id(prov),
         tags=["llmaudit", "privacy", "membership-inference", "quantization"],
-        model_name=public(prov.experiment_name or "llmaudit audit"),
+        model_name=_meta(prov.experiment_name or "llmaudit audit"),
         eval_results=results or None,
     )
     return card.to_yaml()
@@ -150,8 +161,8 @@ def _eval(name: str, value: float, data: DataSource, metric: str = "tpr_at_1pct_
     return EvalResult(
         task_type="membership-inference",
         task_name="Membership inference audit (llmaudit)",
-        dataset_type=public(data.source or "custom"),
-        dataset_name=f"fine-tuning data ({public(data.source or 'custom')})",
+        dataset_type=_meta(data.source or "custom"),
+        dataset_name=_meta(f"fine-tuning data ({public(data.source or 'custom')})"),
         metric_type=metric,
         metric_name=name,
         metric_value=float(value),
