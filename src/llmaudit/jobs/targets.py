@@ -48,12 +48,7 @@ def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str], scored
     if missing:
         raise RecipeError(missing)
     names = [q for q in cfg.score.quantizers if q != FULL_PLACEHOLDER]
-    for name in cfg.score.if_available:
-        if name not in QUANTIZER_NAMES:
-            raise RecipeError(
-                f"score.if_available: unknown quantizer {name!r}{did_you_mean(name, QUANTIZER_NAMES)}; allowed: "
-                f"{', '.join(QUANTIZER_NAMES)}"
-            )
+    _check_names("score.if_available", cfg.score.if_available)
     for name in names:
         if name not in QUANTIZER_NAMES:
             raise RecipeError(
@@ -74,9 +69,20 @@ def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str], scored
             )
 
 
+def _check_names(key: str, names: list[str]) -> None:
+    for name in names:
+        if name not in QUANTIZER_NAMES:
+            raise RecipeError(
+                f"{key}: unknown quantizer {name!r}{did_you_mean(name, QUANTIZER_NAMES)}; allowed: "
+                f"{', '.join(QUANTIZER_NAMES)}"
+            )
+
+
 def with_available(cfg: ExperimentConfig) -> tuple[ExperimentConfig, dict[str, str]]:
     """`cfg` with every quantizer of score.if_available that can run here added to score.quantizers, and
-    {name: why not} for those that cannot (the report says so: `left_out_quantizers`)."""
+    {name: why not} for those that cannot (the report says so: `left_out_quantizers`). An unknown name is
+    refused (RecipeError) with the closest one."""
+    _check_names("score.if_available", cfg.score.if_available)
     add, left = [], {}
     for name in cfg.score.if_available:
         why = get_quantizer(name).availability()
