@@ -412,10 +412,10 @@ def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
     ]
     cl = release_checklist(grid, TH)
     rec = recommend(grid, cl)
-    # q2 is over the utility budget, q3's budget is INCONCLUSIVE: not candidates
-    assert set(rec["candidates"]) == {"fp", "q8", "q4", "q4b"}
+    # q2 is over the utility budget, q3's budget is INCONCLUSIVE, fp is the reference: not candidates
+    assert set(rec["candidates"]) == {"q8", "q4", "q4b"}
     # q4b leaks MORE than full precision and loses to the larger q8 that leaks the same; q4 is smaller than q8
-    assert rec["ranking"] == ["q4", "q8", "q4b", "fp"] and rec["cleared_for_release"]
+    assert rec["ranking"] == ["q4", "q8", "q4b"] and rec["cleared_for_release"]
     assert rec["runner_up"] == {"quantizer": "q8", "lost_on": "its size: 8.50 against 4.50 effective bits per weight"}
     # the same verdict, comparison and size: the utility decides, not the TPR estimates (planted far apart)
     twins = [
@@ -427,6 +427,8 @@ def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
     assert recommend(twins, release_checklist(twins, TH))["quantizer"] == "b"
     over = [_row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.5, rel_ci=(0.4, 0.6))]
     assert recommend(over, release_checklist(over, TH))["quantizer"] is None
+    only = [decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "PASS", bits=32)]  # full precision is no candidate
+    assert recommend(only, release_checklist(only, TH))["quantizer"] is None
 
 
 def test_the_attack_criterion_reads_the_release_decision():
@@ -458,7 +460,7 @@ def test_markdown_is_compact_and_keeps_per_run_detail_in_json_only(experiment):
     assert sum(1 for line in mem_table.splitlines() if line.startswith("| `")) == len(QUANTIZERS)
     report = json.loads(experiment["outputs"]["json"])
     assert len(report["result"]["memorization"]["per_run"]) == len(QUANTIZERS) * RUNS
-    assert "![r_Q per quantizer with 95% intervals](plots/r_q_intervals.png)" in md
+    assert "![r_Q per quantizer with its intervals](plots/r_q_intervals.png)" in md
     summary = render_markdown(report, only=("summary", "checklist"))
     assert "## Release checklist" in summary and "## Quantizer grid" not in summary
 

@@ -107,7 +107,7 @@ class Cell:
         return text + mark + sub
 
     def html(self) -> str:
-        text = html.escape(_unmark(self.text))
+        text = _whole_intervals(html.escape(_unmark(self.text)))
         if self.code:
             text = f"<code>{text}</code>"
         if self.status:
@@ -115,8 +115,13 @@ class Cell:
         if self.unreliable:
             text += ' <span class="unrel" title="estimate flagged unreliable">†</span>'
         if self.sub:
-            text += f'<br><span class="ci">{html.escape(_unmark(self.sub))}</span>'
+            text += f'<br><span class="ci">{_whole_intervals(html.escape(_unmark(self.sub)))}</span>'
         return text
+
+
+def _whole_intervals(text: str) -> str:
+    """HTML text whose intervals "[low, high]" never break across lines (their spaces non-breaking)."""
+    return re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(" ", "&nbsp;"), text)
 
 
 def _status_class(status: str) -> str:

@@ -21,7 +21,7 @@ h1{font-size:22px;margin:6px 0 2px} h2{font-size:18px;margin:28px 0 8px;border-b
 nav{font-size:12px;color:#555;margin-bottom:6px} nav a{color:#2358a6;margin-right:10px;text-decoration:none}
 .summary{background:#fff;border:1px solid #d8d8d8;border-left:5px solid #2358a6;border-radius:4px;padding:8px 16px;margin:10px 0}
 table{border-collapse:collapse;margin:8px 0 14px;background:#fff;font-size:12.5px;max-width:100%}
-th,td{border:1px solid #dcdcdc;padding:4px 7px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th,td{border:1px solid #dcdcdc;padding:4px 7px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 th{background:#f0f2f5;font-weight:600} tr:nth-child(even) td{background:#fbfbfd}
 tr.ref td{background:#eef3fb !important}
 tr.rec td{background:#e3f5e6 !important;border-top:2px solid #11602a;border-bottom:2px solid #11602a;font-weight:600}
@@ -34,7 +34,7 @@ details>summary::before{content:"+ ";color:#2358a6;font-weight:700} details[open
 .banner.none{background:#fbd9d7;color:#9b1c14;border:1px solid #9b1c14}
 td.ref,th.ref{background:#eef3fb !important;border-left:2px solid #2358a6;border-right:2px solid #2358a6}
 .scroll{overflow-x:auto}
-.ci{color:#666;font-size:11px;white-space:nowrap}
+.ci{color:#666;font-size:11px}
 code{font-family:SFMono-Regular,Menlo,Consolas,monospace;font-size:12px;background:#f1f1f4;padding:0 3px;border-radius:3px}
 .badge{display:inline-block;padding:1px 7px;border-radius:10px;font-weight:700;font-size:11.5px;white-space:nowrap}
 .pass{background:#d9f2dd;color:#11602a}.fail{background:#fbd9d7;color:#9b1c14}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmaudit.common.formatting import fmt_num, fmt_pct, fmt_pct_ci
-from llmaudit.report.answer import recommendation_of
+from llmaudit.report.answer import criterion_words, deciding_criterion, recommendation_of
 from llmaudit.report.models import Criterion, GridRow, ReportJson
 from llmaudit.report.release import chosen_attack, decision_of, headline_of
 
@@ -21,6 +21,8 @@ class SummaryRow:
     is_reference: bool
     recommended: bool
     verdict: str
+    deciding: str
+    """The criterion that decided the verdict, with its number and limit ("" when every criterion PASSes)."""
     vs_full_precision: str
     vs_detail: str
     strongest: str
@@ -72,6 +74,11 @@ def _gap(row: GridRow) -> str:
     return f"{fmt_num(e.value, 4)} {_interval(e.low, e.high)}".strip()
 
 
+def _deciding(report: ReportJson, q: str) -> str:
+    c = deciding_criterion(report, q)
+    return "" if c is None else criterion_words(c, report.row(q))
+
+
 def summary_rows(report: ReportJson) -> list[SummaryRow]:
     """One SummaryRow per quantizer, in the report's grid order (full precision first)."""
     rec = recommendation_of(report).quantizer
@@ -90,6 +97,7 @@ def summary_rows(report: ReportJson) -> list[SummaryRow]:
                 is_reference=r.is_reference,
                 recommended=q == rec,
                 verdict=checklist.overall,
+                deciding=_deciding(report, q),
                 vs_full_precision=vs,
                 vs_detail=detail,
                 strongest=strongest,

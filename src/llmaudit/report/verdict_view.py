@@ -39,7 +39,7 @@ def summary_table(report: ReportJson) -> Table:
         rows.append(
             [
                 Cell(label, code=True),
-                Cell(s.verdict, status=s.verdict),
+                Cell(s.verdict, s.deciding, status=s.verdict),
                 Cell(s.vs_full_precision, s.vs_detail),
                 Cell(s.strongest, s.strongest_interval),
                 Cell(s.in_sample_max),
@@ -86,9 +86,21 @@ def _difference_cell(row: GridRow, attack: str, metric: str) -> Cell:
     return Cell(f"{e.value:+.3f}", span)
 
 
+def _levels(decisions: list) -> str:
+    """The per-attack differences' interval level(s) as recorded ("90%")."""
+    shown = {
+        f"{100 * x.estimate.confidence:.0f}%"
+        for d in decisions
+        if d is not None and d.comparison is not None
+        for x in d.comparison.per_attack
+        if x.estimate.confidence is not None
+    }
+    return "/".join(sorted(shown))
+
+
 def comparison_section(report: ReportJson) -> Section | None:
     """Per quantizer, the comparison with full precision and, per attack, the paired differences of the TPR at 1% FPR
-    and of the AUROC (quantizer minus reference, 95% intervals over the same resampled samples)."""
+    and of the AUROC (quantizer minus reference, intervals over the same resampled samples at the level recorded)."""
     rows = [r for r in report.grid if not r.is_reference and decision_of(r) is not None]
     decisions = [decision_of(r) for r in rows]
     if not rows or all(d is None or d.comparison is None for d in decisions):
@@ -110,7 +122,8 @@ def comparison_section(report: ReportJson) -> Section | None:
         "Does quantizing leak more, the same or less than shipping full precision? The answer per quantizer compares "
         "the two cross-fitted strongest attacks on the same runs and samples (paired bootstrap): MORE or LESS when the "
         "interval of the difference excludes 0, the SAME when it lies within the equivalence margin, else the data "
-        "cannot tell. Below, per attack, the paired differences (quantizer minus reference) with 95% intervals."
+        "cannot tell. Below, per attack, the paired differences (quantizer minus reference) with "
+        f"{_levels(decisions) or 'their'} intervals."
     ]
     return Section("Compared with full precision", paras, tables, bullets=bullets, anchor="comparison")
 
