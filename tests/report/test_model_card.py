@@ -61,7 +61,7 @@ def _formatted_leaves(obj, out: set[str]) -> set[str]:
     elif isinstance(obj, (int, float)):
         x = float(obj)
         out |= {fmt_num(x), fmt_pct(x), f"{x:g}", f"{x:.4g}", f"+{fmt_num(x)}", fmt_pct(x).lstrip("+"), repr(x)}
-        out |= {f"{x:+.3f}", f"-{fmt_num(x)}", f"{100 * x:.0f}%", f"{100 * x:+g}%"}
+        out |= {f"{x:+.3f}", f"-{fmt_num(x)}", f"{100 * x:.0f}%", f"{100 * x:.3g}%", f"{100 * x:+g}%"}
         if x == int(x):
             out.add(str(int(x)))
     elif isinstance(obj, str):

@@ -94,6 +94,17 @@ def with_available(cfg: ExperimentConfig) -> tuple[ExperimentConfig, dict[str, s
     return cfg.model_copy(update={"score": cfg.score.model_copy(update={"quantizers": names})}), left
 
 
+def _scored(store: RunStore) -> list[str] | None:
+    """The quantizers a store holds, for the reference check; None where there is no store or its manifest cannot
+    say (the store's verification refuses such a store with its own reason)."""
+    if not store.exists():
+        return None
+    try:
+        return [str(q) for q in store.scored_quantizers()]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | None = None) -> ExperimentConfig:
     """A recipe with overrides (`--out` replaces output_dir); sets this process's CPU threads."""
     cfg, left = with_available(load_recipe(recipe, overrides, attack_names=registered_attacks()))
@@ -101,8 +112,7 @@ def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | Non
         log.warning("score.if_available: %s is left out on this machine: %s", name, why)
     if out is not None:
         cfg = cfg.model_copy(update={"output_dir": str(out)})
-    store = RunStore(cfg.resolved_output_dir())
-    check_quantizer_requests(cfg, overrides, store.scored_quantizers() if store.exists() else None)
+    check_quantizer_requests(cfg, overrides, _scored(RunStore(cfg.resolved_output_dir())))
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
     return cfg
 
@@ -123,7 +133,7 @@ def config_from_run_dir(
         overrides=overrides,
         attack_names=registered_attacks(),
     )
-    check_quantizer_requests(cfg, overrides, store.scored_quantizers())
+    check_quantizer_requests(cfg, overrides, _scored(store))
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
     return cfg
 

@@ -66,16 +66,24 @@ def interval_text(low: float | None, high: float | None, *, signed: bool = False
     return f" [{low:+.3f}, {high:+.3f}]" if signed else f" [{fmt_num(low)}, {fmt_num(high)}]"
 
 
+def proportion_bounds(e: Estimate) -> tuple[float | None, float | None]:
+    """A TPR's interval with a one-sided bound's open side closed at the proportion's own limit (0 or 1): a
+    one-sided lower bound L reads [L, 1]. (None, None) when neither side was computed."""
+    if e.low is None and e.high is None:
+        return None, None
+    return (0.0 if e.low is None else e.low), (1.0 if e.high is None else e.high)
+
+
 def headline_text(e: Estimate | None) -> str:
     """THE leakage number with its interval: "TPR 0.140 [0.074, 0.248]" ("TPR n/a" when not measured)."""
     if e is None or e.value is None:
         return "TPR n/a"
-    return f"TPR {fmt_num(e.value)}{interval_text(e.low, e.high)}"
+    return f"TPR {fmt_num(e.value)}{interval_text(*proportion_bounds(e))}"
 
 
 def level(confidence: float | None) -> str:
     """An interval's confidence as a percentage ("90%"), read from the numbers; '' where none was recorded."""
-    return "" if confidence is None else f"{100 * confidence:.0f}%"
+    return "" if confidence is None else f"{100 * confidence:.3g}%"
 
 
 def _status_words(c: Criterion, name: str, value: str, limit: str) -> str:

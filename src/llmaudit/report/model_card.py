@@ -30,6 +30,7 @@ from llmaudit.report.answer import (
     interval_text,
     left_out,
     level,
+    proportion_bounds,
     recommendation_of,
 )
 from llmaudit.report.cells import md_code, md_escape
@@ -138,8 +139,9 @@ def _metadata(report: ReportJson, q: str) -> str:
         head = headline_of(row)
         if head is None or head.value is None:
             continue
-        ci = interval_text(head.low, head.high).strip()
-        conf = f", {level(head.confidence)} interval {ci}" if head.confidence and ci else ""
+        low, high = proportion_bounds(head)
+        bounds = low is not None and high is not None and head.confidence
+        conf = f", {level(head.confidence)} interval {fmt_num(low)} to {fmt_num(high)}" if bounds else ""
         who = f"{row.quantizer}, full precision" if row.is_reference else row.quantizer
         results.append(_eval(_meta(f"TPR at 1% FPR, strongest attack cross-fitted ({who}{conf})"), head.value, data))
     u = report.criteria(q)["utility"]
@@ -205,9 +207,7 @@ def _attack_rows(row: GridRow, a: Criterion) -> list[str]:
     d = decision_of(row)
     head = headline_of(row)
     chosen = chosen_attack(d) if d is not None else None
-    value = (
-        "n/a" if head is None or head.value is None else f"{fmt_num(head.value)}{interval_text(head.low, head.high)}"
-    )
+    value = "n/a" if head is None or head.value is None else headline_text(head).removeprefix("TPR ")
     measure = "leakage: strongest attack's TPR at 1% FPR, cross-fitted" + (
         f" (chosen most: {_c(chosen)})" if chosen else ""
     )
@@ -225,10 +225,14 @@ def _attack_rows(row: GridRow, a: Criterion) -> list[str]:
             "" if g.low is None or g.high is None else f" [{fmt_num(g.low, 4)}, {fmt_num(g.high, 4)}]"
         )
         lines.append(_row("diagnostic: loss of non-members minus members (nats per token)", gap, g.confidence))
-    top = a.in_sample_max
-    if top is not None and top.attack:
-        measure = f"diagnostic: highest attack on the data it was chosen on ({_c(top.attack)}; biased upward)"
-        lines.append(_row(measure, fmt_num(top.value), None))
+    top = d.in_sample_max if d is not None else None
+    if top is not None and top.low is None and d is not None:  # the attack's own interval where the max has none
+        top = next((j.tpr for j in d.attacks if j.attack == d.in_sample_max_attack), top)
+    if top is not None and top.value is not None and d.in_sample_max_attack:
+        measure = f"diagnostic: highest attack on the data it was chosen on ({_c(d.in_sample_max_attack)}; biased up)"
+        bound = f" (upper bound {fmt_num(top.high)})" if top.low is None and top.high is not None else ""
+        value = f"{fmt_num(top.value)}{interval_text(top.low, top.high)}{bound}"
+        lines.append(_row(measure, value, top.confidence))
     return lines
 
 

@@ -11,7 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from llmaudit.report.answer import level
+from llmaudit.report.answer import level, proportion_bounds
 from llmaudit.report.models import GridRow, ReportJson, as_report
 from llmaudit.report.release import headline_of
 
@@ -68,8 +68,8 @@ def headline_point(row: GridRow) -> tuple[float, list[float] | None] | None:
     e = headline_of(row)
     if e is None or not finite(e.value):
         return None
-    ci = [e.low, e.high] if finite(e.low) and finite(e.high) else None
-    return float(e.value), ci
+    low, high = proportion_bounds(e)
+    return float(e.value), ([low, high] if finite(low) and finite(high) else None)
 
 
 def headline_label(report: ReportJson, fpr: str = "1%") -> str:
