@@ -13,8 +13,9 @@ from pathlib import Path
 import typer
 
 from llmaudit.common.runtime import env_threads, set_threads
+from llmaudit.report.answer import wrap_segments
 from llmaudit.report.gate import GATE_EXIT_CODE, gate_decision, write_gate_outputs
-from llmaudit.report.terminal import print_summary
+from llmaudit.report.terminal import FIXED_WIDTH, print_summary
 
 app = typer.Typer(
     add_completion=False,
@@ -117,12 +118,22 @@ def finish(report: dict, *, release: str | None, gate: bool, out_dir: Path | Non
     print_summary(report)
     if gate:
         cleared, why = gate_decision(report, release)
-        typer.echo(f"[gate] {'cleared' if cleared else 'BLOCKED'}: {why}", err=True)
+        head = f"[gate] {'cleared' if cleared else 'BLOCKED'}: "
+        for line in wrap_segments(head, why.split("; "), FIXED_WIDTH, len(head)):
+            typer.echo(line, err=True)
         if out_dir is not None:
-            paths = write_gate_outputs(report, release, out_dir)
-            typer.echo(f"[gate] wrote {', '.join(str(p) for p in paths.values())}", err=True)
+            typer.echo(f"[gate] {written(write_gate_outputs(report, release, out_dir).values())}", err=True)
         if not cleared:
             raise typer.Exit(GATE_EXIT_CODE)
+
+
+def written(paths) -> str:
+    """ "wrote a, b, c in DIR" for files of one directory (the full paths otherwise): one short line."""
+    paths = [Path(p) for p in paths]
+    parents = {p.parent for p in paths}
+    if len(parents) == 1:
+        return f"wrote {', '.join(p.name for p in paths)} in {parents.pop()}"
+    return f"wrote {', '.join(str(p) for p in paths)}"
 
 
 TRUST_HELP = (

@@ -13,6 +13,7 @@ from llmaudit.commands.base import (
     RELEASE_HELP,
     app,
     finish,
+    written,
 )
 from llmaudit.common.io import read_json
 from llmaudit.jobs.status import report_is_current
@@ -53,7 +54,7 @@ def report(
         raise UnknownQuantizerError(f"--release {release!r} is not among --quantizers {', '.join(chosen)}: add it")
     result = analyze(cfg, store, quantizers=chosen)
     paths = write_report(store, result, include_samples=include_samples, release=release)
-    typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
+    typer.echo(f"[report] {written(p for k, p in paths.items() if k != 'plots')}")
     finish(
         json.loads(Path(paths["json"]).read_text(encoding="utf-8")),
         release=release,
