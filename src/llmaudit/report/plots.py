@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from llmaudit.common.stats import spearman
 from llmaudit.report.answer import recommendation_of
 from llmaudit.report.models import GridRow, ReportJson, as_report
 from llmaudit.report.plot_base import (
@@ -90,9 +91,12 @@ def r_q_vs_attack(report: ReportLike) -> Figure | None:
         labels = _headline_panel(ax, report, rows, colors) if i == 0 else _auroc_panel(ax, rows, colors)
         if positive_log_ok([r.r_q.mean for r in rows]):
             ax.set_xscale("log")
-        sp = report.r_q_vs_best_attack.get(metric)
-        rho = sp.rho if sp is not None else None
-        what = "the highest calibrated TPR" if i == 0 else "the highest AUROC"
+        if i == 0:  # the rank correlation of what this panel plots: r_Q against the headline
+            rho = spearman([x for x, _, _ in labels], [y for _, y, _ in labels], p_value=False).rho
+        else:
+            sp = report.r_q_vs_best_attack.get(metric)
+            rho = sp.rho if sp is not None else None
+        what = "the headline leakage" if i == 0 else "the highest AUROC"
         ax.set_title(f"Spearman rho with {what} = {rho:.2f}" if finite(rho) else "Spearman rho: n/a", fontsize=9)
         ax.set_xlabel("r_Q (higher = more secure), mean over runs")
         ax.grid(alpha=0.3)
