@@ -222,17 +222,8 @@ class ScoreConfig(Section):
     quantizer_options: dict[str, dict[str, Any]] = Field(default_factory=dict, max_length=MAX_QUANTIZERS)
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
     if_available: list[str] = Field(default_factory=list, max_length=MAX_QUANTIZERS)
-    """Quantizers scored only where their library is installed (`llmaudit quantizers` says which): when a recipe
-    loads, each one that can run here joins score.quantizers; each one that cannot is left out, said so when the
-    recipe loads and in the report, with the reason and the install command."""
-
-    @field_validator("if_available")
-    @classmethod
-    def _safe_optional_names(cls, names: list[str]) -> list[str]:
-        bad = [q for q in names if not is_safe_name(q)]
-        if bad:
-            raise ValueError(f"quantizer names {bad} are not allowed: use {SAFE_NAME_RULE}")
-        return names
+    """Quantizers scored only where their library is installed: when a recipe loads, each that can run here joins
+    score.quantizers, each that cannot is left out, with the reason, there and in the report (jobs.targets)."""
 
     calibration_source: Literal["heldout", "members", "file"] = "heldout"
     """Where the calibrated quantizers (GPTQ, AWQ, the GGUF -imatrix ones) take their calibration text: heldout = the
