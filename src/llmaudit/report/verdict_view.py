@@ -122,7 +122,7 @@ def comparison_section(report: ReportJson) -> Section | None:
         "Does quantizing leak more, the same or less than shipping full precision? The answer per quantizer compares "
         "the two cross-fitted strongest attacks on the same runs and samples (paired bootstrap): MORE or LESS when the "
         "interval of the difference excludes 0, the SAME when it lies within the equivalence margin, else the data "
-        "cannot tell. Below, per attack, the paired differences (quantizer minus reference) with "
+        "cannot tell. Below, as diagnostics, per attack the paired differences (quantizer minus reference) with "
         f"{_levels(decisions) or 'their'} intervals."
     ]
     return Section("Compared with full precision", paras, tables, bullets=bullets, anchor="comparison")
