@@ -111,7 +111,7 @@ def test_the_verdict_table_shows_the_chosen_quantizers_numbers(audited):
 
 def test_report_md_carries_the_explanation_and_the_card_the_answer(audited):
     rec = audited["report"]["recommendation"]
-    assert rec["explanation"].startswith(f"The closest candidate is {rec['quantizer']}, but it is NOT cleared")
+    assert rec["explanation"].startswith(f"The first-ranked candidate is {rec['quantizer']}, but it is NOT cleared")
     assert md_escape(rec["explanation"]) in audited["markdown"]
     # the public card carries the answer, not the auditor's advice (paths, settings to change)
     assert md_escape(rec["explanation"]) not in audited["card"]
@@ -233,7 +233,7 @@ def test_recommendation_paragraph_when_the_best_candidate_is_not_cleared():
     rec, text = _explained(grid)
     assert rec["quantizer"] == "q8" and not rec["cleared_for_release"]
     assert text.startswith(
-        "The closest candidate is q8, but it is NOT cleared for release: attack TPR at 1% FPR (strongest, "
+        "The first-ranked candidate is q8, but it is NOT cleared for release: attack TPR at 1% FPR (strongest, "
         "cross-fitted: loss) 0.020 [0.010, 0.040] against limit <= 0.05: INCONCLUSIVE."
     )
     assert (
@@ -244,6 +244,20 @@ def test_recommendation_paragraph_when_the_best_candidate_is_not_cleared():
     text = explain_recommendation(rec, release_checklist(grid, TH), grid, provenance)
     assert "`llmaudit plan llmaudit-out/demo-cpu/config.yaml data.pool_size=576` prices it" in text
     assert "No other quantizer is within the utility budget." in text  # fp is the reference: never a runner-up
+
+
+def test_a_failed_candidate_is_ranked_first_in_words_without_internal_names():
+    """Every candidate FAILs: the paragraph says it ranks first (not "closest") and what would change the FAIL in
+    words, never a criterion's internal id."""
+    grid = [
+        decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "FAIL", bits=32),
+        decided(_row("q4", tpr=0.0, tpr_ci=None, rel=0.05, rel_ci=(0.03, 0.08)), "FAIL", bits=4.5),
+    ]
+    rec, text = _explained(grid)
+    assert rec["quantizer"] == "q4" and not rec["cleared_for_release"]
+    assert text.startswith("The first-ranked candidate is q4, but it is NOT cleared for release")
+    assert "To decide it: its leakage fails: the whole interval is beyond the limit" in text
+    assert "attack_tpr" not in text and "closest" not in text
 
 
 def test_recommendation_paragraph_when_nothing_is_within_the_utility_budget():

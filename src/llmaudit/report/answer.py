@@ -264,8 +264,9 @@ def conclusion(report: ReportJson) -> str:
         return f"Release {q}: cleared for release."
     if q is not None:
         return (
-            f"Nothing is cleared for release; of the quantizations that keep the model, {q} comes closest "
-            f"({report.checklist.per_quantizer[q].overall})."
+            f"Nothing is cleared for release; of the quantizations that keep the model, {q} ranks first "
+            f"({report.checklist.per_quantizer[q].overall}; order: verdict, comparison with full precision, size, "
+            f"utility)."
         )
     if not candidate_lines(report):
         return "Nothing to clear: only full precision was audited."

@@ -26,6 +26,7 @@ RULE = (
 )
 
 _KEY_WORDS = ("its verdict", "its comparison with full precision", "its size", "its utility")
+_CRITERION_WORDS = {"attack_tpr": "leakage", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}
 
 
 def crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
@@ -135,13 +136,16 @@ def what_to_do(c: dict[str, Any], provenance: dict[str, Any]) -> str:
     if c["id"] == "attack_tpr" and c.get("mode") and c["status"] in (INCONCLUSIVE, NOT_MEASURED):
         return size_phrase(c.get("size_needed"), provenance) or f"grow the audit: {c.get('reason')}"
     if c["status"] == NOT_MEASURED:
-        return f"grow the measurement behind {c['id']}: {c.get('reason')}"
+        return f"grow the measurement behind its {_CRITERION_WORDS.get(c['id'], c['id'])}: {c.get('reason')}"
     if c["status"] == FAIL:
-        return f"{c['id']} fails: its whole interval is beyond the limit; only a limit beyond it, or another model, changes that"
+        return (
+            f"its {_CRITERION_WORDS.get(c['id'], c['id'])} fails: the whole interval is beyond the limit; only a limit "
+            f"beyond it, or another model, changes that"
+        )
     ci = c.get("ci") or [None, None]
     bound = ci[1] if c.get("comparison") == "<=" else ci[0]
     return (
-        f"the {c['id']} interval reaches {fmt_num(bound)}, across the limit {c['threshold']:g}: more runs or more "
+        f"the {_CRITERION_WORDS.get(c['id'], c['id'])} interval reaches {fmt_num(bound)}, across the limit {c['threshold']:g}: more runs or more "
         f"samples narrow it"
     )
 
@@ -176,7 +180,7 @@ def explain_recommendation(
     if recommendation.get("cleared_for_release"):
         text = f"Release {q}: cleared, every criterion passes ({criterion_phrase(crit(checklist, q, 'attack_tpr'))})"
     else:
-        text = f"The closest candidate is {q}, but it is NOT cleared for release" + (
+        text = f"The first-ranked candidate is {q}, but it is NOT cleared for release" + (
             f": {criterion_phrase(decided)}" if decided else ""
         )
     compared = compared or "no comparison with full precision was measured"
