@@ -258,6 +258,9 @@ def test_a_failed_candidate_is_ranked_first_in_words_without_internal_names():
     assert text.startswith("The first-ranked candidate is q4, but it is NOT cleared for release")
     assert "To decide it: its leakage fails: the whole interval is beyond the limit" in text
     assert "attack_tpr" not in text and "closest" not in text
+    grid.append(decided(_row("q4b", tpr=0.0, tpr_ci=None, rel=0.06, rel_ci=(0.03, 0.08)), "FAIL", bits=4.5))
+    _, text = _explained(grid)  # same verdict, comparison and size: the utility's margin decides, said as one
+    assert "Runner-up: q4b, which lost on its utility: a margin of 0.040 to the utility limit against 0.050" in text
 
 
 def test_recommendation_paragraph_when_nothing_is_within_the_utility_budget():
@@ -390,6 +393,16 @@ def test_interval_levels_are_read_from_the_numbers(audited):
         f"{fmt_pct(row['utility']['relative_change'])}{fmt_pct_ci(row['utility']['relative_change_ci'])} | 99% |"
         in card
     )
+    report = copy.deepcopy(audited["report"])  # a task metric planted: the store measured none
+    next(r for r in report["grid"] if r["quantizer"] == q)["utility"]["task_metrics"] = {
+        "exact_match": {"value": 0.5, "ci": [0.4, 0.6]}
+    }
+    card = render_model_card(report)  # the attack-free indicator's interval at its recorded level
+    rows = [x for x in card.splitlines() if x.startswith("| ") and not x.startswith(("| measure", "|---"))]
+    unjudged = [x for x in rows if x.strip("| ") and not x[:-1].rsplit("|", 1)[1].strip()]  # no verdict column
+    assert len(unjudged) == 2 and all(x.startswith("| diagnostic: ") for x in unjudged), unjudged  # said so
+    indicator = next(x for x in card.splitlines() if x.startswith("| attack-free indicator |"))
+    assert indicator.split(" | ")[2] == f"{100 * row['indicator']['confidence']:g}%", indicator
 
 
 def test_an_imports_card_states_the_users_own_split(audited):

@@ -75,6 +75,7 @@ def _primary_indicator(result: dict[str, Any], quantizer: str) -> dict[str, Any]
         "name": name,
         "mean": finite_or_none(dig(agg, "mean")),
         "ci": interval_or_none(dig(agg, "ci_low"), dig(agg, "ci_high")),
+        "confidence": finite_or_none(dig(agg, "confidence")),
         "n_finite": dig(agg, "n_finite"),
         "status": dig(entry, "validation", "status", default="not validated"),
     }

@@ -244,14 +244,14 @@ def _utility_rows(row: GridRow, u: Criterion) -> list[str]:
     d = row.utility.divergence
     if d.measured:
         for stat, label in (
-            (d.kl_mean, "KL from full precision (nats/token)"),
-            (d.same_top, "same top token as full precision"),
+            (d.kl_mean, "diagnostic: KL from full precision (nats/token)"),
+            (d.same_top, "diagnostic: same top token as full precision"),
         ):
             lines.append(
                 _row(label, f"{fmt_num(stat and stat.mean)}{fmt_ci(stat and stat.ci)}", row.utility.confidence)
             )
     for name, m in sorted(row.utility.task_metrics.items()):
-        lines.append(_row(f"task {_e(name)}", f"{fmt_num(m.value)}{fmt_ci(m.ci)}", row.utility.confidence))
+        lines.append(_row(f"diagnostic: task {_e(name)}", f"{fmt_num(m.value)}{fmt_ci(m.ci)}", row.utility.confidence))
     return lines
 
 

@@ -180,6 +180,7 @@ class PrimaryIndicator(_Open):
     name: str | None = None
     mean: Num = None
     ci: Interval = None
+    confidence: Num = None
     n_finite: int | None = None
     status: str | None = None
 

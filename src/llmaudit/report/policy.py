@@ -214,6 +214,7 @@ def _indicator_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, A
         "comparison": ">=",
         "value": ind.get("mean"),
         "ci": ind.get("ci"),
+        "confidence": ind.get("confidence"),
         "reliable": (ind.get("n_finite") or 0) >= min_runs,
     }
     if limit is None:

@@ -65,7 +65,10 @@ def _lost_on(chosen: tuple, theirs: tuple, names: tuple[dict, dict]) -> str:
         return f"{_KEY_WORDS[1]}: {other['direction']} against {mine['direction']}"
     if i == 2:
         return f"{_KEY_WORDS[2]}: {fmt_num(theirs[2], 2)} against {fmt_num(chosen[2], 2)} effective bits per weight"
-    return f"{_KEY_WORDS[3]}: {fmt_num(theirs[3])} against {fmt_num(chosen[3])} from its limit"
+    return (
+        f"{_KEY_WORDS[3]}: a margin of {fmt_num(-theirs[3])} to the utility limit against {fmt_num(-chosen[3])} "
+        f"(the larger margin ranks first)"
+    )
 
 
 def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
