@@ -123,6 +123,7 @@ def _aggregate(values: np.ndarray, *, n_boot: int, confidence: float, seed: int)
         "mean": finite_mean(values),
         "ci_low": low,
         "ci_high": high,
+        "confidence": confidence,
         "n_runs": int(values.size),
         "n_finite": int(finite.sum()),
         "n_nonfinite": int((~finite).sum()),
