@@ -68,7 +68,7 @@ def _direct_logits(path, tokens):
     on, as llama.cpp's default `auto` chooses on a CPU)."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, flash_attn=True, n_threads=2,
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, flash_attn=True, n_threads=1,
                           verbose=False)  # fmt: skip
     try:
         llm.eval(tokens)
@@ -80,7 +80,7 @@ def _direct_logits(path, tokens):
 def test_losses_and_attack_columns_equal_a_direct_llama_cpp_python_evaluation(q4):
     _, path = q4
     examples = _examples()
-    with LlamaCppModel(path, threads=2) as runtime:
+    with LlamaCppModel(path, threads=1) as runtime:
         scores = EngineModel(runtime, vocab_stats=True, budget=2048, device=torch.device("cpu")).score(examples)
     for (ids, mask), s in zip(examples, scores, strict=True):
         logits = _direct_logits(path, ids)[:-1][np.asarray(mask[1:])]
@@ -101,7 +101,7 @@ def test_losses_and_attack_columns_equal_a_direct_llama_cpp_python_evaluation(q4
 def test_scores_do_not_depend_on_how_samples_share_a_decode_call(q4):
     _, path = q4
     examples = _examples(1)
-    with LlamaCppModel(path, threads=2) as runtime:
+    with LlamaCppModel(path, threads=1) as runtime:
         together = EngineModel(runtime, vocab_stats=True, budget=4096, device=torch.device("cpu")).score(examples)
         alone = EngineModel(runtime, vocab_stats=True, budget=1, device=torch.device("cpu")).score(examples)
     for a, b in zip(together, alone, strict=True):
@@ -131,7 +131,7 @@ def test_the_file_scored_is_llmaudits_gguf_quantization(model, q4):
 def test_greedy_answers_are_an_argmax_loop_of_the_direct_evaluation(q4):
     _, path = q4
     prompts = [ids[:7] for ids, _ in _examples(2)[:3]]
-    with LlamaCppModel(path, threads=2) as runtime:
+    with LlamaCppModel(path, threads=1) as runtime:
         answers = runtime.greedy(prompts, max_new_tokens=6, stop_ids=[])
     for prompt, answer in zip(prompts, answers, strict=True):
         tokens = list(prompt)

@@ -54,14 +54,18 @@ def chunk_tokens(tokens: np.ndarray, n_ctx: int, chunks: int | None = None) -> n
     return np.asarray(tokens[: n_chunk * n_ctx], dtype=np.int32).reshape(n_chunk, n_ctx)
 
 
-def write_base(base_gguf: str | Path, text: str, out: str | Path, *, n_ctx: int, chunks: int | None, threads: int,
-               batch: int = DEFAULT_BATCH) -> BaseLogits:  # fmt: skip
-    """``llama-perplexity -m BASE -f TEXT -c n_ctx --kl-divergence-base OUT``: the base GGUF's log-probabilities
-    of the text (tokenized by the file's own tokenizer) written to `out`, and read back."""
+def write_base(base_gguf: str | Path, out: str | Path, *, text: str | None = None, tokens: np.ndarray | None = None,
+               n_ctx: int, chunks: int | None, threads: int, batch: int = DEFAULT_BATCH) -> BaseLogits:  # fmt: skip
+    """``llama-perplexity -m BASE -f TEXT -c n_ctx [--chunks N] --kl-divergence-base OUT``: the base GGUF's
+    log-probabilities of the text (tokenized by the file's own tokenizer, BOS added as it says), or of the token ids
+    ``tokens`` [N] as given, written to `out` and read back."""
+    if (text is None) == (tokens is None):
+        raise ValueError("write_base takes a text or token ids")
     with LlamaCppModel(base_gguf, threads=threads) as model:
-        tokens = chunk_tokens(model.tokenize(text), n_ctx, chunks)
-        rows = (encode_log_probs(logits) for logits in model.perplexity_chunks(tokens, batch=batch))
-        write_base_logits(out, tokens, model.n_vocab, rows)
+        ids = model.tokenize(text) if text is not None else np.asarray(tokens, dtype=np.int32).reshape(-1)
+        chunked = chunk_tokens(ids, n_ctx, chunks)
+        rows = (encode_log_probs(logits) for logits in model.perplexity_chunks(chunked, batch=batch))
+        write_base_logits(out, chunked, model.n_vocab, rows)
     return read_base_logits(out)
 
 

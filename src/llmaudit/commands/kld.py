@@ -59,7 +59,7 @@ def kld_command(quantized: list[Path], *, base_logits: Path | None = None, base:
         if base is not None:
             content = text.read_text(encoding="utf-8", errors="replace")  # type: ignore[union-attr]
             target = save or Path(tmp) / "base.logits"
-            logits = write_base(base, content, target, n_ctx=n_ctx, chunks=chunks, threads=threads, batch=batch)
+            logits = write_base(base, target, text=content, n_ctx=n_ctx, chunks=chunks, threads=threads, batch=batch)
         else:
             logits = read_base_logits(base_logits)  # type: ignore[arg-type]
         return [
@@ -81,10 +81,13 @@ def kld(
     chunks: int | None = typer.Option(None, min=1, help="At most this many chunks (its --chunks), with --base."),
     batch: int = typer.Option(DEFAULT_BATCH, min=4, max=1 << 20, help="Tokens per decode call (its -b)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the statistics here as JSON."),
+    threads: int | None = typer.Option(
+        None, min=1, max=1024, help="llama.cpp's CPU threads (default: this process's, $LLMAUDIT_THREADS when set)."
+    ),  # fmt: skip
 ) -> None:
     """llama.cpp's KL statistics (llama-perplexity --kl-divergence) of quantized GGUF files, computed by llmaudit."""
     records = kld_command(list(quantized or []), base_logits=base_logits, base=base, text=text,
-                          save=save_base_logits, n_ctx=ctx, chunks=chunks, batch=batch)  # fmt: skip
+                          save=save_base_logits, n_ctx=ctx, chunks=chunks, batch=batch, threads=threads)  # fmt: skip
     if save_base_logits is not None:
         typer.echo(f"wrote the base log-probabilities to {save_base_logits}")
     for record in records:

@@ -135,19 +135,25 @@ def _tensors(model: nn.Module, arch: str) -> dict[str, np.ndarray]:
     return out
 
 
-def copy_vocabulary(writer, source: str | Path) -> None:
-    """Every ``tokenizer.*`` key of the GGUF file ``source`` (its tokenizer, as llama.cpp's tools read it)."""
+ADD_BOS_KEY = "tokenizer.ggml.add_bos_token"
+
+
+def copy_vocabulary(writer, source: str | Path, skip: tuple[str, ...] = ()) -> None:
+    """Every ``tokenizer.*`` key of the GGUF file ``source`` (its tokenizer, as llama.cpp's tools read it) but
+    those in ``skip``."""
     import gguf
 
     reader = gguf.GGUFReader(str(source))
     for key, field in reader.fields.items():
-        if key.startswith("tokenizer."):
+        if key.startswith("tokenizer.") and key not in skip:
             kind = field.types[0]
             sub_type = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(key, field.contents(), kind, sub_type=sub_type)
 
 
-def write_runnable_gguf(model: nn.Module, path: str | Path, *, vocabulary: str | Path | None = None) -> Path:
+def write_runnable_gguf(
+    model: nn.Module, path: str | Path, *, vocabulary: str | Path | None = None, add_bos: bool | None = None
+) -> Path:
     """``model`` as the float32 GGUF llama.cpp loads and runs (module docstring) at ``path``.
 
     Args:
@@ -155,6 +161,8 @@ def write_runnable_gguf(model: nn.Module, path: str | Path, *, vocabulary: str |
         path: the file to write.
         vocabulary: a GGUF file whose tokenizer keys to copy; None writes no tokenizer (llama.cpp is then given
             token ids only).
+        add_bos: with a vocabulary, whether its tokenizer adds BOS (tokenizer.ggml.add_bos_token), None: as the
+            file says.
 
     Returns:
         The path written.
@@ -172,7 +180,9 @@ def write_runnable_gguf(model: nn.Module, path: str | Path, *, vocabulary: str |
     if vocabulary is None:
         writer.add_tokenizer_model("none")
     else:
-        copy_vocabulary(writer, vocabulary)
+        copy_vocabulary(writer, vocabulary, skip=(ADD_BOS_KEY,) if add_bos is not None else ())
+        if add_bos is not None:
+            writer.add_add_bos_token(bool(add_bos))
     tensors = _tensors(model, arch)
     if factors is not None:
         tensors = {"rope_freqs.weight": factors} | tensors
