@@ -170,3 +170,26 @@ def test_differences_names_a_statistic_off_by_more_than_half_a_printed_unit():
                "same_top": Printed(99.0, 3)}  # fmt: skip
     found = differences(s, printed)  # kl_mean rounds to the printed value, nan matches nan
     assert set(found) == {"kl_se", "same_top"} and found["kl_se"] == (0.0000014, 0.000002)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["q.gguf"], "either --base-logits"),
+        (["q.gguf", "--base-logits", "base.bin", "--base", "q.gguf"], "either --base-logits"),
+        (["--base-logits", "base.bin"], "nothing to do"),
+        (["q.gguf", "--base", "q.gguf"], "needs --text"),
+        (["notes.txt", "--base-logits", "base.bin"], "not a .gguf file"),
+        (["q.gguf", "--base-logits", "missing.bin"], "no such file"),
+        (["q.gguf", "--base-logits", "notes.txt"], "notes.txt"),  # not a logits file (or llama.cpp missing)
+    ],
+)
+def test_the_kld_command_refuses_bad_input_in_one_line(tmp_path, args, words):
+    from tests.conftest import run_cli
+
+    (tmp_path / "q.gguf").write_bytes(b"GGUF")
+    (tmp_path / "base.bin").write_bytes(b"_logits_")
+    (tmp_path / "notes.txt").write_text("not logits")
+    code, _, err = run_cli(["kld", *[a if a.startswith("--") else str(tmp_path / a) for a in args]])
+    assert code == 2 and err.count("\n") == 1, err
+    assert words in err or "llama-cpp-python" in err, err

@@ -11,6 +11,7 @@ llmaudit computes that file itself (kept with ``--save-base-logits FILE``: the t
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,22 +26,34 @@ from llmaudit.quantize.gguf_logits import read_base_logits
 from llmaudit.quantize.llama_cpp_lib import availability
 
 
-def _check_inputs(quantized: list[Path], base_logits: Path | None, base: Path | None, text: Path | None,
-                  save: Path | None) -> None:  # fmt: skip
+@dataclass(frozen=True)
+class BaseSource:
+    """Where the base log-probabilities come from: a file llama-perplexity wrote (`logits`), or a base GGUF and a
+    text (`gguf`, `text`) evaluated in chunks of `n_ctx` tokens (at most `chunks` of them), the file kept at `save`."""
+
+    logits: Path | None = None
+    gguf: Path | None = None
+    text: Path | None = None
+    save: Path | None = None
+    n_ctx: int = 512
+    chunks: int | None = None
+
+
+def _check_inputs(quantized: list[Path], source: BaseSource) -> None:
     """One-line refusals before any model is loaded."""
-    if (base_logits is None) == (base is None):
+    if (source.logits is None) == (source.gguf is None):
         raise UserError("kld: pass either --base-logits FILE (llama-perplexity --kl-divergence-base's file) or "
                         "--base BASE.gguf --text TEXT")  # fmt: skip
-    if base is not None and text is None:
+    if source.gguf is not None and source.text is None:
         raise UserError("kld: --base BASE.gguf needs --text TEXT (the text both models are evaluated on)")
-    if base is None and (text is not None or save is not None):
+    if source.gguf is None and (source.text is not None or source.save is not None):
         raise UserError("kld: --text and --save-base-logits go with --base BASE.gguf")
-    if not quantized and save is None:
+    if not quantized and source.save is None:
         raise UserError("kld: nothing to do; fix: name quantized .gguf files, or --save-base-logits FILE")
-    for path in [*quantized, *([base] if base else [])]:
+    for path in [*quantized, *([source.gguf] if source.gguf else [])]:
         if not (path.is_file() and path.suffix == ".gguf"):
             raise UserError(f"{path}: not a .gguf file; fix: pass GGUF model files")
-    for path in [p for p in (base_logits, text) if p is not None]:
+    for path in [p for p in (source.logits, source.text) if p is not None]:
         if not path.is_file():
             raise UserError(f"{path}: no such file")
     reason = availability()
@@ -48,20 +61,20 @@ def _check_inputs(quantized: list[Path], base_logits: Path | None, base: Path | 
         raise UserError(f"kld evaluates the GGUF files with llama.cpp: {reason}")
 
 
-def kld_command(quantized: list[Path], *, base_logits: Path | None = None, base: Path | None = None,
-                text: Path | None = None, save: Path | None = None, n_ctx: int = 512, chunks: int | None = None,
-                batch: int = DEFAULT_BATCH, threads: int | None = None) -> list[dict]:  # fmt: skip
+def kld_command(quantized: list[Path], source: BaseSource, *, batch: int = DEFAULT_BATCH,
+                threads: int | None = None) -> list[dict]:  # fmt: skip
     """The statistics of each quantized file against the base (module docstring); one JSON record each
     (``gguf_kld.summary_record``)."""
-    _check_inputs(quantized, base_logits, base, text, save)
+    _check_inputs(quantized, source)
     threads = threads or max(1, torch.get_num_threads())
     with tempfile.TemporaryDirectory(prefix="llmaudit-kld-") as tmp:
-        if base is not None:
-            content = text.read_text(encoding="utf-8", errors="replace")  # type: ignore[union-attr]
-            target = save or Path(tmp) / "base.logits"
-            logits = write_base(base, target, text=content, n_ctx=n_ctx, chunks=chunks, threads=threads, batch=batch)
+        if source.gguf is not None:
+            content = source.text.read_text(encoding="utf-8", errors="replace")  # type: ignore[union-attr]
+            target = source.save or Path(tmp) / "base.logits"
+            logits = write_base(source.gguf, target, text=content, n_ctx=source.n_ctx, chunks=source.chunks,
+                                threads=threads, batch=batch)  # fmt: skip
         else:
-            logits = read_base_logits(base_logits)  # type: ignore[arg-type]
+            logits = read_base_logits(source.logits)  # type: ignore[arg-type]
         return [
             summary_record(str(q), compare_with_base(logits, q, threads=threads, batch=batch), logits)
             for q in quantized
@@ -86,8 +99,8 @@ def kld(
     ),  # fmt: skip
 ) -> None:
     """llama.cpp's KL statistics (llama-perplexity --kl-divergence) of quantized GGUF files, computed by llmaudit."""
-    records = kld_command(list(quantized or []), base_logits=base_logits, base=base, text=text,
-                          save=save_base_logits, n_ctx=ctx, chunks=chunks, batch=batch, threads=threads)  # fmt: skip
+    source = BaseSource(base_logits, base, text, save_base_logits, ctx, chunks)
+    records = kld_command(list(quantized or []), source, batch=batch, threads=threads)
     if save_base_logits is not None:
         typer.echo(f"wrote the base log-probabilities to {save_base_logits}")
     for record in records:

@@ -73,7 +73,7 @@ def _llama3_factors(rope: dict[str, Any], dim: int) -> np.ndarray:
     low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
     old = rope.get("original_max_position_embeddings", 8192)
     out = []
-    for freq in freqs.tolist():
+    for freq in freqs:  # float32 tensors, as the converter computes them
         wavelen = 2 * math.pi / freq
         if wavelen < old / high:
             out.append(1.0)
@@ -82,7 +82,7 @@ def _llama3_factors(rope: dict[str, Any], dim: int) -> np.ndarray:
         else:
             smooth = (old / wavelen - low) / (high - low)
             out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.asarray(out, dtype=np.float32)
+    return torch.tensor(out, dtype=torch.float32).numpy()
 
 
 def _hyper_parameters(writer, config: Any) -> np.ndarray | None:
@@ -100,9 +100,8 @@ def _hyper_parameters(writer, config: Any) -> np.ndarray | None:
     writer.add_rope_freq_base(float(rope["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     dim = head_dim(config)
-    if dim != config.hidden_size // config.num_attention_heads:
-        writer.add_key_length(dim)
-        writer.add_value_length(dim)
+    writer.add_key_length(dim)
+    writer.add_value_length(dim)
     writer.add_vocab_size(int(config.vocab_size))
     writer.add_rope_dimension_count(dim)
     kind = str(rope["rope_type"]).lower()

@@ -43,16 +43,18 @@ class LlamaCppModel:
     Args:
         path: the .gguf file.
         threads: CPU threads of llama.cpp's kernels.
+        flash_attention: None (llama.cpp's default, `auto`: on where the backend has it, as on a CPU), or on/off.
 
     Raises:
         QuantizationError: llama.cpp cannot be used here, or cannot load the file (its last log lines attached).
     """
 
-    def __init__(self, path: str | Path, *, threads: int):
+    def __init__(self, path: str | Path, *, threads: int, flash_attention: bool | None = None):
         libs = llama_cpp_lib.libraries()
         self._b = libs.binding
         self.path = Path(path)
         self.threads = max(1, int(threads))
+        self.flash_attention = -1 if flash_attention is None else int(bool(flash_attention))  # llama_flash_attn_type
         params = self._b.llama_model_default_params()
         params.n_gpu_layers = 0
         self._model = self._b.llama_model_load_from_file(str(self.path).encode(), params)
@@ -114,6 +116,7 @@ class LlamaCppModel:
         params.n_seq_max = shape.sequences
         params.n_threads = params.n_threads_batch = self.threads
         params.kv_unified = False
+        params.flash_attn_type = self.flash_attention
         self._ctx = self._b.llama_init_from_model(self._model, params)
         if not self._ctx:
             raise QuantizationError(
