@@ -173,6 +173,9 @@ def test_score_through_llama_cpp_records_the_engine_and_keeps_torch_as_reference
     kl = np.concatenate([v for v in gguf_final["token_kl"] if isinstance(v, np.ndarray)])
     assert np.isfinite(kl).all() and kl.mean() > 0  # llama.cpp's logits against torch's full precision
     assert gguf_final["generated"].map(lambda v: isinstance(v, str)).sum() == 2
+    code, _, err = run_cli(["report", root])
+    assert code == 0, err
+    assert "scored by llama.cpp" in (store.report_dir / "report.md").read_text()  # the grid's family column
 
     torch_root = _copy(trained, tmp_path, "torch")
     code, _, err = run_cli(["score", torch_root, QUANTIZERS, "score.engine=torch", "train.runs=2", "--no-progress"])
