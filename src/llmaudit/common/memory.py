@@ -137,10 +137,10 @@ def release_memory() -> bool:
 def frozen_survivors() -> Iterator[None]:
     """Within: the objects alive at entry (the imported modules, a process's loaded inputs) are left out of every
     garbage collection (`gc.freeze`, after one collection), so each `release_memory` within walks only the objects
-    made since. A scoring process holds about 600,000 such objects, and a full collection of them took 0.3-0.5 s
-    per scoring unit, most of a unit of the demo's tiny model (docs/results/speed.md). Frozen objects are still
-    freed when their last reference goes (a model, whose modules form no reference cycle); only cyclic garbage
-    among them waits for the exit. After: they are collected again as before (`gc.unfreeze`)."""
+    made since. A scoring process holds hundreds of thousands of such objects, and walking them at every unit
+    was most of a unit of the demo's tiny model (docs/results.md, "Where a demo unit's time goes"). Frozen objects
+    are still freed when their last reference goes (a model, whose modules form no reference cycle); only cyclic
+    garbage among them waits for the exit. After: they are collected again as before (`gc.unfreeze`)."""
     gc.collect()
     gc.freeze()
     try:
