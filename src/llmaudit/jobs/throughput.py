@@ -200,13 +200,7 @@ def measure_throughput(
     load_s = time.perf_counter() - t0
     tokens = sum(len(ids) for ids, _ in examples)
 
-    options = ScoringOptions(
-        token_budget=budget,
-        head_chunk=cfg.score.head_chunk,
-        vocab_stats=cfg.score.vocab_stats,
-        device=device,
-        cpu_workers=cfg.score.cpu_workers,
-    )
+    options = _scoring_options(cfg, device, budget)
 
     def run_scoring(m: Any) -> None:
         score_examples(m, examples, pad_id=pad, options=options)
@@ -319,6 +313,17 @@ def _quantizer_costs(
         quantize_s[name] = (time.perf_counter() - t0) * layers / max(1, min(2, layers))
         slowdown[name] = max(1.0, _timed(lambda qm=qmodel: run_scoring(qm), repeats=1) / base_s)
     return quantize_s, slowdown
+
+
+def _scoring_options(cfg: ExperimentConfig, device: torch.device, budget: int) -> ScoringOptions:
+    sc = cfg.score
+    return ScoringOptions(
+        token_budget=budget,
+        head_chunk=sc.head_chunk,
+        vocab_stats=sc.vocab_stats,
+        device=device,
+        cpu_workers=sc.cpu_workers,
+    )
 
 
 def _val_sample(cfg: ExperimentConfig, draw: Draw) -> list:
