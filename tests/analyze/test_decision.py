@@ -55,8 +55,8 @@ def _count(rows_pos, rows_neg, thr):
 def _reference_empirical(scores, keep, weights, fpr, folds):
     """`empirical_counts` one resample, target and fold at a time, rows repeated by their sample's weight."""
     n_folds = int(folds.max()) + 1
-    whole, train, test = np.zeros((weights.shape[0], 4)), np.zeros((weights.shape[0], n_folds, 4)), None
-    test = np.zeros_like(train)
+    whole, train, test = np.zeros((weights.shape[0], 4)), np.zeros((n_folds, 4)), None
+    test = np.zeros((weights.shape[0], n_folds, 4))
     for b, w in enumerate(weights.astype(int)):
         for m in range(scores.shape[0]):
             ok = np.isfinite(scores[m])
@@ -68,11 +68,12 @@ def _reference_empirical(scores, keep, weights, fpr, folds):
             thr = _in_sample_threshold(rows(ok & keep[m]), rows(ok & ~keep[m]), cands, fpr)
             whole[b] += _count(rows(ok & keep[m]), rows(ok & ~keep[m]), thr)
             for f in range(n_folds):
-                fit, own = ok & (folds != f), ok & (folds == f)
-                thr = _in_sample_threshold(rows(fit & keep[m]), rows(fit & ~keep[m]), cands, fpr)
-                train[b, f] += _count(rows(fit & keep[m]), rows(fit & ~keep[m]), thr)
-                thr = _conformal_threshold(rows(own & ~keep[m]), fpr)
+                rest, own = ok & (folds != f), ok & (folds == f)
+                thr = _conformal_threshold(rows(rest & ~keep[m]), fpr)  # measured: f's rows, the others' threshold
                 test[b, f] += _count(rows(own & keep[m]), rows(own & ~keep[m]), thr)
+                if b == 0:  # chosen: the others' members, f's non-members and their in-sample threshold
+                    thr = _in_sample_threshold(rows(rest & keep[m]), rows(own & ~keep[m]), cands, fpr)
+                    train[f] += _count(rows(rest & keep[m]), rows(own & ~keep[m]), thr)
     return whole, train, test
 
 
@@ -140,48 +141,57 @@ def test_multiplicities_keep_row_zero_observed_and_strata_sizes():
 @pytest.mark.parametrize("M, N, fpr", [(5, 60, 0.1), (6, 1500, 0.01)])
 def test_calibrated_counts_equal_a_slow_reference(M, N, fpr):
     """Calibrated scores pooled over targets: strict and loose thresholds (the higher and the lower of the analytic
-    and the empirical one), the choice at the analytic threshold, the measurement at the strict one. The larger case
-    finds the empirical threshold among the top non-members only (`pooled._empirical_thresholds`' window)."""
+    and the empirical one); per fold of samples, the choice (train: the other folds) and the measurement (test: the
+    fold) both at the strict threshold. The larger case finds the empirical threshold among the top non-members only
+    (`pooled._empirical_thresholds`' window)."""
     rng = np.random.default_rng(8)
     keep = rng.random((M, N)) < 0.4
     z = np.round(rng.normal(size=(M, N)) + keep, 1)
     z[2, 5] = np.nan
     weights = multiplicities(N, 4, seed=9)
-    folds = np.arange(M) % 3
+    folds = np.arange(N) % 3
     strict, loose, train, test = calibrated_counts(z, keep, weights, fpr, folds)
     analytic = stats.norm.ppf(1 - fpr)
     for b, w in enumerate(weights.astype(int)):
 
-        def rows(targets, cls, w=w):
-            picked = [cls[m] & np.isfinite(z[m]) for m in range(M)]
-            return np.concatenate([np.repeat(z[m, picked[m]], w[picked[m]]) for m in np.flatnonzero(targets)])
+        def rows(samples, cls, w=w):
+            picked = [cls[m] & np.isfinite(z[m]) & samples for m in range(M)]
+            return np.concatenate([np.repeat(z[m, picked[m]], w[picked[m]]) for m in range(M)])
 
-        everyone = np.ones(M, bool)
+        everyone = np.ones(N, bool)
         emp = _in_sample_threshold(rows(everyone, keep), rows(everyone, ~keep), np.unique(z[np.isfinite(z)]), fpr)
         high, low = max(analytic, emp), min(analytic, emp)
         assert strict[b].tolist() == _count(rows(everyone, keep), rows(everyone, ~keep), high)
         assert loose[b].tolist() == _count(rows(everyone, keep), rows(everyone, ~keep), low)
         for f in range(3):
             other, own = folds != f, folds == f
-            assert train[b, f].tolist() == _count(rows(other, keep), rows(other, ~keep), analytic)
-            assert test[b, f].tolist() == _count(rows(own, keep), rows(own, ~keep), high)
+            measuring = max(analytic, _conformal_threshold(rows(other, ~keep), fpr))
+            assert test[b, f].tolist() == _count(rows(own, keep), rows(own, ~keep), measuring)
+            if b == 0:  # the choice: the others' members against a normal fitted to f's non-members
+                neg = rows(own, ~keep)
+                choosing = max(analytic, neg.mean() + neg.std() * analytic)
+                assert train[f] == pytest.approx(_count(rows(other, keep), neg, choosing))
 
 
-def test_cross_fit_chooses_on_the_other_folds_and_measures_on_its_own():
-    # 2 attacks, 2 folds. Attack 0 looks best when fold 1 is held out (train = fold 0), attack 1 when fold 0 is.
-    train = np.zeros((1, 2, 2, 4))
-    test = np.zeros((1, 2, 2, 4))
-    train[0, 0, 0] = [9, 10, 0, 10]  # attack 0 on the complement of fold 0: 0.9
-    train[0, 1, 0] = [1, 10, 0, 10]
-    train[0, 0, 1] = [1, 10, 0, 10]
-    train[0, 1, 1] = [9, 10, 0, 10]  # attack 1 on the complement of fold 1: 0.9
+def test_cross_fit_chooses_on_the_observed_data_and_keeps_that_choice_in_every_resample():
+    # 2 attacks, 2 folds. Attack 0 looks best where fold 0 is measured, attack 1 where fold 1 is.
+    train = np.zeros((2, 2, 4))
+    train[0, 0] = [9, 10, 0, 10]  # attack 0, chosen for fold 0: 0.9
+    train[1, 0] = [1, 10, 0, 10]
+    train[0, 1] = [1, 10, 0, 10]
+    train[1, 1] = [9, 10, 0, 10]  # attack 1, chosen for fold 1: 0.9
+    test = np.zeros((2, 2, 2, 4))
     test[0, 0, 0] = [2, 10, 1, 50]  # measured: attack 0 on fold 0
     test[0, 1, 1] = [3, 10, 0, 50]  # attack 1 on fold 1
     test[0, 1, 0] = [10, 10, 0, 50]  # never picked for fold 0: must not count
-    tpr, fpr, picked, pooled = cross_fit(train, test)
-    assert picked[0].tolist() == [0, 1]
-    assert tpr[0] == pytest.approx(5 / 20) and fpr[0] == pytest.approx(1 / 100)
-    assert pooled[0].tolist() == [5, 20, 1, 100]
+    test[1] = test[0] + 1  # a resample: the same attacks are counted in it
+    cf = cross_fit(train, test)
+    assert cf.picked.tolist() == [0, 1]
+    assert cf.tpr[0] == pytest.approx(5 / 20) and cf.fpr[0] == pytest.approx(1 / 100)
+    assert cf.pooled[0].tolist() == [5, 20, 1, 100]
+    assert cf.pooled[1].tolist() == [7, 22, 3, 102]
+    train[:, 1] = 0  # no attack has members where fold 1 is chosen: the fold is left out
+    assert cross_fit(train, test).picked.tolist() == [0, -1] and cross_fit(train, test).pooled[0].tolist() == [2, 10, 1, 50]
 
 
 def test_wilson_and_effective_n_by_hand():
