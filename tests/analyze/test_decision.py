@@ -1,5 +1,5 @@
 """The release decision (docs/science.md section 12): its counts against slow reference loops, its bounds by hand,
-and simulations with known truth that show the error rates the rule claims (false FAIL, false PASS, false MORE)."""
+and the whole path from a store's loss table."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from llmaudit.analyze.attacks.evaluate import run_attacks
-from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide
+from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.decision.bounds import effective_n, samples_factor, wilson
 from llmaudit.analyze.decision.counts import (
     FP,
@@ -217,117 +217,8 @@ def test_weighted_auroc_equals_sklearn_and_repetition():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# simulations with known truth
-
-
-def _calibrated(rng, tprs, *, M=6, N=256, frac=0.25, rho=0.5, tau=0.3, base=None):
-    """Per-sample calibrated scores of len(tprs) correlated attacks with the given true TPRs at 1% FPR: a non-member's
-    z is N(0, 1) (a sample effect tau, an effect shared by the attacks rho), a member's is shifted by
-    Phi^-1(0.99) - Phi^-1(1 - tpr), so that its TPR at the threshold where non-members are above 1% of the time
-    is tpr. `base`: (keep, noise) of a reference quantizer to pair with."""
-    if base is None:
-        keep = np.zeros((M, N), bool)
-        for m in range(M):
-            keep[m, rng.choice(N, int(frac * N), replace=False)] = True
-        noise = [
-            np.sqrt(tau) * rng.normal(size=N) + np.sqrt(1 - tau) * rng.normal(size=(M, N)) for _ in range(len(tprs) + 1)
-        ]
-    else:
-        keep, noise = base
-    scores = {}
-    for a, t in enumerate(tprs):
-        shift = THRESHOLD_1PCT - stats.norm.ppf(1 - t)
-        scores[f"a{a}"] = np.sqrt(rho) * noise[-1] + np.sqrt(1 - rho) * noise[a] + shift * keep
-    ids = [str(i) for i in range(keep.shape[1])]
-    return QuantizerEvidence("q", "calibrated", ids, keep, scores), (keep, noise)
-
-
-def _rates(make, reps, settings, seed=0):
-    rng = np.random.default_rng(seed)
-    out = {"PASS": 0, "FAIL": 0, "INCONCLUSIVE": 0, "NOT MEASURED": 0, "old_fail": 0}
-    for _ in range(reps):
-        d = decide({"q": make(rng)}, None, settings).per_quantizer["q"]
-        out[d.status] += 1
-        out["old_fail"] += d.in_sample_max.value > settings.limit  # the rule before: any estimate above the limit
-    return {k: v / reps for k, v in out.items()}
-
-
-MC = 0.045  # allowance for Monte-Carlo error: about 3 standard errors of a 5% rate over 200 repetitions
-
-
-def test_false_fail_rate_at_the_limit_is_at_most_alpha_where_the_old_rule_fails_almost_always():
-    """16 correlated attacks whose true TPR at 1% FPR all equal the limit (the worst case of choosing the strongest
-    on the data it is judged on): the cross-fitted rule FAILs at most alpha of the time."""
-    s = DecisionSettings(resamples=150)
-    r = _rates(lambda rng: _calibrated(rng, [0.05] * 16)[0], 200, s)
-    assert r["FAIL"] <= 0.05 + MC
-    assert r["old_fail"] >= 0.9
-
-
-def test_false_pass_rate_with_one_attack_at_the_limit_is_at_most_alpha():
-    s = DecisionSettings(resamples=150)
-    r = _rates(lambda rng: _calibrated(rng, [0.05] + [0.01] * 15)[0], 200, s, seed=1)
-    assert r["PASS"] <= 0.05 + MC
-
-
-def test_no_leakage_never_fails_and_clear_leakage_fails():
-    s = DecisionSettings(resamples=150)
-    null = _rates(lambda rng: _calibrated(rng, [0.01] * 16)[0], 60, s, seed=2)
-    assert null["FAIL"] == 0
-    # PASS needs every one of 16 simultaneous upper bounds, at the looser of two thresholds, below 0.05: 384 member
-    # rows (the verdict recipe's size) rarely show that for attacks at chance; four times the samples do
-    big = _rates(lambda rng: _calibrated(rng, [0.01] * 16, N=1024)[0], 20, s, seed=2)
-    assert null["PASS"] <= 0.5 and big["PASS"] >= 0.9 and big["FAIL"] == 0
-    leaky = _rates(lambda rng: _calibrated(rng, [0.2] + [0.01] * 15)[0], 30, s, seed=3)
-    assert leaky["FAIL"] >= 0.95
-
-
-def _empirical(rng, tprs, n_mem=600, n_non=1000, rho=0.5):
-    N = n_mem + n_non
-    keep = np.zeros((1, N), bool)
-    keep[0, :n_mem] = True
-    shared = rng.normal(size=(1, N))
-    scores = {
-        f"a{a}": np.sqrt(rho) * shared
-        + np.sqrt(1 - rho) * rng.normal(size=(1, N))
-        + (THRESHOLD_1PCT - stats.norm.ppf(1 - t)) * keep
-        for a, t in enumerate(tprs)
-    }
-    return QuantizerEvidence("q", "empirical", [str(i) for i in range(N)], keep, scores)
-
-
-@pytest.mark.slow
-def test_single_target_false_fail_rate_at_the_limit_is_at_most_alpha():
-    """One target model judged on its own held-out non-members (empirical thresholds, folds of samples)."""
-    s = DecisionSettings(resamples=200)
-    r = _rates(lambda rng: _empirical(rng, [0.05] * 8), 200, s, seed=4)
-    assert r["FAIL"] <= 0.05 + 0.045  # 200 repetitions: about 3 standard errors
-    assert r["old_fail"] >= 0.7
-
-
-def _paired(rng, shift_more: float):
-    """A reference and a quantizer whose scores are the reference's plus small quantization noise; with shift_more
-    > 0 the quantizer's members score higher by that much (it leaks more)."""
-    ref, base = _calibrated(rng, [0.05] * 4)
-    keep, _ = base
-    q_scores = {k: v + 0.15 * rng.normal(size=v.shape) + shift_more * keep for k, v in ref.scores.items()}
-    q = QuantizerEvidence("q", "calibrated", ref.sample_ids, keep, q_scores)
-    return {
-        "ref": QuantizerEvidence("ref", "calibrated", ref.sample_ids, keep, ref.scores),
-        "q": q,
-    }
-
-
-def test_comparison_with_full_precision_controls_false_more_and_finds_a_planted_difference():
-    s = DecisionSettings(resamples=150)
-    rng = np.random.default_rng(5)
-    same = [decide(_paired(rng, 0.0), "ref", s).per_quantizer["q"].comparison.direction for _ in range(200)]
-    assert same.count("MORE") / 200 <= 0.05 + 0.045 and same.count("LESS") / 200 <= 0.05 + 0.045
-    more = [decide(_paired(rng, 0.6), "ref", s).per_quantizer["q"] for _ in range(30)]
-    assert sum(d.comparison.direction == "MORE" for d in more) >= 27
-    assert all(d.comparison.difference.value > 0 for d in more)
-    ref_itself = decide(_paired(rng, 0.0), "ref", s).per_quantizer["ref"].comparison
-    assert ref_itself.direction == "SAME" and ref_itself.difference.value == 0.0
+# a store: the whole path from a loss table (the simulations with known truth: test_decision_rule.py,
+# test_decision_exact.py, test_decision_compare.py)
 
 
 def _store_table(rng, *, n_runs=6, n_samples=400, n_tokens=8, planted=0.25):
