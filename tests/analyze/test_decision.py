@@ -191,7 +191,12 @@ def test_cross_fit_chooses_on_the_observed_data_and_keeps_that_choice_in_every_r
     assert cf.pooled[0].tolist() == [5, 20, 1, 100]
     assert cf.pooled[1].tolist() == [7, 22, 3, 102]
     train[:, 1] = 0  # no attack has members where fold 1 is chosen: the fold is left out
-    assert cross_fit(train, test).picked.tolist() == [0, -1] and cross_fit(train, test).pooled[0].tolist() == [2, 10, 1, 50]
+    assert cross_fit(train, test).picked.tolist() == [0, -1] and cross_fit(train, test).pooled[0].tolist() == [
+        2,
+        10,
+        1,
+        50,
+    ]
 
 
 def test_wilson_and_effective_n_by_hand():

@@ -97,7 +97,9 @@ def _one_target(rng, tprs, n_mem=300, n_non=400, targets=1) -> dict:
     if targets == 1:
         return {"fp": ev}
     keep = np.repeat(ev.keep, targets, axis=0)
-    scores = {a: np.repeat(v, targets, axis=0) + 0.1 * rng.normal(size=(targets, v.shape[1])) for a, v in ev.scores.items()}
+    scores = {
+        a: np.repeat(v, targets, axis=0) + 0.1 * rng.normal(size=(targets, v.shape[1])) for a, v in ev.scores.items()
+    }
     return {"fp": QuantizerEvidence("fp", "empirical", ev.sample_ids, keep, scores)}
 
 
@@ -108,10 +110,10 @@ def test_an_import_with_400_held_out_records_fails_on_a_large_leak_and_is_not_me
     assert leak.status == "FAIL" and leak.strongest.route == "exact" and leak.strongest.selected == ["a1"]
     assert leak.strongest.tpr.low > s.limit and leak.strongest.tpr.high is None
     assert leak.strongest.tpr.confidence == pytest.approx(0.95)
-    assert [c.test for c in leak.criteria] == ["FAIL"] and leak.criteria[0].held
+    assert [c.test for c in leak.tests] == ["FAIL"] and leak.tests[0].held
     null = decide(_one_target(rng, [0.01, 0.01, 0.01]), None, s).per_quantizer["fp"]
     assert null.status == "NOT MEASURED" and "exact FAIL test" in null.reason
-    assert [c.test for c in null.criteria] == ["FAIL", "MEASURED"] and not any(c.held for c in null.criteria)
+    assert [c.test for c in null.tests] == ["FAIL", "MEASURED"] and not any(c.held for c in null.tests)
     assert null.size_needed.towards == "MEASURED" and null.size_needed.factor == pytest.approx(1000 / 400)
     few = decide(_one_target(rng, [0.01, 0.4], n_non=200), None, s).per_quantizer["fp"]
     assert few.status == "NOT MEASURED" and "needs at least 378" in few.reason

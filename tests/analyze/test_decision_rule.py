@@ -65,7 +65,11 @@ def test_the_headline_is_at_least_the_best_fixed_attack_minus_the_selection_cost
 def test_false_fail_rate_at_the_limit_is_at_most_alpha_where_the_in_sample_maximum_fails_almost_always():
     """Every attack's true TPR at 1% FPR equals the limit, the anti-conservative one's too (0.15 at its analytic
     threshold): the rule FAILs at most alpha of the time; the in-sample maximum is above the limit nearly always."""
-    r = rates(lambda rng: calibrated(rng, [0.05] * 8, miscalibrated=Miscalibrated(0.15, 0.05)), 200, DecisionSettings(resamples=150))
+    r = rates(
+        lambda rng: calibrated(rng, [0.05] * 8, miscalibrated=Miscalibrated(0.15, 0.05)),
+        200,
+        DecisionSettings(resamples=150),
+    )
     assert r["FAIL"] <= 0.05 + MC
     assert r["old_fail"] >= 0.9
 
@@ -90,7 +94,9 @@ def test_no_leakage_never_fails_and_a_pass_comes_with_the_size_it_needs():
     # the verdict recipe's samples show that for calibrated attacks at chance
     big = rates(lambda rng: calibrated(rng, [0.01] * 8, N=1024), 20, s, seed=3)
     assert big["PASS"] >= 0.9 and big["FAIL"] == 0
-    leaky = rates(lambda rng: calibrated(rng, [0.2] + [0.01] * 6, miscalibrated=Miscalibrated(0.3, 0.01)), 30, s, seed=4)
+    leaky = rates(
+        lambda rng: calibrated(rng, [0.2] + [0.01] * 6, miscalibrated=Miscalibrated(0.3, 0.01)), 30, s, seed=4
+    )
     assert leaky["FAIL"] >= 0.95
 
 

@@ -22,9 +22,7 @@ def _equivalent_per_attack(per_attack: list[Difference], margin: float) -> tuple
     """(every attack's paired difference of leakage beyond chance has its interval inside (-margin, +margin), the
     attack whose interval reaches furthest); False without any interval."""
     diffs = [
-        d
-        for d in per_attack
-        if d.metric == "excess_tpr" and d.estimate.low is not None and d.estimate.high is not None
+        d for d in per_attack if d.metric == "excess_tpr" and d.estimate.low is not None and d.estimate.high is not None
     ]
     if not diffs:
         return False, None
@@ -73,17 +71,21 @@ def compare(
         return Comparison(direction="NOT MEASURED", equivalent=False, sentence=why, **base)
     equivalent, widest = _equivalent_per_attack(per_attack, s.margin)
     direction = "MORE" if lo > 0 else "LESS" if hi < 0 else "SAME" if equivalent else "CANNOT TELL"
-    span = f"leakage beyond chance {d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-    if widest is not None:
-        w = widest.estimate
-        span += f"; widest per attack {widest.attack} {w.value:+.3f} [{w.low:+.3f}, {w.high:+.3f}]"
-    sentence = {
-        "MORE": f"{quantizer} leaks more than {reference} ({span})",
-        "LESS": f"{quantizer} leaks less than {reference} ({span})",
-        "SAME": f"{quantizer} leaks the same as {reference}: every attack within +-{s.margin:g} ({span})",
-        "CANNOT TELL": f"the data cannot tell whether {quantizer} leaks more or less than {reference} (intervals "
-        f"reach beyond +-{s.margin:g}: {span})",
-    }[direction]
+    sentence = _sentence(quantizer, reference, direction, f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]", widest, s.margin)
     if direction in ("MORE", "LESS") and equivalent:
         sentence += f", by less than the margin +-{s.margin:g} on every attack"
     return Comparison(direction=direction, equivalent=equivalent, sentence=sentence, **base)  # type: ignore[arg-type]
+
+
+def _sentence(quantizer: str, reference: str, direction: str, interval: str, widest, margin: float) -> str:
+    span = f"leakage beyond chance {interval}"
+    if widest is not None:
+        w = widest.estimate
+        span += f"; widest per attack {widest.attack} {w.value:+.3f} [{w.low:+.3f}, {w.high:+.3f}]"
+    return {
+        "MORE": f"{quantizer} leaks more than {reference} ({span})",
+        "LESS": f"{quantizer} leaks less than {reference} ({span})",
+        "SAME": f"{quantizer} leaks the same as {reference}: every attack within +-{margin:g} ({span})",
+        "CANNOT TELL": f"the data cannot tell whether {quantizer} leaks more or less than {reference} (intervals "
+        f"reach beyond +-{margin:g}: {span})",
+    }[direction]

@@ -40,10 +40,11 @@ from llmaudit.analyze.decision.pooled import calibrated_counts, weighted_auroc
 from llmaudit.analyze.decision.rule import CountArrays, DecisionSettings, decision_of
 
 RULE_STATEMENTS = [
-    "Headline: the strongest attack, chosen per fold of samples by its TPR on the other folds at the threshold it "
-    "is measured at (calibrated scores: the higher of the analytic and the empirical 1% threshold; one target: an "
-    "empirical threshold), measured on the fold and pooled over folds (cross-fitting); its interval is conditional "
-    "on the choices made.",
+    "Headline: the strongest attack, cross-fitted over folds of samples: for each fold it is chosen by its TPR on "
+    "the other folds' members against a threshold that holds 1% FPR on the fold's own non-members, and measured on "
+    "the fold against a threshold that holds 1% FPR on the other folds' non-members (calibrated scores: the higher of "
+    "that and the analytic threshold; one target: empirical thresholds); the counts are pooled over folds, and its "
+    "interval is conditional on the choices made.",
     "FAIL: the headline's one-sided lower bound (1 - alpha) is above the limit: leakage above the limit is shown; a "
     "quantizer whose every attack's true TPR is at or below the limit FAILs with probability at most alpha. With one "
     "target and fewer than 10 / FPR non-members the lower bound is exact: an order-statistic threshold that holds "

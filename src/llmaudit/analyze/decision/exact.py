@@ -100,7 +100,9 @@ def exact_design(members: int, nonmembers: int, n_attacks: int, s: DecisionSetti
     if members - select_mem < 1 or (n_attacks > 1 and select_mem < 1):
         return f"{members} member scores: too few to choose an attack and measure it"
     k, alpha_t = threshold_rank(nonmembers - select_non, s.fpr, s.alpha / 2)
-    return ExactDesign(select_mem, select_non, members - select_mem, nonmembers - select_non, k, alpha_t, s.alpha - alpha_t)
+    return ExactDesign(
+        select_mem, select_non, members - select_mem, nonmembers - select_non, k, alpha_t, s.alpha - alpha_t
+    )
 
 
 @dataclass(frozen=True)

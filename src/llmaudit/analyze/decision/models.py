@@ -114,7 +114,7 @@ class SizeNeeded(_Model):
     """The attack whose estimate and interval the factor rests on (None: the rule's headline or every attack)."""
 
 
-class Criterion(_Model):
+class VerdictTest(_Model):
     """One test of the three-way rule as it was read: its statistic's value against the limit, and whether it held
     (FAIL: a lower bound above the limit; PASS: the highest simultaneous upper bound below it; MEASURED: enough
     non-members for the rule to read a TPR at the FPR)."""
@@ -147,7 +147,7 @@ class QuantizerDecision(_Model):
     loss_gap: Estimate | None = None
     """Mean loss of non-members minus members (nats per token, pooled over the targets, 95% interval over samples):
     how large the difference behind the TPR is, so that a TPR from a microscopic difference can be judged."""
-    criteria: list[Criterion] = Field(default_factory=list)
+    tests: list[VerdictTest] = Field(default_factory=list)
     """The tests the status was read from, in the rule's order (FAIL, then PASS; or MEASURED): the deciding one is
     the first that held; an INCONCLUSIVE lists both that did not."""
 

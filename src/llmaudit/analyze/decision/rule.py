@@ -105,7 +105,9 @@ def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, 
     An attack is judged where it has 10 / FPR non-member scores."""
     loose, strict = arrays.loose(), arrays.per_attack
     tpr = ratio(loose[..., TP], loose[..., POS])
-    judged = [i for i in range(len(arrays.attacks)) if loose[0, i, NEG] >= s.nonmembers_needed and np.isfinite(tpr[0, i])]
+    judged = [
+        i for i in range(len(arrays.attacks)) if loose[0, i, NEG] >= s.nonmembers_needed and np.isfinite(tpr[0, i])
+    ]
     k = max(1, len(judged))
     out = []
     for i, name in enumerate(arrays.attacks):
@@ -134,8 +136,14 @@ def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, 
         )
     return out + [
         AttackJudgement(
-            attack=name, tpr=Estimate(value=None), upper_bound=None, realised_fpr=None, members=0.0, nonmembers=0.0,
-            judged=False, reason=why,
+            attack=name,
+            tpr=Estimate(value=None),
+            upper_bound=None,
+            realised_fpr=None,
+            members=0.0,
+            nonmembers=0.0,
+            judged=False,
+            reason=why,
         )  # fmt: skip
         for name, why in unjudged.items()
     ]
@@ -265,6 +273,6 @@ def decision_of(
         size_needed=v.size,
         run_to_run_covered=n_targets >= 2,
         n_targets=n_targets,
-        criteria=v.criteria,
+        tests=v.tests,
     )
     return decision, resampled

@@ -104,7 +104,9 @@ def sizing(design: Design, s: DecisionSettings) -> Reach:
     pass_ok = pooled_non >= s.nonmembers_needed and need_mem is not None and pooled_mem >= need_mem
     route, tpr, fail_need = None, None, s.nonmembers_needed
     if design.targets == 1:
-        fail_need = nonmembers_for_threshold(s.fpr, s.alpha / 2) + (MIN_SELECTION_NONMEMBERS if design.attacks > 1 else 0)
+        fail_need = nonmembers_for_threshold(s.fpr, s.alpha / 2) + (
+            MIN_SELECTION_NONMEMBERS if design.attacks > 1 else 0
+        )
     if pooled_non >= s.nonmembers_needed and pooled_mem > 0:
         route, tpr = "cross-fitted", _fail_from_cross_fitted(pooled_mem, s)
     elif design.targets == 1:

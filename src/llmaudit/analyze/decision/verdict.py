@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from llmaudit.analyze.decision.bounds import samples_factor
-from llmaudit.analyze.decision.models import AttackJudgement, Criterion, SizeNeeded, StrongestAttack
+from llmaudit.analyze.decision.models import AttackJudgement, SizeNeeded, StrongestAttack, VerdictTest
 from llmaudit.analyze.decision.settings import DecisionSettings
 
 
@@ -24,12 +24,12 @@ class Verdict:
     status: str
     reason: str
     size: SizeNeeded | None
-    criteria: list[Criterion]
+    tests: list[VerdictTest]
 
 
-def _fail_test(strongest: StrongestAttack, s: DecisionSettings) -> Criterion:
+def _fail_test(strongest: StrongestAttack, s: DecisionSettings) -> VerdictTest:
     low = strongest.tpr.low
-    return Criterion(
+    return VerdictTest(
         test="FAIL",
         statistic=f"one-sided {1 - s.alpha:g} lower bound of the rule's TPR at {s.fpr:.0%} FPR ({strongest.route})",
         value=low,
@@ -39,10 +39,10 @@ def _fail_test(strongest: StrongestAttack, s: DecisionSettings) -> Criterion:
     )
 
 
-def _pass_test(judged: list[AttackJudgement], s: DecisionSettings) -> Criterion:
+def _pass_test(judged: list[AttackJudgement], s: DecisionSettings) -> VerdictTest:
     bounds = [a.upper_bound for a in judged]
     worst = None if not bounds or any(b is None for b in bounds) else max(bounds)  # type: ignore[type-var]
-    return Criterion(
+    return VerdictTest(
         test="PASS",
         statistic=f"highest simultaneous upper bound over the {len(judged)} judged attacks (Bonferroni, "
         f"each {1 - s.alpha / max(1, len(judged)):.4g})",
@@ -53,9 +53,9 @@ def _pass_test(judged: list[AttackJudgement], s: DecisionSettings) -> Criterion:
     )
 
 
-def _measured_test(attacks: list[AttackJudgement], s: DecisionSettings) -> Criterion:
+def _measured_test(attacks: list[AttackJudgement], s: DecisionSettings) -> VerdictTest:
     have = max((a.nonmembers for a in attacks), default=0.0)
-    return Criterion(
+    return VerdictTest(
         test="MEASURED",
         statistic=f"non-member scores of the attack with the most (a PASS needs 10 / FPR at {s.fpr:.0%} FPR)",
         value=have,
@@ -92,14 +92,18 @@ def verdict(
             text += f"; no FAIL can be shown either: {exact_why}"
         factor = s.nonmembers_needed / have if have > 0 else None
         size = SizeNeeded(factor=factor, towards="MEASURED", sentence=_size_sentence(factor, "measure it"))
-        criteria = [fail, measured] if strongest.route == "exact" else [measured]
-        return Verdict("NOT MEASURED", text, size, criteria)
+        tests = [fail, measured] if strongest.route == "exact" else [measured]
+        return Verdict("NOT MEASURED", text, size, tests)
     passed = _pass_test(judged, s)
     if passed.held:
         worst = max(judged, key=lambda a: a.upper_bound)  # type: ignore[arg-type, return-value]
-        reason = f"every attack's simultaneous upper bound < limit {s.limit:g} (highest: {worst.attack} {passed.value:.3f})"
+        reason = (
+            f"every attack's simultaneous upper bound < limit {s.limit:g} (highest: {worst.attack} {passed.value:.3f})"
+        )
         return Verdict("PASS", reason, None, [fail, passed])
-    return Verdict("INCONCLUSIVE", _open_reason(strongest, judged, s), size_to_decide(strongest, judged, s), [fail, passed])
+    return Verdict(
+        "INCONCLUSIVE", _open_reason(strongest, judged, s), size_to_decide(strongest, judged, s), [fail, passed]
+    )
 
 
 def _open_reason(strongest: StrongestAttack, judged: list[AttackJudgement], s: DecisionSettings) -> str:
