@@ -31,10 +31,9 @@ def landed_calibrated_counts(
     for rows in _chunks(s.size, n_folds, weights.shape[0]):
         w = weights[rows][:, unit].astype(np.float32)
         empirical = sorted_threshold(s, np.cumsum(w * ~member, axis=1), fpr, held_out=False)
-        thresholds = {"high": np.maximum(empirical, analytic), "low": np.minimum(empirical, analytic)}
+        thresholds = {"high": empirical, "low": np.minimum(empirical, analytic)}
         for f in range(n_folds):
-            rest = np.cumsum(w * (~member & (fold != f)), axis=1)
-            thresholds[f] = np.maximum(sorted_threshold(s, rest, fpr, held_out=True), analytic)
+            thresholds[f] = sorted_threshold(s, np.cumsum(w * (~member & (fold != f)), axis=1), fpr, held_out=True)
         totals, _, above = _above_by_class_fold(s, w, groups, analytic, thresholds)
         all_folds = totals.sum(axis=2)  # [b, 2]
         strict[rows] = as_counts(above["high"].sum(axis=2), all_folds)

@@ -140,9 +140,9 @@ def test_multiplicities_keep_row_zero_observed_and_strata_sizes():
 
 @pytest.mark.parametrize("M, N, fpr", [(5, 60, 0.1), (6, 1500, 0.01)])
 def test_calibrated_counts_equal_a_slow_reference(M, N, fpr):
-    """Calibrated scores pooled over targets: strict and loose thresholds (the higher and the lower of the analytic
-    and the empirical one); per fold of samples, the choice (train: the other folds) and the measurement (test: the
-    fold) both at the strict threshold. The larger case finds the empirical threshold among the top non-members only
+    """Calibrated scores pooled over targets: every row at the empirical threshold (measured) and at the lower of it
+    and the analytic one (loose); per fold of samples, the choice (the other folds' members against a normal fitted
+    to the fold's non-members) and the measurement (the fold's rows against the others' conformal threshold). The larger case finds the empirical threshold among the top non-members only
     (`pooled._empirical_thresholds`' window)."""
     rng = np.random.default_rng(8)
     keep = rng.random((M, N)) < 0.4
@@ -150,7 +150,7 @@ def test_calibrated_counts_equal_a_slow_reference(M, N, fpr):
     z[2, 5] = np.nan
     weights = multiplicities(N, 4, seed=9)
     folds = np.arange(N) % 3
-    strict, loose, train, test = calibrated_counts(z, keep, weights, fpr, folds)
+    measured, loose, train, test = calibrated_counts(z, keep, weights, fpr, folds)
     analytic = stats.norm.ppf(1 - fpr)
     for b, w in enumerate(weights.astype(int)):
 
@@ -160,16 +160,16 @@ def test_calibrated_counts_equal_a_slow_reference(M, N, fpr):
 
         everyone = np.ones(N, bool)
         emp = _in_sample_threshold(rows(everyone, keep), rows(everyone, ~keep), np.unique(z[np.isfinite(z)]), fpr)
-        high, low = max(analytic, emp), min(analytic, emp)
-        assert strict[b].tolist() == _count(rows(everyone, keep), rows(everyone, ~keep), high)
+        low = min(analytic, emp)
+        assert measured[b].tolist() == _count(rows(everyone, keep), rows(everyone, ~keep), emp)
         assert loose[b].tolist() == _count(rows(everyone, keep), rows(everyone, ~keep), low)
         for f in range(3):
             other, own = folds != f, folds == f
-            measuring = max(analytic, _conformal_threshold(rows(other, ~keep), fpr))
+            measuring = _conformal_threshold(rows(other, ~keep), fpr)
             assert test[b, f].tolist() == _count(rows(own, keep), rows(own, ~keep), measuring)
             if b == 0:  # the choice: the others' members against a normal fitted to f's non-members
                 neg = rows(own, ~keep)
-                choosing = max(analytic, neg.mean() + neg.std() * analytic)
+                choosing = neg.mean() + neg.std() * analytic
                 assert train[f] == pytest.approx(_count(rows(other, keep), neg, choosing))
 
 

@@ -4,14 +4,15 @@ one typed `ReleaseDecision`.
 
 Two modes, chosen once per store from the number of target models M (fine-tuning runs):
 - calibrated (M >= max(2, min_runs)): every attack's per-sample calibrated scores (each sample's OUT scores under
-  the other models standardised; on one normal scale, `normal_scores`) pooled over the targets, against the
-  analytic threshold and the empirical one of the pooled non-member rows: the headline is measured at the higher
-  (the measuring threshold) and a PASS reads the lower (`calibrated_counts`); the strongest attack is chosen on
-  folds of samples at the measuring threshold and measured on each; samples are resampled with all their models.
+  the other models standardised; on one normal scale, `normal_scores`) pooled over the targets: each attack's own
+  TPR is read at the empirical threshold of the pooled non-member rows and a PASS reads the lower of it and the
+  analytic threshold (`calibrated_counts`); the strongest attack is chosen and measured over folds of samples with
+  the classes crossed (chosen on the other folds' members against a normal fitted to the fold's non-members,
+  measured on the fold against the other folds' conformal threshold); samples are resampled with all their models.
 - empirical (fewer targets, e.g. one imported fine-tune): each target's raw scores against an empirical threshold
   from its own held-out non-members (the TPR at a fixed FPR that MIMIR and the EZ-MIA paper report); the
-  strongest attack is chosen on folds of samples at their in-sample threshold and measured on each against that
-  fold's own non-members (`empirical_counts`); with one target, members and non-members are resampled separately,
+  strongest attack is chosen and measured over folds of samples with the classes crossed in the same way, at
+  empirical thresholds (`empirical_counts`); with one target, members and non-members are resampled separately,
   and with fewer than 10 / FPR non-members the exact test (`llmaudit.analyze.decision.exact`) can still show a
   FAIL. Run-to-run variation of training is not covered.
 """
@@ -42,9 +43,8 @@ from llmaudit.analyze.decision.rule import CountArrays, DecisionSettings, decisi
 RULE_STATEMENTS = [
     "Headline: the strongest attack, cross-fitted over folds of samples: for each fold it is chosen by its TPR on "
     "the other folds' members against a threshold that holds 1% FPR on the fold's own non-members, and measured on "
-    "the fold against a threshold that holds 1% FPR on the other folds' non-members (calibrated scores: the higher of "
-    "that and the analytic threshold; one target: empirical thresholds); the counts are pooled over folds, and its "
-    "interval is conditional on the choices made.",
+    "the fold against a threshold that holds 1% FPR on the other folds' non-members (their conformal quantile); the "
+    "counts are pooled over folds, and its interval is conditional on the choices made.",
     "FAIL: the headline's one-sided lower bound (1 - alpha) is above the limit: leakage above the limit is shown; a "
     "quantizer whose every attack's true TPR is at or below the limit FAILs with probability at most alpha. With one "
     "target and fewer than 10 / FPR non-members the lower bound is exact: an order-statistic threshold that holds "
@@ -119,8 +119,8 @@ def count_arrays(ev: QuantizerEvidence, weights: np.ndarray, s: DecisionSettings
     folds = sample_folds(ev.keep.sum(axis=0), s.folds, s.seed)
     if ev.mode == "calibrated":
         parts = [calibrated_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
-        strict, loose, test = (np.stack([p[i] for p in parts], axis=1) for i in (0, 1, 3))
-        return CountArrays(names, strict, np.stack([p[2] for p in parts]), test, "samples", loose)
+        measured, loose, test = (np.stack([p[i] for p in parts], axis=1) for i in (0, 1, 3))
+        return CountArrays(names, measured, np.stack([p[2] for p in parts]), test, "samples", loose)
     parts = [empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
     whole, test = (np.stack([p[i] for p in parts], axis=1) for i in (0, 2))
     return CountArrays(names, whole, np.stack([p[1] for p in parts]), test, "samples")

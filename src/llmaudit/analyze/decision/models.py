@@ -45,12 +45,11 @@ class AttackJudgement(_Model):
     judged: bool
     reason: str = ""
     measured: Estimate | None = None
-    """The TPR at the measuring threshold (the one the rule's headline reads: in calibrated mode the higher of the
-    analytic and the empirical threshold, in empirical mode the in-sample empirical one), with its two-sided
-    1 - 2 alpha interval (each end a one-sided 1 - alpha bound): the attack as an auditor who fixed it beforehand
-    would report it."""
+    """The TPR at the empirical threshold of all the non-members (in-sample: FPR <= the decision's FPR on them), the
+    kind of threshold the rule's headline is measured at, with its two-sided 1 - 2 alpha interval (each end a
+    one-sided 1 - alpha bound): the attack as an auditor who fixed it beforehand would report it."""
     measured_fpr: float | None = None
-    """The realised FPR of the non-member rows at the measuring threshold."""
+    """The realised FPR of the non-member rows at that threshold."""
 
 
 class StrongestAttack(_Model):

@@ -92,19 +92,19 @@ def _resample_blocks(n_resamples: int, width: int):
 
 
 def choice_threshold(scores: np.ndarray, weights: np.ndarray, fpr: float) -> float:
-    """The threshold an attack is chosen at, from non-member calibrated scores [n] with weights [n]: the higher of
-    the analytic threshold Phi^-1(1 - fpr) and the (1 - fpr) quantile of a normal law fitted to them (weighted
-    mean + sd Phi^-1(1 - fpr)). It estimates the same 1 - fpr quantile the measuring threshold holds, from every
-    non-member rather than from the few above it, so that the choice is not decided by the noise of an order
-    statistic; an attack whose non-members spread wider than its calibration assumes is chosen at the threshold
-    that holds its FPR, as it is measured. Only the choice reads it: the measurement's own threshold is empirical."""
-    z = float(normal_quantile(1 - fpr))
+    """The threshold an attack is chosen at, from non-member calibrated scores [n] with weights [n]: the 1 - fpr
+    quantile of a normal law fitted to them (weighted mean + sd Phi^-1(1 - fpr)). Calibrated scores are N(0, 1)
+    for non-members where the calibration holds; the fit estimates the same quantile the measuring threshold
+    holds, from every non-member rather than from the few above it, so that the choice is not decided by the noise
+    of an order statistic, and an attack whose non-members spread wider than its calibration assumes is chosen at
+    the threshold that holds its FPR, as it is measured. Only the choice reads it: the measuring threshold is
+    empirical. +inf without non-members."""
     total = weights.sum()
     if not total > 0:
         return np.inf
     mean = float((weights * scores).sum() / total)
     sd = float(np.sqrt((weights * (scores - mean) ** 2).sum() / total))
-    return max(z, mean + sd * z)
+    return mean + sd * float(normal_quantile(1 - fpr))
 
 
 def _choice_counts(s, member, fold, unit, w0: np.ndarray, fpr: float) -> np.ndarray:
@@ -125,28 +125,29 @@ def _choice_counts(s, member, fold, unit, w0: np.ndarray, fpr: float) -> np.ndar
 def calibrated_counts(
     z: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(strict [B + 1, 4], loose [B + 1, 4], train [F, 4], test [B + 1, F, 4]) counts of one attack's per-sample
+    """(measured [B + 1, 4], loose [B + 1, 4], train [F, 4], test [B + 1, F, 4]) counts of one attack's per-sample
     calibrated scores pooled over the target models.
 
     z: [M, N] calibrated scores on the normal scale (`normal_scores`: a non-member is N(0, 1) where the calibration's
     Gaussian model holds); keep: [M, N]; weights: [B + 1, N]; fold_of_sample: [N]. Two thresholds over every row:
-    the analytic one, Phi^-1(1 - fpr), and the empirical one, the in-sample threshold of the pooled non-member rows
-    (FPR <= fpr whatever the scores' distribution). strict = every row against the HIGHER of the two (the attack as
-    an auditor who fixed it beforehand would measure it), loose = against the LOWER (what a PASS reads).
+    the empirical one, the in-sample threshold of the pooled non-member rows (FPR <= fpr on them whatever the
+    scores' distribution), and the analytic one, Phi^-1(1 - fpr). measured = every row against the empirical one
+    (the attack as an auditor who fixed it beforehand would measure it), loose = against the LOWER of the two (what
+    a PASS reads).
     Cross-fitting over folds of samples (a sample's rows under every target in one fold), with the classes' roles
     crossed so that the choice and the measurement read different rows: "train" (observed data only), the member
     rows outside f against `choice_threshold` of f's non-member rows; "test" (the measurement), f's member and
-    non-member rows against the higher of the analytic threshold and the held-out (conformal) threshold of the
-    non-member rows OUTSIDE f."""
+    non-member rows against the held-out (conformal) threshold of the non-member rows OUTSIDE f (the k-th largest,
+    k = floor(fpr (n + 1)): a fresh non-member exceeds it with probability k / (n + 1) <= fpr)."""
     n_folds = int(fold_of_sample.max()) + 1
     B1, n_units = weights.shape
     analytic = normal_quantile(1 - fpr)
     ok = np.isfinite(z)
     _, unit = np.nonzero(ok)
     s, member, fold, unit = sorted_rows(z[ok], keep[ok], fold_of_sample[unit], unit)
-    strict, loose, test = np.zeros((B1, 4)), np.zeros((B1, 4)), np.zeros((B1, n_folds, 4))
+    measured, loose, test = np.zeros((B1, 4)), np.zeros((B1, 4)), np.zeros((B1, n_folds, 4))
     if not s.size:
-        return strict, loose, np.zeros((n_folds, 4)), test
+        return measured, loose, np.zeros((n_folds, 4)), test
     C = 2 * n_folds
     channel = member.astype(np.int64) * n_folds + fold  # class (0 non-member, 1 member) x fold
     p_fixed = int(np.searchsorted(s, analytic, side="right"))
@@ -157,17 +158,17 @@ def calibrated_counts(
     for rows in _resample_blocks(B1, s.size):
         w = weights[rows]
         empirical = _empirical_thresholds(s, unit[neg_pos], neg_pos, w, fpr)
-        thresholds: dict = {"high": np.maximum(empirical, analytic), "low": np.minimum(empirical, analytic)}
+        thresholds: dict = {"high": empirical, "low": np.minimum(empirical, analytic)}
         for f, rest in enumerate(outside):
-            thresholds[f] = np.maximum(_empirical_thresholds(s, unit[rest], rest, w, fpr, held_out=True), analytic)
+            thresholds[f] = _empirical_thresholds(s, unit[rest], rest, w, fpr, held_out=True)
         moved = _above_thresholds(w, unit, channel, s, p_fixed, thresholds, C)
         above = {k: (at_fixed[rows] + d).reshape(-1, 2, n_folds) for k, d in moved.items()}
         all_folds = totals[rows].sum(axis=2)
-        strict[rows] = as_counts(above["high"].sum(axis=2), all_folds)
+        measured[rows] = as_counts(above["high"].sum(axis=2), all_folds)
         loose[rows] = as_counts(above["low"].sum(axis=2), all_folds)
         for f in range(n_folds):
             test[rows, f] = as_counts(above[f][:, :, f], totals[rows][:, :, f])
-    return strict, loose, _choice_counts(s, member, fold, unit, weights[0], fpr), test
+    return measured, loose, _choice_counts(s, member, fold, unit, weights[0], fpr), test
 
 
 def weighted_auroc(scores: np.ndarray, labels: np.ndarray, unit: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -24,8 +24,8 @@ __all__ = ["CountArrays", "CrossFit", "DecisionSettings", "cross_fit", "decision
 
 @dataclass
 class CountArrays:
-    """Resampled counts of one quantizer (row 0 observed): per attack at the threshold an auditor who fixed it would
-    measure it at [B + 1, A, 4]; per fold, what the attack is chosen on (train, observed data only [A, F, 4]) and
+    """Resampled counts of one quantizer (row 0 observed): per attack at the empirical threshold an auditor who fixed
+    it would measure it at [B + 1, A, 4]; per fold, what the attack is chosen on (train, observed data only [A, F, 4]) and
     what the chosen one is measured on (test [B + 1, A, F, 4]), read from different rows
     (`llmaudit.analyze.decision.pooled.calibrated_counts`, `llmaudit.analyze.decision.counts.empirical_counts`);
     with the attacks' names [A]."""
@@ -46,7 +46,7 @@ class CountArrays:
         return CountArrays(names, self.per_attack[:, idx], self.train[idx], self.test[:, idx], self.fold_kind, loose)
 
     def loose(self) -> np.ndarray:
-        """The counts a PASS reads: at the looser threshold in calibrated mode, else the measuring one."""
+        """The counts a PASS reads: at the looser threshold in calibrated mode, else `per_attack`'s."""
         return self.per_attack if self.per_attack_loose is None else self.per_attack_loose
 
 
@@ -101,9 +101,10 @@ def _proportion(counts: np.ndarray, z: float, *, two_sided: bool, confidence: fl
 def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, str]) -> list[AttackJudgement]:
     """Each attack's TPR at s.fpr at the threshold a PASS reads (the looser one in calibrated mode) with a
     simultaneous one-sided upper bound (Wilson at the bootstrap's effective sample size, z = Phi^-1(1 - alpha / k),
-    k the attacks judged: Bonferroni), and its TPR at the measuring threshold with a two-sided 1 - 2 alpha interval.
+    k the attacks judged: Bonferroni), and its TPR at the empirical threshold of all its non-members with a two-sided
+    1 - 2 alpha interval.
     An attack is judged where it has 10 / FPR non-member scores."""
-    loose, strict = arrays.loose(), arrays.per_attack
+    loose, measuring = arrays.loose(), arrays.per_attack
     tpr = ratio(loose[..., TP], loose[..., POS])
     judged = [
         i for i in range(len(arrays.attacks)) if loose[0, i, NEG] >= s.nonmembers_needed and np.isfinite(tpr[0, i])
@@ -117,7 +118,7 @@ def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, 
             method="Wilson at the bootstrap's effective sample size, one-sided, simultaneous (Bonferroni)",
         )  # fmt: skip
         measured = _proportion(
-            strict[:, i], z_value(s.alpha), two_sided=True, confidence=1 - 2 * s.alpha,
+            measuring[:, i], z_value(s.alpha), two_sided=True, confidence=1 - 2 * s.alpha,
             method="Wilson at the bootstrap's effective sample size; each end a one-sided 1 - alpha bound",
         )  # fmt: skip
         out.append(
@@ -131,7 +132,7 @@ def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, 
                 judged=i in judged,
                 reason="" if i in judged else _why_not_judged(c, tpr[0, i], s.nonmembers_needed),
                 measured=measured,
-                measured_fpr=none_if_nan(float(ratio(strict[0, i, FP], strict[0, i, NEG]))),
+                measured_fpr=none_if_nan(float(ratio(measuring[0, i, FP], measuring[0, i, NEG]))),
             )
         )
     return out + [
@@ -187,7 +188,7 @@ def strongest_attack(arrays: CountArrays, s: DecisionSettings) -> tuple[Stronges
             low=none_if_nan(lo),
             high=none_if_nan(hi),
             confidence=1 - 2 * s.alpha,
-            method="cross-fitted at the measuring threshold; Wilson at the effective sample size of the bootstrap "
+            method="cross-fitted, classes crossed over folds of samples; Wilson at the effective sample size of the bootstrap "
             "conditional on the observed choices; each end a one-sided 1 - alpha bound (the lower one is what FAIL "
             "reads)",
         ),
