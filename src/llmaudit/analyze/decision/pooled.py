@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmaudit.analyze.decision.counts import ROW_BUDGET, as_counts, normal_quantile, sorted_rows
+from llmaudit.analyze.decision.counts import ROW_BUDGET, as_counts, normal_quantile, sorted_rows, sorted_threshold
 from llmaudit.analyze.roc_kernel import roc_rows, roc_stats
 
 
@@ -92,19 +92,21 @@ def _resample_blocks(n_resamples: int, width: int):
 
 
 def choice_threshold(scores: np.ndarray, weights: np.ndarray, fpr: float) -> float:
-    """The threshold an attack is chosen at, from non-member calibrated scores [n] with weights [n]: the 1 - fpr
-    quantile of a normal law fitted to them (weighted mean + sd Phi^-1(1 - fpr)). Calibrated scores are N(0, 1)
-    for non-members where the calibration holds; the fit estimates the same quantile the measuring threshold
-    holds, from every non-member rather than from the few above it, so that the choice is not decided by the noise
-    of an order statistic, and an attack whose non-members spread wider than its calibration assumes is chosen at
-    the threshold that holds its FPR, as it is measured. Only the choice reads it: the measuring threshold is
+    """The threshold an attack is chosen at, from the ascending calibrated scores [n] of the rows and the weights [n]
+    of the non-member rows it is set by (0 elsewhere): the higher of two estimates of their 1 - fpr quantile, a
+    normal law fitted to them (weighted mean + sd Phi^-1(1 - fpr): calibrated scores are N(0, 1) for non-members
+    where the calibration holds) and their in-sample empirical threshold (`counts.sorted_threshold`: it reads a
+    heavy tail the fit misses). A choosing threshold that falls low by chance makes its attack look strong, one
+    that falls high only costs it the choice: the higher of the two removes the low errors of each (the order
+    statistic's noise, the fit's blindness to a tail). Only the choice reads it: the measuring threshold is
     empirical. +inf without non-members."""
     total = weights.sum()
     if not total > 0:
         return np.inf
     mean = float((weights * scores).sum() / total)
     sd = float(np.sqrt((weights * (scores - mean) ** 2).sum() / total))
-    return mean + sd * float(normal_quantile(1 - fpr))
+    order = float(sorted_threshold(scores, np.cumsum(weights)[None], fpr, held_out=False)[0])
+    return max(mean + sd * float(normal_quantile(1 - fpr)), order)
 
 
 def _choice_counts(s, member, fold, unit, w0: np.ndarray, fpr: float) -> np.ndarray:
