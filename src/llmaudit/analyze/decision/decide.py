@@ -188,14 +188,16 @@ def loss_gap(loss: np.ndarray, keep: np.ndarray, weights: np.ndarray) -> Estimat
 
 @dataclass(frozen=True)
 class OwnDecision:
-    """One quantizer's decision on its own evidence, with what a paired comparison reuses: the resampled strongest
-    attack's leakage beyond chance, the counts, the resampling weights and each counted attack's resampled AUROC."""
+    """One quantizer's decision on its own evidence, with what a paired comparison reuses: the headline's resampled
+    TPR (`resampled`) and leakage beyond chance (`excess`), the counts, the resampling weights and each counted
+    attack's resampled AUROC."""
 
     decision: QuantizerDecision
     resampled: np.ndarray
     arrays: CountArrays
     weights: np.ndarray
     aurocs: dict[str, np.ndarray]
+    excess: np.ndarray | None = None
 
 
 def exact_reading(ev: QuantizerEvidence, s: DecisionSettings) -> ExactResult | str | None:
@@ -217,11 +219,11 @@ def decide_one(ev: QuantizerEvidence, s: DecisionSettings) -> OwnDecision:
     weights = _weights(ev, s)
     arrays = count_arrays(ev, weights, s)
     exact = exact_reading(ev, s)
-    decision, resampled = decision_of(ev.quantizer, arrays, s, ev.unjudged, ev.keep.shape[0], ev.mode, exact)
+    decision, resampled, excess = decision_of(ev.quantizer, arrays, s, ev.unjudged, ev.keep.shape[0], ev.mode, exact)
     if ev.loss is not None:
         decision = decision.model_copy(update={"loss_gap": loss_gap(ev.loss, ev.keep, weights)})
     aurocs = {a: _auroc(ev, a, weights) for a in arrays.attacks}
-    return OwnDecision(decision, resampled, arrays, weights, aurocs)
+    return OwnDecision(decision, resampled, arrays, weights, aurocs, excess)
 
 
 def _with_comparison(
@@ -234,7 +236,7 @@ def _with_comparison(
         own, ref_own = decide_one(q.restricted(common), s), decide_one(ref.restricted(common), s)
     judged = {a.attack for a in decision.attacks if a.judged} & {a.attack for a in ref_decision.attacks if a.judged}
     diffs = per_attack_differences(own, ref_own, s, judged)
-    comparison = compare(q.quantizer, ref.quantizer, own.resampled - ref_own.resampled, diffs, s)
+    comparison = compare(q.quantizer, ref.quantizer, own.excess - ref_own.excess, diffs, s)
     return decision.model_copy(update={"comparison": comparison})
 
 

@@ -169,13 +169,14 @@ def _empty_strongest(arrays: CountArrays) -> StrongestAttack:
     )
 
 
-def strongest_attack(arrays: CountArrays, s: DecisionSettings) -> tuple[StrongestAttack, np.ndarray]:
+def strongest_attack(arrays: CountArrays, s: DecisionSettings) -> tuple[StrongestAttack, np.ndarray, np.ndarray]:
     """The cross-fitted strongest attack (`cross_fit`) with its interval conditional on the observed choices: Wilson
     at the bootstrap's effective sample size, two-sided 1 - 2 alpha (its lower end the one-sided 1 - alpha bound a
-    FAIL reads); its leakage beyond chance (TPR minus realised FPR) with a percentile interval; and the resampled
-    leakage beyond chance [B + 1] the paired comparison reads."""
+    FAIL reads); its leakage beyond chance (TPR minus realised FPR) with a percentile interval; and the resampled TPR
+    and leakage beyond chance [B + 1] (what the paired comparison reads)."""
     if not arrays.attacks:  # no attack can be judged: nothing to choose from
-        return _empty_strongest(arrays), np.full(arrays.train.shape[0], np.nan)
+        nan = np.full(arrays.test.shape[0], np.nan)
+        return _empty_strongest(arrays), nan, nan
     cf = cross_fit(arrays.train, arrays.test)
     lo, hi = proportion_bounds(cf.tpr[0], cf.tpr[1:], cf.pooled[0, POS], z_value(s.alpha))
     excess = cf.tpr - cf.fpr
@@ -207,7 +208,7 @@ def strongest_attack(arrays: CountArrays, s: DecisionSettings) -> tuple[Stronges
             method="TPR minus realised FPR of the same rows; percentile bootstrap conditional on the choices",
         ),
     )
-    return result, excess
+    return result, cf.tpr, excess
 
 
 def exact_strongest(result: ExactResult, s: DecisionSettings) -> StrongestAttack:
@@ -244,12 +245,13 @@ def decision_of(
     n_targets: int,
     mode: str,
     exact: ExactResult | str | None = None,
-) -> tuple[QuantizerDecision, np.ndarray]:
-    """The attack criterion of one quantizer (comparison left empty: `decide` adds it), and the resampled leakage
-    beyond chance [B + 1] the paired comparison reads. exact: the exact test's reading (or why it could not be made)
-    where no attack has the non-members the cross-fitted rule needs; it then gives the headline."""
+) -> tuple[QuantizerDecision, np.ndarray, np.ndarray]:
+    """The attack criterion of one quantizer (comparison left empty: `decide` adds it), and the headline's resampled
+    TPR and leakage beyond chance [B + 1] (the paired comparison reads the second). exact: the exact test's reading
+    (or why it could not be made) where no attack has the non-members the cross-fitted rule needs; it then gives the
+    headline."""
     attacks = judge_attacks(arrays, s, unjudged)
-    strongest, resampled = strongest_attack(arrays.judged_only([a.attack for a in attacks if a.judged]), s)
+    strongest, tpr, excess = strongest_attack(arrays.judged_only([a.attack for a in attacks if a.judged]), s)
     if isinstance(exact, ExactResult) and strongest.tpr.value is None:
         strongest = exact_strongest(exact, s)
     v = verdict(strongest, attacks, s, exact if isinstance(exact, str) else None)
@@ -276,4 +278,4 @@ def decision_of(
         n_targets=n_targets,
         tests=v.tests,
     )
-    return decision, resampled
+    return decision, tpr, excess
