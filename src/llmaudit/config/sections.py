@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from llmaudit.common.errors import did_you_mean
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
@@ -30,6 +30,7 @@ from llmaudit.config.fields import (
     Section,
     size_field,
 )
+from llmaudit.config.release_sets import MAX_SETS, check_set_shapes, unknown_set_names
 
 
 class BuiltinModelConfig(Section):
@@ -150,7 +151,13 @@ class TrainConfig(Section):
     runs: int = size_field(8, ge=1, le=MAX_RUNS, why=RUNS_WHY)
     """Independent runs (each a random subset of the pool). Offline LiRA needs several runs per sample OUT."""
     member_fraction: float = Field(0.5, gt=0, lt=1)
-    """Share of the pool each run trains on (exactly round(fraction * pool_size) samples)."""
+    """Share of the pool each run trains on: exactly round(fraction * pool_size) samples (membership fixed_fraction),
+    or each sample's probability of being trained on (independent)."""
+    membership: Literal["fixed_fraction", "independent"] = "fixed_fraction"
+    """How each run's members are drawn from the pool: fixed_fraction = a uniformly random subset of exactly
+    round(member_fraction * pool_size) samples; independent = every pool sample in every run with probability
+    member_fraction, independently of the others (what the one-run epsilon lower bound needs, with 0.5;
+    docs/science.md section 15). Part of the experiment's identity when not fixed_fraction."""
     epochs: int = size_field(10, ge=1, le=10_000, why=CHECKPOINTS_WHY)
     """Passes over the run's training subset."""
     batch_size: int = size_field(8, ge=1, le=65536, why="a batch larger than any pool llmaudit reads")
@@ -415,6 +422,12 @@ class ReportConfig(Section):
         1000, ge=100, le=100_000, why="bounds from the bootstrap's variance settle within a few thousand resamples"
     )
     """Bootstrap resamples of samples behind every bound of the release decision and the paired comparisons."""
+    release_sets: Annotated[
+        list[Annotated[list[str], Field(max_length=MAX_QUANTIZERS)]], AfterValidator(check_set_shapes)
+    ] = Field(default_factory=list, max_length=MAX_SETS)
+    """Files published together, each set judged as one release and compared with its best single file, e.g.
+    [[bf16, gguf-q4_k_m], [gguf-q8_0, gguf-q6_k, gguf-q4_k_m]] (docs/science.md section 14). Every name must be
+    among score.quantizers."""
 
 
 class ExperimentConfig(Section):
@@ -446,6 +459,15 @@ class ExperimentConfig(Section):
             )
         return self
 
+    @field_validator("report")
+    @classmethod
+    def _release_sets_scored(cls, report: ReportConfig, info: ValidationInfo) -> ReportConfig:
+        score = info.data.get("score")  # absent when score itself is invalid (reported on its own)
+        problem = score and unknown_set_names(report.release_sets, score.quantizers)
+        if problem:
+            raise ValueError(f"release_sets: {problem}")
+        return report
+
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str) -> str:
@@ -459,11 +481,12 @@ class ExperimentConfig(Section):
     def identity(self) -> dict[str, Any]:
         """The part of the config that defines the fine-tuned models: changing it makes a new experiment.
         (`model.trust_remote_code` is a permission given by whoever runs a command, not part of it.)"""
+        same = {"membership"} if self.train.membership == "fixed_fraction" else set()  # as stores made before it
         return {
             "model": self.model.model_dump(exclude={"trust_remote_code"}),
             "data": self.data.model_dump(),
             "lora": self.lora.model_dump(),
-            "train": {k: v for k, v in self.train.model_dump().items() if k not in ("device", "token_budget")},
+            "train": self.train.model_dump(exclude={"device", "token_budget", *same}),
         }
 
     def identity_hash(self) -> str:

@@ -36,8 +36,9 @@ def draw_experiment(
     cfg: ExperimentConfig, *, echo=print, source: ModelSource | None = None, tokenizer: Any = None
 ) -> Draw:
     """Load the data, drop records over data.max_length, draw the pool and validation set and the
-    membership masks (deterministic in the seeds). Bad data fails before any model is built. `source` and
-    `tokenizer` replace the model's (a plan's stand-ins: nothing is built or converted)."""
+    membership masks (deterministic in the seeds; train.membership says how each run draws its members). Bad data
+    fails before any model is built. `source` and `tokenizer` replace the model's (a plan's stand-ins: nothing is
+    built or converted)."""
     need = cfg.data.pool_size + cfg.data.val_size
     records, route = load_records(cfg.data, n_needed=need)
     source = source or model_source(cfg.model, echo=echo)  # a GGUF base is converted once, here
@@ -47,7 +48,7 @@ def draw_experiment(
     lengths_ok = {ex.sample_id for ex in tokenize_records(tok, records, "any", **kw)}
     usable = [r for r in records if r["sample_id"] in lengths_ok]
     pool, val = draw_pool_and_val(usable, cfg.data.pool_size, cfg.data.val_size, cfg.data.seed)
-    masks = membership_masks(len(pool), cfg.train.runs, cfg.train.member_fraction, cfg.train.seed)
+    masks = membership_masks(len(pool), cfg.train.runs, cfg.train.member_fraction, cfg.train.seed, cfg.train.membership)
     data_info = {
         "route": route,
         "source": cfg.data.source,
