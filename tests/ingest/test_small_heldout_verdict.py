@@ -1,5 +1,5 @@
-"""An imported fine-tune with 400 held-out non-members (docs/science.md section 12, "A FAIL on few non-members"):
-too few for a PASS at 1% FPR, enough for the exact FAIL test. `import` says so before anything is scored; a leak
+"""An imported fine-tune with 400 held-out non-members (docs/science.md section 12, "A FAIL on few non-members"; the
+held-out file gives 256 more records to validation): too few for a PASS at 1% FPR, enough for the exact FAIL test. `import` says so before anything is scored; a leak
 the run planted (its members memorised) FAILs; records the run never saw are NOT MEASURED. `plan RUN_DIR` sizes
 the store the same way."""
 
@@ -15,7 +15,7 @@ from tests.ingest.test_import import BASE, BUILTIN, TASKS, as_messages, model_cf
 
 __all__ = ["model_cfg"]  # the module-scoped fixture, shared with test_import
 
-N_MEMBERS, N_NONMEMBERS, N_VALIDATION = 300, 400, 64
+N_MEMBERS, N_NONMEMBERS, N_VALIDATION = 300, 400, 256  # import: validation = half the held-out, at most 256
 
 
 def _import_score_report(tmp_path, run_dir, members, heldout) -> tuple[str, dict]:
@@ -26,7 +26,6 @@ def _import_score_report(tmp_path, run_dir, members, heldout) -> tuple[str, dict
             "--train", write_jsonl(tmp_path / "train.jsonl", as_messages(members)),
             "--heldout", write_jsonl(tmp_path / "heldout.jsonl", as_messages(heldout)),
             "--out", store, *BUILTIN,
-            f"data.val_size={N_VALIDATION}",
             "score.quantizers=[fp32]",
             "score.generation_samples=0",
             "attack.attacks=[loss,min_k,zlib,ref,loss+ref]",
@@ -55,6 +54,7 @@ def test_a_planted_leak_fails_on_400_held_out_records_and_import_warned_before_s
     stdout, report = _import_score_report(tmp_path, run_dir, members, heldout)
     assert "[import] sizing: PASS out of reach" in stdout and "[import] sizing: FAIL within reach" in stdout
     assert "[import] WARNING: a PASS is out of reach" in stdout
+    assert f"{N_NONMEMBERS} of the {N_NONMEMBERS + N_VALIDATION} held-out records are the non-members" in stdout
     d = _attack_decision(report)
     assert report["provenance"]["membership"]["pool_size"] == N_MEMBERS + N_NONMEMBERS
     assert d["status"] == "FAIL" and d["strongest"]["route"] == "exact", d["reason"]

@@ -30,6 +30,9 @@ def run_import(
     for line in describe_import(result):
         echo(f"[import] {line}")
     reach, lines = sizing_report(result.cfg, store, unit="held-out record")
+    heldout = reach.design.nonmembers + result.val_size
+    lines.insert(1, f"{reach.design.nonmembers} of the {heldout} held-out records are the non-members the attacks see "
+                 f"(the other {result.val_size} measure utility)")  # fmt: skip
     for line in lines:  # before any model is scored: what these records can decide
         echo(f"[import] sizing: {line}")
     if not reach.verdict_reachable:
