@@ -102,8 +102,7 @@ def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, 
     """Each attack's TPR at s.fpr at the threshold a PASS reads (the looser one in calibrated mode) with a
     simultaneous one-sided upper bound (Wilson at the bootstrap's effective sample size, z = Phi^-1(1 - alpha / k),
     k the attacks judged: Bonferroni), and its TPR at the empirical threshold of all its non-members with a two-sided
-    1 - 2 alpha interval.
-    An attack is judged where it has 10 / FPR non-member scores."""
+    1 - 2 alpha interval. An attack is judged where it has 10 / FPR non-member scores."""
     loose, measuring = arrays.loose(), arrays.per_attack
     tpr = ratio(loose[..., TP], loose[..., POS])
     judged = [
@@ -145,7 +144,7 @@ def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, 
             nonmembers=0.0,
             judged=False,
             reason=why,
-        )  # fmt: skip
+        )
         for name, why in unjudged.items()
     ]
 
