@@ -12,6 +12,7 @@ from llmaudit.commands.base import (
     app,
 )
 from llmaudit.common.io import to_json
+from llmaudit.data.records import DataError
 from llmaudit.jobs.plan import format_plan, make_plan
 from llmaudit.jobs.sizing import sizing_report
 from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, is_run_dir, split_recipe_args
@@ -43,10 +44,16 @@ def plan(
     store = RunStore(recipe) if is_run_dir(recipe) else None
     cfg = config_from_run_dir(recipe, overrides) if store else config_from_recipe(recipe, overrides)
     reach, lines = sizing_report(cfg, store)
-    result = make_plan(cfg, device=device, jobs=jobs, echo=lambda *a: typer.echo(*a, err=True))
-    result["sizing"] = {"verdict_reachable": reach.verdict_reachable, **asdict(reach), "lines": lines}
+    sizing = {"verdict_reachable": reach.verdict_reachable, **asdict(reach), "lines": lines}
+    try:
+        result = make_plan(cfg, device=device, jobs=jobs, echo=lambda *a: typer.echo(*a, err=True))
+    except DataError as exc:  # a run directory whose data the plan cannot redraw (an import): sized, not priced
+        if store is None:
+            raise
+        result = {"experiment": cfg.name, "price": f"not priced: {str(exc).splitlines()[0]}"}
+    result["sizing"] = sizing
     if as_json:
         typer.echo(to_json(result).rstrip())
         return
-    typer.echo(format_plan(result))
+    typer.echo(format_plan(result) if "workload" in result else f"{cfg.name}: {result['price']}")
     typer.echo("  verdict         " + "\n                  ".join(lines))
