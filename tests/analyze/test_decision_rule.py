@@ -18,7 +18,7 @@ from tests.analyze.simulate_decision import Miscalibrated, calibrated, empirical
 MC = 0.045  # allowance for Monte-Carlo error: about 3 standard errors of a 5% rate over 200 repetitions
 SELECTION_COST = 0.025
 """The most the headline may lose, on average, against the best attack fixed beforehand (docs/science.md section
-12: measured 0.007-0.018 in these configurations)."""
+12, "What the simulations show", states what these configurations measure)."""
 LEAK = ([0.12, 0.10, 0.08, 0.03], Miscalibrated(at_analytic=0.20, true_tpr=0.01))
 """Four attacks and one whose TPR at the analytic threshold (0.20) hides a TPR at 1% FPR at chance (0.01)."""
 
