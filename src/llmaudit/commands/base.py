@@ -12,6 +12,7 @@ import warnings
 import typer
 
 from llmaudit.common.runtime import env_threads, set_threads
+from llmaudit.common.safe_text import escape_controls
 from llmaudit.report.terminal import gate_decision, print_summary
 
 app = typer.Typer(
@@ -67,6 +68,10 @@ class CurrentStderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the current sys.stderr is used instead
         pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record's line with its control characters escaped (a logged file name from data is shown as written)."""
+        return escape_controls(super().format(record), keep_newlines=True)
 
 
 def setup() -> None:

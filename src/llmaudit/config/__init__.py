@@ -20,13 +20,16 @@ from llmaudit.config.fields import (
     MEMORY_WHY,
     NODE_WHY,
     POOL_WHY,
+    RECEIVED,
     RECIPE_DIR,
+    RUNNER_SETTINGS,
     RUNS_WHY,
     SHARDS_WHY,
     UPPER_BOUND_WHY,
     RecipeError,
     Section,
     size_field,
+    without_runner_settings,
 )
 from llmaudit.config.loading import (
     apply_overrides,
@@ -78,7 +81,9 @@ __all__ = [
     "ModelConfig",
     "NODE_WHY",
     "POOL_WHY",
+    "RECEIVED",
     "RECIPE_DIR",
+    "RUNNER_SETTINGS",
     "RUNS_WHY",
     "RecipeError",
     "ReportConfig",
@@ -97,4 +102,5 @@ __all__ = [
     "read_recipe_yaml",
     "resolve_recipe_path",
     "size_field",
+    "without_runner_settings",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from llmaudit.config.fields import (
     MAX_RUNS,
     MEMORY_WHY,
     POOL_WHY,
+    RECEIVED,
     RUNS_WHY,
     Section,
     size_field,
@@ -226,8 +228,11 @@ class ScoreConfig(Section):
     `text` field; its sha256 is recorded with every quantizer that calibrated on it."""
 
     @model_validator(mode="after")
-    def _calibration_file_named(self) -> ScoreConfig:
-        if self.calibration_source == "file" and not self.calibration_file:
+    def _calibration_file_named(self, info: ValidationInfo) -> ScoreConfig:
+        """A recipe that calibrates on a file names it; a run directory never does (the runner passes it to the
+        command that reads it: `llmaudit score RUN_DIR score.calibration_file=PATH`)."""
+        received = bool((info.context or {}).get(RECEIVED))
+        if self.calibration_source == "file" and not self.calibration_file and not received:
             raise ValueError("calibration_source=file needs score.calibration_file=PATH (a text or JSONL file)")
         return self
 
@@ -338,7 +343,26 @@ class AttackConfig(Section):
         return names
 
     fpc: Literal["auto", "off"] | float = "auto"
-    """Finite population correction of LiRA's OUT variance: auto = 1 - N/N_+ from the manifest."""
+    """Finite population correction of LiRA's OUT variance: auto = 1 - N/N_+ from the manifest; a number is a
+    factor in (0, 1] (1 = no correction)."""
+
+    @field_validator("fpc", mode="plain")
+    @classmethod
+    def _fpc_in_range(cls, value: Any) -> str | float:
+        if value is False or value == "off":  # YAML reads a bare `off` as false
+            return "off"
+        if value == "auto":
+            return value
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        if number is None or not math.isfinite(number) or not 0 < number <= 1:
+            raise ValueError("fpc must be 'auto', 'off' or a number in (0, 1]")
+        return float(number)
+
     n_boot: int = size_field(
         500,
         ge=0,

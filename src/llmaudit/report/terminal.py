@@ -11,10 +11,10 @@ import sys
 from typing import Any, TextIO
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from llmaudit.common.safe_text import safe_console
 from llmaudit.report.models import ReportJson, as_report
 from llmaudit.report.summary import headline, leakage_statement, summary_rows
 
@@ -61,7 +61,7 @@ def _table(report: ReportJson, width: int) -> Table:
 def print_summary(report: dict[str, Any] | ReportJson, *, file: TextIO | None = None, width: int | None = None) -> None:
     """Print the answer screen to `file` (default stdout): the table, what it reads, then the recommendation."""
     report = as_report(report)
-    console = Console(file=file or sys.stdout, width=width, highlight=False, markup=False, emoji=False, soft_wrap=False)
+    console = safe_console(file or sys.stdout, width=width)  # data printed as text, its control characters escaped
     w = console.width
     console.print(Text(f"llmaudit verdict: {report.provenance.experiment_name}", style="bold"))
     console.print(_table(report, w))

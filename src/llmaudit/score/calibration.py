@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from llmaudit.common.errors import UserError
+from llmaudit.common.io import read_json
 from llmaudit.data.records import record_text
 from llmaudit.quantize.base import Quantizer
 from llmaudit.quantize.given import GivenFile
@@ -39,6 +40,25 @@ def calibration_record(inputs: Any, quantizer: Quantizer) -> dict[str, Any] | No
     if source == "file" and inputs.calibration_file is not None:
         record.update(file=str(inputs.cfg.score.calibration_file), sha256=inputs.calibration_file[1])
     return record
+
+
+def check_recorded_calibration(store: RunStore, quantizers: dict[str, Quantizer], digest: str | None) -> None:
+    """A quantizer that calibrated on a file in this store calibrates on the same file (its recorded sha256): the
+    units of one quantizer are never calibrated on two texts. UserError naming the record and the fix."""
+    for name, quantizer in quantizers.items():
+        if not quantizer.calibrated or quantizer.options.get("calibration_source") != "file":
+            continue
+        path = store.quantizer_info_path(name)
+        if not path.exists():
+            continue
+        recorded = read_json(path, what="quantizer record")
+        calibration = recorded.get("calibration") if isinstance(recorded, dict) else None
+        expected = calibration.get("sha256") if isinstance(calibration, dict) else None
+        if expected is not None and expected != digest:
+            raise UserError(
+                f"{path}: {name} calibrated its units on a file of sha256 {str(expected)[:16]}..., "
+                f"score.calibration_file has sha256 {str(digest)[:16]}...; fix: pass the file it calibrated on"
+            )
 
 
 def given_file(store: RunStore, unit: Unit) -> GivenFile | None:

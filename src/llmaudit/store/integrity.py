@@ -32,6 +32,7 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.data.records import dataset_fingerprint
 from llmaudit.store.digests import check_digests, legacy_files
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_parquet_file, validate_loss_table
+from llmaudit.store.manifest import SETTINGS_NOT_COVERED, settings_covered
 from llmaudit.store.run_store import RunStore, StoreError
 from llmaudit.store.units import Unit, plan_units
 
@@ -113,6 +114,8 @@ def verify_store(store: RunStore, cfg: ExperimentConfig | None = None, *, deep: 
     verdict.problems += run_problems
     done_runs = [r for r in range(cfg.train.runs) if r not in broken_runs and store.run_done(r)]
     verdict.notes += [n for n in [legacy_coverage(store, done_runs)] if n]
+    if not settings_covered(manifest):
+        verdict.notes.append(SETTINGS_NOT_COVERED)
     if any(p.problem.startswith("data") for p in verdict.problems):
         return verdict
     pool_ids = list(manifest["data"].get("pool_ids") or [])
