@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from llmaudit.jobs.targets import config_from_run_dir
 from tests import test_received_store_links_bounds_and_disk as round_two
 from tests.conftest import run_cli
 from tests.test_received_store_links_bounds_and_disk import Received
-from tests.test_untrusted_inputs import refused
+from tests.test_untrusted_inputs import Payload, refused
 
 received = round_two.received  # the fixture: a copy of the tiny store beside files no command may open
 
@@ -94,6 +95,19 @@ def test_how_much_runs_and_what_is_read_are_the_runners(received, key):
     assert getattr(getattr(cfg, section), name) == default
     if key == "score.processes":
         assert config_from_run_dir(received.root, ["score.processes=2"]).score.processes == 2
+
+
+def test_pickled_weights_in_a_store_are_refused_even_beside_safetensors(received):
+    """A checkpoint that holds adapter_model.bin beside its safetensors weights is refused by every command; the
+    pickle never runs."""
+    marker = received.sandbox / "payload-ran"
+    directory = received.final_dir(2)
+    with open(directory / "adapter_model.bin", "wb") as handle:
+        pickle.dump(Payload(marker), handle)
+    received.unit(2).unlink()
+    refused(*received.cli(["score", str(received.root), "--no-progress"])[::2], str(directory), "adapter_model.bin")
+    refused(*received.cli(["report", str(received.root)])[::2], "adapter_model.bin", "never loads a pickle")
+    assert not marker.exists()
 
 
 def test_an_edited_limit_is_caught_by_the_manifests_digest(received):
@@ -257,6 +271,16 @@ def test_a_done_record_with_a_step_written_as_text_is_refused(received):
     record["steps"][-1] = "1e3"
     path.write_text(json.dumps(record))
     refused(*received.cli(["report", str(received.root)])[::2], str(path), "steps")
+
+
+@pytest.mark.parametrize(
+    "record, fragment",
+    [([1, 2], "(top level)"), ({"name": "sign", "effective_bits": "many"}, "effective_bits")],
+)
+def test_a_malformed_quantizer_record_is_refused_naming_the_field(received, record, fragment):
+    path = received.store.quantizer_info_path("sign")
+    path.write_text(json.dumps(record))
+    refused(*received.cli(["report", str(received.root)])[::2], str(path), fragment)
 
 
 # ------------------------------------------------------------------------------------------ two reports at once

@@ -62,7 +62,7 @@ def _disagreement(shown: dict[str, Any], result: Any, report: ReportJson, store:
     """Where report.json (`shown`, its unchecked keys aside) differs from what `result` gives, or None."""
     try:
         derived = _derived(result, report, store)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError, StopIteration) as exc:
         if isinstance(exc, UserError):
             raise
         return f"{source} does not give a report ({type(exc).__name__})"

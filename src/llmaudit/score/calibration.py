@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from llmaudit.common.errors import UserError
-from llmaudit.common.io import read_json
 from llmaudit.data.records import record_text
 from llmaudit.quantize.base import Quantizer
 from llmaudit.quantize.given import GivenFile
@@ -48,15 +47,12 @@ def check_recorded_calibration(store: RunStore, quantizers: dict[str, Quantizer]
     for name, quantizer in quantizers.items():
         if not quantizer.calibrated or quantizer.options.get("calibration_source") != "file":
             continue
-        path = store.quantizer_info_path(name)
-        if not path.exists():
-            continue
-        recorded = read_json(path, what="quantizer record")
-        calibration = recorded.get("calibration") if isinstance(recorded, dict) else None
-        expected = calibration.get("sha256") if isinstance(calibration, dict) else None
+        recorded = store.quantizer_record(name)
+        calibration = (recorded or {}).get("calibration") or {}
+        expected = calibration.get("sha256")
         if expected is not None and expected != digest:
             raise UserError(
-                f"{path}: {name} calibrated its units on a file of sha256 {str(expected)[:16]}..., "
+                f"{store.quantizer_info_path(name)}: {name} calibrated its units on a file of sha256 {str(expected)[:16]}..., "
                 f"score.calibration_file has sha256 {str(digest)[:16]}...; fix: pass the file it calibrated on"
             )
 

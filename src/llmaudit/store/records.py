@@ -1,9 +1,9 @@
 """The schemas of what a store records besides its loss tables: the manifest's `imported` block (an imported
 fine-tune's checkpoints and the user's own quantized models), a finished run's DONE.json, the RUNNING markers and a
-quantizer's record. Each is parsed once where it is read (`common.schema.parse_or_refuse`): a field of the wrong
+quantizer's record (`QuantizerRecord`). Each is parsed once where it is read (`common.schema.parse_or_refuse`): a field of the wrong
 kind or out of its bounds is refused in one line naming the file and the field, exit code 2.
 
-Paths a record names are absolute and hold no control character; the names of the files recorded in a checkpoint
+Paths a record names hold no control character (a quantized model's are absolute); the names of the files recorded in a checkpoint
 or a quantized model's directory are single path components (never a path: a record cannot send a read outside
 the directory it names), with a sha256 digest each.
 """
@@ -30,11 +30,15 @@ GIVEN_FILE_SUFFIXES = (".json", ".safetensors", ".gguf")
 """What a user's quantized model is recorded with: configurations, safetensors weights, or the .gguf file."""
 
 
+def _recorded_path(value: str) -> str:
+    if not value or has_controls(value) or "\x00" in value:
+        raise ValueError("must be a path without control characters")
+    return value
+
+
 def _absolute_path(value: str) -> str:
-    if not value or has_controls(value) or "\x00" in value or not os.path.isabs(value):
-        raise ValueError("must be an absolute path without control characters")
-    if ".." in PurePosixPath(value).parts:
-        raise ValueError("must not climb with '..'")
+    if not os.path.isabs(_recorded_path(value)) or ".." in PurePosixPath(value).parts:
+        raise ValueError("must be an absolute path without '..'")
     return value
 
 
@@ -45,6 +49,9 @@ def _file_name(value: str) -> str:
 
 
 AbsolutePath = Annotated[str, Field(max_length=4096), AfterValidator(_absolute_path)]
+RecordedPath = Annotated[str, Field(max_length=4096), AfterValidator(_recorded_path)]
+"""Where an imported checkpoint is: as `llmaudit import` recorded it (absolute since this version; a store imported
+earlier may hold a path relative to where the command runs)."""
 FileName = Annotated[str, AfterValidator(_file_name)]
 QuantizerName = Annotated[str, AfterValidator(_file_name)]
 RunIndex = Annotated[int, Field(strict=True, ge=0, lt=MAX_RUNS)]
@@ -54,7 +61,7 @@ class ImportedCheckpoint(Record):
     """An imported run's checkpoint: its step, where it is, and the digests of its files (`store.digests`)."""
 
     step: Step
-    path: AbsolutePath
+    path: RecordedPath
     format: ShortText | None = None
     files: dict[FileName, Sha256] = Field(default_factory=dict, max_length=10_000)
     digest_scope: ShortText | None = None
@@ -145,6 +152,18 @@ class DataBlock(Record):
     pool_ids: list[Annotated[str, Field(max_length=1000)]] | None = Field(default=None, max_length=MAX_POOL)
     val_ids: list[Annotated[str, Field(max_length=1000)]] | None = Field(default=None, max_length=MAX_POOL)
     fingerprint: ShortText | None = None
+
+
+class QuantizerRecord(Record):
+    """A quantizer's record (scores/quantizers/NAME.json): its options, bits and size, and its calibration text."""
+
+    name: QuantizerName | None = None
+    family: ShortText | None = None
+    bits: Annotated[float, Field(ge=0, le=64)] | None = None
+    effective_bits: Annotated[float, Field(ge=0, le=64)] | None = None
+    model_size_bytes: Annotated[int, Field(strict=True, ge=0, le=2**50)] | None = None
+    options: dict[ShortText, Any] = Field(default_factory=dict, max_length=256)
+    calibration: dict[ShortText, Any] | None = None
 
 
 class Marker(Record):

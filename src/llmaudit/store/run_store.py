@@ -54,7 +54,7 @@ from llmaudit.store.digests import DIGEST_SCOPE, parse_record
 from llmaudit.store.manifest import MANIFEST_VERSION, REPAIR, check_manifest, jsonable, mask_rows, new_manifest
 from llmaudit.store.manifest import StoreError as StoreError  # re-exported: imported from here across llmaudit
 from llmaudit.store.manifest import content_digest as content_digest  # re-exported, as StoreError
-from llmaudit.store.records import DoneRecord
+from llmaudit.store.records import DoneRecord, QuantizerRecord
 
 
 class RunStore:
@@ -100,6 +100,17 @@ class RunStore:
 
     def quantizer_info_path(self, quantizer: str) -> Path:
         return self.scores_dir / "quantizers" / f"{check_safe_name('quantizer name', quantizer)}.json"
+
+    def quantizer_record(self, quantizer: str) -> dict[str, Any] | None:
+        """The quantizer's record (scores/quantizers/NAME.json) as written, parsed by `store.records.QuantizerRecord`
+        (StoreError naming the file and the field); None before its first unit is scored."""
+        path = self.quantizer_info_path(quantizer)
+        if not path.exists():
+            return None
+        fix = f"delete it and score {quantizer} again (`llmaudit score` writes it with its first unit)"
+        record = read_json(path, what="quantizer record", fix=fix)
+        parse_or_refuse(QuantizerRecord, record, where=str(path), fix=fix, error=StoreError)
+        return record
 
     def lock_path(self, *parts: str) -> Path:
         """A lock file under locks/ (never beside the files it protects: listings stay clean)."""
