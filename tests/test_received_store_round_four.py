@@ -28,7 +28,7 @@ from tests.test_untrusted_inputs import Payload, refused
 
 received = round_two.received  # the fixture: a copy of the tiny store beside files no command may open
 
-HOSTILE_NAME = "x\x1b]0;TITLE\x07\x1b]8;;http://e.vil\x07link\x1b]8;;\x07\x1b[2K\x1b[1A\rall units verified"
+HOSTILE_NAME = "x\x1b]0;TITLE\x07\x1b]8;;mailto:x@e.vil\x07link\x1b]8;;\x07\x1b[2K\x1b[1A\rall units verified"
 """OSC 0 (window title), OSC 8 (hyperlink), CSI (erase line, cursor up) and CR (paint over the line)."""
 
 
@@ -50,7 +50,9 @@ def gate(received: Received, quantizer: str, *extra: str) -> tuple[int, str, str
 def test_a_store_never_names_the_calibration_file_a_command_reads(received):
     """A forged manifest (digest recomputed) adds a quantizer calibrated on a file outside the store: `score` does
     not open it; it asks the runner for the file."""
-    corpus = received.outside / "corpus.txt"
+    elsewhere = received.sandbox / "elsewhere"
+    elsewhere.mkdir()
+    corpus = elsewhere / "corpus.txt"
     corpus.write_text("secret calibration text\n\nmore of it\n")
     manifest = received.manifest()
     score = manifest["config"]["score"]
@@ -58,7 +60,8 @@ def test_a_store_never_names_the_calibration_file_a_command_reads(received):
     score["quantizer_options"] = {"gptq-4": {"group_size": 32, "calibration_samples": 4}}
     score.update(calibration_source="file", calibration_file=str(corpus))
     received.write_manifest(manifest)
-    code, _, err = received.cli(["score", str(received.root), "--no-progress"])
+    with round_two.nothing_opened_in(elsewhere):
+        code, _, err = run_cli(["score", str(received.root), "--no-progress"])
     refused(code, err, "score.calibration_file=PATH on the command line")
     assert not received.store.quantizer_info_path("gptq-4").exists()
     given = config_from_run_dir(received.root, [f"score.calibration_file={received.sandbox / 'mine.txt'}"])
@@ -178,7 +181,7 @@ def test_status_shows_a_hostile_file_name_escaped(received):
 def test_the_refusal_line_shows_a_hostile_file_name_escaped(received):
     (received.root / "data" / HOSTILE_NAME).symlink_to(received.outside / "keep.json")
     code, out, err = received.cli(["report", str(received.root)])
-    refused(code, err, "is a symbolic link", "\\x1b]8;;http://e.vil\\x07")
+    refused(code, err, "is a symbolic link", "\\x1b]8;;mailto:x@e.vil\\x07")
     assert no_controls(err) and "\x1b" not in out + err
 
 
