@@ -73,7 +73,7 @@ def settings_covered(manifest: dict[str, Any]) -> bool:
 SETTINGS_NOT_COVERED = (
     "digests: this manifest was written by an older llmaudit, whose digest does not cover the recorded settings "
     "(what is scored, attacked and judged: score.*, attack.*, report.*); an edit there is not detected until "
-    "llmaudit writes the manifest again (`llmaudit score` or `llmaudit report` with this version)"
+    "this version writes the manifest again (`llmaudit score RUN_DIR` does, and scores only what is missing)"
 )
 
 
