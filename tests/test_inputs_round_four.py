@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel
 from rich.text import Text
 
+import llmaudit
 from llmaudit.common.io import file_digest
 from llmaudit.config import ExperimentConfig, RecipeError, load_recipe
 from llmaudit.quantize.base import QuantizationError
@@ -32,7 +33,8 @@ from llmaudit.validate.synthetic.config import load_config as load_synthetic
 from tests.conftest import run_cli
 from tests.tiny_models import tiny_causal_lm
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "llmaudit"
+SRC = Path(llmaudit.__file__).resolve().parent
+"""The source of the package imported (not of this checkout), so the scan checks what runs."""
 OSC0, OSC8, CSI, CR = "\x1b]0;TITLE\x07", "\x1b]8;;http://e.vil\x07link\x1b]8;;\x07", "\x1b[2K\x1b[1A", "\r"
 HOSTILE = f"a{OSC0}b{OSC8}c{CSI}d{CR}all units verified\x9b1A\u202e"
 CONTROL_KEEP_LINES = re.compile("[\t\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

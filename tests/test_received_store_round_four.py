@@ -82,13 +82,16 @@ RUNNER_VALUES = {
 }
 
 
+def test_every_runner_setting_is_probed():
+    from llmaudit.config import RUNNER_SETTINGS
+
+    assert sorted(RUNNER_VALUES) == sorted(f"{s}.{k}" for s, keys in RUNNER_SETTINGS.items() for k in keys)
+
+
 @pytest.mark.parametrize("key", sorted(RUNNER_VALUES))
 def test_how_much_runs_and_what_is_read_are_the_runners(received, key):
     """Processes, threads, devices, batch sizes and the calibration file of a manifest (digest recomputed) are never
     taken from it: the defaults stand unless the command line sets them."""
-    from llmaudit.config import RUNNER_SETTINGS
-
-    assert sorted(RUNNER_VALUES) == sorted(f"{s}.{k}" for s, keys in RUNNER_SETTINGS.items() for k in keys)
     section, name = key.split(".")
     manifest = received.manifest()
     manifest["config"][section][name] = RUNNER_VALUES[key]
