@@ -23,12 +23,15 @@ import typer
 from llmaudit.commands import app  # the Typer application with every command registered
 from llmaudit.commands.base import setup
 from llmaudit.common.errors import UserError
+from llmaudit.common.safe_text import escape_controls, install
 
 __all__ = ["app", "main"]
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """The message of `exc` on one line, its control characters escaped (a file name from data may hold escape
+    sequences: they are shown, never obeyed), at most 2,000 characters."""
+    text = escape_controls(" ".join(str(exc).split())) or type(exc).__name__
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
@@ -46,8 +49,19 @@ def _internal_error(exc: BaseException) -> str:
 def main() -> None:
     """The console entry point: bad input (a UserError) is one line on stderr and exit code 2; a machine problem
     (a missing file, a full disk) names the file, exit 2; anything else is a bug: one line saying so and where to
-    report it, exit 1 (LLMAUDIT_DEBUG=1 re-raises with the traceback); an interrupt exits 130 (rerun to resume)."""
+    report it, exit 1 (LLMAUDIT_DEBUG=1 re-raises with the traceback); an interrupt exits 130 (rerun to resume).
+    While the command runs, stdout escapes every control character written to it but line breaks and colours
+    (`common.safe_text.SafeStream`), and every error line is escaped too: text from data never drives the terminal."""
     debug = os.environ.get("LLMAUDIT_DEBUG", "") not in ("", "0")
+    stdout = sys.stdout
+    sys.stdout = install(stdout)
+    try:
+        _run(debug)
+    finally:
+        sys.stdout = stdout
+
+
+def _run(debug: bool) -> None:
     try:
         setup()
         app()
@@ -62,8 +76,9 @@ def main() -> None:
     except OSError as exc:  # a missing input, a full disk, a permission: name the file
         if debug:
             raise
-        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        typer.echo(f"error: {exc.strerror or _one_line(exc)}{where}; check the path and free space.", err=True)
+        where = f" ({escape_controls(exc.filename)})" if getattr(exc, "filename", None) else ""
+        text = escape_controls(exc.strerror) if exc.strerror else _one_line(exc)
+        typer.echo(f"error: {text}{where}; check the path and free space.", err=True)
         sys.exit(2)
     except Exception as exc:
         if debug:

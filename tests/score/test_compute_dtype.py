@@ -13,6 +13,7 @@ import torch
 
 from llmaudit.models.layers import cast_parameters
 from llmaudit.score.engine import head_scores, score_examples
+from llmaudit.store.manifest import MANIFEST_VERSION
 from llmaudit.store.run_store import RunStore, StoreError, content_digest
 from tests.conftest import run_cli
 from tests.score.test_engine import PAD_ID, _examples, _tiny_model
@@ -147,7 +148,7 @@ def test_a_store_made_before_the_dtype_was_recorded_keeps_its_rule(tiny_cfg):
     choice = store.scoring_choice("auto", torch.device("cpu"))
     assert choice.dtype is torch.float32 and "before llmaudit 0.3" in choice.reason
     upgraded = store.manifest()
-    assert upgraded["manifest_version"] == 3 and upgraded["score_compute"]["dtype"] == "float32"
+    assert upgraded["manifest_version"] == MANIFEST_VERSION and upgraded["score_compute"]["dtype"] == "float32"
 
 
 def test_an_edited_compute_record_is_caught_by_the_digest(tiny_cfg):

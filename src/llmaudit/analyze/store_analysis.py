@@ -142,11 +142,7 @@ def _without_matched_base(table: pd.DataFrame, reference: str) -> pd.DataFrame:
 
 
 def _quantizer_info(store: RunStore, quantizers: list[str]) -> dict[str, dict]:
-    info = {}
-    for q in quantizers:
-        path = store.quantizer_info_path(q)
-        info[q] = read_json(path, what="quantizer record") if path.exists() else {"name": q}
-    return info
+    return {q: store.quantizer_record(q) or {"name": q} for q in quantizers}  # each parsed by its schema
 
 
 def _experiment_block(cfg: ExperimentConfig, store: RunStore, manifest: dict) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from llmaudit.common.runtime import env_threads, set_threads
+from llmaudit.common.safe_text import escape_controls
 from llmaudit.report.answer import wrap_segments
 from llmaudit.report.gate import GATE_EXIT_CODE, gate_decision, write_gate_outputs
 from llmaudit.report.terminal import FIXED_WIDTH, print_summary
@@ -67,6 +68,10 @@ class CurrentStderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the current sys.stderr is used instead
         pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record's line with its control characters escaped (a logged file name from data is shown as written)."""
+        return escape_controls(super().format(record), keep_newlines=True)
 
 
 def setup() -> None:

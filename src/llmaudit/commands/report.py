@@ -15,10 +15,10 @@ from llmaudit.commands.base import (
     finish,
     written,
 )
-from llmaudit.common.io import read_json
 from llmaudit.jobs.status import report_is_current
 from llmaudit.jobs.targets import config_from_run_dir
 from llmaudit.report.model_card import UnknownQuantizerError
+from llmaudit.report.verify import verified_report
 from llmaudit.report.write import write_model_card, write_report
 from llmaudit.store.run_store import RunStore
 
@@ -41,15 +41,18 @@ def report(
 ) -> None:
     """Compute r_Q, the attacks and memorization from the verified loss tables and write report.json,
     report.md, a self-contained report.html (plots embedded) and model_card.md (the privacy section of the
-    released model's card); print the verdict. An inconsistent store is refused."""
+    released model's card); print the verdict. An inconsistent store is refused. --gate always analyses the loss
+    tables again (never report.json's word); --release alone writes the card from report.json when it is verified
+    (`report.verify.verified_report`)."""
     store = RunStore(run_dir)
     cfg = config_from_run_dir(run_dir, [])
     chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
-    if release is not None and chosen is None and not include_samples and report_is_current(store):
-        card = write_model_card(store, release)  # another quantizer's card: from report.json, in seconds
-        typer.echo(f"[report] wrote {card} from {store.report_dir / 'report.json'} (the report is up to date)")
-        report_data = read_json(store.report_dir / "report.json", what="report")
-        return finish(report_data, release=release, gate=gate, out_dir=store.report_dir)
+    if release is not None and chosen is None and not include_samples and not gate:
+        verified = verified_report(store, cfg, up_to_date=report_is_current(store))
+        if verified is not None:  # another quantizer's card: from the verified report.json, in seconds
+            card = write_model_card(store, release)
+            typer.echo(f"[report] wrote {card} from {store.report_dir / 'report.json'} (the report is up to date)")
+            return finish(verified, release=release, gate=False)
     if release is not None and chosen is not None and release not in chosen:  # refused before the analysis
         raise UnknownQuantizerError(f"--release {release!r} is not among --quantizers {', '.join(chosen)}: add it")
     result = analyze(cfg, store, quantizers=chosen)

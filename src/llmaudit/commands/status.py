@@ -10,6 +10,7 @@ from llmaudit.commands.base import (
     app,
 )
 from llmaudit.common.io import to_json
+from llmaudit.common.safe_text import escape_controls
 from llmaudit.jobs.status import format_status, stage_status
 from llmaudit.store.run_store import RunStore
 
@@ -20,6 +21,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (for scripts)."),
 ) -> None:
     """What is done, running and missing: runs and their checkpoints, scoring units per quantizer, the report.
-    A unit whose job was killed shows as missing (rerunning the stage resumes it)."""
+    A unit whose job was killed shows as missing (rerunning the stage resumes it). Names from the store (files,
+    quantizers, job errors) are shown with their control characters escaped; --json escapes them as JSON does."""
     result = stage_status(RunStore(run_dir))
-    typer.echo(to_json(result).rstrip() if as_json else format_status(result))
+    typer.echo(to_json(result).rstrip() if as_json else escape_controls(format_status(result), keep_newlines=True))

@@ -37,6 +37,35 @@ MAX_YAML_BYTES = 2**20
 """A recipe (the shipped ones are 1-3 KB) or one `key=value` override."""
 
 
+LFS_POINTER = b"version https://git-lfs"
+"""How a Git LFS pointer file starts: the small text file a clone without `git lfs pull` holds in place of a large
+file (a model's weights)."""
+
+
+def magic_problem(path: str | os.PathLike, magic: bytes, kind: str) -> str | None:
+    """Why the file at `path` is not a `kind` file starting with `magic` (a Git LFS pointer, an empty file, other
+    bytes), or None when it starts as one should.
+
+    Args:
+        path: the file.
+        magic: the bytes a file of its kind starts with.
+        kind: what it should be, for the message ("GGUF").
+
+    Returns:
+        The reason in words (with the fix for an LFS pointer), or None.
+    """
+    with open(path, "rb") as handle:
+        head = handle.read(max(len(magic), len(LFS_POINTER)))
+    if head.startswith(LFS_POINTER):
+        return (
+            f"is a Git LFS pointer (a small text file that stands for the real {kind} file), not the file itself; "
+            "fix: fetch it with `git lfs pull` (or download the file) and pass that"
+        )
+    if not head.startswith(magic):
+        return f"does not start with {kind}'s magic bytes {magic!r} (it starts with {head[: len(magic)]!r}): not a {kind} file"
+    return None
+
+
 class InputLimitError(UserError):
     """An input exceeds a bound (bytes, depth, count) or is not plain data; the message names it and the bound."""
 

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from llmaudit.common.bounded import MAX_JSON_BYTES, InputLimitError, check_file, parse_json
 from llmaudit.common.errors import UserError
 
@@ -108,14 +110,23 @@ def _write_new_file(target: Path, data: bytes, *, shown: Path) -> None:
             os.fsync(handle.fileno())
 
 
+def directory_lock(path: str | os.PathLike) -> FileLock:
+    """The lock every writer of the set of files in directory `path` holds (`replace_directory`, and a writer that
+    adds a file to the set): a file `.NAME.lock` beside the directory, so that two processes writing one set (two
+    `llmaudit report` on one store) take turns and each leaves a whole set."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path.parent / f".{path.name}.lock"))
+
+
 def replace_directory(path: str | os.PathLike, files: dict[str, bytes]) -> Path:
     """Make `files` ({relative path: bytes}) the whole content of directory `path`, as one set: written into a
-    temporary sibling, then swapped in by renaming. A kill at any moment leaves the old set, the new set, or no
-    directory (the next write removes the leftovers), never new files beside old ones."""
+    temporary sibling, then swapped in by renaming, under the set's lock (`directory_lock`). A kill at any moment
+    leaves the old set, the new set, or no directory (the next write removes the leftovers), never new files beside
+    old ones; a second writer waits for the first, so it never takes a live writer's files for leftovers."""
     path = Path(path)
-    with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a write killed earlier
+    with writing(path), directory_lock(path):
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a write killed earlier (the lock is ours)
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
         old = tmp.with_name(tmp.name.removesuffix(".tmp") + ".old.tmp")

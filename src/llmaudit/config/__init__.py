@@ -20,13 +20,16 @@ from llmaudit.config.fields import (
     MEMORY_WHY,
     NODE_WHY,
     POOL_WHY,
+    RECEIVED,
     RECIPE_DIR,
+    RUNNER_SETTINGS,
     RUNS_WHY,
     SHARDS_WHY,
     UPPER_BOUND_WHY,
     RecipeError,
     Section,
     size_field,
+    without_runner_settings,
 )
 from llmaudit.config.loading import (
     apply_overrides,
@@ -38,10 +41,10 @@ from llmaudit.config.loading import (
     read_recipe_yaml,
     resolve_recipe_path,
 )
+from llmaudit.config.report_section import UTILITY_METRICS, ReportConfig
 from llmaudit.config.sections import (
     ATTACK_NAMES,
     LEGACY_ATTACK_NAMES,
-    UTILITY_METRICS,
     AttackConfig,
     BuiltinModelConfig,
     ClusterConfig,
@@ -49,7 +52,6 @@ from llmaudit.config.sections import (
     ExperimentConfig,
     LoraSettings,
     ModelConfig,
-    ReportConfig,
     ScoreConfig,
     TrainConfig,
 )
@@ -78,7 +80,9 @@ __all__ = [
     "ModelConfig",
     "NODE_WHY",
     "POOL_WHY",
+    "RECEIVED",
     "RECIPE_DIR",
+    "RUNNER_SETTINGS",
     "RUNS_WHY",
     "RecipeError",
     "ReportConfig",
@@ -97,4 +101,5 @@ __all__ = [
     "read_recipe_yaml",
     "resolve_recipe_path",
     "size_field",
+    "without_runner_settings",
 ]

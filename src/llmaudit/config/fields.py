@@ -59,6 +59,33 @@ BUILTIN_WHY = (
 )
 UPPER_BOUND_WHY = "upper_bound_why"
 
+RUNNER_SETTINGS: dict[str, tuple[str, ...]] = {
+    "model": ("trust_remote_code",),
+    "train": ("device", "token_budget"),
+    "score": ("device", "token_budget", "head_chunk", "cpu_workers", "processes", "calibration_file"),
+    "report": ("processes",),
+}
+"""Settings that belong to whoever runs a command, never to a run directory: what may run (remote code), where and
+how much runs on this machine (devices, batch sizes, processes, threads) and which file outside the store is read
+(the calibration text). A store records them for reference; reading its config gives the defaults in their place,
+and the runner's command line sets them (`without_runner_settings`). The whole `cluster` section and `output_dir`
+are the runner's too. Everything else a store's config holds (the experiment's identity, what is scored, attacked
+and judged) is covered by the manifest's digest (docs/security.md, "What a run directory decides")."""
+RUNNER_SECTIONS = ("cluster",)
+RECEIVED = "received"
+"""Validation-context key: the config is read from a run directory (`config_from_dict(..., received=True)`), so
+settings the runner supplies (the calibration file) may be absent until the command that needs them."""
+
+
+def without_runner_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a recorded config (plain data) without the settings that belong to whoever runs a command
+    (`RUNNER_SETTINGS`, the `cluster` section, `output_dir`): what a run directory may decide."""
+    out = {k: v for k, v in raw.items() if k not in (*RUNNER_SECTIONS, "output_dir")}
+    for section, keys in RUNNER_SETTINGS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in keys}
+    return out
+
 
 def size_field(default: Any, *, ge: int, le: int, why: str) -> Any:
     """A size field: at least `ge`, at most `le`; `why` is printed with a value above the bound (every size in a
@@ -71,6 +98,14 @@ class RecipeError(UserError):
 
 
 class Section(BaseModel):
-    """A config section: unknown keys refused, assignments and defaults validated."""
+    """A config section: unknown keys refused, assignments and defaults validated, every float finite (NaN and
+    +-inf are refused when the recipe, an override or a store's recorded config loads: a limit of inf would
+    disable a criterion, a learning rate of inf trains to NaN, and JSON cannot write either back)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, protected_namespaces=())
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        validate_default=True,
+        protected_namespaces=(),
+        allow_inf_nan=False,
+    )

@@ -15,6 +15,7 @@ from llmaudit.common.bounded import MAX_YAML_BYTES, InputLimitError, check_file,
 from llmaudit.common.errors import did_you_mean
 from llmaudit.config.fields import (
     DEMO_RECIPE,
+    RECEIVED,
     RECIPE_DIR,
     UPPER_BOUND_WHY,
     RecipeError,
@@ -187,12 +188,16 @@ def config_from_dict(
     *,
     overrides: list[str] | None = None,
     attack_names: tuple[str, ...] | None = None,
+    received: bool = False,
 ) -> ExperimentConfig:
     """The validated config; `overrides`: the command-line key=value pairs applied to `raw` (named in an error);
-    `attack_names`: the registered attacks, which `attack.attacks` must name (unchecked without them)."""
-    context = None if attack_names is None else {ATTACK_NAMES: tuple(attack_names)}
+    `attack_names`: the registered attacks, which `attack.attacks` must name (unchecked without them); `received`:
+    `raw` is a run directory's recorded config (`fields.RECEIVED`: the runner's settings may still be missing)."""
+    context: dict[str, Any] = {} if attack_names is None else {ATTACK_NAMES: tuple(attack_names)}
+    if received:
+        context[RECEIVED] = True
     try:
-        return ExperimentConfig.model_validate(raw, context=context)
+        return ExperimentConfig.model_validate(raw, context=context or None)
     except ValidationError as exc:
         raise RecipeError(format_validation_error(exc, source, overrides=overrides)) from None
 

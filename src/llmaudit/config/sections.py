@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from llmaudit.common.errors import did_you_mean
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
@@ -26,11 +27,13 @@ from llmaudit.config.fields import (
     MAX_RUNS,
     MEMORY_WHY,
     POOL_WHY,
+    RECEIVED,
     RUNS_WHY,
     Section,
     size_field,
 )
-from llmaudit.config.release_sets import MAX_SETS, check_set_shapes, unknown_set_names
+from llmaudit.config.release_sets import unknown_set_names
+from llmaudit.config.report_section import ReportConfig
 
 
 class BuiltinModelConfig(Section):
@@ -237,8 +240,11 @@ class ScoreConfig(Section):
     `text` field; its sha256 is recorded with every quantizer that calibrated on it."""
 
     @model_validator(mode="after")
-    def _calibration_file_named(self) -> ScoreConfig:
-        if self.calibration_source == "file" and not self.calibration_file:
+    def _calibration_file_named(self, info: ValidationInfo) -> ScoreConfig:
+        """A recipe that calibrates on a file names it; a run directory never does (the runner passes it to the
+        command that reads it: `llmaudit score RUN_DIR score.calibration_file=PATH`)."""
+        received = bool((info.context or {}).get(RECEIVED))
+        if self.calibration_source == "file" and not self.calibration_file and not received:
             raise ValueError("calibration_source=file needs score.calibration_file=PATH (a text or JSONL file)")
         return self
 
@@ -355,7 +361,26 @@ class AttackConfig(Section):
         return names
 
     fpc: Literal["auto", "off"] | float = "auto"
-    """Finite population correction of LiRA's OUT variance: auto = 1 - N/N_+ from the manifest."""
+    """Finite population correction of LiRA's OUT variance: auto = 1 - N/N_+ from the manifest; a number is a
+    factor in (0, 1] (1 = no correction)."""
+
+    @field_validator("fpc", mode="plain")
+    @classmethod
+    def _fpc_in_range(cls, value: Any) -> str | float:
+        if value is False or value == "off":  # YAML reads a bare `off` as false
+            return "off"
+        if value == "auto":
+            return value
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        if number is None or not math.isfinite(number) or not 0 < number <= 1:
+            raise ValueError("fpc must be 'auto', 'off' or a number in (0, 1]")
+        return float(number)
+
     n_boot: int = size_field(
         500,
         ge=0,
@@ -365,79 +390,6 @@ class AttackConfig(Section):
     """Bootstrap resamples for confidence intervals."""
     seed: int = 0
     """Seed of the bootstraps."""
-
-
-UTILITY_METRICS = (
-    "loss",
-    "kl",
-    "same_top",
-    "smiles_exact_match",
-    "smiles_validity",
-    "smiles_tanimoto",
-    "caption_bleu2",
-    "caption_bleu4",
-    "caption_rouge_l",
-    "text_exact_match",
-    "text_rouge_l",
-)
-"""Values of report.utility_metric: the validation-loss ratio, the divergence from full precision, a task metric."""
-
-
-class ReportConfig(Section):
-    """Release checklist thresholds, and how the report stage runs."""
-
-    processes: int | None = size_field(None, ge=1, le=256, why=CORES_WHY)
-    """Worker processes that attack the quantizers, one quantizer each at a time (null: this machine's cores, at most
-    one per quantizer). The numbers do not depend on it."""
-
-    max_tpr_at_1pct_fpr: float = Field(0.05, ge=0, le=1)
-    """Criterion: the best attack's TPR at 1% FPR must stay below this."""
-    min_r_q: float = Field(0.0, ge=0)
-    """Criterion: r_Q must be at least this (0 disables)."""
-    max_utility_loss: float = Field(0.10, ge=0)
-    """Criterion (utility_metric = loss): relative increase of validation loss vs full precision must stay below this."""
-    utility_metric: Literal[UTILITY_METRICS] = "loss"  # type: ignore[valid-type]
-    """What the checklist's utility criterion judges (docs/science.md section 11): loss = the relative increase
-    of validation loss (limit max_utility_loss); kl = mean KL(p_ref || p_q) per validation token in nats, at most
-    utility_limit (default 0.05); same_top = the share of validation tokens whose most likely next token agrees
-    with full precision, at least utility_limit (default 0.9); a task metric (smiles_exact_match,
-    smiles_validity, smiles_tanimoto, caption_bleu2, caption_bleu4, caption_rouge_l, text_exact_match,
-    text_rouge_l) = its drop below full precision (reference - quantizer, paired by run) at most utility_limit
-    (default 0.05). Every one is a mean over runs judged on its 95% bootstrap interval."""
-    utility_limit: float | None = Field(None, ge=0, le=1000)
-    """The limit of utility_metric in its own unit (see there); null = that metric's default. Unused for loss."""
-    indicator: str = "gap_std_final"
-    """The candidate attack-free indicator shown beside the published r_Q (docs/science.md section 8)."""
-    min_indicator: float | None = None
-    """Criterion on that indicator (higher = more secure), applied only when the indicator passed its
-    validation; None disables it."""
-    min_runs: int = size_field(5, ge=1, le=MAX_RUNS, why=RUNS_WHY)
-    """A criterion that needs several fine-tuning runs (r_Q, the indicator, utility intervals over runs) is NOT
-    MEASURED with fewer runs than this. The attack criterion judges stores with at least this many runs (and at
-    least 2) on per-sample calibrated scores, and stores with fewer (one imported fine-tune) on each run's own
-    held-out non-members with an empirical threshold (docs/science.md section 12)."""
-    alpha: float = Field(0.05, gt=0, le=0.2)
-    """One-sided error rate of every release decision (docs/science.md section 12): a false FAIL, a false PASS, a
-    false "leaks more / less / the same as full precision" each have probability at most alpha."""
-    equivalence_margin: float = Field(0.01, ge=0, le=0.5)
-    """A quantizer "leaks the same" as full precision when every judged attack's paired difference of TPR at 1% FPR
-    lies within +-margin (two one-sided tests per attack, intersection-union). Default 0.01: a change below the FPR level itself is a change
-    the evaluation at 1% FPR does not resolve (an attack at chance has TPR 0.01)."""
-    selection_folds: int = size_field(
-        5, ge=2, le=100, why="each fold must hold enough targets or samples to measure an attack on it"
-    )
-    """Cross-fitting folds: the strongest attack is chosen on the other folds and measured on each (folds of target
-    models; of samples with fewer than min_runs runs)."""
-    decision_resamples: int = size_field(
-        1000, ge=100, le=100_000, why="bounds from the bootstrap's variance settle within a few thousand resamples"
-    )
-    """Bootstrap resamples of samples behind every bound of the release decision and the paired comparisons."""
-    release_sets: Annotated[
-        list[Annotated[list[str], Field(max_length=MAX_QUANTIZERS)]], AfterValidator(check_set_shapes)
-    ] = Field(default_factory=list, max_length=MAX_SETS)
-    """Files published together, each set judged as one release and compared with its best single file, e.g.
-    [[bf16, gguf-q4_k_m], [gguf-q8_0, gguf-q6_k, gguf-q4_k_m]] (docs/science.md section 14). Every name must be
-    among score.quantizers."""
 
 
 class ExperimentConfig(Section):

@@ -97,7 +97,7 @@ class ImportRequest:
     def resolved(self) -> ImportRequest:
         """The request with its paths expanded (the files resolved), checked (`_check_arguments`), and one training
         file per run (a single --train file stands for every run's)."""
-        dirs = [Path(d).expanduser() for d in self.training_dirs]
+        dirs = [Path(d).expanduser().absolute() for d in self.training_dirs]  # links kept: read where written
         files = [Path(f).expanduser().resolve() for f in self.train_files]
         _check_arguments(dirs, files, self.max_train, self.max_heldout)
         if len(files) == 1 and len(dirs) > 1:

@@ -26,7 +26,7 @@ from typing import Any
 from llmaudit.common.bounded import parse_json
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import read_json
-from llmaudit.store.digests import DIGEST_SCOPE, number_files
+from llmaudit.store.digests import DIGEST_SCOPE, PICKLED_WEIGHTS, number_files
 from llmaudit.store.run_store import file_digest
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -34,7 +34,6 @@ MAX_STEP = 10**9
 """The largest training step a checkpoint may have: a billion optimizer steps is beyond any fine-tune, and every
 step fits the int32 and %06d-formatted places it is recorded in."""
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-PICKLED_WEIGHTS = re.compile(r"^(adapter_model|pytorch_model|model)(-\d+-of-\d+)?\.(bin|pt|pth|ckpt)$")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 SAVE_HINT = (
     "save with safe_serialization=True (safetensors: the default of transformers and peft), or convert the "

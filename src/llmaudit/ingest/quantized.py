@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from llmaudit.common.bounded import magic_problem
 from llmaudit.config import ExperimentConfig
 from llmaudit.ingest.checkpoints import ImportInputError, TrainingOutput
 from llmaudit.models.loading import load_base_model, load_checkpoint_model
 from llmaudit.quantize import FULL_PRECISION_NAMES, QUANTIZER_NAMES, QuantizationError
-from llmaudit.quantize.given import GivenFile, describe, load_given
+from llmaudit.quantize.given import GivenFile, describe, load_given, pickled_files
 
 
 def parse_quantized(specs: Sequence[str], n_runs: int) -> list[tuple[int, str, Path]]:
@@ -41,12 +42,7 @@ def parse_quantized(specs: Sequence[str], n_runs: int) -> list[tuple[int, str, P
         file = Path(path.strip()).expanduser()
         if not file.exists():
             raise ImportInputError(f"--quantized {spec!r}: {file} does not exist")
-        if name.startswith("gguf-") and not (file.is_file() and file.suffix == ".gguf"):
-            raise ImportInputError(f"--quantized {spec!r}: a gguf-* quantizer takes a .gguf file")
-        if not name.startswith("gguf-") and not (file / "config.json").is_file():
-            raise ImportInputError(
-                f"--quantized {spec!r}: a checkpoint directory with config.json is needed for {name}"
-            )
+        _check_given_path(spec, name, file)
         per_name.setdefault(name, []).append(file)
     out = []
     for name, paths in per_name.items():
@@ -57,6 +53,26 @@ def parse_quantized(specs: Sequence[str], n_runs: int) -> list[tuple[int, str, P
             )
         out += [(run, name, path) for run, path in enumerate(paths)]
     return out
+
+
+def _check_given_path(spec: str, name: str, file: Path) -> None:
+    """Before any model is loaded: a gguf-* quantizer's file is a GGUF file (not a Git LFS pointer), another
+    quantizer's a checkpoint directory with config.json and no pickled weights."""
+    if name.startswith("gguf-"):
+        if not (file.is_file() and file.suffix == ".gguf"):
+            raise ImportInputError(f"--quantized {spec!r}: a gguf-* quantizer takes a .gguf file")
+        why = magic_problem(file, b"GGUF", "GGUF")
+        if why:
+            raise ImportInputError(f"--quantized {spec!r}: {file} {why}")
+        return
+    if not (file / "config.json").is_file():
+        raise ImportInputError(f"--quantized {spec!r}: a checkpoint directory with config.json is needed for {name}")
+    pickled = pickled_files(file)
+    if pickled:
+        raise ImportInputError(
+            f"--quantized {spec!r}: {file} holds pickled {pickled[:3]}, which llmaudit never loads (it could run "
+            "code); fix: save the quantized model with safe_serialization=True into a directory without them"
+        )
 
 
 def check_quantized(

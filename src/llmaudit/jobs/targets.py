@@ -132,6 +132,7 @@ def config_from_run_dir(
         source=f"{store.manifest_path} + command-line overrides",
         overrides=overrides,
         attack_names=registered_attacks(),
+        received=True,
     )
     check_quantizer_requests(cfg, overrides, _scored(store))
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))

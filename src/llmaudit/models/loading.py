@@ -99,7 +99,7 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 
 def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype | None = None) -> Any:
-    """The base model before fine-tuning, in eval mode on `device` (safetensors only for local files)."""
+    """The base model before fine-tuning, in eval mode on `device` (safetensors weights only, from the hub too)."""
     from transformers import AutoModelForCausalLM
 
     dtype = dtype or resolve_dtype(cfg.dtype, device)
@@ -110,7 +110,7 @@ def load_base_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype |
             revision=cfg.revision if source.kind == "hub" else None,
             trust_remote_code=cfg.trust_remote_code,
             dtype=dtype,
-            use_safetensors=None if source.kind == "hub" else True,
+            use_safetensors=True,  # a hub id or a directory a store names: never pickled *.bin weights
         )
     except (OSError, ValueError) as exc:
         raise _load_error(cfg.name, exc) from None

@@ -66,10 +66,16 @@ MAX_CALIBRATION_FILE_BYTES = 256 * 2**20
 """A calibration file is read whole: 256 MiB is far more text than 128 samples of 512 tokens need."""
 
 
-def read_calibration_file(path: str | Path) -> tuple[list[str], str]:
+def read_calibration_file(path: str | Path | None) -> tuple[list[str], str]:
     """(texts, sha256 of the file) of a calibration file: JSONL (``.jsonl``: every line an object with a non-empty
     string ``text``) or plain text (anything else: documents separated by one or more blank lines). UserError
-    naming the file and the fix when it cannot be read or holds no text."""
+    naming the file and the fix when it cannot be read or holds no text, or when no file is named (a run directory
+    never names it: the command line does)."""
+    if path is None:
+        raise UserError(
+            "calibration_source=file needs score.calibration_file=PATH on the command line (a run directory records "
+            "which file its quantizers calibrated on, by sha256, but never makes llmaudit read a file it names)"
+        )
     path = Path(path).expanduser()
     fix = "score.calibration_file must name a UTF-8 text file (documents separated by blank lines) or JSONL with 'text'"
     try:

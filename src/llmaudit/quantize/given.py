@@ -27,7 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmaudit.common.io import file_digest
+from llmaudit.common.bounded import magic_problem
+from llmaudit.common.errors import UserError
+from llmaudit.common.io import file_digest, read_json
+from llmaudit.common.names import is_safe_name
 
 from .base import QuantizationError
 
@@ -57,6 +60,7 @@ class GivenFile:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> GivenFile:
+        """The record as the manifest holds it (parsed by `store.records.GivenRecord` when the manifest is read)."""
         return cls(int(record["run"]), int(record["step"]), str(record["quantizer"]), str(record["path"]),
                    str(record["kind"]), dict(record["files"]))  # fmt: skip
 
@@ -80,11 +84,12 @@ def describe(run: int, step: int, quantizer: str, path: str | Path) -> GivenFile
         )
     if not (path / "config.json").is_file():
         raise QuantizationError(f"--quantized {quantizer}={path}: not a checkpoint directory (no config.json)")
-    pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
+    pickled = pickled_files(path)
     if pickled or not list(path.glob("*.safetensors")):
+        why = f"pickled weights {pickled}, which llmaudit never loads" if pickled else "no safetensors weights"
         raise QuantizationError(
-            f"--quantized {quantizer}={path}: no safetensors weights{f' (pickled {pickled} are never loaded)' if pickled else ''}; "
-            "fix: save the quantized model with safe_serialization=True"
+            f"--quantized {quantizer}={path}: {why}; fix: save the quantized model with safe_serialization=True "
+            "into a directory without *.bin / *.pt / *.pth files"
         )
     method = _method(path)
     if method != METHODS[family]:
@@ -96,16 +101,54 @@ def describe(run: int, step: int, quantizer: str, path: str | Path) -> GivenFile
     return GivenFile(run, step, quantizer, str(path), "checkpoint", {n: file_digest(path / n) for n in names})
 
 
-def _method(directory: Path) -> str | None:
-    import json
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+"""Files a loader could unpickle: never loaded, and a directory holding one is refused."""
 
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    quant = config.get("quantization_config") if isinstance(config, dict) else None
-    return str(quant.get("quant_method")) if isinstance(quant, dict) else None
+
+def pickled_files(directory: Path) -> list[str]:
+    """The names of the files in ``directory`` a loader could unpickle (``PICKLE_SUFFIXES``)."""
+    return sorted(p.name for p in directory.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
+
+
+def _method(directory: Path) -> str | None:
+    """The quant_method of the directory's config.json (None when it names none); QuantizationError naming the file
+    when config.json is not a readable JSON object."""
+    path = directory / "config.json"
+    try:
+        config = read_json(path, what="quantized model's config", limit=MAX_CONFIG_BYTES)
+    except UserError as exc:
+        raise QuantizationError(
+            f"{' '.join(str(exc).split())[:400]} Fix: pass the directory the quantizer saved."
+        ) from None
+    if not isinstance(config, dict):
+        raise QuantizationError(
+            f"{path} is not a JSON object (a model configuration); fix: pass the directory the quantizer saved"
+        )
+    quant = config.get("quantization_config")
+    return str(quant.get("quant_method"))[:100] if isinstance(quant, dict) else None
+
+
+MAX_CONFIG_BYTES = 16 * 2**20
+"""A model's config.json (a few KB; 16 MiB is far above any)."""
+
+
+def _check_record(given: GivenFile) -> None:
+    """The record as data: a known kind, its files single file names (never a path), a .gguf named by its path."""
+    names = list(given.files)
+    if given.kind not in ("gguf", "checkpoint") or not names or not all(is_safe_name(n) for n in names):
+        raise QuantizationError(
+            f"the record of {given.quantizer} (run {given.run}) names {names[:3]} as a {given.kind!r}: not file names "
+            "of a quantized model; fix: import again"
+        )
+    if given.kind == "gguf" and names != [Path(given.path).name]:
+        raise QuantizationError(
+            f"the record of {given.quantizer} (run {given.run}) names {names[:3]}, not its .gguf file"
+        )
 
 
 def check_digests(given: GivenFile) -> None:
-    """The files are the ones recorded (sha256), none added."""
+    """The files are the ones recorded (sha256), none added, no pickle beside them (a loader could read it)."""
+    _check_record(given)
     path = Path(given.path)
     directory = path if given.kind == "checkpoint" else path.parent
     for name, digest in given.files.items():
@@ -115,6 +158,12 @@ def check_digests(given: GivenFile) -> None:
                 "is missing since `llmaudit import` recorded it; fix: restore it, or import again"
             )
     if given.kind == "checkpoint":
+        pickled = pickled_files(path)
+        if pickled:
+            raise QuantizationError(
+                f"{path}: holds pickled {pickled[:3]}, which llmaudit never loads (it could run code); fix: remove "
+                "them (the model is read from its safetensors weights)"
+            )
         added = sorted(
             p.name for p in path.iterdir() if p.suffix in (".json", ".safetensors") and p.name not in given.files
         )
@@ -123,14 +172,17 @@ def check_digests(given: GivenFile) -> None:
 
 
 def load_given(given: GivenFile, checkpoint: nn.Module, device: torch.device) -> nn.Module:
-    """The user's quantized model of ``checkpoint`` (which is modified: pass a copy), checked against it."""
+    """The user's quantized model of ``checkpoint`` (which is modified: pass a copy), checked against it. A checkpoint
+    directory is loaded from its safetensors weights only, without code (never a pickle)."""
     check_digests(given)
     if given.kind == "gguf":
         return load_gguf(Path(given.path), checkpoint, given.quantizer).to(device).eval()
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(given.path, device_map=str(device))
+        model = AutoModelForCausalLM.from_pretrained(
+            given.path, device_map=str(device), use_safetensors=True, trust_remote_code=False
+        )
     except Exception as exc:
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise QuantizationError(f"{given.path} does not load as a {given.quantizer} checkpoint ({first})") from None
@@ -166,9 +218,8 @@ def load_gguf(path: Path, model: nn.Module, quantizer: str) -> nn.Module:
     from .gguf_layout import architecture
 
     arch = architecture(model)
-    reader = gguf.GGUFReader(str(path))
-    field = reader.fields.get("general.architecture")
-    written = bytes(field.parts[field.data[0]]).decode() if field is not None else None
+    reader = read_gguf(path)
+    written = gguf_string(reader, "general.architecture", path)
     if written != gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[arch]]:
         raise QuantizationError(
             f"{path}: a GGUF of architecture {written!r}, the checkpoint is {arch.lower()!r}; fix: pass the .gguf of this fine-tune"
@@ -200,6 +251,45 @@ def load_gguf(path: Path, model: nn.Module, quantizer: str) -> nn.Module:
             f"fine-tune for {quantizer}"
         )
     return model
+
+
+def read_gguf(path: Path) -> Any:
+    """gguf's reader of the user's file at ``path``, its header and tensor table checked: QuantizationError naming
+    the file when it is a Git LFS pointer, not a GGUF file, or a header or tensor table that does not fit in the
+    file (a key cut short, tensor data past its end)."""
+    import gguf
+
+    why = magic_problem(path, b"GGUF", "GGUF")
+    if why:
+        raise QuantizationError(f"{path} {why}")
+    try:
+        reader = gguf.GGUFReader(str(path))
+        size = path.stat().st_size
+        for tensor in reader.tensors:
+            if int(tensor.data_offset) + int(tensor.n_bytes) > size:
+                raise ValueError(f"tensor {tensor.name!r}'s data ends past the end of the file")
+    except QuantizationError:
+        raise
+    except Exception as exc:  # gguf raises IndexError, ValueError, struct and numpy errors on a damaged header
+        first = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise QuantizationError(
+            f"{path} is not a readable GGUF file ({type(exc).__name__}: {first}); fix: pass the complete .gguf file "
+            "that llama.cpp wrote"
+        ) from None
+    return reader
+
+
+def gguf_string(reader: Any, key: str, path: Path) -> str | None:
+    """The string value of metadata ``key`` in a GGUF file (None when absent); QuantizationError when it is not one."""
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    try:
+        return bytes(field.parts[field.data[0]]).decode("utf-8")
+    except (IndexError, TypeError, ValueError, UnicodeDecodeError):
+        raise QuantizationError(
+            f"{path}: its metadata {key} is not a string; fix: pass the .gguf llama.cpp wrote"
+        ) from None
 
 
 def _parameter_name(names, params: dict[str, nn.Parameter], gguf_name: str) -> str | None:

@@ -6,6 +6,7 @@ an earlier report lacks takes the field's default. Writing: `dump_report(report)
 `current=True`: every field the current builder writes must be there (a renamed key fails loudly instead of
 reading as None), then serializes it key for key, in the order it was built (`_Open` keeps the order it read).
 Sections with open-ended keys (`extra="allow"`) keep the keys the model does not name.
+Reading a report.json back from a store: `llmaudit.report.readback.read_report` (the schema and its consistency).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import io
 import sys
 from typing import Any, TextIO
 
-from rich.console import Console
 from rich.text import Text
 
+from llmaudit.common.safe_text import safe_console
 from llmaudit.report.answer import (
     NOT_AUDITED,
     baseline_sentence,
@@ -60,7 +60,8 @@ def print_summary(report: dict[str, Any] | ReportJson, *, file: TextIO | None = 
     stream = file or sys.stdout
     if width is None and not (hasattr(stream, "isatty") and stream.isatty()):
         width = FIXED_WIDTH
-    console = Console(file=stream, width=width, highlight=False, markup=False, emoji=False, soft_wrap=True)
+    console = safe_console(stream, width=width)  # data printed as text, its control characters escaped
+    console.soft_wrap = True  # the lines are wrapped between their parts already
     w = console.width
     for i, (line, status, start) in enumerate(answer_lines(report, w)):
         text = Text(line, style="bold" if i == 0 else "")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmaudit.common.io import atomic_write_text, read_json, replace_directory
+from llmaudit.common.io import atomic_write_text, directory_lock, replace_directory
 from llmaudit.report.build import build_report
 from llmaudit.report.html import render_html
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.model_card import UnknownQuantizerError, render_model_card
 from llmaudit.report.models import dump_report, read_built
 from llmaudit.report.plots import render_all
+from llmaudit.report.readback import read_report
 from llmaudit.report.schema import validate_report
 from llmaudit.store.run_store import RunStore
 
@@ -52,7 +53,7 @@ def write_report(
 def write_model_card(store: RunStore, release: str) -> str:
     """model_card.md for the quantizer `release`, from the store's report.json alone (seconds: no analysis). An
     unknown `release` or a report.json the card cannot read is refused before anything is written."""
-    path = store.report_dir / "report.json"
-    report = read_json(path, what="report", fix="write it again with `llmaudit report RUN_DIR`")
-    card = render_model_card(report, quantizer=release)
-    return str(atomic_write_text(store.report_dir / "model_card.md", card))
+    with directory_lock(store.report_dir):  # the set is not replaced while its card is written
+        report = read_report(store.report_dir / "report.json")  # parsed and consistent, or refused naming the field
+        card = render_model_card(report, quantizer=release)
+        return str(atomic_write_text(store.report_dir / "model_card.md", card))

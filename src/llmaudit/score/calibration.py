@@ -41,6 +41,22 @@ def calibration_record(inputs: Any, quantizer: Quantizer) -> dict[str, Any] | No
     return record
 
 
+def check_recorded_calibration(store: RunStore, quantizers: dict[str, Quantizer], digest: str | None) -> None:
+    """A quantizer that calibrated on a file in this store calibrates on the same file (its recorded sha256): the
+    units of one quantizer are never calibrated on two texts. UserError naming the record and the fix."""
+    for name, quantizer in quantizers.items():
+        if not quantizer.calibrated or quantizer.options.get("calibration_source") != "file":
+            continue
+        recorded = store.quantizer_record(name)
+        calibration = (recorded or {}).get("calibration") or {}
+        expected = calibration.get("sha256")
+        if expected is not None and expected != digest:
+            raise UserError(
+                f"{store.quantizer_info_path(name)}: {name} calibrated its units on a file of sha256 {str(expected)[:16]}..., "
+                f"score.calibration_file has sha256 {str(digest)[:16]}...; fix: pass the file it calibrated on"
+            )
+
+
 def given_file(store: RunStore, unit: Unit) -> GivenFile | None:
     """The user's own quantized model of this unit (`llmaudit import --quantized`: a run's final checkpoint)."""
     imported = store.manifest().get("imported") or {}

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from llmaudit.common.io import read_json
 from llmaudit.common.memory import frozen_survivors, peak_rss_mib, release_memory, rss_mib
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig
@@ -68,11 +67,10 @@ def check_recorded_options(store: RunStore, quantizers: dict[str, Quantizer]) ->
     with units scored under other options (the report would show them as one quantizer). A key that a record
     lacks (written before the option existed) reads as the value that made its units (`legacy_options`)."""
     for name, q in quantizers.items():
-        path = store.quantizer_info_path(name)
-        if not path.exists():
+        record = store.quantizer_record(name)  # parsed by its schema (a StoreError names the file and the field)
+        if record is None:
             continue
-        recorded = read_json(path, what="quantizer record").get("options") or {}
-        why = q.recorded_options_mismatch(recorded)
+        why = q.recorded_options_mismatch(record.get("options") or {})
         if why:
             raise StoreError(f"{store.root}: {why}")
 

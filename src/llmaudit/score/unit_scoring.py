@@ -28,7 +28,12 @@ from llmaudit.models.loading import import_gptqmodel_quietly, load_base_model, l
 from llmaudit.quantize.base import Quantizer
 from llmaudit.quantize.calibration import read_calibration_file
 from llmaudit.quantize.given import GivenFile, load_given
-from llmaudit.score.calibration import calibration_record, calibration_texts, given_file
+from llmaudit.score.calibration import (
+    calibration_record,
+    calibration_texts,
+    check_recorded_calibration,
+    given_file,
+)
 from llmaudit.score.engine import ScoringOptions, TokenScores, plain_modules, score_examples, weights_digest
 from llmaudit.score.utility import UnitUtility, UtilityWork, nonfinite_divergence
 from llmaudit.store.integrity import check_checkpoint_dir
@@ -144,6 +149,8 @@ def load_inputs(
     utility = make_utility(cfg, store, tok, val)
     on_file = any(q.calibrated and q.options["calibration_source"] == "file" for q in quantizers.values())
     calibration_file = read_calibration_file(cfg.score.calibration_file) if on_file else None
+    if calibration_file is not None:
+        check_recorded_calibration(store, quantizers, calibration_file[1])
     return ScoreInputs(
         cfg,
         store,

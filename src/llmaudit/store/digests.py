@@ -41,6 +41,8 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
+PICKLED_WEIGHTS = re.compile(r"^(adapter_model|pytorch_model|model)(-\d+-of-\d+)?\.(bin|pt|pth|ckpt)$")
+"""Model or adapter weights a loader would unpickle: never loaded, and a checkpoint that holds them is refused."""
 LEGACY_UNRECORDED = ("adapter_config.json", *TOKENIZER_FILES)
 """Files an older record never held: accepted unrecorded in such a record (and named by `legacy_files`)."""
 

@@ -30,8 +30,9 @@ from llmaudit.common.bounded import read_parquet_bounded
 from llmaudit.common.errors import UserError
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.records import dataset_fingerprint
-from llmaudit.store.digests import check_digests, legacy_files
+from llmaudit.store.digests import PICKLED_WEIGHTS, check_digests, legacy_files
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError, read_parquet_file, validate_loss_table
+from llmaudit.store.manifest import SETTINGS_NOT_COVERED, settings_covered
 from llmaudit.store.run_store import RunStore, StoreError
 from llmaudit.store.units import Unit, plan_units
 
@@ -113,6 +114,8 @@ def verify_store(store: RunStore, cfg: ExperimentConfig | None = None, *, deep: 
     verdict.problems += run_problems
     done_runs = [r for r in range(cfg.train.runs) if r not in broken_runs and store.run_done(r)]
     verdict.notes += [n for n in [legacy_coverage(store, done_runs)] if n]
+    if not settings_covered(manifest):
+        verdict.notes.append(SETTINGS_NOT_COVERED)
     if any(p.problem.startswith("data") for p in verdict.problems):
         return verdict
     pool_ids = list(manifest["data"].get("pool_ids") or [])
@@ -218,10 +221,15 @@ def check_checkpoint_dir(
     scoring, `llmaudit score --deep-verify`). expected_sha256: the adapter's digest, for a checkpoint the store has no record of."""
     if not directory.is_dir():
         return f"checkpoint step {step} of run {run} is missing"
-    pickled = (directory / "adapter_model.bin").exists() or (directory / "pytorch_model.bin").exists()
-    if pickled and not any((directory / f).exists() for f in WEIGHT_FILES):
-        return "holds only pickled weights (*.bin), which llmaudit never loads: convert them to safetensors"
+    pickled = sorted(p.name for p in directory.iterdir() if PICKLED_WEIGHTS.match(p.name))
     weights = [directory / f for f in WEIGHT_FILES if (directory / f).exists()]
+    if pickled and not weights:
+        return f"holds only pickled weights {pickled[:3]}, which llmaudit never loads: convert them to safetensors"
+    if pickled:
+        return (
+            f"holds pickled weights {pickled[:3]} beside its safetensors weights; llmaudit never loads a pickle (it "
+            "could run code): delete them"
+        )
     if not weights and not list(directory.glob("model-*-of-*.safetensors")):
         return "holds no safetensors weights (adapter_model.safetensors or model.safetensors)"
     recorded, complete = store.checkpoint_record(run, step)

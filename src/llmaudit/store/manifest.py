@@ -17,14 +17,19 @@ import numpy as np
 from llmaudit import __version__
 from llmaudit.common.errors import UserError
 from llmaudit.common.names import is_safe_name
-from llmaudit.config import MAX_MASK_CELLS, MAX_RUNS, ExperimentConfig
+from llmaudit.common.schema import parse_or_refuse
+from llmaudit.config import MAX_MASK_CELLS, MAX_QUANTIZERS, MAX_RUNS, ExperimentConfig, without_runner_settings
+from llmaudit.store.records import DataBlock, ImportedBlock
 
-MANIFEST_VERSION = 3
+MANIFEST_VERSION = 4
 DIGESTED_KEYS_V2 = ("identity_hash", "identity", "data", "membership", "imported", "model_source")
-DIGESTED_KEYS = (*DIGESTED_KEYS_V2, "compute", "score_compute")
+DIGESTED_KEYS_V3 = (*DIGESTED_KEYS_V2, "compute", "score_compute")
+DIGESTED_KEYS = (*DIGESTED_KEYS_V3, "config")
 """The manifest content that defines an experiment and its numbers: its digest is checked on every read. Version 3
 added the compute dtype the store trains in (`compute`, decided once when the store is created) and scores in
-(`score_compute`, decided by the first `score`); a version-2 manifest is digested over its own keys."""
+(`score_compute`, decided by the first `score`); version 4 the recorded settings (`config` without the runner's
+settings, `config.without_runner_settings`: what is scored, attacked and judged). An older manifest is digested
+over its own keys (its settings are then not covered: `status` and `report` say so)."""
 REQUIRED_KEYS = ("name", "identity_hash", "identity", "config", "data", "membership")
 REPAIR = "restore the run directory from its source, or recreate it with `llmaudit finetune` (or `llmaudit import`)"
 
@@ -54,14 +59,31 @@ class StoreError(UserError):
 
 
 def digested_keys(manifest: dict[str, Any]) -> tuple[str, ...]:
-    """The keys a manifest's digest covers (DIGESTED_KEYS; DIGESTED_KEYS_V2 for a version-2 manifest)."""
+    """The keys a manifest's digest covers (DIGESTED_KEYS; those of its version for an older manifest)."""
     version = manifest.get("manifest_version")
-    return DIGESTED_KEYS if isinstance(version, int) and version >= 3 else DIGESTED_KEYS_V2
+    version = version if isinstance(version, int) and not isinstance(version, bool) else 2
+    return DIGESTED_KEYS if version >= 4 else DIGESTED_KEYS_V3 if version == 3 else DIGESTED_KEYS_V2
+
+
+def settings_covered(manifest: dict[str, Any]) -> bool:
+    """Whether the manifest's digest covers its recorded settings (a version-4 manifest)."""
+    return "config" in digested_keys(manifest)
+
+
+SETTINGS_NOT_COVERED = (
+    "digests: this manifest was written by an older llmaudit, whose digest does not cover the recorded settings "
+    "(what is scored, attacked and judged: score.*, attack.*, report.*); an edit there is not detected until "
+    "this version writes the manifest again (`llmaudit score RUN_DIR` does, and scores only what is missing)"
+)
 
 
 def content_digest(manifest: dict[str, Any]) -> str:
-    """sha256 of the manifest's defining content (`digested_keys`), canonical JSON."""
-    blob = json.dumps({k: manifest.get(k) for k in digested_keys(manifest)}, sort_keys=True, separators=(",", ":"))
+    """sha256 of the manifest's defining content (`digested_keys`), canonical JSON; of the config, the settings a
+    run directory decides (`config.without_runner_settings`)."""
+    content = {k: manifest.get(k) for k in digested_keys(manifest)}
+    if "config" in content and isinstance(content["config"], dict):
+        content["config"] = without_runner_settings(content["config"])
+    blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -90,11 +112,30 @@ def check_manifest(manifest: Any, path: Path) -> dict[str, Any]:
             f"its {'/'.join(digested_keys(manifest))} sections (an edited pool size, membership mask or data id changes "
             f"every attack). Restore the original manifest; {REPAIR}."
         )
-    bad = [q for q in manifest.get("quantizers") or [] if not is_safe_name(q)]
+    quantizers = manifest.get("quantizers") or []
+    if not isinstance(quantizers, list) or len(quantizers) > MAX_QUANTIZERS:
+        raise StoreError(f"{path}: quantizers is not a list of at most {MAX_QUANTIZERS} names; {REPAIR}.")
+    bad = [q for q in quantizers if not is_safe_name(q)]
     if bad:
         raise StoreError(f"{path}: quantizer name(s) {bad[:3]} are not allowed (they would name paths); {REPAIR}.")
+    parse_or_refuse(DataBlock, manifest["data"], where=str(path), fix=REPAIR, prefix="data", error=StoreError)
     check_membership(manifest, path)
+    check_imported(manifest, path)
     return manifest
+
+
+def check_imported(manifest: dict[str, Any], path: Path) -> None:
+    """Refuse an `imported` block that does not fit its schema (`store.records.ImportedBlock`: steps whole numbers,
+    paths absolute, recorded names single file names with sha256 digests) or lists another number of runs than the
+    membership block."""
+    if manifest.get("imported") is None:
+        return
+    block = parse_or_refuse(
+        ImportedBlock, manifest["imported"], where=str(path), fix=REPAIR, prefix="imported", error=StoreError
+    )
+    runs = manifest["membership"]["runs"]
+    if len(block.runs) != runs:
+        raise StoreError(f"{path}: imported lists {len(block.runs)} run(s), membership.runs = {runs}; {REPAIR}.")
 
 
 def check_membership(manifest: dict[str, Any], path: Path) -> None:

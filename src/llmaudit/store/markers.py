@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from llmaudit.common.io import atomic_write_json, read_json
-from llmaudit.store.run_store import RunStore
+from llmaudit.common.io import JsonFileError, atomic_write_json, read_json
+from llmaudit.common.schema import parse_or_refuse
+from llmaudit.store.records import Marker
+from llmaudit.store.run_store import RunStore, StoreError
 
 T = TypeVar("T")
 
@@ -110,14 +112,22 @@ def _pid_alive(pid: int) -> bool:
 
 
 def marker_state(path: Path, *, now: float | None = None) -> Literal["running", "stale"] | None:
-    """running = a live job holds the marker; stale = its job died (the unit is missing); None = no marker."""
+    """running = a live job holds the marker; stale = its job died (the unit is missing); None = no marker.
+    A marker that is not one (`store.records.Marker`: a host and a pid from 1 to 2^31 - 1) is refused, naming the
+    file and the field (StoreError)."""
+    fix = "delete it (a job of llmaudit never writes it so; a live job writes its marker again)"
     try:
         age = (now or time.time()) - path.stat().st_mtime
-        info = read_json(path)
-    except (FileNotFoundError, ValueError):
+        info = read_json(path, what="RUNNING marker", fix=fix)
+    except FileNotFoundError:
         return None
+    except JsonFileError as exc:
+        if not path.exists():  # its job finished between the two reads
+            return None
+        raise StoreError(str(exc)) from None
+    marker = parse_or_refuse(Marker, info, where=str(path), fix=fix, error=StoreError)
     if age > STALE_AFTER_S:
         return "stale"
-    if info.get("host") == socket.gethostname() and not _pid_alive(int(info.get("pid", -1))):
+    if marker.host == socket.gethostname() and not _pid_alive(marker.pid):
         return "stale"
     return "running"

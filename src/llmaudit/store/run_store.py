@@ -47,12 +47,14 @@ from llmaudit.common.runtime import (
     dtype_name,
     legacy_dtype,
 )
-from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config
+from llmaudit.common.schema import parse_or_refuse
+from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config, without_runner_settings
 from llmaudit.store.confine import check_store_tree
 from llmaudit.store.digests import DIGEST_SCOPE, parse_record
 from llmaudit.store.manifest import MANIFEST_VERSION, REPAIR, check_manifest, jsonable, mask_rows, new_manifest
 from llmaudit.store.manifest import StoreError as StoreError  # re-exported: imported from here across llmaudit
 from llmaudit.store.manifest import content_digest as content_digest  # re-exported, as StoreError
+from llmaudit.store.records import DoneRecord, QuantizerRecord
 
 
 class RunStore:
@@ -99,6 +101,17 @@ class RunStore:
     def quantizer_info_path(self, quantizer: str) -> Path:
         return self.scores_dir / "quantizers" / f"{check_safe_name('quantizer name', quantizer)}.json"
 
+    def quantizer_record(self, quantizer: str) -> dict[str, Any] | None:
+        """The quantizer's record (scores/quantizers/NAME.json) as written, parsed by `store.records.QuantizerRecord`
+        (StoreError naming the file and the field); None before its first unit is scored."""
+        path = self.quantizer_info_path(quantizer)
+        if not path.exists():
+            return None
+        fix = f"delete it and score {quantizer} again (`llmaudit score` writes it with its first unit)"
+        record = read_json(path, what="quantizer record", fix=fix)
+        parse_or_refuse(QuantizerRecord, record, where=str(path), fix=fix, error=StoreError)
+        return record
+
     def lock_path(self, *parts: str) -> Path:
         """A lock file under locks/ (never beside the files it protects: listings stay clean)."""
         return self.root.joinpath("locks", *parts).with_suffix(".lock")
@@ -134,17 +147,18 @@ class RunStore:
         return check_manifest(manifest, self.manifest_path)
 
     def config(self, *, trust_remote_code: bool = False) -> ExperimentConfig:
-        """The experiment's resolved config. `model.trust_remote_code` is the caller's (False unless the
-        user passed --trust-remote-code), never the manifest's: a received run directory cannot run code; and the
-        cluster section is the default one (the submitter's command line sets it), never the manifest's."""
+        """The experiment's resolved config, with the runner's settings (`config.RUNNER_SETTINGS`) at their defaults:
+        `model.trust_remote_code` is the caller's (False unless the user passed --trust-remote-code), never the
+        manifest's: a received run directory cannot run code; the cluster section, the devices, batch sizes and
+        process counts, and the calibration file are the runner's (the command line sets them), never the
+        manifest's: a run directory cannot make a command read a file outside it or start more processes."""
         manifest = self.manifest()
-        raw = json.loads(json.dumps(manifest["config"]))
+        if not isinstance(manifest["config"], dict):
+            raise StoreError(f"{self.manifest_path}: its config section is not a mapping; {REPAIR}.")
+        raw = without_runner_settings(json.loads(json.dumps(manifest["config"])))
         try:
             raw.setdefault("model", {})["trust_remote_code"] = bool(trust_remote_code)
-            # Batch settings are the submitter's (recipe or command line), never a received store's: they reach a
-            # scheduler script and are not under the identity digest (llmaudit.common.sbatch).
-            raw["cluster"] = {}
-            cfg = config_from_dict(raw, source=str(self.manifest_path))
+            cfg = config_from_dict(raw, source=str(self.manifest_path), received=True)
         except (RecipeError, AttributeError, TypeError) as exc:
             raise StoreError(f"{self.manifest_path}: its config section is invalid ({exc}); {REPAIR}.") from None
         if cfg.identity_hash() != manifest["identity_hash"] or cfg.identity() != jsonable(manifest["identity"]):
@@ -380,11 +394,11 @@ class RunStore:
         path = self.run_done_path(run)
         if not path.exists():
             return None
-        record = read_json(path, what="run record", fix=f"delete it to retrain run {run} (`llmaudit finetune`).")
+        fix = f"delete it to retrain run {run} (`llmaudit finetune`)."
+        record = read_json(path, what="run record", fix=fix)
         if not isinstance(record, dict) or not isinstance(record.get("steps"), list):
-            raise StoreError(
-                f"{path} is damaged (no list of steps); delete it to retrain run {run} (`llmaudit finetune`)."
-            )
+            raise StoreError(f"{path} is damaged (no list of steps); {fix}")
+        parse_or_refuse(DoneRecord, record, where=str(path), fix=fix, error=StoreError)
         return record
 
     def checkpoints(self, run: int) -> list[int]:

@@ -45,7 +45,9 @@ class SyntheticConfigError(ValueError):
 class SyntheticConfig(BaseModel):
     """Everything that defines the synthetic validation. YAML keys equal these field names."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False
+    )
 
     # data
     k_modes: list[int] = Field(default_factory=lambda: [6, 8, 16], max_length=64)
