@@ -9,36 +9,38 @@ import numpy as np
 import scipy.sparse as sp
 
 from llmaudit.analyze.decision.counts import _chunks, as_counts, normal_quantile, ratio, sorted_rows, sorted_threshold
+from llmaudit.analyze.decision.pooled import _choice_counts
 
 
 def landed_calibrated_counts(
-    z: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_target: np.ndarray
+    z: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`llmaudit.analyze.decision.pooled.calibrated_counts` (same arguments, same result) as it landed: running
-    weights per class and fold over every row of every resample."""
-    n_folds = int(fold_of_target.max()) + 1
+    """`llmaudit.analyze.decision.pooled.calibrated_counts` (same arguments, same result) computed as it landed:
+    running weights per class and fold over every row of every resample (the choice, on the observed data only, is
+    the library's)."""
+    n_folds = int(fold_of_sample.max()) + 1
     analytic = float(normal_quantile(1 - fpr))
     ok = np.isfinite(z)
-    target, unit = np.nonzero(ok)
-    s, member, fold, unit = sorted_rows(z[ok], keep[ok], fold_of_target[target], unit)
+    _, unit = np.nonzero(ok)
+    s, member, fold, unit = sorted_rows(z[ok], keep[ok], fold_of_sample[unit], unit)
     strict, loose = np.zeros((weights.shape[0], 4)), np.zeros((weights.shape[0], 4))
-    train = np.zeros((weights.shape[0], n_folds, 4))
-    test = np.zeros_like(train)
+    test = np.zeros((weights.shape[0], n_folds, 4))
     if not s.size:
-        return strict, loose, train, test
+        return strict, loose, np.zeros((n_folds, 4)), test
     groups = _class_fold_indicator(member, fold, n_folds)
     for rows in _chunks(s.size, n_folds, weights.shape[0]):
         w = weights[rows][:, unit].astype(np.float32)
         empirical = sorted_threshold(s, np.cumsum(w * ~member, axis=1), fpr, held_out=False)
-        high, low = np.maximum(empirical, analytic), np.minimum(empirical, analytic)
-        totals, at_analytic, above = _above_by_class_fold(s, w, groups, analytic, {"high": high, "low": low})
-        all_folds, all_above = totals.sum(axis=2), at_analytic.sum(axis=2)  # [b, 2]
+        thresholds = {"high": empirical, "low": np.minimum(empirical, analytic)}
+        for f in range(n_folds):
+            thresholds[f] = sorted_threshold(s, np.cumsum(w * (~member & (fold != f)), axis=1), fpr, held_out=True)
+        totals, _, above = _above_by_class_fold(s, w, groups, analytic, thresholds)
+        all_folds = totals.sum(axis=2)  # [b, 2]
         strict[rows] = as_counts(above["high"].sum(axis=2), all_folds)
         loose[rows] = as_counts(above["low"].sum(axis=2), all_folds)
         for f in range(n_folds):
-            train[rows, f] = as_counts(all_above - at_analytic[:, :, f], all_folds - totals[:, :, f])
-            test[rows, f] = as_counts(above["high"][:, :, f], totals[:, :, f])
-    return strict, loose, train, test
+            test[rows, f] = as_counts(above[f][:, :, f], totals[:, :, f])
+    return strict, loose, _choice_counts(s, member, fold, unit, weights[0], fpr), test
 
 
 def _class_fold_indicator(member: np.ndarray, fold: np.ndarray, n_folds: int) -> np.ndarray:

@@ -1,6 +1,9 @@
-"""`llmaudit plan [RECIPE]`: the grid, tokens, disk and wall time of an audit before anything runs."""
+"""`llmaudit plan [RECIPE | RUN_DIR]`: the grid, tokens, disk and wall time of an audit before anything runs, and
+whether its design can reach a release verdict."""
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 import typer
 
@@ -9,13 +12,18 @@ from llmaudit.commands.base import (
     app,
 )
 from llmaudit.common.io import to_json
+from llmaudit.data.records import DataError
 from llmaudit.jobs.plan import format_plan, make_plan
-from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
+from llmaudit.jobs.sizing import sizing_report
+from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, is_run_dir, split_recipe_args
+from llmaudit.store.run_store import RunStore
 
 
 @app.command(context_settings={"allow_extra_args": True})
 def plan(
-    args: list[str] = typer.Argument(None, help=f"[RECIPE] [key=value ...]; default: the CPU demo. {OVERRIDES_HELP}"),
+    args: list[str] = typer.Argument(
+        None, help=f"[RECIPE | RUN_DIR] [key=value ...]; default: the CPU demo. {OVERRIDES_HELP}"
+    ),
     device: str = typer.Option(
         "auto", "--device", help="auto, cpu or cuda (measured here), or a GPU to price: h100, h200, a100, l40s, a6000."
     ),
@@ -30,8 +38,22 @@ def plan(
 ) -> None:
     """The price of an audit before it runs: runs, checkpoints, quantizers, scoring units, tokens to train
     and to score, GPTQ calibrations, disk, and the wall time per stage, from a few-second calibration on
-    this machine or a named GPU's published peak. Nothing is written."""
+    this machine or a named GPU's published peak; and whether its design (a recipe's, or a run directory's own
+    membership) can reach a PASS or a FAIL. Nothing is written."""
     recipe, overrides = split_recipe_args(list(args or []))
-    cfg = config_from_recipe(recipe, overrides)
-    result = make_plan(cfg, device=device, jobs=jobs, echo=lambda *a: typer.echo(*a, err=True))
-    typer.echo(to_json(result).rstrip() if as_json else format_plan(result))
+    store = RunStore(recipe) if is_run_dir(recipe) else None
+    cfg = config_from_run_dir(recipe, overrides) if store else config_from_recipe(recipe, overrides)
+    reach, lines = sizing_report(cfg, store)
+    sizing = {"verdict_reachable": reach.verdict_reachable, **asdict(reach), "lines": lines}
+    try:
+        result = make_plan(cfg, device=device, jobs=jobs, echo=lambda *a: typer.echo(*a, err=True))
+    except DataError as exc:  # a run directory whose data the plan cannot redraw (an import): sized, not priced
+        if store is None:
+            raise
+        result = {"experiment": cfg.name, "price": f"not priced: {str(exc).splitlines()[0]}"}
+    result["sizing"] = sizing
+    if as_json:
+        typer.echo(to_json(result).rstrip())
+        return
+    typer.echo(format_plan(result) if "workload" in result else f"{cfg.name}: {result['price']}")
+    typer.echo("  verdict         " + "\n                  ".join(lines))

@@ -14,6 +14,7 @@ from llmaudit.commands.base import (
 )
 from llmaudit.common.errors import UserError
 from llmaudit.jobs.local import score_in_processes
+from llmaudit.jobs.sizing import sizing_report
 from llmaudit.jobs.targets import resolve_target, split_recipe_args
 from llmaudit.score.stage import score as do_score
 from llmaudit.store.shards import parse_shard
@@ -48,6 +49,11 @@ def score(
             "(llmaudit score demo-cpu), then key=value overrides"
         )
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
+    reach, lines = sizing_report(cfg, store)
+    if not reach.verdict_reachable:  # said before the first unit is scored, not after the compute
+        for line in lines:
+            typer.echo(f"[score] sizing: {line}", err=True)
+        typer.echo("[score] WARNING: this store cannot reach a release verdict; scoring goes on", err=True)
     if cfg.score.processes > 1 and shard is None:
         score_in_processes(cfg, store, echo=typer.echo, deep_verify=deep_verify, refresh_utility=refresh_utility)
     else:

@@ -12,6 +12,7 @@ from llmaudit.analyze.attacks.registry import registered_attacks
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.ingest.build import ImportRequest, ImportResult, describe_import, import_training
+from llmaudit.jobs.sizing import sizing_report
 
 
 def run_import(
@@ -28,6 +29,16 @@ def run_import(
     store = result.store
     for line in describe_import(result):
         echo(f"[import] {line}")
+    reach, lines = sizing_report(result.cfg, store, unit="held-out record")
+    heldout = reach.design.nonmembers + result.val_size
+    lines.insert(1, f"{reach.design.nonmembers} of the {heldout} held-out records are the non-members the attacks see "
+                 f"(the other {result.val_size} measure utility)")  # fmt: skip
+    for line in lines:  # before any model is scored: what these records can decide
+        echo(f"[import] sizing: {line}")
+    if not reach.verdict_reachable:
+        echo("[import] WARNING: no release verdict is within reach of these records; add held-out records first")
+    elif not reach.pass_reachable:
+        echo("[import] WARNING: a PASS is out of reach of these records (a FAIL is not); add held-out records for one")
     path = store.results_dir / "blind_baseline.json"
     if result.created or not path.exists():
         echo("[import] blind baseline (text-only classifier of members vs non-members, no model) ...")

@@ -332,20 +332,22 @@ def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) ->
 
 
 CHECKLIST_RULES = [
-    "attack_tpr (docs/science.md section 12): the strongest attack is chosen on some folds (of target models; of "
-    "samples with a single target) and its TPR at 1% FPR measured on the others (cross-fitting). FAIL when that "
+    "attack_tpr (docs/science.md section 12): the strongest attack is chosen on some rows at a threshold that holds "
+    "1% FPR and its TPR at 1% FPR measured on other rows (cross-fitting over folds of samples). FAIL when that "
     "honest estimate's one-sided lower bound (1 - alpha) is above max_tpr_at_1pct_fpr: leakage above the limit is "
-    "shown, and a quantizer at or below the limit FAILs with probability at most alpha. PASS when every attack's "
-    "simultaneous upper bound (Bonferroni over the attacks judged) is below the limit: a quantizer with any attack "
-    "at or above the limit PASSes with probability at most alpha. Otherwise INCONCLUSIVE, with the audit size that "
-    "would decide it. The in-sample maximum over attacks is shown too, labelled selection-biased.",
+    "shown, and a quantizer at or below the limit FAILs with probability at most alpha (with one run and fewer "
+    "than 1,000 held-out non-members, by an exact test). PASS when every attack's simultaneous upper bound "
+    "(Bonferroni over the attacks judged) is below the limit: a quantizer with any attack at or above the limit "
+    "PASSes with probability at most alpha. Otherwise INCONCLUSIVE, with the audit size that would decide it; NOT "
+    "MEASURED with too few non-members for a PASS and no FAIL shown. The in-sample maximum over attacks is shown "
+    "too, labelled selection-biased.",
     "attack_tpr with at least max(2, min_runs) runs reads per-sample calibrated scores pooled over the runs as "
     "targets; with fewer (one imported fine-tune) each run's own held-out non-members set an empirical threshold, "
     "and the run-to-run variation of training is not covered.",
-    "Compared with full precision: the paired difference of the two cross-fitted strongest-attack TPRs (same folds "
-    "and resampled samples): MORE / LESS when its 1 - 2 alpha interval excludes 0; SAME when every judged attack's "
-    "paired TPR difference has its 1 - 2 alpha interval within +-equivalence_margin (intersection-union of two "
-    "one-sided tests); else CANNOT TELL; each wrong answer has probability at most alpha.",
+    "Compared with full precision: the paired difference of leakage beyond chance (TPR minus realised FPR) of the "
+    "two headlines (same folds and resampled samples): MORE / LESS when its 1 - alpha interval excludes 0; SAME when "
+    "every judged attack's paired difference has its 1 - 2 alpha interval within +-equivalence_margin "
+    "(intersection-union of two one-sided tests); else CANNOT TELL; each wrong answer has probability at most alpha.",
     "r_q: r_Q (mean over runs) must be >= min_r_q; min_r_q = 0 disables it (DISABLED). Like every indicator, it "
     "drives the checklist only if it passed validation (docs/science.md section 8): one that failed validation is "
     "DISABLED (no audit size can measure it), one not yet validated is NOT MEASURED.",

@@ -3,6 +3,6 @@ rates are stated, and the paired comparison with full precision (docs/science.md
 
 from llmaudit.analyze.decision.decide import QuantizerEvidence, decide, decision_mode
 from llmaudit.analyze.decision.models import QuantizerDecision, ReleaseDecision
-from llmaudit.analyze.decision.rule import DecisionSettings
+from llmaudit.analyze.decision.settings import DecisionSettings
 
 __all__ = ["DecisionSettings", "QuantizerDecision", "QuantizerEvidence", "ReleaseDecision", "decide", "decision_mode"]

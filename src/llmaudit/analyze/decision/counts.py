@@ -36,11 +36,6 @@ def multiplicities(n_units: int, n_boot: int, seed: int, strata: np.ndarray | No
     return out
 
 
-def target_folds(n_targets: int, n_folds: int) -> np.ndarray:
-    """[M] fold of each target model: round-robin over min(n_folds, M) folds (target m in fold m mod F)."""
-    return np.arange(n_targets) % max(1, min(n_folds, n_targets))
-
-
 def sample_folds(labels: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
     """[N] fold of each sample: a seeded permutation dealt round-robin within each label, so every fold holds
     about 1/F of the members and of the non-members. labels: [N] (e.g. membership under the only target)."""
@@ -124,20 +119,22 @@ def _chunks(n_rows: int, n_groups: int, n_resamples: int):
 def empirical_counts(
     scores: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(whole [B + 1, 4], train [B + 1, F, 4], test [B + 1, F, 4]) counts of one attack on raw scores with an
-    empirical threshold PER TARGET model (one imported fine-tune: its own held-out non-members set it).
+    """(whole [B + 1, 4], train [F, 4], test [B + 1, F, 4]) counts of one attack on raw scores with an empirical
+    threshold PER TARGET model (one imported fine-tune: its own held-out non-members set it).
 
     scores, keep: [M, N] (NaN = not scored); weights: [B + 1, N]; fold_of_sample: [N]. whole: every row against the
     in-sample threshold of all the target's non-members (the TPR at FPR <= fpr of every benchmark). Cross-fitting,
-    per fold f: "train", the rows outside f against the in-sample threshold of the non-members outside f (what the
-    attack is chosen on); "test", the rows in f against the conformal threshold of f's OWN non-members (what the
-    chosen attack is measured on). The measuring threshold is independent of the choice: choosing on a threshold
-    that happened to fall low would otherwise carry that luck into the measurement (in simulation, a TPR of 0.064
-    measured where the truth is 0.05)."""
+    per fold f, with the roles of the two classes crossed so that the choice and the measurement share no sample:
+    "train" (what the attack is chosen on; observed data only), the members outside f against the in-sample
+    threshold of f's non-members; "test" (what the chosen attack is measured on), f's members and f's non-members against the
+    conformal threshold of the non-members outside f (the k-th largest, k = floor(fpr (n + 1)), which a fresh
+    non-member exceeds with probability k / (n + 1) <= fpr). The measuring threshold never saw what decided the
+    choice, so no luck of a threshold that fell low is carried from one to the other, and f's own non-members,
+    fresh to it, give its realised FPR."""
     n_folds = int(fold_of_sample.max()) + 1
     whole = np.zeros((weights.shape[0], 4))
-    train = np.zeros((weights.shape[0], n_folds, 4))
-    test = np.zeros_like(train)
+    train = np.zeros((n_folds, 4))
+    test = np.zeros((weights.shape[0], n_folds, 4))
     for m in range(scores.shape[0]):
         ok = np.flatnonzero(np.isfinite(scores[m]))
         s, member, fold, unit = sorted_rows(scores[m, ok], keep[m, ok], fold_of_sample[ok], ok)
@@ -146,9 +143,11 @@ def empirical_counts(
             total = cum.sum(axis=1)
             whole[rows] += _counts(s, total, sorted_threshold(s, total[0], fpr, held_out=False))
             for f in range(n_folds):
-                fit = total - cum[:, f]
-                train[rows, f] += _counts(s, fit, sorted_threshold(s, fit[0], fpr, held_out=False))
-                test[rows, f] += _counts(s, cum[:, f], sorted_threshold(s, cum[0, f], fpr, held_out=True))
+                own, rest = cum[:, f], total - cum[:, f]
+                test[rows, f] += _counts(s, own, sorted_threshold(s, rest[0], fpr, held_out=True))
+                if rows.start == 0:  # the choice, on the observed data: f's non-members set the threshold
+                    choose = np.stack([own[0, :1], rest[1, :1]])
+                    train[f] += _counts(s, choose, sorted_threshold(s, own[0, :1], fpr, held_out=False))[0]
     return whole, train, test
 
 

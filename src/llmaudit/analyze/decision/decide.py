@@ -4,15 +4,17 @@ one typed `ReleaseDecision`.
 
 Two modes, chosen once per store from the number of target models M (fine-tuning runs):
 - calibrated (M >= max(2, min_runs)): every attack's per-sample calibrated scores (each sample's OUT scores under
-  the other models standardised; on one normal scale, `normal_scores`) pooled over the targets, against the
-  analytic threshold and the empirical one of the pooled non-member rows: a FAIL reads the higher, a PASS the
-  lower (`calibrated_counts`); the strongest attack is chosen at the analytic threshold on folds of target models
-  and measured on each; samples are resampled with all their models.
+  the other models standardised; on one normal scale, `normal_scores`) pooled over the targets: each attack's own
+  TPR is read at the empirical threshold of the pooled non-member rows and a PASS reads the lower of it and the
+  analytic threshold (`calibrated_counts`); the strongest attack is chosen and measured over folds of samples with
+  the classes crossed (chosen on the other folds' members against a normal fitted to the fold's non-members,
+  measured on the fold against the other folds' conformal threshold); samples are resampled with all their models.
 - empirical (fewer targets, e.g. one imported fine-tune): each target's raw scores against an empirical threshold
   from its own held-out non-members (the TPR at a fixed FPR that MIMIR and the EZ-MIA paper report); the
-  strongest attack is chosen on folds of samples and measured on each against that fold's own non-members
-  (`empirical_counts`); with one target, members and non-members are resampled separately. Run-to-run variation
-  of training is not covered.
+  strongest attack is chosen and measured over folds of samples with the classes crossed in the same way, at
+  empirical thresholds (`empirical_counts`); with one target, members and non-members are resampled separately,
+  and with fewer than 10 / FPR non-members the exact test (`llmaudit.analyze.decision.exact`) can still show a
+  FAIL. Run-to-run variation of training is not covered.
 """
 
 from __future__ import annotations
@@ -22,34 +24,43 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llmaudit.analyze.decision.bounds import percentile_interval
+from llmaudit.analyze.decision.compare import compare
 from llmaudit.analyze.decision.counts import (
+    FP,
+    NEG,
     POS,
     TP,
     empirical_counts,
     multiplicities,
     ratio,
     sample_folds,
-    target_folds,
 )
+from llmaudit.analyze.decision.exact import ExactResult, exact_test
 from llmaudit.analyze.decision.models import DecisionRule, Difference, Estimate, QuantizerDecision, ReleaseDecision
 from llmaudit.analyze.decision.pooled import calibrated_counts, weighted_auroc
-from llmaudit.analyze.decision.rule import CountArrays, DecisionSettings, compare, decision_of
+from llmaudit.analyze.decision.rule import CountArrays, DecisionSettings, decision_of
 
 RULE_STATEMENTS = [
-    "FAIL: the strongest attack, chosen on some folds and measured on the others (cross-fitting), has a one-sided "
-    "lower bound above the limit: leakage above the limit is shown; a quantizer whose strongest attack's true TPR "
-    "is at or below the limit FAILs with probability at most alpha.",
+    "Headline: the strongest attack, cross-fitted over folds of samples: for each fold it is chosen by its TPR on "
+    "the other folds' members against a threshold that holds 1% FPR on the fold's own non-members, and measured on "
+    "the fold against a threshold that holds 1% FPR on the other folds' non-members (their conformal quantile); the "
+    "counts are pooled over folds, and its interval is conditional on the choices made.",
+    "FAIL: the headline's one-sided lower bound (1 - alpha) is above the limit: leakage above the limit is shown; a "
+    "quantizer whose every attack's true TPR is at or below the limit FAILs with probability at most alpha. With one "
+    "target and fewer than 10 / FPR non-members the lower bound is exact: an order-statistic threshold that holds "
+    "the FPR with probability >= 1 - alpha / 2 and a Clopper-Pearson bound, the two errors adding to alpha.",
     "PASS: every attack judged has a simultaneous one-sided upper bound below the limit (Bonferroni over the k "
-    "attacks: each at 1 - alpha / k): a quantizer with any attack's true TPR at or above the limit PASSes with "
-    "probability at most alpha. PASS means no attack of this suite is above the limit; an attack outside the "
-    "suite may do better.",
-    "INCONCLUSIVE: neither; the report says how many more samples would decide it if the estimates hold.",
-    "NOT MEASURED: too few non-member scores for a TPR at this FPR (fewer than 10 / FPR).",
-    "Compared with full precision: the paired difference of the two cross-fitted strongest-attack TPRs (same "
-    "folds, same resampled samples); MORE / LESS when its 1 - 2 alpha interval excludes 0 (a false MORE or LESS "
-    "has probability at most alpha), SAME when every judged attack's paired TPR difference has its 1 - 2 alpha "
-    "interval within +-margin (intersection-union of two one-sided tests: a false SAME has probability at most "
-    "alpha), else CANNOT TELL.",
+    "attacks: each at 1 - alpha / k); it needs 10 / FPR non-member scores: a quantizer with any attack's true TPR "
+    "at or above the limit PASSes with probability at most alpha. PASS means no attack of this suite is above the "
+    "limit; an attack outside the suite may do better.",
+    "INCONCLUSIVE: neither; the report says how many more samples would decide it if the judged attacks' estimates "
+    "hold.",
+    "NOT MEASURED: fewer than 10 / FPR non-member scores (no PASS can be shown) and no FAIL shown.",
+    "Compared with full precision: the paired difference of leakage beyond chance (TPR minus the realised FPR of "
+    "the same rows) of the two headlines (same folds, same resampled samples); MORE / LESS when its two-sided "
+    "1 - alpha interval excludes 0 (a false MORE or LESS has probability at most alpha), SAME when every judged "
+    "attack's paired difference of leakage beyond chance has its 1 - 2 alpha interval within +-margin "
+    "(intersection-union of two one-sided tests: a false SAME has probability at most alpha), else CANNOT TELL.",
     "Each quantizer is decided on its own at these rates: picking one quantizer among several that PASS keeps "
     "alpha only when the quantizer to release (--release) is named before the audit.",
 ]
@@ -99,24 +110,20 @@ def _weights(ev: QuantizerEvidence, s: DecisionSettings) -> np.ndarray:
 
 def count_arrays(ev: QuantizerEvidence, weights: np.ndarray, s: DecisionSettings) -> CountArrays:
     """The resampled counts of every scored attack of one quantizer (`CountArrays`), in either mode: calibrated
-    scores pooled over targets (`calibrated_counts`, folds of targets) or raw scores against each target's own
-    thresholds (`empirical_counts`, folds of samples)."""
+    scores pooled over targets (`calibrated_counts`) or raw scores against each target's own thresholds
+    (`empirical_counts`); folds of samples in both."""
     names = list(ev.scores)
     B1 = weights.shape[0]
     if not names:
-        empty = np.zeros((B1, 0, 1, 4))
-        return CountArrays(
-            [], np.zeros((B1, 0, 4)), empty, empty, "target models" if ev.mode == "calibrated" else "samples"
-        )
-    if ev.mode == "calibrated":
-        folds = target_folds(ev.keep.shape[0], s.folds)
-        parts = [calibrated_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
-        strict, loose, train, test = (np.stack([p[i] for p in parts], axis=1) for i in range(4))
-        return CountArrays(names, strict, train, test, "target models", loose)
+        return CountArrays([], np.zeros((B1, 0, 4)), np.zeros((0, 1, 4)), np.zeros((B1, 0, 1, 4)), "samples")
     folds = sample_folds(ev.keep.sum(axis=0), s.folds, s.seed)
+    if ev.mode == "calibrated":
+        parts = [calibrated_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
+        measured, loose, test = (np.stack([p[i] for p in parts], axis=1) for i in (0, 1, 3))
+        return CountArrays(names, measured, np.stack([p[2] for p in parts]), test, "samples", loose)
     parts = [empirical_counts(ev.scores[a], ev.keep, weights, s.fpr, folds) for a in names]
-    whole, train, test = (np.stack([p[i] for p in parts], axis=1) for i in range(3))
-    return CountArrays(names, whole, train, test, "samples")
+    whole, test = (np.stack([p[i] for p in parts], axis=1) for i in (0, 2))
+    return CountArrays(names, whole, np.stack([p[1] for p in parts]), test, "samples")
 
 
 def _auroc(ev: QuantizerEvidence, attack: str, weights: np.ndarray) -> np.ndarray:
@@ -126,25 +133,31 @@ def _auroc(ev: QuantizerEvidence, attack: str, weights: np.ndarray) -> np.ndarra
     return weighted_auroc(z[finite], ev.keep[finite], unit, weights)
 
 
+def _excess(counts: np.ndarray) -> np.ndarray:
+    """TPR minus realised FPR of counts [..., 4]."""
+    return ratio(counts[..., TP], counts[..., POS]) - ratio(counts[..., FP], counts[..., NEG])
+
+
 def per_attack_differences(
     q: OwnDecision, ref: OwnDecision, s: DecisionSettings, attacks: set[str]
 ) -> list[Difference]:
-    """Per attack judged on both (`attacks`): the paired differences (quantizer - reference) of the TPR at the decision
-    FPR and of the AUROC, each with its percentile interval at the decision's level (1 - 2 alpha) over the same
-    resamples (both decisions made with the same weights)."""
+    """Per attack judged on both (`attacks`): the paired differences (quantizer - reference) of leakage beyond chance
+    (TPR minus realised FPR, what SAME reads), of the TPR and of the AUROC at the measuring threshold, each with its
+    percentile interval at 1 - 2 alpha over the same resamples (both decisions made with the same weights)."""
     out = []
     qa, ra = q.arrays, ref.arrays
     for a in [a for a in qa.attacks if a in ra.attacks and a in attacks]:
         i, j = qa.attacks.index(a), ra.attacks.index(a)
-        d_tpr = ratio(qa.per_attack[:, i, TP], qa.per_attack[:, i, POS]) - ratio(
-            ra.per_attack[:, j, TP], ra.per_attack[:, j, POS]
-        )
-        d_auc = q.aurocs[a] - ref.aurocs[a]
-        for metric, d in (("tpr", d_tpr), ("auroc", d_auc)):
+        qc, rc = qa.per_attack[:, i], ra.per_attack[:, j]
+        diffs = {
+            "excess_tpr": _excess(qc) - _excess(rc),
+            "tpr": ratio(qc[:, TP], qc[:, POS]) - ratio(rc[:, TP], rc[:, POS]),
+            "auroc": q.aurocs[a] - ref.aurocs[a],
+        }
+        for metric, d in diffs.items():
             lo, hi = percentile_interval(d[1:], s.alpha, 1 - s.alpha)
-            value = float(d[0]) if np.isfinite(d[0]) else None
             est = Estimate(
-                value=value,
+                value=float(d[0]) if np.isfinite(d[0]) else None,
                 low=lo if np.isfinite(lo) else None,
                 high=hi if np.isfinite(hi) else None,
                 confidence=1 - 2 * s.alpha,
@@ -175,25 +188,42 @@ def loss_gap(loss: np.ndarray, keep: np.ndarray, weights: np.ndarray) -> Estimat
 
 @dataclass(frozen=True)
 class OwnDecision:
-    """One quantizer's decision on its own evidence, with what a paired comparison reuses: the resampled strongest
-    attack, the counts, the resampling weights and each counted attack's resampled AUROC."""
+    """One quantizer's decision on its own evidence, with what a paired comparison reuses: the headline's resampled
+    TPR (`resampled`) and leakage beyond chance (`excess`), the counts, the resampling weights and each counted
+    attack's resampled AUROC."""
 
     decision: QuantizerDecision
     resampled: np.ndarray
     arrays: CountArrays
     weights: np.ndarray
     aurocs: dict[str, np.ndarray]
+    excess: np.ndarray | None = None
+
+
+def exact_reading(ev: QuantizerEvidence, s: DecisionSettings) -> ExactResult | str | None:
+    """The exact FAIL test on few non-members (`exact_test`) where no scored attack has the 10 / FPR non-members the
+    cross-fitted rule needs: its reading with one target, else why it cannot be made; None where it is not needed."""
+    finite = [np.isfinite(v) & ~ev.keep for v in ev.scores.values()]
+    if not finite or max(int(f.sum()) for f in finite) >= s.nonmembers_needed:
+        return None
+    if ev.keep.shape[0] != 1:
+        return (
+            f"the exact test needs one target model (independent rows); this store has {ev.keep.shape[0]}, "
+            f"whose pooled non-member scores are fewer than {s.nonmembers_needed}"
+        )
+    return exact_test({a: v[0] for a, v in ev.scores.items()}, ev.keep[0], s)
 
 
 def decide_one(ev: QuantizerEvidence, s: DecisionSettings) -> OwnDecision:
     """`OwnDecision` of one quantizer: independent of the other quantizers (a worker process may make it)."""
     weights = _weights(ev, s)
     arrays = count_arrays(ev, weights, s)
-    decision, resampled = decision_of(ev.quantizer, arrays, s, ev.unjudged, ev.keep.shape[0], ev.mode)
+    exact = exact_reading(ev, s)
+    decision, resampled, excess = decision_of(ev.quantizer, arrays, s, ev.unjudged, ev.keep.shape[0], ev.mode, exact)
     if ev.loss is not None:
         decision = decision.model_copy(update={"loss_gap": loss_gap(ev.loss, ev.keep, weights)})
     aurocs = {a: _auroc(ev, a, weights) for a in arrays.attacks}
-    return OwnDecision(decision, resampled, arrays, weights, aurocs)
+    return OwnDecision(decision, resampled, arrays, weights, aurocs, excess)
 
 
 def _with_comparison(
@@ -206,7 +236,7 @@ def _with_comparison(
         own, ref_own = decide_one(q.restricted(common), s), decide_one(ref.restricted(common), s)
     judged = {a.attack for a in decision.attacks if a.judged} & {a.attack for a in ref_decision.attacks if a.judged}
     diffs = per_attack_differences(own, ref_own, s, judged)
-    comparison = compare(q.quantizer, ref.quantizer, own.resampled - ref_own.resampled, diffs, s)
+    comparison = compare(q.quantizer, ref.quantizer, own.excess - ref_own.excess, diffs, s)
     return decision.model_copy(update={"comparison": comparison})
 
 

@@ -32,8 +32,9 @@ class Estimate(_Model):
 
 
 class AttackJudgement(_Model):
-    """One attack on one quantizer at the decision's FPR: its (in-sample) TPR, the simultaneous upper bound
-    the PASS rule reads, the counts behind it, and why it is not judged where it is not."""
+    """One attack on one quantizer at the decision's FPR: its (in-sample) TPR at the threshold the PASS rule reads
+    with the simultaneous upper bound, the counts behind it, its TPR at the threshold the headline is measured at
+    (`measured`), and why it is not judged where it is not."""
 
     attack: str
     tpr: Estimate
@@ -43,11 +44,19 @@ class AttackJudgement(_Model):
     nonmembers: float
     judged: bool
     reason: str = ""
+    measured: Estimate | None = None
+    """The TPR at the empirical threshold of all the non-members (in-sample: FPR <= the decision's FPR on them), the
+    kind of threshold the rule's headline is measured at, with its two-sided 1 - 2 alpha interval (each end a
+    one-sided 1 - alpha bound): the attack as an auditor who fixed it beforehand would report it."""
+    measured_fpr: float | None = None
+    """The realised FPR of the non-member rows at that threshold."""
 
 
 class StrongestAttack(_Model):
-    """The strongest attack as an auditor would pick it, estimated honestly: chosen on some folds, measured on
-    the others (cross-fitting), pooled over the held-out folds."""
+    """The rule's headline: the strongest attack as an auditor would pick it, estimated honestly: per fold chosen on
+    other rows at the threshold it is measured at and measured on the fold (cross-fitting), pooled over the folds;
+    or, on few non-members, the exact test's reading (`route`). `tpr` is THE headline TPR at the decision's FPR with
+    its interval (`confidence` is the coverage of [low, high]; each end is a one-sided bound at 1 - alpha)."""
 
     tpr: Estimate
     realised_fpr: float | None
@@ -55,23 +64,32 @@ class StrongestAttack(_Model):
     folds: int
     fold_kind: Literal["target models", "samples"]
     selection_stability: dict[str, float]
+    """The share of the folds that chose each attack."""
     members: float
     nonmembers: float
+    route: Literal["cross-fitted", "exact"] = "cross-fitted"
+    """cross-fitted: chosen on the other folds, measured on each, the interval conditional on the observed choices;
+    exact: few non-members (one target): chosen on a selection split, measured on the rest against an order
+    statistic of its non-members, a one-sided exact lower bound (docs/science.md section 12)."""
+    excess: Estimate | None = None
+    """Leakage beyond chance: the TPR minus the realised FPR of the same rows at the same thresholds (what the
+    comparison with full precision reads), with its two-sided 1 - 2 alpha percentile interval."""
 
 
 class Difference(_Model):
-    """A paired difference quantizer minus the reference, with its two-sided interval."""
+    """A paired difference quantizer minus the reference, with its two-sided interval. excess_tpr: of the leakage
+    beyond chance (TPR minus realised FPR), what SAME reads; tpr and auroc: diagnostics."""
 
     attack: str
-    metric: Literal["tpr", "auroc"]
+    metric: Literal["tpr", "excess_tpr", "auroc"]
     estimate: Estimate
 
 
 class Comparison(_Model):
-    """Does the quantizer leak more, the same, or less than the reference (full precision)? MORE / LESS: the
-    strongest-attack TPR difference (both sides cross-fitted on the same folds and resamples); SAME: every attack's
-    paired TPR difference within the margin (`llmaudit.analyze.decision.rule.compare`). Per attack the TPR and
-    AUROC differences with their intervals."""
+    """Does the quantizer leak more, the same, or less than the reference (full precision)? MORE / LESS: the paired
+    difference of the two rules' leakage beyond chance (TPR minus realised FPR, each measured as its headline);
+    SAME: every attack's paired difference of leakage beyond chance within the margin
+    (`llmaudit.analyze.decision.compare.compare`). Per attack the differences with their intervals."""
 
     reference: str
     direction: Direction
@@ -80,6 +98,8 @@ class Comparison(_Model):
     equivalent: bool
     sentence: str
     per_attack: list[Difference] = Field(default_factory=list)
+    statistic: str = "difference of the strongest attacks' TPR at the decision's FPR"
+    """What `difference` is a difference of."""
 
 
 class SizeNeeded(_Model):
@@ -89,6 +109,21 @@ class SizeNeeded(_Model):
     factor: float | None
     towards: Literal["PASS", "FAIL", "MEASURED"] | None
     sentence: str
+    attack: str | None = None
+    """The attack whose estimate and interval the factor rests on (None: the rule's headline or every attack)."""
+
+
+class VerdictTest(_Model):
+    """One test of the three-way rule as it was read: its statistic's value against the limit, and whether it held
+    (FAIL: a lower bound above the limit; PASS: the highest simultaneous upper bound below it; MEASURED: enough
+    non-members for the rule to read a TPR at the FPR)."""
+
+    test: Literal["FAIL", "PASS", "MEASURED"]
+    statistic: str
+    value: float | None
+    relation: Literal[">", "<", ">="]
+    limit: float
+    held: bool
 
 
 class QuantizerDecision(_Model):
@@ -111,6 +146,9 @@ class QuantizerDecision(_Model):
     loss_gap: Estimate | None = None
     """Mean loss of non-members minus members (nats per token, pooled over the targets, 95% interval over samples):
     how large the difference behind the TPR is, so that a TPR from a microscopic difference can be judged."""
+    tests: list[VerdictTest] = Field(default_factory=list)
+    """The tests the status was read from, in the rule's order (FAIL, then PASS; or MEASURED): the deciding one is
+    the first that held; an INCONCLUSIVE lists both that did not."""
 
 
 class DecisionRule(_Model):
