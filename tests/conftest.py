@@ -74,6 +74,7 @@ TINY_OVERRIDES = [
     "train.checkpoints_per_epoch=1",
     "lora.r=4",
     "score.quantizers=[fp32,uniform-4,sign]",
+    "score.if_available=[]",
     "score.generation_samples=2",
     "score.generation_max_new_tokens=8",
     "attack.n_boot=20",

@@ -1,16 +1,22 @@
-"""The answer on one screen: the terminal summary (no Markdown escapes, the recommendation last, 80 and 120
-columns), report.html's verdict banner and marked recommended row (no literal Markdown), and the release gate."""
+"""The answer on one screen: the full-precision baseline first, one line per candidate with its deciding
+criterion, what may be released last; plain text at a fixed 120 columns when not a terminal, no interval split
+across lines; report.html's banner says the same; the release gate clears only a PASS and says why."""
 
 from __future__ import annotations
 
 import copy
+import io
 import re
 from pathlib import Path
 
 import pytest
 
+from llmaudit.report.answer import baseline_sentence, candidate_lines, conclusion, wrap_segments
+from llmaudit.report.gate import gate_decision
 from llmaudit.report.html import render_html
-from llmaudit.report.terminal import gate_decision, summary_text
+from llmaudit.report.model_card import UnknownQuantizerError
+from llmaudit.report.models import as_report
+from llmaudit.report.terminal import FIXED_WIDTH, print_summary, summary_text
 from tests.report.test_model_card import audited
 
 __all__ = ["audited"]
@@ -18,47 +24,97 @@ __all__ = ["audited"]
 MARKDOWN_ESCAPES = re.compile(r"\\[\\`*_{}\[\]()#!|<>~&]|\*\*|\| *--- *\|")
 
 
+def _intervals_whole(text: str) -> bool:
+    """Every "[" of the text closes on its own line."""
+    return all(line.count("[") == line.count("]") for line in text.splitlines())
+
+
 @pytest.mark.parametrize("width", [80, 120])
-def test_terminal_summary_is_plain_text_with_the_recommendation_last(audited, width):
-    report = audited["report"]
+def test_terminal_answer_is_plain_text_baseline_first_release_last(audited, width):
+    report = as_report(audited["report"])
     text = summary_text(report, width=width)
     lines = text.rstrip("\n").splitlines()
     assert not MARKDOWN_ESCAPES.search(text), MARKDOWN_ESCAPES.search(text)
-    assert max(len(line) for line in lines) <= width
-    for q in report["quantizers"]:
-        assert any(line.lstrip().startswith(q) for line in lines), q  # one row per quantizer
-    rec = report["recommendation"]
-    tail = " ".join(lines[-15:])
-    assert ("Release " if rec["cleared_for_release"] else "Nothing is cleared for release") in tail
-    first_words = " ".join(rec["explanation"].split()[:6])
-    assert first_words in " ".join(tail.split())  # the paragraph itself, wrapped, ends the screen
-    assert "(recommended)" not in text and "*" in text  # the recommended row carries the mark, once explained
+    assert max(len(line) for line in lines) <= width and _intervals_whole(text)
+    assert lines[0] == f"llmaudit verdict: {report.provenance.experiment_name}"
+    first_words = " ".join(baseline_sentence(report).split()[:6])
+    assert " ".join(lines[1].split()).startswith(first_words)  # the fine-tune itself first
+    for line in candidate_lines(report):  # then one line per candidate, its verdict beside its name
+        assert any(re.match(rf"\s+{re.escape(line.quantizer)}\s+{line.status}\s", x) for x in lines), line.quantizer
+    reference = report.reference_quantizer
+    assert not any(re.match(rf"\s+{reference}\s+(PASS|FAIL|INCONCLUSIVE)", x) for x in lines)  # not a candidate
+    tail = " ".join(" ".join(lines[-12:]).split())
+    assert conclusion(report) in tail and "the best candidate is fp32" not in tail
+    assert " ".join(report.recommendation.explanation.split()[-6:]) in tail  # the reasons end the screen
 
 
-def test_html_opens_with_a_verdict_banner_and_marks_the_recommended_row(audited, tmp_path):
+def test_not_a_terminal_gives_fixed_120_columns_and_whole_intervals(audited):
+    buf = io.StringIO()  # not a TTY: a log, a pipe, CI
+    print_summary(audited["report"], file=buf)
+    lines = buf.getvalue().splitlines()
+    assert FIXED_WIDTH == 120 and max(len(x) for x in lines) <= 120
+    assert max(len(x) for x in lines) > 80  # the width is 120, not rich's default 80
+    assert _intervals_whole(buf.getvalue())
+
+
+def test_wrapping_breaks_between_parts_never_inside_an_interval():
+    parts = ["leakage TPR 0.140 [0.074, 0.248] > 0.05", "SAME as fp32 +0.010 [-0.020, +0.030]", "val loss +1.2%"]
+    lines = wrap_segments("  hqq-4  FAIL  ", parts, 60, 15)
+    assert lines == [
+        "  hqq-4  FAIL  leakage TPR 0.140 [0.074, 0.248] > 0.05;",
+        "               SAME as fp32 +0.010 [-0.020, +0.030];",
+        "               val loss +1.2%",
+    ]
+    long = ["a reason " * 8 + "with [0.001, 0.002] inside"]
+    wrapped = wrap_segments("", long, 30, 2)
+    assert all(len(x) <= 30 for x in wrapped[:-1]) and _intervals_whole("\n".join(wrapped))
+    assert " ".join(" ".join(wrapped).split()) == " ".join(long[0].split())
+
+
+def test_every_fail_line_names_its_criterion_number_and_limit(audited):
+    report = as_report(audited["report"])
+    for line in candidate_lines(report):
+        if line.status != "FAIL":
+            continue
+        deciding = line.deciding or line.leakage
+        assert re.search(r"(leakage TPR|validation loss|r_Q|indicator) [-+\d.e%]+ \[[^\]]+\] (>|<) [-+\d.%]+", deciding)
+
+
+def test_html_opens_with_the_answer_banner(audited):
     report = copy.deepcopy(audited["report"])
     html_text = Path(audited["root"] / "report" / "report.html").read_text(encoding="utf-8")
     assert "**" not in html_text and "\\_" not in html_text
-    banner = re.search(r'<div class="banner (\w+)" role="status">([^<]*)</div>', html_text)
+    banner = re.search(r'<div class="banner (\w+)" role="status" id="answer">(.*?)</div>', html_text, re.S)
     assert banner is not None and html_text.index(banner.group(0)) < html_text.index("<section")
-    rec = report["recommendation"]
-    assert banner.group(1) == ("cleared" if rec["cleared_for_release"] else "notcleared")
+    typed = as_report(report)
+    assert banner.group(1) == ("cleared" if typed.recommendation.cleared_for_release else "notcleared")
+    assert "Your fine-tune" in banner.group(2) or "full precision" in banner.group(2)
+    for line in candidate_lines(typed):
+        assert f"<code>{line.quantizer}</code> <b>{line.status}</b>" in banner.group(2)
     marked = re.findall(r'<tr class="rec[^"]*"><td><code>([^<]*)</code>', html_text)
-    assert len(marked) == 1 and marked[0].split()[0] == rec["quantizer"] and marked[0].endswith("(recommended)")
-    # a cleared recommendation turns the banner green
-    report["recommendation"] |= {"cleared_for_release": True}
+    rec = typed.recommendation.quantizer
+    assert marked == ([f"{rec} (recommended)"] if rec else [])
+    # a cleared recommendation turns the banner green and says to release it
+    q = candidate_lines(typed)[0].quantizer
+    report["recommendation"] |= {"quantizer": q, "cleared_for_release": True, "explanation": "planted"}
     report["plots"] = {}
-    assert '<div class="banner cleared" role="status">Release ' in render_html(report, {})
+    page = render_html(report, {})
+    assert '<div class="banner cleared" role="status" id="answer">' in page and f"Release {q}: cleared" in page
 
 
-def test_the_gate_clears_only_a_quantizer_whose_verdict_is_pass(audited):
+def test_the_gate_clears_only_a_pass_and_says_why(audited):
     report = copy.deepcopy(audited["report"])
-    q = report["quantizers"][0]
+    q = candidate_lines(as_report(report))[0].quantizer
+    for c in report["checklist"]["per_quantizer"][q]["criteria"]:
+        c["status"] = "PASS" if c["status"] != "DISABLED" else c["status"]
     report["checklist"]["per_quantizer"][q]["overall"] = "PASS"
-    assert gate_decision(report, q) == (True, f"{q}: overall PASS")
-    report["checklist"]["per_quantizer"][q]["overall"] = "INCONCLUSIVE"
     cleared, why = gate_decision(report, q)
-    assert not cleared and "NOT cleared" in why
-    assert gate_decision(report, "nope")[0] is False
+    assert cleared and why.startswith(f"{q}  PASS  leakage ")
+    report["checklist"]["per_quantizer"][q]["overall"] = "INCONCLUSIVE"
+    assert gate_decision(report, q)[0] is False
+    with pytest.raises(UnknownQuantizerError, match=rf"did you mean '{re.escape(q)}'"):
+        gate_decision(report, q.replace("-", ""))  # hqq4 for hqq-4
     report["recommendation"]["quantizer"] = None
-    assert gate_decision(report, None)[0] is False
+    report["recommendation"]["explanation"] = "planted"
+    cleared, why = gate_decision(report, None)
+    assert not cleared and why.startswith("no quantization to ship")

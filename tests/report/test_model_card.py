@@ -9,13 +9,17 @@ import re
 from pathlib import Path
 
 import pytest
+from huggingface_hub import ModelCard
 
 from llmaudit.analyze.store_analysis import analyze
-from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci
+from llmaudit.common.formatting import fmt_num, fmt_pct, fmt_pct_ci
+from llmaudit.report.answer import baseline_sentence, recommendation_of
 from llmaudit.report.cells import md_escape
 from llmaudit.report.model_card import UnknownQuantizerError, render_model_card
+from llmaudit.report.models import as_report
 from llmaudit.report.policy import DISABLED, NOT_MEASURED, PASS, release_checklist
 from llmaudit.report.recommend import explain_recommendation, recommend
+from llmaudit.report.release import headline_of
 from llmaudit.report.write import write_report
 from tests.conftest import run_cli
 from tests.report.test_report import TH, _make_store, _row, decided
@@ -56,7 +60,8 @@ def _formatted_leaves(obj, out: set[str]) -> set[str]:
         pass
     elif isinstance(obj, (int, float)):
         x = float(obj)
-        out |= {fmt_num(x), fmt_pct(x), f"{x:g}", f"{x:.4g}", f"+{fmt_num(x)}", fmt_pct(x).lstrip("+")}
+        out |= {fmt_num(x), fmt_pct(x), f"{x:g}", f"{x:.4g}", f"+{fmt_num(x)}", fmt_pct(x).lstrip("+"), repr(x)}
+        out |= {f"{x:+.3f}", f"-{fmt_num(x)}", f"{100 * x:.0f}%", f"{100 * x:.3g}%", f"{100 * x:+g}%"}
         if x == int(x):
             out.add(str(int(x)))
     elif isinstance(obj, str):
@@ -64,8 +69,8 @@ def _formatted_leaves(obj, out: set[str]) -> set[str]:
     return out
 
 
-# the card's fixed wording: the FPR levels it reports at and the interval's confidence
-CARD_CONSTANTS = {"1%", "5%", "95%"}
+# the card's fixed wording: the FPR it reports at, and the 1000 non-member scores (10 / FPR) a TPR at 1% FPR needs
+CARD_CONSTANTS = {"1%", "1000"}
 
 
 def test_every_number_in_the_card_is_a_number_of_report_json(audited):
@@ -78,53 +83,50 @@ def test_every_number_in_the_card_is_a_number_of_report_json(audited):
 
 def test_the_verdict_table_shows_the_chosen_quantizers_numbers(audited):
     report, card = audited["report"], audited["card"]
-    q = report["recommendation"]["quantizer"]
+    typed = as_report(report)
+    q = recommendation_of(typed).quantizer
     assert f"Released quantization: `{q}`" in card
     row = next(r for r in report["grid"] if r["quantizer"] == q)
     crit = {c["id"]: c for c in report["checklist"]["per_quantizer"][q]["criteria"]}
+    head = headline_of(typed.row(q))
+    measured = head is not None and head.value is not None
+    value = f"{fmt_num(head.value)} [{fmt_num(head.low)}, {fmt_num(head.high)}]" if measured else "n/a"
+    level = f"{100 * head.confidence:.0f}%" if head is not None and head.confidence else "n/a"
     a = crit["attack_tpr"]
-    assert f"| {fmt_num(a['value'])}{fmt_ci(a['ci'])} | <= {a['threshold']:g} | {a['status']} |" in card
-    best = row["best_attack"]["name"]
-    t5 = report["grid"][[r["quantizer"] for r in report["grid"]].index(q)]["attacks"][best]["low_fpr"][
-        "pooled_calibrated"
-    ]["0.05"]
-    assert f"calibrated TPR at 5% FPR, `{best}` | {fmt_num(t5['tpr'])}{fmt_ci(t5['ci'])} |" in card
-    auc = row["best_attack_by_auroc"]
-    assert f"AUROC, strongest attack `{auc['name']}` | {fmt_num(auc['value'])}{fmt_ci(auc['ci'])} |" in card
+    assert f"cross-fitted | {value} | {level} | <= {a['threshold']:g} | {a['status']} |" in card
     u = row["utility"]
     assert (
-        f"| validation loss vs full precision | {fmt_pct(u['relative_change'])}{fmt_pct_ci(u['relative_change_ci'])} |"
-        in card
+        f"| {fmt_pct(u['relative_change'])}{fmt_pct_ci(u['relative_change_ci'])} | "
+        f"{100 * u['confidence']:.0f}% | <= +10.0% | {crit['utility']['status']} |" in card
     )
     mem = report["provenance"]["membership"]
     assert f"{mem['runs']} independent fine-tuning runs, each on {mem['n_train'][0]} records" in card
     assert "12 held-out records" in card  # N_VAL of the synthetic store
-    for name, att in row["attacks"].items():  # the non-members behind every TPR, pooled and calibrated
-        n_cal = att["low_fpr"]["pooled_calibrated"]["0.01"]["n_negatives"]
-        assert (
-            f"`{name}`: {att['n_negatives']} non-member ({n_cal} of them with a calibrated score) and "
-            f"{att['n_positives']} member scores" in card
-        )
-    # an attack the recipe did not ask for is named as left out of the list (not as one the table cannot support)
-    left_out = next(line for line in card.splitlines() if "left out of this audit's attack list" in line)
-    assert "`min_k_plus_plus`" in left_out and "`loss`" not in left_out
+    n_neg = max(att["n_negatives"] for att in row["attacks"].values())
+    assert f"up to {n_neg} non-member and" in card
+    # an attack the recipe did not ask for is named as not run (the verdict says nothing about it)
+    limit = next(line for line in card.splitlines() if "not run here" in line)
+    assert "`min_k_plus_plus`" in limit and "`loss`" not in limit
 
 
-def test_report_json_and_report_md_carry_the_explanation(audited):
+def test_report_md_carries_the_explanation_and_the_card_the_answer(audited):
     rec = audited["report"]["recommendation"]
-    assert rec["explanation"].startswith(f"The best candidate is {rec['quantizer']}, but it is NOT cleared")
-    assert rec["runner_up"]["quantizer"] == rec["ranking"][1]
+    assert rec["explanation"].startswith(f"The first-ranked candidate is {rec['quantizer']}, but it is NOT cleared")
     assert md_escape(rec["explanation"]) in audited["markdown"]
-    assert md_escape(rec["explanation"]) in audited["card"]
+    # the public card carries the answer, not the auditor's advice (paths, settings to change)
+    assert md_escape(rec["explanation"]) not in audited["card"]
+    assert md_escape(baseline_sentence(as_report(audited["report"]))) in audited["card"]
 
 
 def test_the_card_reads_its_numbers_from_the_report_it_is_given(audited):
-    """A planted value in report.json shows up in the card: nothing is cached or recomputed."""
+    """A planted headline in report.json shows up in the card: nothing is cached or recomputed."""
     report = copy.deepcopy(audited["report"])
-    q = report["recommendation"]["quantizer"]
-    crit = next(c for c in report["checklist"]["per_quantizer"][q]["criteria"] if c["id"] == "attack_tpr")
-    crit["value"], crit["ci"] = 0.0123, [0.0046, 0.0321]
-    assert "| 0.012 [0.005, 0.032] | <= 0.05 |" in render_model_card(report)
+    q = recommendation_of(as_report(report)).quantizer
+    row = next(r for r in report["grid"] if r["quantizer"] == q)
+    row["decision"] = decided(row, "PASS", est=(0.0123, 0.0046, 0.0321))["decision"]
+    card = render_model_card(report)
+    assert "| 0.012 [0.005, 0.032] | 90% | <= 0.05 |" in card
+    assert f"  - `{q}`: TPR 0.012 \\[0.005, 0.032\\] (90% interval)" in card
 
 
 def test_a_report_json_from_before_this_card_still_renders(audited):
@@ -137,8 +139,8 @@ def test_a_report_json_from_before_this_card_still_renders(audited):
             for level in att["low_fpr"]["pooled_calibrated"].values():
                 del level["n_negatives"]
     card = render_model_card(old)
-    assert md_escape(audited["report"]["recommendation"]["explanation"]) in card  # ranked again, same words
-    assert "calibrated score)" not in card and "non-member and" in card
+    assert f"Released quantization: `{audited['report']['recommendation']['quantizer']}`" in card  # ranked again
+    assert "non-member and" in card
 
 
 def test_the_base_models_provenance_and_the_gguf_caveat(audited):
@@ -168,10 +170,12 @@ def test_the_released_quantizer_can_be_chosen_and_an_unknown_one_is_refused(audi
     card = render_model_card(report, quantizer="sign")
     assert "Released quantization: `sign`" in card and "### Verdict for `sign`" in card
     assert f"The audit recommended `{report['recommendation']['quantizer']}`." in card
-    sign = next(c for c in report["checklist"]["per_quantizer"]["sign"]["criteria"] if c["id"] == "attack_tpr")
-    assert f"| {fmt_num(sign['value'])}{fmt_ci(sign['ci'])} | <= 0.05 |" in card
+    utility = next(c for c in report["checklist"]["per_quantizer"]["sign"]["criteria"] if c["id"] == "utility")
+    assert f"Audit verdict: **FAIL** (NOT cleared for release): validation loss {fmt_pct(utility['value'])}" in card
     with pytest.raises(UnknownQuantizerError, match="choose one of fp32, uniform-5, sign"):
         render_model_card(report, quantizer="gptq-3")
+    with pytest.raises(UnknownQuantizerError, match="did you mean 'uniform-5'"):
+        render_model_card(report, quantizer="uniform5")
 
 
 def test_report_release_option_on_the_command_line(audited):
@@ -180,10 +184,11 @@ def test_report_release_option_on_the_command_line(audited):
     assert code == 2 and err.strip().count("\n") == 0 and "--release 'nf4'" in err  # refused before analysis
     code, out, err = run_cli(["report", root, "--release", "sign"])
     assert code == 0, err
-    tail = " ".join(out.strip().splitlines()[-15:])
-    assert "Nothing is cleared for release; the best candidate is" in tail and "The best candidate is" in tail
+    tail = " ".join(" ".join(out.strip().splitlines()[-15:]).split())
+    assert "Nothing is cleared for release; of the quantizations that keep the model," in tail
+    assert "the best candidate is fp32" not in tail
     code, _, err = run_cli(["report", root, "--release", "sign", "--gate"])  # sign is not cleared: blocked
-    assert code == 3 and "[gate] BLOCKED: sign: overall" in err
+    assert code == 3 and "[gate] BLOCKED: sign  FAIL  validation loss +" in err and "> +10%" in err
     assert "Released quantization: `sign`" in (root / "report" / "model_card.md").read_text(encoding="utf-8")
     code, _, err = run_cli(["report", root, "--release", "nf4"])  # refused after the report is kept
     assert code == 2 and err.strip().count("\n") == 0 and "choose one of" in err
@@ -209,7 +214,7 @@ def test_recommendation_paragraph_when_a_quantizer_is_cleared():
         decided(_row("q4", tpr=0.0, tpr_ci=None, rel=0.05, rel_ci=(0.03, 0.08)), "PASS", bits=4.5),
     ]
     rec, text = _explained(grid)
-    assert rec["quantizer"] == "q4" and rec["ranking"] == ["q4", "q8", "fp"]
+    assert rec["quantizer"] == "q4" and rec["ranking"] == ["q4", "q8"]  # full precision is no candidate
     assert text.startswith("Release q4: cleared, every criterion passes (attack TPR at 1% FPR (strongest, ")
     assert "cross-fitted: loss) 0.020 [0.010, 0.040] against limit <= 0.05: PASS)" in text
     assert "q4 leaks same (planted), at +5.0% validation loss." in text
@@ -228,8 +233,8 @@ def test_recommendation_paragraph_when_the_best_candidate_is_not_cleared():
     rec, text = _explained(grid)
     assert rec["quantizer"] == "q8" and not rec["cleared_for_release"]
     assert text.startswith(
-        "The best candidate is q8, but it is NOT cleared for release: attack TPR at 1% FPR (strongest, cross-fitted: "
-        "loss) 0.020 [0.010, 0.040] against limit <= 0.05: INCONCLUSIVE."
+        "The first-ranked candidate is q8, but it is NOT cleared for release: attack TPR at 1% FPR (strongest, "
+        "cross-fitted: loss) 0.020 [0.010, 0.040] against limit <= 0.05: INCONCLUSIVE."
     )
     assert (
         "To decide it: about 2.2x the audited samples would clear PASS if the estimates hold: a pool of 576 records "
@@ -238,7 +243,21 @@ def test_recommendation_paragraph_when_the_best_candidate_is_not_cleared():
     provenance = PROVENANCE | {"run_dir": "llmaudit-out/demo-cpu"}
     text = explain_recommendation(rec, release_checklist(grid, TH), grid, provenance)
     assert "`llmaudit plan llmaudit-out/demo-cpu/config.yaml data.pool_size=576` prices it" in text
-    assert "Runner-up: fp, which lost on its verdict: FAIL against INCONCLUSIVE." in text
+    assert "No other quantizer is within the utility budget." in text  # fp is the reference: never a runner-up
+
+
+def test_a_failed_candidate_is_ranked_first_in_words_without_internal_names():
+    """Every candidate FAILs: the paragraph says it ranks first (not "closest") and what would change the FAIL in
+    words, never a criterion's internal id."""
+    grid = [
+        decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "FAIL", bits=32),
+        decided(_row("q4", tpr=0.0, tpr_ci=None, rel=0.05, rel_ci=(0.03, 0.08)), "FAIL", bits=4.5),
+    ]
+    rec, text = _explained(grid)
+    assert rec["quantizer"] == "q4" and not rec["cleared_for_release"]
+    assert text.startswith("The first-ranked candidate is q4, but it is NOT cleared for release")
+    assert "To decide it: its leakage fails: the whole interval is beyond the limit" in text
+    assert "attack_tpr" not in text and "closest" not in text
 
 
 def test_recommendation_paragraph_when_nothing_is_within_the_utility_budget():
@@ -248,7 +267,7 @@ def test_recommendation_paragraph_when_nothing_is_within_the_utility_budget():
     ]
     rec, text = _explained(grid)
     assert rec["quantizer"] is None
-    assert text.startswith("No quantizer can be released: none keeps enough utility with a PASS")
+    assert text.startswith("No quantization can be released: none keeps enough utility with a PASS")
     assert "Closest: q3, utility (loss) 0.080 [0.050, 0.120] against limit <= 0.1: INCONCLUSIVE" in text
     assert "the utility interval reaches 0.120, across the limit 0.1: more runs or more samples narrow it" in text
 
@@ -297,17 +316,87 @@ def test_an_attack_without_spread_is_told_apart_from_one_without_references():
     assert entry["not_measured"]["pooled_calibrated"] == CALIBRATION_NEEDS
 
 
-def test_attacks_left_out_of_the_list_and_the_indicators_beyond_damage_answer_are_limits(audited):
-    """An attack the audit did not configure is named as not run; the indicator's beyond-damage answer is said."""
+def test_attacks_left_out_of_the_list_are_a_limit(audited):
+    """An attack the audit did not configure is named as not run: the verdict says nothing about it."""
     report = copy.deepcopy(audited["report"])
     for row in report["grid"]:
         row["attacks"].pop("lira_online", None)
         (row.get("skipped_attacks") or {}).pop("lira_online", None)
-    name = report["grid"][0]["indicator"]["name"]
-    for entry in report["indicators"]["indicators"]:
-        if entry["name"] == name:
-            entry["beyond_damage"] = "no"
     card = render_model_card(report)
-    line = next(x for x in card.splitlines() if "left out of this audit's attack list" in x)
+    line = next(x for x in card.splitlines() if "not run here" in x)
     assert "`lira_online`" in line
-    assert "not shown to go beyond what quantization damage explains" in card
+
+
+# ------------------------------------------------------------------------------------------ the Hub
+
+
+def _limits(card: str) -> list[str]:
+    section = card.split("### Limits of this audit", 1)[1].split("###", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("- ")]
+
+
+def test_the_card_is_a_valid_hub_card_with_the_headline_in_its_model_index(audited):
+    """huggingface_hub parses the card's YAML strictly (a malformed model-index raises); its first metric is the
+    released quantization's headline leakage, the value report.json records."""
+    card_text = audited["card"]
+    card = ModelCard(card_text)  # ignore_metadata_errors=False: the Hub's own parsing of the metadata
+    data = card.data.to_dict()
+    assert {"llmaudit", "membership-inference"} <= set(data["tags"])
+    typed = as_report(audited["report"])
+    q = recommendation_of(typed).quantizer
+    results = card.data.eval_results or []
+    head = headline_of(typed.row(q))
+    if head is not None and head.value is not None:
+        assert results[0].metric_type == "tpr_at_1pct_fpr" and results[0].metric_value == head.value
+        assert q in results[0].metric_name
+    utility = next(r for r in results if r.metric_type == "val_loss_change")
+    assert utility.metric_value == typed.criteria(q)["utility"].value
+    # a Hub model is linked as the base model; a built-in one is not claimed to be on the Hub
+    assert "base_model" not in data
+    hub = copy.deepcopy(audited["report"])
+    hub["provenance"]["model"], hub["provenance"]["model_source"] = "HuggingFaceTB/SmolLM2-135M", {"kind": "hub"}
+    assert ModelCard(render_model_card(hub)).data.to_dict()["base_model"] == "HuggingFaceTB/SmolLM2-135M"
+
+
+def test_the_card_holds_no_local_path_setting_or_internal_reference(audited):
+    report = copy.deepcopy(audited["report"])
+    report["provenance"]["model"] = "/root/.cache/llmaudit/gguf/abc-SmolLM2.Q4_1/model"
+    report["provenance"]["data"]["source"] = "/home/me/private/train.jsonl"
+    for row in report["grid"]:  # reasons written with settings and documents in them, as analyses write them
+        row["skipped_attacks"] = {"ref_qbase": "needs the base scored under this quantizer (score.matched_base=true)"}
+    report["blind_baseline"]["warning"] = "texts alone tell them apart (docs/science.md section 9)"
+    card = render_model_card(report)
+    assert re.search(r"(?<![\w.])/(root|home|tmp|Users)/", card) is None, "an absolute path in the card"
+    for internal in ("docs/", "score.matched_base", "report.min_indicator", "science.md", "=true"):
+        assert internal not in card, internal
+    assert "`model` (local weights)" in card and "train.jsonl" in card  # named by the file's name
+    assert len(_limits(card)) <= 5
+
+
+def test_interval_levels_are_read_from_the_numbers(audited):
+    """The card states each interval's level as report.json records it, never a fixed one: a decision at
+    another confidence is shown at that confidence."""
+    report = copy.deepcopy(audited["report"])
+    q = recommendation_of(as_report(report)).quantizer
+    row = next(r for r in report["grid"] if r["quantizer"] == q)
+    row["decision"] = decided(row, "FAIL", est=(0.2, 0.15, 0.26))["decision"]
+    row["decision"]["strongest"]["tpr"]["confidence"] = 0.8
+    row["utility"]["confidence"] = 0.99
+    for c in report["checklist"]["per_quantizer"][q]["criteria"]:
+        c["confidence"] = 0.99 if c["id"] == "utility" else c.get("confidence")
+    card = render_model_card(report)
+    assert "| 0.200 [0.150, 0.260] | 80% | <= 0.05 |" in card and "[95% interval]" not in card
+    assert (
+        f"{fmt_pct(row['utility']['relative_change'])}{fmt_pct_ci(row['utility']['relative_change_ci'])} | 99% |"
+        in card
+    )
+
+
+def test_an_imports_card_states_the_users_own_split(audited):
+    report = copy.deepcopy(audited["report"])
+    report["provenance"]["origin"] = "import"
+    report["provenance"]["membership"] |= {"runs": 1, "pool_size": 700, "n_train": [300]}
+    card = render_model_card(report)
+    assert "drawn at random" not in card and "random halves" not in card
+    assert "your own split: the members are the 300 records of the training file\\(s\\) you supplied" in card
+    assert "the non-members 400 records of the held-out file you supplied" in card

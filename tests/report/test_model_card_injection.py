@@ -1,11 +1,13 @@
 """model_card.md shows every string of report.json as text: a value with line breaks, HTML, a heading, a link,
-an image or a table break renders as the characters it holds (CommonMark), with the escaping report.md uses."""
+an image or a table break renders as the characters it holds (CommonMark), with the escaping report.md uses; in
+the YAML metadata it stays one value (the Hub's parser reads the same keys)."""
 
 from __future__ import annotations
 
 import copy
 from collections import Counter
 
+from huggingface_hub import ModelCard
 from markdown_it import MarkdownIt
 
 from llmaudit.report.model_card import MalformedReportError, render_model_card
@@ -37,8 +39,9 @@ def _set(obj, path, value):
 
 
 def _shape(card: str) -> tuple[list[str], Counter]:
-    """The block structure of a card and the kinds of inline nodes in it (text and code spans aside)."""
-    tokens = PARSER.parse(card)
+    """The block structure of a card's body (after its YAML metadata) and the kinds of inline nodes in it (text and
+    code spans aside)."""
+    tokens = PARSER.parse(card.split("\n---\n", 1)[1])
     inline = Counter(
         child.type for t in tokens if t.type == "inline" for child in t.children or [] if child.type != "text"
     )
@@ -49,7 +52,9 @@ def _shape(card: str) -> tuple[list[str], Counter]:
 
 def test_every_string_of_report_json_renders_as_text_in_the_card(audited):  # noqa: F811
     report = audited["report"]
-    blocks, inline = _shape(render_model_card(report))
+    clean = render_model_card(report)
+    blocks, inline = _shape(clean)
+    keys = set(ModelCard(clean).data.to_dict())
     assert "table_open" in blocks and inline["strong_open"] >= 1
     paths = list(_string_paths(report))
     assert len(paths) > 100
@@ -67,5 +72,7 @@ def test_every_string_of_report_json_renders_as_text_in_the_card(audited):  # no
         html = PARSER.render(card)
         if got_blocks != blocks or got_inline != inline or any(t in html for t in ("<img", "<script", "<a ", "\x1b")):
             failures.append((path, "structure changed"))
+        elif set(ModelCard(card).data.to_dict()) != keys:
+            failures.append((path, "metadata changed"))
     assert refused < len(paths) // 5  # most strings are shown, not looked up
     assert failures == [], "\n".join(f"{p}: {why}" for p, why in failures)

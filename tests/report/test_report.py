@@ -31,6 +31,7 @@ from llmaudit.report.build import build_report, indicator_agreement
 from llmaudit.report.markdown import render_markdown
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, release_checklist
 from llmaudit.report.recommend import recommend
+from llmaudit.report.release import headline_of
 from llmaudit.report.schema import REPORT_SCHEMA, ReportSchemaError, validate_report
 from llmaudit.report.write import write_report
 from llmaudit.store.losstable import validate_loss_table
@@ -187,7 +188,9 @@ def test_html_is_self_contained_with_every_plot_embedded(experiment):
         assert forbidden not in lowered, forbidden
     sources = re.findall(r'src="([^"]*)"', page)
     report = json.loads(experiment["outputs"]["json"])
-    assert set(report["plots"]) == {"r_q_vs_attack", "lira_roc", "r_q_intervals", "utility_vs_privacy", "trajectory"}
+    # every figure of leakage shows the headline: with no quantizer's measured here, no utility-against-privacy one
+    assert all(headline_of(r) is None or headline_of(r).value is None for r in report["grid"])
+    assert set(report["plots"]) == {"r_q_vs_attack", "lira_roc", "r_q_intervals", "trajectory"}
     assert len(sources) == len(report["plots"])
     plot_dir = experiment["store"].report_dir
     for src, rel in zip(sources, report["plots"].values()):
@@ -409,10 +412,10 @@ def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
     ]
     cl = release_checklist(grid, TH)
     rec = recommend(grid, cl)
-    # q2 is over the utility budget, q3's budget is INCONCLUSIVE: not candidates
-    assert set(rec["candidates"]) == {"fp", "q8", "q4", "q4b"}
+    # q2 is over the utility budget, q3's budget is INCONCLUSIVE, fp is the reference: not candidates
+    assert set(rec["candidates"]) == {"q8", "q4", "q4b"}
     # q4b leaks MORE than full precision and loses to the larger q8 that leaks the same; q4 is smaller than q8
-    assert rec["ranking"] == ["q4", "q8", "q4b", "fp"] and rec["cleared_for_release"]
+    assert rec["ranking"] == ["q4", "q8", "q4b"] and rec["cleared_for_release"]
     assert rec["runner_up"] == {"quantizer": "q8", "lost_on": "its size: 8.50 against 4.50 effective bits per weight"}
     # the same verdict, comparison and size: the utility decides, not the TPR estimates (planted far apart)
     twins = [
@@ -424,6 +427,8 @@ def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
     assert recommend(twins, release_checklist(twins, TH))["quantizer"] == "b"
     over = [_row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.5, rel_ci=(0.4, 0.6))]
     assert recommend(over, release_checklist(over, TH))["quantizer"] is None
+    only = [decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "PASS", bits=32)]  # full precision is no candidate
+    assert recommend(only, release_checklist(only, TH))["quantizer"] is None
 
 
 def test_the_attack_criterion_reads_the_release_decision():
@@ -455,7 +460,7 @@ def test_markdown_is_compact_and_keeps_per_run_detail_in_json_only(experiment):
     assert sum(1 for line in mem_table.splitlines() if line.startswith("| `")) == len(QUANTIZERS)
     report = json.loads(experiment["outputs"]["json"])
     assert len(report["result"]["memorization"]["per_run"]) == len(QUANTIZERS) * RUNS
-    assert "![r_Q per quantizer with 95% intervals](plots/r_q_intervals.png)" in md
+    assert "![r_Q per quantizer with its intervals](plots/r_q_intervals.png)" in md
     summary = render_markdown(report, only=("summary", "checklist"))
     assert "## Release checklist" in summary and "## Quantizer grid" not in summary
 

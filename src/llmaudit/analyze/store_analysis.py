@@ -32,7 +32,7 @@ from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.common.runtime import available_cores
 from llmaudit.config import ExperimentConfig
-from llmaudit.quantize import full_precision_reference
+from llmaudit.quantize import full_precision_reference, get_quantizer
 from llmaudit.score.utility import recorded_settings
 from llmaudit.store.integrity import verify_store
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError
@@ -164,6 +164,11 @@ def _experiment_block(cfg: ExperimentConfig, store: RunStore, manifest: dict) ->
         "parameters": manifest.get("parameters", {}),
         "versions": manifest["versions"],
         "seeds": manifest["seeds"],
+        "left_out_quantizers": {
+            q: get_quantizer(q).availability() or "not scored in this store"
+            for q in cfg.score.if_available
+            if q not in store.scored_quantizers()
+        },
     }
 
 

@@ -11,6 +11,9 @@ import pandas as pd
 from llmaudit.analyze.rq_aggregate import aggregate_r_q
 from llmaudit.store.losstable import REFERENCE_RUN
 
+UTILITY_CONFIDENCE = 0.95
+"""Coverage of the utility intervals (over runs and over validation samples), recorded with each quantizer's."""
+
 
 def utility_from_table(
     df: pd.DataFrame, quantizers: list[str], reference: str, *, n_boot: int = 1000, seed: int = 0
@@ -30,8 +33,9 @@ def utility_from_table(
     ref = per_run.get(reference)
     ref_samples = _final_sample_losses(val, reference)
     for q, losses in per_run.items():
-        agg = aggregate_r_q(losses, n_boot=n_boot, seed=seed)
+        agg = aggregate_r_q(losses, n_boot=n_boot, confidence=UTILITY_CONFIDENCE, seed=seed)
         entry = {
+            "confidence": UTILITY_CONFIDENCE,
             "val_loss": agg["mean"],
             "val_loss_ci": [agg["ci_low"], agg["ci_high"]],
             "val_loss_per_run": losses.tolist(),
@@ -40,7 +44,7 @@ def utility_from_table(
         if ref is not None and len(ref) == len(losses):
             rel = losses / ref - 1.0
             entry["relative_change"] = float(rel.mean())
-            rel_agg = aggregate_r_q(rel, n_boot=n_boot, seed=seed)
+            rel_agg = aggregate_r_q(rel, n_boot=n_boot, confidence=UTILITY_CONFIDENCE, seed=seed)
             entry["relative_change_ci"] = [rel_agg["ci_low"], rel_agg["ci_high"]]
             entry |= sample_interval(_final_sample_losses(val, q), ref_samples, n_boot=n_boot, seed=seed)
         out[q] = entry
@@ -66,7 +70,7 @@ def relative_change_resampled(q: np.ndarray, ref: np.ndarray, weights: np.ndarra
 
 
 def sample_interval(q: pd.DataFrame | None, ref: pd.DataFrame | None, *, n_boot: int, seed: int) -> dict[str, Any]:
-    """The relative change of validation loss with a 95% interval over validation SAMPLES (paired: each resampled
+    """The relative change of validation loss with an interval (UTILITY_CONFIDENCE) over validation SAMPLES (paired: each resampled
     sample brings its losses under both quantizers and every run). What a single fine-tune's utility criterion is
     judged on; run-to-run variation of training is not in it. {} when the two do not share runs and samples."""
     if q is None or ref is None or n_boot <= 0:
@@ -80,7 +84,8 @@ def sample_interval(q: pd.DataFrame | None, ref: pd.DataFrame | None, *, n_boot:
     draws = rng.integers(0, samples.size, size=(n_boot, samples.size))
     weights = np.zeros((n_boot, samples.size))
     np.add.at(weights, (np.arange(n_boot)[:, None], draws), 1.0)
-    lo, hi = np.quantile(relative_change_resampled(a, b, weights), [0.025, 0.975])
+    tail = (1 - UTILITY_CONFIDENCE) / 2
+    lo, hi = np.quantile(relative_change_resampled(a, b, weights), [tail, 1 - tail])
     return {
         "relative_change_pooled": float(a.sum() / b.sum() - 1.0),
         "relative_change_ci_samples": [float(lo), float(hi)],

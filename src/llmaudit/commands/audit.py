@@ -16,6 +16,7 @@ from llmaudit.commands.base import (
     app,
     finish,
     progress,
+    written,
 )
 from llmaudit.common.memory import bounded_primitive_cache
 from llmaudit.finetune.runs import finetune as do_finetune
@@ -47,7 +48,10 @@ def audit(
         do_score(cfg, store, progress=show_progress)
     result = analyze(cfg, store)
     paths = write_report(store, result, release=release)
-    typer.echo(
-        f"[audit] finished in {time.time() - t0:.0f}s; wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}"
+    typer.echo(f"[audit] finished in {time.time() - t0:.0f}s; {written(p for k, p in paths.items() if k != 'plots')}")
+    finish(
+        json.loads(Path(paths["json"]).read_text(encoding="utf-8")),
+        release=release,
+        gate=gate,
+        out_dir=store.report_dir,
     )
-    finish(json.loads(Path(paths["json"]).read_text(encoding="utf-8")), release=release, gate=gate)

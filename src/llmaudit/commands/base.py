@@ -8,11 +8,14 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import typer
 
 from llmaudit.common.runtime import env_threads, set_threads
-from llmaudit.report.terminal import gate_decision, print_summary
+from llmaudit.report.answer import wrap_segments
+from llmaudit.report.gate import GATE_EXIT_CODE, gate_decision, write_gate_outputs
+from llmaudit.report.terminal import FIXED_WIDTH, print_summary
 
 app = typer.Typer(
     add_completion=False,
@@ -43,9 +46,6 @@ def _main_options(
 ) -> None:
     """Membership-privacy audit of quantized LLMs: which quantizer leaks least about the fine-tuning data?"""
 
-
-GATE_EXIT_CODE = 3
-"""Exit code of `--gate` when the quantizer to ship is not cleared (2 means bad input; 1 an internal error)."""
 
 RECIPE_HELP = "A recipe YAML file or the name of a shipped recipe (demo-cpu, qwen2.5-0.5b-smolinstruct, ...)."
 OVERRIDES_HELP = "Overrides as dotted key=value pairs, e.g. train.epochs=3 score.quantizers='[fp32,hqq-4]'."
@@ -106,19 +106,34 @@ def progress(no_progress: bool) -> bool:
 RELEASE_HELP = "The quantizer you ship: model_card.md describes it and --gate judges it (default: the recommended one)."
 GATE_HELP = (
     f"Exit with code {GATE_EXIT_CODE} when the quantizer to ship (--release, default the recommended one) is not "
-    "cleared for release (overall verdict not PASS), so a CI job can block the release; 0 when it is cleared."
+    "cleared for release (overall verdict not PASS), so a CI job can block the release; 0 when it is cleared. "
+    "Writes gate.json, gate-junit.xml and, on GitHub Actions, the step summary."
 )
 
 
-def finish(report: dict, *, release: str | None, gate: bool) -> None:
-    """The verdict on one screen (the recommendation last); with --gate, exit GATE_EXIT_CODE unless cleared."""
+def finish(report: dict, *, release: str | None, gate: bool, out_dir: Path | None = None) -> None:
+    """The verdict on one screen (the answer's last line: what may be released); with --gate, the reason line,
+    the gate's files in `out_dir` (the report directory) and exit GATE_EXIT_CODE unless cleared."""
     typer.echo("")
     print_summary(report)
     if gate:
         cleared, why = gate_decision(report, release)
-        typer.echo(f"[gate] {'cleared' if cleared else 'BLOCKED'}: {why}", err=True)
+        head = f"[gate] {'cleared' if cleared else 'BLOCKED'}: "
+        for line in wrap_segments(head, why.split("; "), FIXED_WIDTH, len(head)):
+            typer.echo(line, err=True)
+        if out_dir is not None:
+            typer.echo(f"[gate] {written(write_gate_outputs(report, release, out_dir).values())}", err=True)
         if not cleared:
             raise typer.Exit(GATE_EXIT_CODE)
+
+
+def written(paths) -> str:
+    """ "wrote a, b, c in DIR" for files of one directory (the full paths otherwise): one short line."""
+    paths = [Path(p) for p in paths]
+    parents = {p.parent for p in paths}
+    if len(parents) == 1:
+        return f"wrote {', '.join(p.name for p in paths)} in {parents.pop()}"
+    return f"wrote {', '.join(str(p) for p in paths)}"
 
 
 TRUST_HELP = (

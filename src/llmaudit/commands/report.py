@@ -13,6 +13,7 @@ from llmaudit.commands.base import (
     RELEASE_HELP,
     app,
     finish,
+    written,
 )
 from llmaudit.common.io import read_json
 from llmaudit.jobs.status import report_is_current
@@ -48,10 +49,15 @@ def report(
         card = write_model_card(store, release)  # another quantizer's card: from report.json, in seconds
         typer.echo(f"[report] wrote {card} from {store.report_dir / 'report.json'} (the report is up to date)")
         report_data = read_json(store.report_dir / "report.json", what="report")
-        return finish(report_data, release=release, gate=gate)
+        return finish(report_data, release=release, gate=gate, out_dir=store.report_dir)
     if release is not None and chosen is not None and release not in chosen:  # refused before the analysis
         raise UnknownQuantizerError(f"--release {release!r} is not among --quantizers {', '.join(chosen)}: add it")
     result = analyze(cfg, store, quantizers=chosen)
     paths = write_report(store, result, include_samples=include_samples, release=release)
-    typer.echo(f"[report] wrote {', '.join(str(p) for k, p in paths.items() if k != 'plots')}")
-    finish(json.loads(Path(paths["json"]).read_text(encoding="utf-8")), release=release, gate=gate)
+    typer.echo(f"[report] {written(p for k, p in paths.items() if k != 'plots')}")
+    finish(
+        json.loads(Path(paths["json"]).read_text(encoding="utf-8")),
+        release=release,
+        gate=gate,
+        out_dir=store.report_dir,
+    )

@@ -221,6 +221,10 @@ class ScoreConfig(Section):
 
     quantizer_options: dict[str, dict[str, Any]] = Field(default_factory=dict, max_length=MAX_QUANTIZERS)
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
+    if_available: list[str] = Field(default_factory=list, max_length=MAX_QUANTIZERS)
+    """Quantizers scored only where their library is installed: when a recipe loads, each that can run here joins
+    score.quantizers, each that cannot is left out, with the reason, there and in the report (jobs.targets)."""
+
     calibration_source: Literal["heldout", "members", "file"] = "heldout"
     """Where the calibrated quantizers (GPTQ, AWQ, the GGUF -imatrix ones) take their calibration text: heldout = the
     store's validation records (never trained on; the utility columns are measured on them too); members = each run's

@@ -51,6 +51,7 @@ from llmaudit.models.loading import (
     load_tokenizer,
     model_source,
 )
+from llmaudit.quantize import missing_reference
 from llmaudit.store.run_store import RunStore, StoreError, file_digest
 
 SET_BY_IMPORT = {
@@ -276,6 +277,9 @@ def _config(request: ImportRequest, runs: list[TrainingOutput], data: ImportData
         overrides=list(request.overrides),
         attack_names=request.attack_names,
     )
+    missing = missing_reference(cfg.score.quantizers)
+    if missing:
+        raise RecipeError(missing)
     # Once more through JSON, as the store reads it back: defaults such as lora.alpha = 16 (an int in a float
     # field, not validated) become what validation makes of them, so the identity hash matches on reading.
     return config_from_dict(json.loads(cfg.model_dump_json()), source="(llmaudit import + overrides)")

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from llmaudit.analyze.attacks.registry import registered_attacks
@@ -19,8 +20,10 @@ from llmaudit.config import (
     load_recipe,
 )
 from llmaudit.models.builtin import BUILTIN_PREFIX
-from llmaudit.quantize import QUANTIZER_NAMES, QuantizationError, get_quantizer
+from llmaudit.quantize import QUANTIZER_NAMES, QuantizationError, get_quantizer, missing_reference
 from llmaudit.store.run_store import RunStore
+
+log = logging.getLogger(__name__)
 
 
 def is_run_dir(target: str | Path | None) -> bool:
@@ -34,13 +37,18 @@ def split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
-def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str]) -> None:
+def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str], scored: list[str] | None = None) -> None:
     """Every quantizer name and its options as the registry allows them, when the recipe loads (before any
     training): an unknown name (with the closest one), an option a quantizer does not have or a value it does not
-    support (bits, group sizes), options for a name that is no quantizer, and options given on the command line
-    for a quantizer that is not in score.quantizers (a recipe's options for quantizers left out are kept unused).
+    support (bits, group sizes), options for a name that is no quantizer, options given on the command line
+    for a quantizer that is not in score.quantizers (a recipe's options for quantizers left out are kept unused),
+    and a grid without a full-precision reference among them and the store's `scored` quantizers.
     What needs the model's layers (a group size that divides them) is checked before the first unit is scored."""
+    missing = missing_reference([*cfg.score.quantizers, *(scored or [])])
+    if missing:
+        raise RecipeError(missing)
     names = [q for q in cfg.score.quantizers if q != FULL_PLACEHOLDER]
+    _check_names("score.if_available", cfg.score.if_available)
     for name in names:
         if name not in QUANTIZER_NAMES:
             raise RecipeError(
@@ -61,12 +69,50 @@ def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str]) -> Non
             )
 
 
+def _check_names(key: str, names: list[str]) -> None:
+    for name in names:
+        if name not in QUANTIZER_NAMES:
+            raise RecipeError(
+                f"{key}: unknown quantizer {name!r}{did_you_mean(name, QUANTIZER_NAMES)}; allowed: "
+                f"{', '.join(QUANTIZER_NAMES)}"
+            )
+
+
+def with_available(cfg: ExperimentConfig) -> tuple[ExperimentConfig, dict[str, str]]:
+    """`cfg` with every quantizer of score.if_available that can run here added to score.quantizers, and
+    {name: why not} for those that cannot (the report says so: `left_out_quantizers`). An unknown name is
+    refused (RecipeError) with the closest one."""
+    _check_names("score.if_available", cfg.score.if_available)
+    add, left = [], {}
+    for name in cfg.score.if_available:
+        why = get_quantizer(name).availability()
+        if why is None:
+            add.append(name)
+        else:
+            left[name] = why
+    names = list(dict.fromkeys([*cfg.score.quantizers, *add]))
+    return cfg.model_copy(update={"score": cfg.score.model_copy(update={"quantizers": names})}), left
+
+
+def _scored(store: RunStore) -> list[str] | None:
+    """The quantizers a store holds, for the reference check; None where there is no store or its manifest cannot
+    say (the store's verification refuses such a store with its own reason)."""
+    if not store.exists():
+        return None
+    try:
+        return [str(q) for q in store.scored_quantizers()]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | None = None) -> ExperimentConfig:
     """A recipe with overrides (`--out` replaces output_dir); sets this process's CPU threads."""
-    cfg = load_recipe(recipe, overrides, attack_names=registered_attacks())
-    check_quantizer_requests(cfg, overrides)
+    cfg, left = with_available(load_recipe(recipe, overrides, attack_names=registered_attacks()))
+    for name, why in left.items():
+        log.warning("score.if_available: %s is left out on this machine: %s", name, why)
     if out is not None:
         cfg = cfg.model_copy(update={"output_dir": str(out)})
+    check_quantizer_requests(cfg, overrides, _scored(RunStore(cfg.resolved_output_dir())))
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
     return cfg
 
@@ -87,7 +133,7 @@ def config_from_run_dir(
         overrides=overrides,
         attack_names=registered_attacks(),
     )
-    check_quantizer_requests(cfg, overrides)
+    check_quantizer_requests(cfg, overrides, _scored(store))
     configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
     return cfg
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .awq_backend import AWQ_BITS, AWQQuantizer
 from .base import DEFAULT_MODULES, QuantizationError, Quantizer, QuantizerInfo
 from .bnb_backend import BNB_KINDS, BnbQuantizer
-from .full import FULL_DTYPES, FULL_PRECISION_NAMES, FullPrecision, full_precision_reference
+from .full import FULL_DTYPES, FULL_PRECISION_NAMES, FullPrecision, full_precision_reference, missing_reference
 from .gguf_backend import GGUF_NAMES, GGUFQuantizer
 from .gptq_backend import GPTQ_BITS, GPTQQuantizer
 from .hqq_backend import HQQ_BITS, HQQQuantizer
@@ -64,6 +64,7 @@ __all__ = [
     "get_quantizer",
     "list_quantizers",
     "full_precision_reference",
+    "missing_reference",
     "sign_quantize",
     "ternary_quantize",
     "uniform_quantize",

@@ -30,6 +30,19 @@ def full_precision_reference(names) -> str | None:
     return next((q for q in names if str(q).lower() in FULL_PRECISION_NAMES), None)
 
 
+def missing_reference(names) -> str | None:
+    """Why a grid of quantizer `names` cannot be audited (no full-precision reference among them: the base unit,
+    the utility and every comparison are measured against the fine-tune at full precision), with the fix; None
+    when one is there."""
+    names = [str(q) for q in names]
+    if full_precision_reference(names) is not None:
+        return None
+    return (
+        f"score.quantizers {names} has no full-precision reference, which every quantizer is compared with: add "
+        f"`full` (the store's own precision), e.g. 'score.quantizers=[full,{','.join(names)}]'"
+    )
+
+
 class FullPrecision(Quantizer):
     family = "full"
 

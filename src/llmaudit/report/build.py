@@ -127,6 +127,7 @@ def _provenance(result: dict[str, Any]) -> dict[str, Any]:
         "indicator_protocol": dig(result, "indicator", "protocol"),
         "model_source": exp.get("model_source"),
         "origin": exp.get("origin"),
+        "left_out_quantizers": dict(exp.get("left_out_quantizers") or {}),
     }
 
 

@@ -107,7 +107,7 @@ class Cell:
         return text + mark + sub
 
     def html(self) -> str:
-        text = html.escape(_unmark(self.text))
+        text = _whole_intervals(html.escape(_unmark(self.text)))
         if self.code:
             text = f"<code>{text}</code>"
         if self.status:
@@ -115,8 +115,13 @@ class Cell:
         if self.unreliable:
             text += ' <span class="unrel" title="estimate flagged unreliable">†</span>'
         if self.sub:
-            text += f'<br><span class="ci">{html.escape(_unmark(self.sub))}</span>'
+            text += f'<br><span class="ci">{_whole_intervals(html.escape(_unmark(self.sub)))}</span>'
         return text
+
+
+def _whole_intervals(text: str) -> str:
+    """HTML text whose intervals "[low, high]" never break across lines (their spaces non-breaking)."""
+    return re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(" ", "&nbsp;"), text)
 
 
 def _status_class(status: str) -> str:
@@ -151,7 +156,8 @@ class Table:
 
 
 class Section:
-    """A titled block: paragraphs (Markdown-lite: `code` and **bold**), tables, figures, a bullet list."""
+    """A titled block: paragraphs (Markdown-lite: `code` and **bold**), tables, figures, a bullet list, closing
+    paragraphs after the bullets; `folded`: shown collapsed in HTML (a diagnostic the reader opens)."""
 
     def __init__(
         self,
@@ -161,6 +167,9 @@ class Section:
         bullets: list[str] | None = None,
         figures: list[str] | None = None,
         anchor: str = "",
+        *,
+        closing: list[str] | None = None,
+        folded: bool = False,
     ):
         self.title, self.paras, self.tables, self.bullets, self.figures = (
             title,
@@ -169,4 +178,5 @@ class Section:
             bullets or [],
             figures or [],
         )
+        self.closing, self.folded = closing or [], folded
         self.anchor = anchor or re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")

@@ -83,6 +83,7 @@ def _primary_indicator(result: dict[str, Any], quantizer: str) -> dict[str, Any]
 def _utility_row(util: dict[str, Any]) -> dict[str, Any]:
     """A quantizer's utility: validation loss, its change vs the reference (with intervals), task metrics."""
     return {
+        "confidence": finite_or_none(util.get("confidence")),
         "val_loss": finite_or_none(util.get("val_loss")),
         "val_loss_ci": (util.get("val_loss_ci") and interval_or_none(*util["val_loss_ci"])) or None,
         "relative_change": finite_or_none(util.get("relative_change")),
@@ -103,6 +104,7 @@ def _utility_row(util: dict[str, Any]) -> dict[str, Any]:
 def _r_q_row(entry: dict[str, Any]) -> dict[str, Any]:
     """A quantizer's r_Q over runs (entry: its block of the indicator's per_quantizer): mean, interval, rank, counts."""
     return {
+        "confidence": finite_or_none(dig(entry, "r_q", "confidence")),
         "mean": finite_or_none(dig(entry, "r_q", "mean")),
         "ci": interval_or_none(dig(entry, "r_q", "ci_low"), dig(entry, "r_q", "ci_high")),
         "std": finite_or_none(dig(entry, "r_q", "std")),

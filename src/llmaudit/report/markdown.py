@@ -34,6 +34,8 @@ def render_markdown(report: dict[str, Any] | ReportJson, *, only: Iterable[str] 
             lines.append(f"- {to_markdown(b)}")
         if s.bullets:
             lines.append("")
+        for p in s.closing:
+            lines += [to_markdown(p), ""]
         for name in s.figures:
             lines += [f"![{FIGURES[name][1]}]({report.plots[name]})", ""]
     return "\n".join(lines).rstrip() + "\n"

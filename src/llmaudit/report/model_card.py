@@ -1,41 +1,44 @@
-"""The privacy section of a released model's Hugging Face model card, written only from report.json.
+"""The model card of a released quantization, written only from report.json, to paste on the Hugging Face Hub
+unchanged (docs/reading-a-report.md, "The model card").
 
-`render_model_card(report, quantizer=...)` says what was audited (the base model and its provenance, the
-fine-tuning data and membership design, the quantizers and attacks), the released quantizer's verdict on every
-criterion with its numbers and 95% intervals, the utility it keeps, the limits of the audit and where the full
-report is. It never shows training text: not even a report built with --include-samples puts sample text here.
-Every number is formatted as in report.md (llmaudit.common.formatting).
+`render_model_card(report, quantizer=...)` writes a complete card: YAML metadata in the Hub's format (tags, the
+base model where it is a Hub id, and a `model-index` with the released quantization's leakage and utility, built
+with `huggingface_hub.ModelCardData`), then the privacy section: the answer for the released quantization (its
+verdict, the criterion that decided it, its leakage against full precision), what was audited (base model,
+fine-tuning data, the true membership design, quantizations, attacks, every quantization's headline leakage),
+its verdict on every criterion, each interval with the level report.json records, at most MAX_LIMITS limits, and
+where the full report is. For the public: no local path (a local model or data file is named by its file name),
+no configuration key or document of llmaudit's, no auditor's advice, and never any training text.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
+from pathlib import PurePath
 from typing import Any
 
-from llmaudit.analyze.attacks.registry import registered_attacks
-from llmaudit.common.errors import UserError
-from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci
-from llmaudit.report.cells import md_code, md_escape
-from llmaudit.report.models import (
-    Adapter,
-    AttackEntry,
-    AttackVerdict,
-    Criterion,
-    DataSource,
-    GridRow,
-    Membership,
-    ModelSource,
-    Provenance,
-    Recommendation,
-    ReportJson,
-    Thresholds,
-    as_report,
-)
-from llmaudit.report.policy import CHECKLIST_FPR, DISABLED, NOT_MEASURED, PASS
-from llmaudit.report.recommend import explain_recommendation, recommend
-from llmaudit.report.release import decision_of
+from huggingface_hub import EvalResult, ModelCardData
 
-CARD_FPRS = ("0.01", "0.05")
+from llmaudit.analyze.attacks.registry import registered_attacks
+from llmaudit.common.errors import UserError, did_you_mean
+from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci
+from llmaudit.report.answer import (
+    answer_line,
+    baseline_sentence,
+    design_sentence,
+    headline_text,
+    interval_text,
+    left_out,
+    level,
+    proportion_bounds,
+    recommendation_of,
+)
+from llmaudit.report.cells import md_code, md_escape
+from llmaudit.report.models import Criterion, DataSource, GridRow, ModelSource, Provenance, ReportJson, as_report
+from llmaudit.report.policy import DISABLED, PASS
+from llmaudit.report.release import chosen_attack, decision_of, headline_of
+
+MAX_LIMITS = 5
 
 
 class UnknownQuantizerError(UserError):
@@ -47,318 +50,266 @@ class MalformedReportError(UserError):
 
 
 def _c(value: Any) -> str:
-    return md_code(str(value))
+    return md_code(public(value))
 
 
 def _e(value: Any) -> str:
-    return md_escape(str(value))
+    return md_escape(public(value))
 
 
-def _cmp(value: Any) -> str:
-    """A criterion's comparison: one of the policy's operators as written, anything else escaped as data."""
-    return value if value in ("<=", ">=", "<", ">") else _e(value)
+def public(value: Any) -> str:
+    """A value as the public card may show it: an absolute path (a local model, data file or cache) becomes its
+    file name; anything else as it is."""
+    text = str(value)
+    if text.startswith(("/", "~")) or (len(text) > 2 and text[1] == ":" and text[2] in "\\/"):
+        return PurePath(text.replace("\\", "/")).name or "a local path"
+    return text
+
+
+_DOC_REFERENCE = re.compile(r"\s*\((?:see )?docs/[^)]*\)|(?:[;,]\s*)?(?:see )?docs/[\w./#-]+(?: section \d+)?")
+_CONFIG_KEY = re.compile(r"`?\b(?:score|report|data|attack|train|model|lora)\.[a-z_]+(?:\.[a-z_]+)*(?:=[^\s;,)`]+)?`?")
+_ABSOLUTE = re.compile(r"(?<![\w.])(?:/[\w.@+-]+){2,}/?")
+
+
+def scrub(text: str) -> str:
+    """A sentence from report.json (a criterion's reason) as the public card may say it: no reference to
+    llmaudit's documents, no configuration key (`score.matched_base=true` becomes "a setting of the audit"), no
+    absolute path (its file name instead)."""
+    text = _DOC_REFERENCE.sub("", text)
+    text = _CONFIG_KEY.sub("a setting of the audit", text)
+    return _ABSOLUTE.sub(lambda m: PurePath(m.group(0)).name, text)
 
 
 def released_quantizer(report: dict[str, Any] | ReportJson, quantizer: str | None) -> str:
     """The quantizer the card is about: `quantizer` if the report holds it, else the recommended one, else (no
-    quantizer within the utility budget) the full-precision reference, the model a team would ship unquantized."""
+    quantization within the utility budget) the full-precision reference, the model a team would ship unquantized."""
     report = as_report(report)
     names = list(report.quantizers)
     if quantizer is not None:
         if quantizer not in names:
             raise UnknownQuantizerError(
-                f"--release {quantizer!r}: the report has no such quantizer; choose one of {', '.join(names)}"
+                f"--release {quantizer!r}: the report has no such quantizer{did_you_mean(quantizer, names)}; "
+                f"choose one of {', '.join(names)}"
             )
         return quantizer
-    return report.recommendation.quantizer or report.reference_quantizer or names[0]
+    return recommendation_of(report).quantizer or report.reference_quantizer or names[0]
+
+
+def _hub_id(prov: Provenance) -> str | None:
+    """The base model's Hub id where it is one (what the Hub's `base_model` links), else None."""
+    source, model = prov.model_source or ModelSource(), str(prov.model)
+    if source.kind == "hub" or (source.kind is None and "/" in model and not model.startswith(("/", ".", "~"))):
+        return None if ":" in model else model
+    return None
 
 
 def _base_model(prov: Provenance) -> str:
     source = prov.model_source or ModelSource()
     model = str(prov.model)
-    kind = source.kind
-    if kind == "gguf":
+    if source.kind == "gguf":
         where = "a file inside an installed Python package" if model.startswith("package:") else "a GGUF file"
         text = (
             f"{_c(model)}: {where}, GGUF type {_e(source.gguf_file_type or 'unknown')}, "
             "dequantized to full precision before fine-tuning"
         )
         return text + (f" (sha256 {_c(source.sha256)})" if source.sha256 else "")
-    if kind == "hub" or (kind is None and "/" in model and not model.startswith(("/", ".", "builtin:"))):
+    if _hub_id(prov):
         return f"{_c(model)} (Hugging Face Hub)"
-    if model.startswith("builtin:") or kind == "builtin":
+    if model.startswith("builtin:") or source.kind == "builtin":
         return f"{_c(model)} (a tiny model built in code by llmaudit, for demonstration)"
     return f"{_c(model)} (local weights)"
 
 
-def _held_out(report: ReportJson) -> int | None:
-    """Held-out records (no run trained on them): the validation split the indicator scored."""
-    indicator = report.result.get("indicator")
-    per_run = indicator.get("per_run") if isinstance(indicator, dict) else None
-    return per_run[0].get("n_samples") if per_run else None
+def _meta(value: Any) -> str:
+    """A string of report.json as a YAML metadata value: its public form on one line of letters, digits, spaces
+    and `_-.,:;()+%/=` (anything else, markup or control characters, a space), at most 120 characters: a value is
+    data, never YAML structure nor markup where a renderer shows the metadata."""
+    text = re.sub(r"[^\w \-.,:;()+%/=]", " ", public(value), flags=re.ASCII)
+    return " ".join(text.split())[:120] or "n/a"
 
 
-def _strongest_line(r: GridRow) -> str:
-    s = r.strongest_vs_loss.tpr_at_1pct_calibrated if r.strongest_vs_loss else None
-    best = r.best_attack
-    if s is not None:
-        return (
-            f"  - {_c(r.quantizer)}: {_c(s.attack)} {fmt_num(s.value)}{fmt_ci(best and best.ci)}, "
-            f"LOSS {fmt_num(s.loss)}, margin {fmt_num(s.gain)}"
-        )
-    if best is not None:
-        return f"  - {_c(r.quantizer)}: {_c(best.name)} {fmt_num(best.value)}{fmt_ci(best.ci)}"
-    return f"  - {_c(r.quantizer)}: no attack reached an estimate"
+def _metadata(report: ReportJson, q: str) -> str:
+    """The card's YAML metadata in the Hub's format: tags, the base model, a model-index of the released
+    quantization's leakage (the headline) and utility, and full precision's leakage beside it."""
+    prov = report.provenance
+    data = prov.data or DataSource()
+    results = []
+    rows = [report.row(q)] + [r for r in report.grid if r.is_reference and r.quantizer != q]
+    for row in rows:
+        head = headline_of(row)
+        if head is None or head.value is None:
+            continue
+        low, high = proportion_bounds(head)
+        bounds = low is not None and high is not None and head.confidence
+        conf = f", {level(head.confidence)} interval {fmt_num(low)} to {fmt_num(high)}" if bounds else ""
+        who = f"{row.quantizer}, full precision" if row.is_reference else row.quantizer
+        results.append(_eval(_meta(f"TPR at 1% FPR, strongest attack cross-fitted ({who}{conf})"), head.value, data))
+    u = report.criteria(q)["utility"]
+    if u.value is not None and not report.row(q).is_reference:
+        loss = (u.metric or "loss") == "loss"
+        what = "validation loss change vs full precision" if loss else f"utility {u.metric}"
+        metric = "val_loss_change" if loss else _meta(u.metric).replace(" ", "_")
+        results.append(_eval(_meta(f"{what} ({q})"), u.value, data, metric))
+    card = ModelCardData(
+        base_model=_hub_id(prov),
+        tags=["llmaudit", "privacy", "membership-inference", "quantization"],
+        model_name=_meta(prov.experiment_name or "llmaudit audit"),
+        eval_results=results or None,
+    )
+    return card.to_yaml()
+
+
+def _eval(name: str, value: float, data: DataSource, metric: str = "tpr_at_1pct_fpr") -> EvalResult:
+    return EvalResult(
+        task_type="membership-inference",
+        task_name="Membership inference audit (llmaudit)",
+        dataset_type=_meta(data.source or "custom"),
+        dataset_name=_meta(f"fine-tuning data ({public(data.source or 'custom')})"),
+        metric_type=metric,
+        metric_name=name,
+        metric_value=float(value),
+    )
 
 
 def _audited_section(report: ReportJson) -> list[str]:
     prov = report.provenance
-    mem, data = prov.membership or Membership(), prov.data or DataSource()
-    adapter = prov.adapter or Adapter()
-    n_train = sorted(set(mem.n_train or []))
-    members = "-".join(str(n) for n in (n_train[:1] + n_train[-1:] if len(n_train) > 1 else n_train)) or "n/a"
+    data = prov.data or DataSource()
     attacks = sorted({a for r in report.grid for a in r.attacks})
+    fpr = report.decision_rule.fpr if report.decision_rule and report.decision_rule.fpr else 0.01
     lines = [
         "### What was audited",
         "",
-        f"- Base model: {_base_model(prov)}; LoRA adapter rank {_e(adapter.r)}.",
-        f"- Fine-tuning data: a pool of {_e(mem.pool_size)} records ({_e(data.source)}, tasks "
-        f"{_e(', '.join(data.tasks or []))}; fingerprint {_c(data.fingerprint)}).",
-        f"- Membership design: {_e(mem.runs)} independent fine-tuning runs, each on {members} records "
-        f"drawn at random from the pool (the rest of the pool are its non-members); {_e(_held_out(report))} "
-        "held-out records that no run trained on.",
-        f"- Quantizers audited ({len(report.grid)}): "
-        + ", ".join(_c(r.quantizer) + (" (full-precision reference)" if r.is_reference else "") for r in report.grid)
-        + ".",
+        f"- Base model: {_base_model(prov)}; LoRA adapter rank {_e(prov.adapter and prov.adapter.r)}.",
+        f"- Fine-tuning data: {_e(prov.membership and prov.membership.pool_size)} records audited ({_e(data.source)}, "
+        f"tasks {_e(', '.join(data.tasks or []))}; fingerprint {_c(data.fingerprint)}).",
+        f"- Membership design: {_e(design_sentence(report))}",
         f"- Attacks run ({len(attacks)}): {', '.join(_c(a) for a in attacks)}.",
-        "- Strongest attack per quantizer (calibrated TPR at 1% FPR, and its margin over the LOSS attack):",
+        f"- Leakage of every quantization audited (the strongest attack's TPR at {100 * fpr:g}% FPR, chosen on "
+        "other folds and measured on each, with its interval):",
     ]
-    return lines + [_strongest_line(r) for r in report.grid]
+    for r in report.grid:
+        head = headline_of(r)
+        conf = f" ({level(head.confidence)} interval)" if head and head.confidence else ""
+        who = " (full precision, the reference)" if r.is_reference else ""
+        verdict = report.checklist.per_quantizer[r.quantizer].overall
+        lines.append(f"  - {_c(r.quantizer)}{who}: {_e(headline_text(head))}{conf}, verdict {_e(verdict)}")
+    for q, why in left_out(report):
+        lines.append(f"  - {_c(q)}: not audited ({_e(scrub(why))})")
+    return lines
 
 
-def _tpr_at(att: AttackEntry | None, key: str) -> tuple[Any, Any]:
-    t = None if att is None else att.tpr_at("pooled_calibrated", key)
-    return (None, None) if t is None else (t.tpr, t.ci)
+def _row(measure: str, value: str, conf: float | None, limit: str = "", status: str = "") -> str:
+    return f"| {measure} | {value} | {level(conf) or 'n/a'} | {limit} | {status} |"
 
 
-def _utility_rows(row: GridRow) -> list[tuple[str, str, str, str]]:
-    u = row.utility
-    rows = [
-        (
-            "validation loss vs full precision",
-            f"{fmt_pct(u.relative_change)}{fmt_pct_ci(u.relative_change_ci)}",
-            "",
-            "",
+def _attack_rows(row: GridRow, a: Criterion) -> list[str]:
+    """The leakage (the headline), the comparison with full precision and two diagnostics beside them."""
+    d = decision_of(row)
+    head = headline_of(row)
+    chosen = chosen_attack(d) if d is not None else None
+    value = "n/a" if head is None or head.value is None else headline_text(head).removeprefix("TPR ")
+    measure = "leakage: strongest attack's TPR at 1% FPR, cross-fitted" + (
+        f" (chosen most: {_c(chosen)})" if chosen else ""
+    )
+    lines = [_row(measure, value, head and head.confidence, f"{a.comparison} {a.threshold:g}", _e(a.status))]
+    if d is not None and d.comparison is not None and not row.is_reference:
+        e = d.comparison.difference
+        diff = "n/a" if e.value is None else f"{e.value:+.3f}{interval_text(e.low, e.high, signed=True)}"
+        measure = f"leakage against full precision {_c(d.comparison.reference)}: paired difference of that TPR"
+        lines.append(
+            _row(measure, diff, e.confidence, f"within ±{d.comparison.margin:g}: the same", _e(d.comparison.direction))
         )
-    ]
-    d = u.divergence
+    if d is not None and d.loss_gap is not None and d.loss_gap.value is not None:
+        g = d.loss_gap
+        gap = f"{fmt_num(g.value, 4)}" + (
+            "" if g.low is None or g.high is None else f" [{fmt_num(g.low, 4)}, {fmt_num(g.high, 4)}]"
+        )
+        lines.append(_row("diagnostic: loss of non-members minus members (nats per token)", gap, g.confidence))
+    top = d.in_sample_max if d is not None else None
+    if top is not None and top.low is None and d is not None:  # the attack's own interval where the max has none
+        top = next((j.tpr for j in d.attacks if j.attack == d.in_sample_max_attack), top)
+    if top is not None and top.value is not None and d.in_sample_max_attack:
+        measure = f"diagnostic: highest attack on the data it was chosen on ({_c(d.in_sample_max_attack)}; biased up)"
+        bound = f" (upper bound {fmt_num(top.high)})" if top.low is None and top.high is not None else ""
+        value = f"{fmt_num(top.value)}{interval_text(top.low, top.high)}{bound}"
+        lines.append(_row(measure, value, top.confidence))
+    return lines
+
+
+def _utility_rows(row: GridRow, u: Criterion) -> list[str]:
+    loss = (u.metric or "loss") == "loss"
+    value = f"{fmt_pct(u.value)}{fmt_pct_ci(u.ci)}" if loss else f"{fmt_num(u.value)}{fmt_ci(u.ci)}"
+    limit = f"{u.comparison} {fmt_pct(u.threshold) if loss else fmt_num(u.threshold)}"
+    lines = [_row(f"utility: {_e(u.description)}", value, u.confidence, limit, _e(u.status))]
+    d = row.utility.divergence
     if d.measured:
         for stat, label in (
             (d.kl_mean, "KL from full precision (nats/token)"),
             (d.same_top, "same top token as full precision"),
         ):
-            rows.append((label, f"{fmt_num(stat and stat.mean)}{fmt_ci(stat and stat.ci)}", "", ""))
-    for name, m in sorted(u.task_metrics.items()):
-        rows.append(
-            (
-                f"task {name} (drop below full precision {fmt_num(m.drop.value)}{fmt_ci(m.drop.ci)})",
-                f"{fmt_num(m.value)}{fmt_ci(m.ci)}",
-                "",
-                "",
+            lines.append(
+                _row(label, f"{fmt_num(stat and stat.mean)}{fmt_ci(stat and stat.ci)}", row.utility.confidence)
             )
-        )
-    return rows
-
-
-def _attack_rows(row: GridRow, a: Criterion) -> list[tuple[str, str, str, str]]:
-    """The attack criterion, the comparison with full precision, the 5% FPR and AUROC of the strongest attack."""
-    best, by_auroc = row.best_attack, row.best_attack_by_auroc
-    att = row.attacks.get(best.name) if best else None
-    tpr5, ci5 = _tpr_at(att, "0.05")
-    return [
-        (
-            f"TPR at 1% FPR, strongest attack chosen by cross-fitting ({_c(a.attack or 'n/a')})"
-            if a.mode
-            else f"calibrated TPR at 1% FPR, strongest attack {_c(a.attack or 'n/a')}",
-            f"{fmt_num(a.value)}{fmt_ci(a.ci)}",
-            f"{_cmp(a.comparison)} {a.threshold:g}",
-            _e(a.status),
-        ),
-        *_decision_rows(row, a),
-        (f"calibrated TPR at 5% FPR, {_c((best and best.name) or 'n/a')}", f"{fmt_num(tpr5)}{fmt_ci(ci5)}", "", ""),
-        (
-            f"AUROC, strongest attack {_c((by_auroc and by_auroc.name) or 'n/a')}",
-            f"{fmt_num(by_auroc and by_auroc.value)}{fmt_ci(by_auroc and by_auroc.ci)}",
-            "",
-            "",
-        ),
-    ]
+    for name, m in sorted(row.utility.task_metrics.items()):
+        lines.append(_row(f"task {_e(name)}", f"{fmt_num(m.value)}{fmt_ci(m.ci)}", row.utility.confidence))
+    return lines
 
 
 def _verdict_table(report: ReportJson, q: str) -> list[str]:
-    row = report.row(q)
-    crit = report.criteria(q)
-    table = _attack_rows(row, crit["attack_tpr"])
+    row, crit = report.row(q), report.criteria(q)
+    lines = ["| measure | estimate [interval] | interval level | limit | verdict |", "|---|---|---|---|---|"]
+    lines += _attack_rows(row, crit["attack_tpr"])
     for cid, label in (("r_q", "r_Q (attack-free indicator)"), ("indicator", "attack-free indicator")):
         c = crit[cid]
-        limit = "" if c.threshold is None or c.status == DISABLED else f"{_cmp(c.comparison)} {c.threshold:g}"
-        table.append((label, f"{fmt_num(c.value)}{fmt_ci(c.ci)}", limit, _e(c.status)))
-    u = crit["utility"]
-    loss = (u.metric or "loss") == "loss"
-    util_value = f"{fmt_pct(u.value)}{fmt_pct_ci(u.ci)}" if loss else f"{fmt_num(u.value)}{fmt_ci(u.ci)}"
-    limit = f"{_cmp(u.comparison)} {fmt_pct(u.threshold) if loss else fmt_num(u.threshold)}"
-    table.append((f"utility criterion: {_e(u.description)}", util_value, limit, _e(u.status)))
-    table += _utility_rows(row)
-    lines = ["| measure | estimate [95% interval] | limit | verdict |", "|---|---|---|---|"]
-    lines += [f"| {m} | {v} | {lim} | {s} |" for m, v, lim, s in table]
-    return lines
+        limit = "" if c.threshold is None or c.status == DISABLED else f"{c.comparison} {c.threshold:g}"
+        lines.append(_row(label, f"{fmt_num(c.value)}{fmt_ci(c.ci)}", c.confidence, limit, _e(c.status)))
+    return lines + _utility_rows(row, crit["utility"])
 
 
-def _decision_rows(row: GridRow, a: Criterion) -> list[tuple[str, str, str, str]]:
-    """The comparison with full precision and the in-sample maximum (selection-biased), where the release rule
-    recorded them."""
-    if not a.mode:
-        return []
-    rows = []
-    d = decision_of(row)
-    if d is not None and d.comparison is not None and not row.is_reference:
-        e = d.comparison.difference
-        span = "" if e.low is None or e.high is None else f" [{e.low:+.3f}, {e.high:+.3f}]"
-        value = "n/a" if e.value is None else f"{e.value:+.3f}{span}"
-        rows.append(
-            (
-                f"leakage against full precision {_c(d.comparison.reference)} (strongest-attack TPR difference)",
-                value,
-                f"+-{d.comparison.margin:g} = the same",
-                d.comparison.direction,
-            )
-        )
-    if d is not None and d.loss_gap is not None and d.loss_gap.value is not None:
-        g = d.loss_gap
-        span = "" if g.low is None or g.high is None else f" [{fmt_num(g.low, 4)}, {fmt_num(g.high, 4)}]"
-        rows.append(
-            (
-                "loss of non-members minus members, nats per token (the difference behind the TPR)",
-                f"{fmt_num(g.value, 4)}{span}",
-                "",
-                "",
-            )
-        )
-    top = a.in_sample_max
-    if top is not None and top.attack:
-        rows.append(
-            (
-                f"highest attack on the data it was chosen on ({_c(top.attack)}; selection-biased upward)",
-                fmt_num(top.value),
-                "",
-                "",
-            )
-        )
-    return rows
-
-
-def _beyond_damage(report: ReportJson, name: str) -> str:
-    """The validation's answer to whether the indicator tracks the attacks beyond quantization damage."""
-    entries = report.indicators.indicators if report.indicators else []
-    answer = next((e.beyond_damage for e in entries if e.name == name), None)
-    if answer == "no":
-        return " Its agreement with the attacks is not shown to go beyond what quantization damage explains."
-    if answer == "yes":
-        return " It tracks the attacks beyond what quantization damage explains."
-    return ""
-
-
-def _attack_limits(row: GridRow, attack_crit: Criterion, th: Thresholds) -> list[str]:
-    """Per attack the scores behind its TPR, the attacks not run and why, and the runs behind the verdict."""
-    need = int(round(10 / CHECKLIST_FPR))
-    lines = [_attack_limit_line(name, att, attack_crit, need) for name, att in sorted(row.attacks.items())]
-    by_reason: dict[str, list[str]] = {}
-    for name, why in sorted(row.skipped_attacks.items()):
-        by_reason.setdefault(why, []).append(name)
-    for why, names in by_reason.items():
-        lines.append(f"- {', '.join(_c(n) for n in names)} {'was' if len(names) == 1 else 'were'} not run: {_e(why)}.")
-    left_out = [a for a in registered_attacks() if a not in row.attacks and a not in row.skipped_attacks]
-    if left_out:
+def _limits(report: ReportJson, q: str) -> list[str]:
+    """At most MAX_LIMITS bullets: what PASS bounds, the scores and runs behind the verdict, the indicators,
+    and the base model or data where they qualify the numbers."""
+    row, a = report.row(q), report.criteria(q)["attack_tpr"]
+    run = sorted(row.attacks)
+    not_run = sorted(set(row.skipped_attacks) | {x for x in registered_attacks() if x not in row.attacks})
+    lines = [
+        f"- The verdict bounds the {len(run)} attacks run on this data and this fine-tuning recipe, not every "
+        "possible attack" + (f"; not run here: {', '.join(_c(n) for n in not_run)}." if not_run else ".")
+    ]
+    n_neg = max((x.n_negatives or 0 for x in row.attacks.values()), default=0)
+    n_pos = max((x.n_positives or 0 for x in row.attacks.values()), default=0)
+    runs = f"{_e(row.n_models)} fine-tuned model(s)"
+    cover = (
+        "another fine-tuning run of the same recipe may leak more or less (run-to-run variation is not covered)"
+        if a.mode == "empirical"
+        else "run-to-run variation of fine-tuning is covered by the runs"
+    )
+    lines.append(
+        f"- Scores behind each TPR: up to {n_neg} non-member and {n_pos} member scores pooled over {runs}; "
+        f"a TPR at 1% FPR needs at least 1000 non-member scores; {cover}."
+    )
+    ind = row.indicator
+    if ind is not None:
         lines.append(
-            f"- Not run, left out of this audit's attack list (`attack.attacks`): {', '.join(_c(a) for a in left_out)}; "
-            "the verdict says nothing about them."
-        )
-    if attack_crit.mode == "empirical":
-        lines.append(
-            f"- Runs: {_e(row.n_models)} target model(s), judged on held-out non-members with an empirical "
-            "threshold; with fewer than 2 runs the run-to-run variation of fine-tuning is not covered: another "
-            "fine-tuning run of the same recipe may leak more or less."
-        )
-    else:
-        lines.append(
-            f"- Runs: {_e(row.n_models)} target models; a criterion over runs needs at least {_e(th.min_runs)} of them."
-        )
-    return lines
-
-
-def _context_limits(report: ReportJson, row: GridRow) -> list[str]:
-    """The indicator's status, a GGUF base, the blind baseline's warning and what was not scored."""
-    lines = []
-    indicator = row.indicator
-    if indicator is not None:
-        lines.append(
-            f"- The attack-free indicator {_c(indicator.name)} has validation status "
-            f"{_e(indicator.status)} (r_Q: {_e(row.r_q_status)}); an indicator is context beside the "
-            "attacks, never a verdict on its own." + _beyond_damage(report, str(indicator.name))
+            f"- The attack-free indicator {_c(ind.name)} (validation status {_e(ind.status)}; r_Q: "
+            f"{_e(row.r_q_status)}) is context beside the attacks, never a verdict on its own."
         )
     source = report.provenance.model_source
     if source is not None and source.gguf_file_type:
         lines.append(
-            f"- The base weights came from a GGUF {_e(source.gguf_file_type)} file: the full-precision reference "
-            "already sits on that quantization grid, so a quantizer aligned with it can round the fine-tuning back "
-            "toward the base and look more private than it would on an unquantized base."
+            f"- The base weights came from a GGUF {_e(source.gguf_file_type)} file: full precision already sits on "
+            "that grid, so a quantizer aligned with it can look more private than on an unquantized base."
         )
-    if report.blind_baseline is not None and report.blind_baseline.warning:
-        lines.append(f"- Blind baseline: {_e(report.blind_baseline.warning)}.")
-    if report.not_scored:
-        lines.append(f"- Not completely scored, left out: {_e(', '.join(sorted(report.not_scored)))}.")
-    return lines
-
-
-def _limits_section(report: ReportJson, q: str) -> list[str]:
-    row = report.row(q)
-    crit = report.criteria(q)
-    lines = ["### Limits of this audit", ""]
-    lines += _attack_limits(row, crit["attack_tpr"], report.checklist.thresholds)
-    lines.append(
-        "- A PASS bounds the success of these attacks on this data and this fine-tuning recipe; it is not a proof "
-        "that no attack can infer membership."
-    )
-    for cid in ("r_q", "indicator"):
-        c = crit[cid]
-        if c.status != PASS:
-            lines.append(f"- {_e(c.description)}: {_e(c.status)} ({_e(c.reason)}).")
-    return lines + _context_limits(report, row)
-
-
-def _attack_limit_line(name: str, att: AttackEntry, attack_crit: Criterion, need: int) -> str:
-    """One attack in the limits: the scores behind its TPR and how the release rule judged it."""
-    verdict = attack_crit.per_attack.get(name) or AttackVerdict()
-    t = att.tpr_at("pooled_calibrated", "0.01")
-    n_cal = None if t is None else t.n_negatives
-    negatives = f"{_e(att.n_negatives)} non-member" + (
-        "" if n_cal is None else f" ({_e(n_cal)} of them with a calibrated score)"
-    )
-    head = (
-        f"- {_c(name)}: {negatives} and {_e(att.n_positives)} member scores (pooled over "
-        f"{_e(att.n_models)} target models; a TPR at 1% FPR needs >= {need} non-member scores); "
-    )
-    if "judged" in verdict.model_fields_set:  # the release rule
-        if verdict.judged:
-            return head + f"TPR {fmt_num(verdict.value)}, simultaneous upper bound {fmt_num(verdict.upper_bound)}."
-        return head + f"not judged: {_e(verdict.reason)}."
-    status = verdict.status or NOT_MEASURED
-    return head + _e(status) + (f": {_e(verdict.reason)}" if status not in (PASS, None) else "") + "."
+    blind = report.blind_baseline
+    if blind is not None and blind.warning:
+        lines.append(f"- Blind baseline (a text-only classifier, no model): {_e(scrub(blind.warning))}.")
+    return lines[:MAX_LIMITS]
 
 
 def render_model_card(report: dict[str, Any] | ReportJson, *, quantizer: str | None = None) -> str:
-    """The model card's privacy section (Markdown) for the quantizer released (default: the recommended one).
-    Every string from the report goes through the escaping report.md uses (`md_escape`, `md_code`).
+    """The model card (YAML metadata and privacy section, Markdown) for the quantizer released (default: the
+    recommended one). Every string from the report goes through the escaping report.md uses (`md_escape`,
+    `md_code`).
 
     Raises UnknownQuantizerError when `quantizer` is not in the report, MalformedReportError when the report
     lacks what the card reads (an edited or foreign report.json)."""
@@ -374,29 +325,29 @@ def render_model_card(report: dict[str, Any] | ReportJson, *, quantizer: str | N
         ) from None
 
 
-def _recommendation(report: ReportJson) -> Recommendation:
-    """The report's recommendation; for a report.json from before the explanation, ranked again from its own rows."""
-    if report.recommendation.explanation is not None:
-        return report.recommendation
-    built = report.model_dump(mode="json", exclude_unset=True)
-    rec = recommend(built["grid"], built["checklist"])
-    rec["explanation"] = explain_recommendation(rec, built["checklist"], built["grid"], built["provenance"])
-    return Recommendation.model_validate(rec)
+def _answer(report: ReportJson, q: str) -> list[str]:
+    line = answer_line(report, q)
+    cleared = "cleared for release" if line.status == PASS else "NOT cleared for release"
+    rec = recommendation_of(report).quantizer
+    other = f" The audit recommended {_c(rec)}." if rec not in (None, q) else ""
+    return [
+        f"Released quantization: {_c(q)}. Audit verdict: **{_e(line.status)}** ({cleared}): "
+        f"{_e(scrub('; '.join(line.segments())))}.{other}",
+        "",
+        _e(scrub(baseline_sentence(report))),
+    ]
 
 
 def _render(report: ReportJson, q: str) -> str:
-    rec = _recommendation(report)
-    overall = report.checklist.per_quantizer[q].overall
     prov = report.provenance
     lines = [
+        "---",
+        _metadata(report, q).rstrip(),
+        "---",
+        "",
         "## Privacy: membership-inference audit",
         "",
-        f"Released quantization: {_c(q)}. Audit verdict: **{_e(overall)}** "
-        + ("(cleared for release: every criterion PASS)." if overall == PASS else "(NOT cleared for release).")
-        + (f" The audit recommended {_c(rec.quantizer)}." if rec.quantizer not in (None, q) else "")
-        + (" The audit recommended no quantizer." if rec.quantizer is None else ""),
-        "",
-        _e(rec.explanation),
+        *_answer(report, q),
         "",
         *_audited_section(report),
         "",
@@ -404,13 +355,14 @@ def _render(report: ReportJson, q: str) -> str:
         "",
         *_verdict_table(report, q),
         "",
-        *_limits_section(report, q),
+        "### Limits of this audit",
+        "",
+        *_limits(report, q),
         "",
         "### Full report",
         "",
         f"Generated by llmaudit {_e(report.llmaudit_version)} from report.json (experiment "
-        f"{_c(prov.experiment_name)}, identity {_c(prov.identity_hash)}). The full report, "
-        f"report.md / report.html / report.json in {_c(Path(str(prov.run_dir)).name + '/report')}, has every "
-        "quantizer, attack and interval; no training text is shown here.",
+        f"{_c(prov.experiment_name)}, identity {_c(prov.identity_hash)}). The full report (report.md, report.html, "
+        "report.json) has every quantization, attack and interval; no training text is shown here.",
     ]
     return "\n".join(lines) + "\n"

@@ -145,8 +145,11 @@ class TaskMetric(_Open):
 
 
 class UtilityRow(_Open):
-    """A quantizer's utility: validation loss and its change vs the reference (intervals), divergence, tasks."""
+    """A quantizer's utility: validation loss and its change vs the reference (intervals at `confidence`),
+    divergence, tasks."""
 
+    optional_keys = frozenset({"confidence"})
+    confidence: Num = None
     val_loss: Num = None
     val_loss_ci: Interval = None
     relative_change: Num = None
@@ -160,6 +163,8 @@ class UtilityRow(_Open):
 
 
 class RQ(_Open):
+    optional_keys = frozenset({"confidence"})
+    confidence: Num = None
     mean: Num = None
     ci: Interval = None
     std: Num = None

@@ -85,6 +85,8 @@ class Provenance(_Open):
     indicator_protocol: IndicatorProtocol | None = None
     model_source: ModelSource | None = None
     origin: str | None = None
+    left_out_quantizers: dict[str, str] = {}
+    """score.if_available quantizers that could not run where the store was scored: {name: why}."""
 
 
 class Spearman(_Open):

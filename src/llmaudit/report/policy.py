@@ -183,6 +183,7 @@ def _r_q_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
         "comparison": ">=",
         "value": r["mean"],
         "ci": r["ci"],
+        "confidence": r.get("confidence"),
         "reliable": (r["n_finite"] or 0) >= min_runs,
     }
     if limit <= 0:
@@ -251,6 +252,7 @@ def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any
         "comparison": "<=",
         "value": u["relative_change"],
         "ci": u["relative_change_ci"],
+        "confidence": u.get("confidence"),
         "reliable": n_runs >= min_runs,
     }
     if u["relative_change"] is None:

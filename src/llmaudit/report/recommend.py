@@ -1,6 +1,7 @@
 """The recommendation: which quantizer to release, and the paragraph that says why (docs/science.md section 12).
 
-Candidates are the quantizers whose utility criterion PASSes. They are ranked on what the audit can actually tell
+Candidates are the quantizers whose utility criterion PASSes, the full-precision reference excepted: it is the
+baseline every quantizer is compared with (the answer states its verdict first), not a quantization to choose. They are ranked on what the audit can actually tell
 apart, never on the noise of an estimate: the overall verdict first (PASS, INCONCLUSIVE, NOT MEASURED, FAIL), then
 the comparison with full precision (leaks LESS, the SAME, CANNOT TELL, NOT MEASURED, MORE), then the smaller model
 (effective bits per weight), then the smaller utility loss. Two quantizers the data cannot tell apart on leakage
@@ -19,12 +20,13 @@ from llmaudit.report.release import DIRECTION_ORDER, comparison_sentence, direct
 SEVERITY = {PASS: 0, INCONCLUSIVE: 1, NOT_MEASURED: 2, FAIL: 3}
 
 RULE = (
-    "candidates: utility criterion PASS; order: the overall verdict (PASS, INCONCLUSIVE, NOT MEASURED, FAIL), then "
+    "candidates: every quantizer but the full-precision reference with its utility criterion PASS; order: the overall verdict (PASS, INCONCLUSIVE, NOT MEASURED, FAIL), then "
     "the comparison with full precision (leaks less, the same, cannot tell, not measured, more), then the smaller "
     "model (effective bits per weight), then the smaller utility loss"
 )
 
 _KEY_WORDS = ("its verdict", "its comparison with full precision", "its size", "its utility")
+_CRITERION_WORDS = {"attack_tpr": "leakage", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}
 
 
 def crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
@@ -69,20 +71,25 @@ def _lost_on(chosen: tuple, theirs: tuple, names: tuple[dict, dict]) -> str:
 def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
     """The quantizer to release (rules: module doc), whether it is cleared, the ranking and the runner-up."""
     per_q = checklist["per_quantizer"]
-    candidates = [r for r in grid if crit(checklist, r["quantizer"], "utility")["status"] == PASS]
+    candidates = [
+        r for r in grid if not r.get("is_reference") and crit(checklist, r["quantizer"], "utility")["status"] == PASS
+    ]
     if not candidates:
+        audited = any(not r.get("is_reference") for r in grid)
         return {
             "quantizer": None,
             "rule": RULE,
             "overall": None,
             "cleared_for_release": False,
-            "reason": "no quantizer is within the utility budget with a PASS (see the utility criterion)",
+            "reason": "no quantization is within the utility budget with a PASS (see the utility criterion)"
+            if audited
+            else "only the full-precision reference was audited: there is no quantization to recommend",
         }
     ranked = sorted(candidates, key=lambda r: ranking_key(r, checklist))
     chosen, q = ranked[0], ranked[0]["quantizer"]
     overall = per_q[q]["overall"]
     reason = f"first of {len(candidates)} quantizer(s) within the utility budget: overall {overall}; " + (
-        f"{q} is the full-precision reference" if chosen.get("is_reference") else (comparison_sentence(chosen) or "")
+        comparison_sentence(chosen) or ""
     )
     runner = None
     if len(ranked) > 1:
@@ -129,13 +136,16 @@ def what_to_do(c: dict[str, Any], provenance: dict[str, Any]) -> str:
     if c["id"] == "attack_tpr" and c.get("mode") and c["status"] in (INCONCLUSIVE, NOT_MEASURED):
         return size_phrase(c.get("size_needed"), provenance) or f"grow the audit: {c.get('reason')}"
     if c["status"] == NOT_MEASURED:
-        return f"grow the measurement behind {c['id']}: {c.get('reason')}"
+        return f"grow the measurement behind its {_CRITERION_WORDS.get(c['id'], c['id'])}: {c.get('reason')}"
     if c["status"] == FAIL:
-        return f"{c['id']} fails: its whole interval is beyond the limit; only a limit beyond it, or another model, changes that"
+        return (
+            f"its {_CRITERION_WORDS.get(c['id'], c['id'])} fails: the whole interval is beyond the limit; only a limit "
+            f"beyond it, or another model, changes that"
+        )
     ci = c.get("ci") or [None, None]
     bound = ci[1] if c.get("comparison") == "<=" else ci[0]
     return (
-        f"the {c['id']} interval reaches {fmt_num(bound)}, across the limit {c['threshold']:g}: more runs or more "
+        f"the {_CRITERION_WORDS.get(c['id'], c['id'])} interval reaches {fmt_num(bound)}, across the limit {c['threshold']:g}: more runs or more "
         f"samples narrow it"
     )
 
@@ -153,13 +163,15 @@ def explain_recommendation(
     """The recommendation in one paragraph a release manager can read: the quantizer, cleared or not and which
     criterion decided, how it leaks against full precision and at what utility, what would decide an open verdict,
     and the runner-up and why it lost."""
-    per_q = checklist["per_quantizer"]
     q = recommendation.get("quantizer")
     if q is None:
-        utility = {name: crit(checklist, name, "utility") for name in per_q}
+        quantized = [r["quantizer"] for r in grid if not r.get("is_reference")]
+        if not quantized:
+            return "Only full precision was audited: there is no quantization to recommend."
+        utility = {name: crit(checklist, name, "utility") for name in quantized}
         closest = min(utility.items(), key=lambda kv: (SEVERITY.get(kv[1]["status"], 9), excess(kv[1])))
         return (
-            f"No quantizer can be released: none keeps enough utility with a PASS (utility criterion). Closest: "
+            f"No quantization can be released: none keeps enough utility with a PASS (utility criterion). Closest: "
             f"{closest[0]}, {criterion_phrase(closest[1])}. To release one, {what_to_do(closest[1], provenance)}."
         )
     row = next(r for r in grid if r["quantizer"] == q)
@@ -168,10 +180,13 @@ def explain_recommendation(
     if recommendation.get("cleared_for_release"):
         text = f"Release {q}: cleared, every criterion passes ({criterion_phrase(crit(checklist, q, 'attack_tpr'))})"
     else:
-        text = f"The best candidate is {q}, but it is NOT cleared for release" + (
+        text = f"The first-ranked candidate is {q}, but it is NOT cleared for release" + (
             f": {criterion_phrase(decided)}" if decided else ""
         )
-    text += f". {compared or 'No comparison with full precision was measured'}, {_utility_words(checklist, q)}."
+    compared = compared or "no comparison with full precision was measured"
+    if not compared.startswith(q):  # a sentence, not a quantizer's name, starts with a capital
+        compared = compared[:1].upper() + compared[1:]
+    text += f". {compared}, {_utility_words(checklist, q)}."
     if decided and not recommendation.get("cleared_for_release"):
         text += f" To decide it: {what_to_do(decided, provenance)}."
     runner = recommendation.get("runner_up")

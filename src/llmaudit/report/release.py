@@ -9,7 +9,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from llmaudit.analyze.decision.models import QuantizerDecision, SizeNeeded
+from llmaudit.analyze.decision.models import Estimate, QuantizerDecision, SizeNeeded
 from llmaudit.report.models import GridRow, Provenance
 
 DIRECTION_ORDER = {"LESS": 0, "SAME": 1, "CANNOT TELL": 2, "NOT MEASURED": 3, "MORE": 4}
@@ -22,6 +22,23 @@ def decision_of(row: dict[str, Any] | GridRow) -> QuantizerDecision | None:
         return row.decided()
     raw = row.get("decision")
     return None if raw is None else QuantizerDecision.model_validate(raw)
+
+
+def headline_of(row: dict[str, Any] | GridRow) -> Estimate | None:
+    """THE leakage of a quantizer, the one number every rendering names (docs/reading-a-report.md, "The headline"):
+    the release decision's strongest attack, its TPR at the decision's FPR chosen on other folds and measured on
+    each (`QuantizerDecision.strongest.tpr`), with its interval and the interval's confidence as recorded. A
+    report.json written before the release rule: its highest calibrated TPR (the attack criterion it was judged
+    on), without a recorded confidence. None where neither was measured."""
+    d = decision_of(row)
+    if d is not None:
+        return None if d.strongest is None else d.strongest.tpr
+    row = row if isinstance(row, GridRow) else GridRow.model_validate(row)
+    best = row.best_attack
+    if best is None or best.value is None:
+        return None
+    low, high = best.ci if best.ci else (None, None)
+    return Estimate(value=best.value, low=low, high=high, method="highest calibrated TPR (no release rule)")
 
 
 def chosen_attack(d: QuantizerDecision) -> str | None:

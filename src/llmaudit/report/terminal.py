@@ -1,7 +1,8 @@
-"""The answer on one terminal screen (rich): every quantizer's verdict, leakage against full precision, the honest
-strongest-attack TPR with its interval and the utility it keeps, then the recommendation as the last lines. No
-Markdown: data is printed as text (rich markup off), sensible in 80 and 120 columns, plain text when the output
-is not a terminal.
+"""The answer on one terminal screen (rich, markup off): the full-precision baseline first, then one line per
+candidate quantizer (verdict, the deciding criterion with its number and limit, leakage, MORE / SAME / LESS than
+full precision, the utility kept), then what may be released, as the last lines (`llmaudit.report.answer`).
+When the output is not a terminal (a log, a pipe, CI) the screen is FIXED_WIDTH columns wide; lines are wrapped
+between their parts, never inside an interval.
 """
 
 from __future__ import annotations
@@ -10,70 +11,75 @@ import io
 import sys
 from typing import Any, TextIO
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from llmaudit.report.answer import (
+    NOT_AUDITED,
+    baseline_sentence,
+    candidate_lines,
+    cleared_kind,
+    conclusion,
+    left_out,
+    recommendation_of,
+    wrap_segments,
+)
 from llmaudit.report.models import ReportJson, as_report
-from llmaudit.report.summary import headline, leakage_statement, summary_rows
+from llmaudit.report.summary import leakage_statement
 
 STATUS_STYLE = {"PASS": "bold green", "FAIL": "bold red", "INCONCLUSIVE": "bold yellow", "NOT MEASURED": "bold"}
 
+FIXED_WIDTH = 120
+"""Columns of the answer when the output is not a terminal."""
 
-def gate_decision(report: dict[str, Any] | ReportJson, release: str | None) -> tuple[bool, str]:
-    """(cleared, why) for the quantizer a release ships (`release`, default the recommended one): cleared only
-    when its overall verdict is PASS. Raises KeyError-free: an unknown name is reported as not cleared."""
-    report = as_report(report)
-    q = release or report.recommendation.quantizer
-    if q is None:
-        return False, "no quantizer is recommended (none keeps enough utility), so nothing is cleared for release"
-    per_q = report.checklist.per_quantizer
-    if q not in per_q:
-        return False, f"{q} is not in the report ({', '.join(per_q)})"
-    overall = per_q[q].overall
-    return overall == "PASS", f"{q}: overall {overall}" + ("" if overall == "PASS" else ", NOT cleared for release")
+STATUS_WIDTH = len("NOT MEASURED")
 
 
-def _table(report: ReportJson, width: int) -> Table:
-    narrow = width < 100
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
-    t.add_column("quantizer", no_wrap=True)
-    t.add_column("verdict", no_wrap=True)
-    t.add_column("vs full\nprecision" if narrow else "vs full precision")
-    t.add_column("strongest attack\nTPR@1% FPR" if narrow else "strongest attack, TPR@1% FPR")
-    t.add_column("Δ val loss")
-    t.add_column("KL")
-    for s in summary_rows(report):
-        name = Text(s.quantizer + (" (ref)" if s.is_reference else ""))
-        if s.recommended:
-            name.append(" *", style="bold green")
-        vs = Text(s.vs_full_precision) + (Text("\n" + s.vs_detail, style="dim") if s.vs_detail else Text(""))
-        strongest = Text(s.strongest) + (
-            Text("\n" + s.strongest_interval, style="dim") if s.strongest_interval else Text("")
-        )
-        t.add_row(
-            name, Text(s.verdict, style=STATUS_STYLE.get(s.verdict, "")), vs, strongest, Text(s.loss_change), Text(s.kl)
-        )
-    return t
+def answer_lines(report: ReportJson, width: int) -> list[tuple[str, str | None, int]]:
+    """The answer screen as (line, its verdict word or None, where that word starts), every line at most `width`
+    columns (a part longer than a line wrapped between words)."""
+    out: list[tuple[str, str | None, int]] = [(f"llmaudit verdict: {report.provenance.experiment_name}", None, 0)]
+    out += [(line, None, 0) for line in wrap_segments("", [baseline_sentence(report)], width, 2)]
+    rows = [(a.quantizer, a.status, a.segments()) for a in candidate_lines(report)]
+    rows += [(q, NOT_AUDITED, [why]) for q, why in left_out(report)]
+    name_width = min(max((len(q) for q, _, _ in rows), default=0), 24)
+    for q, status, segments in rows:
+        start = len(f"  {q:<{name_width}}  ")
+        head = f"  {q:<{name_width}}  {status:<{STATUS_WIDTH}}  "
+        indent = len(head) if width - len(head) >= 40 else 6
+        wrapped = wrap_segments(head, segments, width, indent)
+        out.append((wrapped[0], status, start))
+        out += [(line, None, 0) for line in wrapped[1:]]
+    return out
 
 
 def print_summary(report: dict[str, Any] | ReportJson, *, file: TextIO | None = None, width: int | None = None) -> None:
-    """Print the answer screen to `file` (default stdout): the table, what it reads, then the recommendation."""
+    """Print the answer screen to `file` (default stdout): the baseline, one line per candidate, what the numbers
+    are, then what may be released and why."""
     report = as_report(report)
-    console = Console(file=file or sys.stdout, width=width, highlight=False, markup=False, emoji=False, soft_wrap=False)
+    stream = file or sys.stdout
+    if width is None and not (hasattr(stream, "isatty") and stream.isatty()):
+        width = FIXED_WIDTH
+    console = Console(file=stream, width=width, highlight=False, markup=False, emoji=False, soft_wrap=True)
     w = console.width
-    console.print(Text(f"llmaudit verdict: {report.provenance.experiment_name}", style="bold"))
-    console.print(_table(report, w))
-    console.print(Text("* recommended. " + leakage_statement(report), style="dim"))
+    for i, (line, status, start) in enumerate(answer_lines(report, w)):
+        text = Text(line, style="bold" if i == 0 else "")
+        if status is not None:
+            text.stylize(STATUS_STYLE.get(status, ""), start, start + len(status))
+        console.print(text)
+    for line in wrap_segments("", [leakage_statement(report)], w, 0):
+        console.print(Text(line, style="dim"))
     console.print("")
-    rec = report.recommendation
-    console.print(Text(headline(report), style="bold green" if rec.cleared_for_release else "bold yellow"))
-    if rec.explanation:
-        console.print(Text(rec.explanation))
+    style = "bold green" if cleared_kind(report) == "cleared" else "bold yellow"
+    for line in wrap_segments("", [conclusion(report)], w, 0):
+        console.print(Text(line, style=style))
+    explanation = recommendation_of(report).explanation
+    if explanation:
+        for line in wrap_segments("", [explanation], w, 0):
+            console.print(Text(line))
 
 
-def summary_text(report: dict[str, Any] | ReportJson, width: int = 80) -> str:
+def summary_text(report: dict[str, Any] | ReportJson, width: int = FIXED_WIDTH) -> str:
     """The answer screen as plain text at `width` columns (what a log that is not a terminal receives)."""
     buf = io.StringIO()
     print_summary(report, file=buf, width=width)

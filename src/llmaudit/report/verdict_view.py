@@ -4,18 +4,26 @@ table of every quantizer), the comparison with full precision per attack, and th
 
 from __future__ import annotations
 
+from llmaudit.report.answer import (
+    NOT_AUDITED,
+    baseline_sentence,
+    candidate_lines,
+    conclusion,
+    left_out,
+    recommendation_of,
+)
 from llmaudit.report.cells import Cell, Section, Table, code, lit
 from llmaudit.report.models import GridRow, ReportJson
 from llmaudit.report.release import decision_of
-from llmaudit.report.summary import headline, leakage_statement, summary_rows
+from llmaudit.report.summary import leakage_statement, summary_rows
 
 SUMMARY_HEADER = [
     "quantizer",
     "verdict",
     "vs full precision",
-    "strongest attack, TPR at 1% FPR (cross-fitted)",
-    "in-sample max (selection-biased)",
-    "loss gap non-members - members (nats)",
+    "leakage: strongest attack, TPR at 1% FPR (cross-fitted)",
+    "diagnostic: in-sample max (selection-biased)",
+    "diagnostic: loss gap non-members - members (nats)",
     "Δ val loss",
     "KL vs ref",
 ]
@@ -31,7 +39,7 @@ def summary_table(report: ReportJson) -> Table:
         rows.append(
             [
                 Cell(label, code=True),
-                Cell(s.verdict, status=s.verdict),
+                Cell(s.verdict, s.deciding, status=s.verdict),
                 Cell(s.vs_full_precision, s.vs_detail),
                 Cell(s.strongest, s.strongest_interval),
                 Cell(s.in_sample_max),
@@ -43,11 +51,26 @@ def summary_table(report: ReportJson) -> Table:
     return Table(SUMMARY_HEADER, rows, highlight_first=report.grid[0].is_reference, marked_row=marked)
 
 
+def answer_section(report: ReportJson) -> Section:
+    """The answer in the user's words (`llmaudit.report.answer`): the full-precision baseline, one line per
+    candidate quantizer, what may be released. report.html shows it as the banner at the top of the page."""
+    bullets = [f"{code(a.quantizer)} **{a.status}**: {lit('; '.join(a.segments()))}" for a in candidate_lines(report)]
+    bullets += [f"{code(q)} **{NOT_AUDITED}**: {lit(why)}" for q, why in left_out(report)]
+    return Section(
+        "Answer",
+        [lit(baseline_sentence(report))],
+        bullets=bullets,
+        anchor="answer",
+        closing=[f"**{lit(conclusion(report))}**"],
+    )
+
+
 def verdict_section(report: ReportJson) -> Section:
-    """The answer: the headline, the recommendation paragraph and the summary table."""
-    paras = [f"**{lit(headline(report))}**"]
-    if report.recommendation.explanation:
-        paras.append(lit(report.recommendation.explanation))
+    """The recommendation paragraph, the summary table and what its numbers are."""
+    paras = []
+    explanation = recommendation_of(report).explanation
+    if explanation:
+        paras.append(lit(explanation))
     paras.append(lit(leakage_statement(report)))
     return Section("Verdict", paras, [summary_table(report)], anchor="verdict")
 
@@ -63,9 +86,21 @@ def _difference_cell(row: GridRow, attack: str, metric: str) -> Cell:
     return Cell(f"{e.value:+.3f}", span)
 
 
+def _levels(decisions: list) -> str:
+    """The per-attack differences' interval level(s) as recorded ("90%")."""
+    shown = {
+        f"{100 * x.estimate.confidence:.0f}%"
+        for d in decisions
+        if d is not None and d.comparison is not None
+        for x in d.comparison.per_attack
+        if x.estimate.confidence is not None
+    }
+    return "/".join(sorted(shown))
+
+
 def comparison_section(report: ReportJson) -> Section | None:
     """Per quantizer, the comparison with full precision and, per attack, the paired differences of the TPR at 1% FPR
-    and of the AUROC (quantizer minus reference, 95% intervals over the same resampled samples)."""
+    and of the AUROC (quantizer minus reference, intervals over the same resampled samples at the level recorded)."""
     rows = [r for r in report.grid if not r.is_reference and decision_of(r) is not None]
     decisions = [decision_of(r) for r in rows]
     if not rows or all(d is None or d.comparison is None for d in decisions):
@@ -87,7 +122,8 @@ def comparison_section(report: ReportJson) -> Section | None:
         "Does quantizing leak more, the same or less than shipping full precision? The answer per quantizer compares "
         "the two cross-fitted strongest attacks on the same runs and samples (paired bootstrap): MORE or LESS when the "
         "interval of the difference excludes 0, the SAME when it lies within the equivalence margin, else the data "
-        "cannot tell. Below, per attack, the paired differences (quantizer minus reference) with 95% intervals."
+        "cannot tell. Below, as diagnostics, per attack the paired differences (quantizer minus reference) with "
+        f"{_levels(decisions) or 'their'} intervals."
     ]
     return Section("Compared with full precision", paras, tables, bullets=bullets, anchor="comparison")
 

@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci, fmt_size
+from llmaudit.report.answer import design_sentence
 from llmaudit.report.cells import Cell, Section, Table, code, lit
 from llmaudit.report.cells import value_cell as _v
 from llmaudit.report.models import BestAttack, Criterion, GridRow, ReportJson, as_report
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.policy import DISABLED, FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
-from llmaudit.report.release import comparison_sentence, direction_of
+from llmaudit.report.release import direction_of, headline_of
 from llmaudit.report.utility_view import divergence_cells, utility_limit_text, utility_section
-from llmaudit.report.verdict_view import comparison_section, rule_bullets, verdict_section
+from llmaudit.report.verdict_view import answer_section, comparison_section, rule_bullets, verdict_section
 from llmaudit.report.view_attacks import attacks_section, correlation_section, definitions_section
 from llmaudit.report.view_context import (
     DAMAGE_CAVEAT,
@@ -71,14 +72,15 @@ def _indicator_paragraphs(report: ReportJson) -> list[str]:
 
 def _summary_section(report: ReportJson) -> Section:
     prov = report.provenance
-    mem, adapter, data = prov.membership, prov.adapter, prov.data
+    adapter, data = prov.adapter, prov.data
     th = report.checklist.thresholds
     overall = {q: v.overall for q, v in report.checklist.per_quantizer.items()}
     counts = {s: sum(1 for v in overall.values() if v == s) for s in (PASS, INCONCLUSIVE, NOT_MEASURED, FAIL)}
     paras = [
-        f"Model {code(prov.model)} with a LoRA adapter (r={lit(adapter and adapter.r)}), {lit(mem and mem.runs)} fine-tuning runs on "
-        f"random halves of {lit(mem and mem.pool_size)} pool samples; data fingerprint {code(data and data.fingerprint)}; "
-        f"{len(report.grid)} quantizers against the full-precision reference {code(report.reference_quantizer)}.",
+        f"Model {code(Path(str(prov.model)).name if str(prov.model).startswith('/') else prov.model)} with a LoRA adapter "
+        f"(r={lit(adapter and adapter.r)}). Membership design: {lit(design_sentence(report))} Data fingerprint "
+        f"{code(data and data.fingerprint)}; {len(report.grid)} quantizers against the full-precision reference "
+        f"{code(report.reference_quantizer)}.",
         "Release checklist: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         + f" (limits: strongest attack's TPR at 1% FPR <= {th.max_tpr_at_1pct_fpr:g}, r_Q >= {th.min_r_q:g}"
@@ -108,7 +110,7 @@ def _checklist_section(report: ReportJson) -> Section:
                 Cell(q, code=True),
                 Cell(v.overall, status=v.overall),
                 _criterion_cell(crit["attack_tpr"]),
-                Cell(direction_of(row), (comparison_sentence(row) or "") if not row.is_reference else "reference"),
+                Cell(direction_of(row) if not row.is_reference else "reference"),
                 _criterion_cell(crit["r_q"]),
                 _criterion_cell(crit["indicator"]),
                 _criterion_cell(crit["utility"]),
@@ -119,35 +121,26 @@ def _checklist_section(report: ReportJson) -> Section:
         bad = [f"{c.id}: {lit(c.reason)}" for c in v.criteria if c.status not in (PASS, DISABLED)]
         if bad:
             reasons.append(f"{code(q)}: " + "; ".join(bad))
-    header = ["quantizer", "overall", "attack TPR at 1% FPR (strongest, cross-fitted)", "vs full precision", "r_Q"]
+    header = ["quantizer", "overall", "leakage: TPR at 1% FPR (headline)", "vs full precision", "r_Q"]
     table = Table(
         header + ["indicator", "utility (val loss vs ref)"], rows, highlight_first=report.grid[0].is_reference
     )
     return Section(
         "Release checklist",
-        ["Per quantizer, each criterion's status with its estimate and 95% interval; the rules:"],
+        [
+            "Per quantizer, each criterion's status with its estimate and interval (the levels: the verdict's "
+            "paragraph above); the rules are the next section."
+        ],
         [table],
-        bullets=[lit(r) for r in report.checklist.rules]
-        + rule_bullets(report)
-        + ["Why not PASS: " + r for r in reasons]
-        + _biased_bullets(report),
+        bullets=["Why not PASS: " + r for r in reasons],
         anchor="checklist",
     )
 
 
-def _biased_bullets(report: ReportJson) -> list[str]:
-    """Per quantizer, the in-sample maximum over attacks, labelled selection-biased, beside the honest estimate."""
-    out = []
-    for q, v in report.checklist.per_quantizer.items():
-        a = v.criterion("attack_tpr")
-        top = a.in_sample_max
-        if top is not None and top.attack:
-            out.append(
-                f"{code(q)}: in-sample maximum {code(top.attack)} {fmt_num(top.value)} (the highest of the attacks on "
-                f"the data it was chosen on: selection-biased upward; the verdict reads the cross-fitted "
-                f"{fmt_num(a.value)})"
-            )
-    return out
+def _rules_section(report: ReportJson) -> Section:
+    """The checklist's rules and the release rule's statements, word for word (folded in the HTML)."""
+    bullets = [lit(r) for r in report.checklist.rules] + rule_bullets(report)
+    return Section("Rules of the checklist", bullets=bullets, anchor="rules", folded=True)
 
 
 GRID_NOTE = (
@@ -158,7 +151,10 @@ GRID_NOTE = (
 
 GRID_LEGEND = (
     "r_Q: attack-free indicator (higher = more secure), mean over runs with a 95% bootstrap interval; rank 1 = most secure. "
-    "Best attack: the attack with the highest per-sample-calibrated pooled TPR at 1% FPR; best AUROC: over all attacks. "
+    "Leakage: the headline, the strongest attack's TPR at 1% FPR chosen on other folds and measured on each "
+    "(cross-fitted), the number the verdict reads. Diagnostics beside it: the highest per-sample-calibrated pooled "
+    "TPR at 1% FPR over the attacks and the highest AUROC, each measured on the data it was chosen on "
+    "(selection-biased upward). "
     "Calibrated on: where a calibrated quantizer (GPTQ, AWQ, a GGUF importance matrix) took its calibration text "
     "(heldout = validation records no run trained on; members = each run's own training records; file = a text the "
     "user named). "
@@ -186,11 +182,19 @@ def _grid_cells(r: GridRow, task_names: list[str]) -> list[Cell]:
     for n in task_names:
         m = u.task_metrics.get(n)
         cells.append(_v(m and m.value, m and m.ci))
+    head = headline_of(r)
     return cells + [
         _v(r.r_q.mean, r.r_q.ci, 4),
         Cell(f"{r.r_q.rank:g}" if r.r_q.rank is not None else "n/a"),
-        Cell(best.name or "n/a"),
-        _v(best.value, best.ci, unreliable=best.reliable is False),
+        _v(
+            head and head.value,
+            head and head.low is not None and head.high is not None and [head.low, head.high] or None,
+        ),
+        Cell(
+            f"{best.name}: {fmt_num(best.value)}" if best.name else "n/a",
+            fmt_ci(best.ci).strip(),
+            unreliable=best.reliable is False,
+        ),
         Cell(
             f"{best_auc.name}: {fmt_num(best_auc.value)}" if best_auc else "n/a",
             fmt_ci(best_auc and best_auc.ci).strip(),
@@ -202,7 +206,8 @@ def _grid_section(report: ReportJson) -> Section:
     task_names = sorted({n for r in report.grid for n in r.utility.task_metrics})
     header = ["quantizer", "family", "bits", "eff. bits", "size (vs ref)", "val loss", "Δ val loss vs ref"]
     header += ["KL vs ref (nats/token)", "same top p"] + [f"task: {n}" for n in task_names]
-    header += ["r_Q", "r_Q rank", "best attack", "TPR at 1% FPR (cal.)", "best AUROC"]
+    header += ["r_Q", "r_Q rank", "leakage: TPR at 1% FPR (headline)", "diagnostic: highest TPR (cal.)"]
+    header += ["diagnostic: highest AUROC"]
     rows = [_grid_cells(r, task_names) for r in report.grid]
     tasks = "Task metrics: as the recipe requests. " if task_names else "Task metrics: none requested by the recipe. "
     return Section(
@@ -213,18 +218,28 @@ def _grid_section(report: ReportJson) -> Section:
     )
 
 
+FOLDED = frozenset(
+    {"comparison", "rules", "grid", "utility", "attacks", "definitions", "correlation", "indicators"}
+    | {"memorization", "samples", "provenance", "reading"}
+)
+"""The sections of diagnostics and context, folded in report.html under their titles (open with a click)."""
+
+
 def sections(report: dict[str, Any] | ReportJson) -> list[Section]:
-    """Every section of report.md / report.html, in order (a section without data left out)."""
+    """Every section of report.md / report.html, in order (a section without data left out): the answer, the
+    verdict, the context and the checklist, the figures, then the diagnostics (FOLDED in the HTML)."""
     report = as_report(report)
     figs = Section("Figures", figures=[n for n in FIGURES if n in report.plots], anchor="figures")
     out = [
+        answer_section(report),
         verdict_section(report),
         _summary_section(report),
         _checklist_section(report),
+        figs,
         comparison_section(report),
+        _rules_section(report),
         _grid_section(report),
         utility_section(report),
-        figs,
         attacks_section(report),
         definitions_section(report),
         correlation_section(report),
@@ -234,4 +249,7 @@ def sections(report: dict[str, Any] | ReportJson) -> list[Section]:
         provenance_section(report),
         reading_section(),
     ]
-    return [s for s in out if s is not None]
+    shown = [s for s in out if s is not None]
+    for s in shown:
+        s.folded = s.anchor in FOLDED
+    return shown

@@ -66,7 +66,7 @@ def _strongest_table(grid: list[GridRow]) -> Table | None:
         )
     if not rows:
         return None
-    header = ["quantizer", "strongest (TPR@1% cal.)", "its TPR", "LOSS TPR", "gain", "strongest (AUROC)"]
+    header = ["quantizer", "diagnostic: highest (TPR@1% cal.)", "its TPR", "LOSS TPR", "gain", "highest (AUROC)"]
     return Table(header + ["its AUROC", "LOSS AUROC", "gain"], rows)
 
 
@@ -144,11 +144,12 @@ def attacks_section(report: ReportJson) -> Section:
         tables.append(lira)
     bullets = _skipped_bullets(grid)
     paras = [
-        "Every attack on every quantizer's final checkpoints, each run in turn as the target (leave-one-out references). "
+        "Diagnostics (the verdict reads the headline, the strongest attack chosen on other folds: section Verdict): "
+        "every attack on every quantizer's final checkpoints, each run in turn as the target (leave-one-out references). "
         "AUROC pooled over targets; TPR at 1% FPR with per-sample calibration (the pooled-naive TPR overstates risk, docs/science.md section 4), "
         "95% bootstrap intervals in brackets; † = unreliable (fewer than 10/alpha non-members). Loss-based attacks on models that did not "
         "overfit are often near chance: an interval containing 0.5 AUROC means no measurable leakage by that attack, not proof of privacy. "
-        "The first table names, per quantizer, the strongest attack and its gain over LOSS. EZ-MIA, WBC and ref_qbase compare the target "
+        "The first table names, per quantizer, the attack highest on all the data (in-sample) and its gain over LOSS. EZ-MIA, WBC and ref_qbase compare the target "
         "with the base model (the reference unit; `*_qbase`: the base quantized like the target), RMIA with the other runs; "
         "the variants are labelled conventions of the published code (docs/science.md section 4).",
     ]

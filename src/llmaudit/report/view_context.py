@@ -70,7 +70,7 @@ def indicators_section(report: ReportJson) -> Section | None:
     return Section(
         "Attack-free indicators",
         paras,
-        [Table(header, rows, highlight_first=report.grid[0].is_reference)],
+        [Table(header, rows, transpose_html=True, highlight_first=report.grid[0].is_reference)],
         bullets=bullets,
         anchor="indicators",
     )
@@ -159,7 +159,9 @@ def reading_section() -> Section:
         "Reading this report",
         bullets=[
             "report.json holds everything, including per-run detail; NaN and infinite values are null there (strict JSON).",
-            "Intervals are 95% percentile bootstraps; an interval that crosses a checklist limit is INCONCLUSIVE, never PASS.",
+            "The headline leakage and the comparison with full precision carry the interval level the release decision "
+            "records (shown beside them); the other intervals are 95% percentile bootstraps. An interval that crosses a "
+            "checklist limit is INCONCLUSIVE, never PASS.",
             "A TPR at an FPR below 10 / (number of non-members) is unreliable and marked †; a criterion resting on it is NOT MEASURED.",
             "r_Q is the estimator of Algorithm 2 (docs/science.md section 2); `llmaudit validate synthetic` measures how well its ranking tracks the baseline MIS.",
             "No training text appears in this report unless it was written with --include-samples.",
