@@ -8,6 +8,7 @@ llmaudit import TRAINING_DIR --base M --train F --heldout F --out RUN_DIR   audi
 llmaudit indicator | attack | memorization LOSS_TABLE   on any loss table (bring your own losses)
 llmaudit validate synthetic | capacity      validations where the truth is known
 llmaudit quantizers                         every quantizer and whether it can run here
+llmaudit kld QUANT.gguf --base-logits FILE  llama-perplexity --kl-divergence's statistics, computed by llmaudit
 llmaudit status RUN_DIR                     what is done, running and missing
 llmaudit submit STAGE RECIPE                shard jobs on SLURM (submitit) or local processes
 """

@@ -8,6 +8,6 @@ lists them. `llmaudit.cli.main` runs it.
 from llmaudit.commands.base import app
 from llmaudit.commands import finetune, score, report, import_, audit, plan  # noqa: F401  (registration, in order)
 from llmaudit.commands import indicator, attack, memorization, validate  # noqa: F401
-from llmaudit.commands import quantizers, status, submit  # noqa: F401
+from llmaudit.commands import quantizers, kld, status, submit  # noqa: F401
 
 __all__ = ["app"]

@@ -242,6 +242,12 @@ class ScoreConfig(Section):
             raise ValueError("calibration_source=file needs score.calibration_file=PATH (a text or JSONL file)")
         return self
 
+    engine: Literal["torch", "llama.cpp"] = "torch"
+    """What computes the losses of the GGUF quantizers (every gguf-* quantizer, llmaudit's own quantization and a file
+    given with `--quantized`): torch on the dequantized weights, or llama.cpp on the quantized file itself (the
+    kernels a llama.cpp user runs, on the CPU; needs the `llamacpp` extra). Every other quantizer and the
+    full-precision reference are torch's. quantizer_options.NAME.engine overrides it for one GGUF quantizer; a store
+    refuses to mix engines under one quantizer name (docs/science.md section 3, "Two scoring engines")."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to score: auto = cuda if available."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -47,7 +47,11 @@ from .gguf_layout import (
     read_quantized,
     write_source_gguf,
 )
+from .gguf_runnable import check_runnable, write_runnable_gguf
 from .imatrix import collect_importance
+
+ENGINES = ("torch", "llama.cpp")
+"""What computes a GGUF quantizer's losses: torch on the dequantized weights, or llama.cpp on the quantized file."""
 
 
 @dataclass(frozen=True)
@@ -116,11 +120,12 @@ class TensorRecord:
 
 class GGUFQuantizer(Quantizer):
     family = "gguf"
+    legacy_options = {"engine": "torch"}  # units scored before the option existed were torch's
 
     def __init__(self, name: str, **options):
         self.kind, self.with_imatrix = GGUF_NAMES[name]
         self.spec = GGUF_TYPES[self.kind]
-        spec = {"device": choice("auto", DEVICES)}
+        spec = {"device": choice("auto", DEVICES), "engine": choice("torch", ENGINES)}
         if self.with_imatrix:
             spec.update(calibration_options())
         super().__init__(name, self.spec.bits, spec, options)
@@ -139,6 +144,11 @@ class GGUFQuantizer(Quantizer):
             return f"{self.name}: {reason}"
         return super().availability()
 
+    @property
+    def engine(self) -> str:
+        """``torch`` or ``llama.cpp``: what scores this quantizer's units."""
+        return str(self.options["engine"])
+
     def check(self, model: nn.Module | None = None) -> None:
         reason = self.availability()
         if reason:
@@ -146,6 +156,8 @@ class GGUFQuantizer(Quantizer):
         if model is not None:
             try:
                 architecture(model)
+                if self.engine == "llama.cpp":
+                    check_runnable(model)
             except QuantizationError as exc:
                 raise QuantizationError(f"{self.name}: {exc}") from None
 
@@ -167,6 +179,41 @@ class GGUFQuantizer(Quantizer):
             threads = max(1, torch.get_num_threads() or os.cpu_count() or 1)
             llama_cpp_lib.quantize_file(source, target, ftype=self.spec.ftype, imatrix=imatrix, threads=threads)
             return list(read_quantized(target, modules))
+
+    def quantize_to_file(
+        self, model: nn.Module, target: str | Path, imatrix: dict[str, np.ndarray] | None = None
+    ) -> Path:
+        """The quantized GGUF file a llama.cpp user runs: ``model`` written whole (``write_runnable_gguf``, in a
+        temporary directory beside ``target``) and quantized to this type by ``llama_model_quantize``, with
+        ``imatrix`` (``importance_matrix``'s) for an -imatrix quantizer. ``model`` is unchanged; the file's tensors
+        are recorded for the accounting (``effective_bits``, ``model_size_bytes``).
+
+        Returns:
+            ``target``.
+
+        Raises:
+            QuantizationError: an architecture llmaudit cannot write, or llama.cpp's quantizer failing.
+        """
+        self.check(model)
+        check_runnable(model)
+        target = Path(target)
+        with tempfile.TemporaryDirectory(prefix="llmaudit-gguf-", dir=target.parent) as tmp:
+            source = write_runnable_gguf(model, Path(tmp) / "source-f32.gguf")
+            threads = max(1, torch.get_num_threads() or os.cpu_count() or 1)
+            llama_cpp_lib.quantize_file(source, target, ftype=self.spec.ftype, imatrix=imatrix, threads=threads)
+        self._record_file(model, target)
+        return target
+
+    def _record_file(self, model: nn.Module, path: Path) -> None:
+        import gguf
+
+        modules = {name: module_name for name, (module_name, _) in quantized_modules(model).items()}
+        self.tensors = {}
+        for tensor in gguf.GGUFReader(str(path)).tensors:
+            if tensor.name in modules:
+                type_name = gguf.GGMLQuantizationType(int(tensor.tensor_type)).name
+                record = TensorRecord(tensor.name, type_name, int(tensor.n_elements), int(tensor.n_bytes))
+                self.tensors[modules[tensor.name]] = record
 
     def quantize_model(
         self, model: nn.Module, *, tokenizer=None, calibration_texts=None, imatrix: dict[str, np.ndarray] | None = None

@@ -104,6 +104,16 @@ def _libs() -> _Libs:
     return _Libs(binding, ggml, log_callback)
 
 
+def libraries() -> _Libs:
+    """The loaded libraries: ``.binding`` (llama-cpp-python's ctypes module) and ``.ggml`` (ggml-base), loaded on first
+    use with llama.cpp's log captured (``last_log``).
+
+    Raises:
+        QuantizationError: llama-cpp-python is missing or another version than the pinned one.
+    """
+    return _libs()
+
+
 def last_log(lines: int = 12) -> str:
     """llama.cpp's last log lines (for error messages)."""
     return "".join(list(_LOG)[-lines:]).strip()

@@ -199,6 +199,7 @@ def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "is_reference": q == ref,
                 "family": info.get("family"),
                 "calibration": calibration_source(info),
+                "engine": (info.get("options") or {}).get("engine"),  # what scored a GGUF quantizer's units
                 "bits": finite_or_none(info.get("bits")),
                 "effective_bits": finite_or_none(info.get("effective_bits")),
                 "model_size_bytes": size,

@@ -191,6 +191,8 @@ class GridRow(_Open):
     is_reference: bool = False
     family: str | None = None
     calibration: str | None = None
+    engine: str | None = None
+    """The scoring engine of a GGUF quantizer's units (torch or llama.cpp); None for the other quantizers."""
     bits: Num = None
     effective_bits: Num = None
     model_size_bytes: Num = None

@@ -171,7 +171,11 @@ def _grid_cells(r: GridRow, task_names: list[str]) -> list[Cell]:
     )
     cells = [
         Cell(r.quantizer + (" (ref)" if r.is_reference else ""), code=True),
-        Cell((r.family or "") + (f" (calibrated on {r.calibration})" if r.calibration else "")),
+        Cell(
+            (r.family or "")
+            + (f" (calibrated on {r.calibration})" if r.calibration else "")
+            + (" (scored by llama.cpp)" if r.engine == "llama.cpp" else "")
+        ),  # fmt: skip
         Cell(fmt_num(r.bits, 2)),
         Cell(fmt_num(r.effective_bits, 2)),
         Cell(size),

@@ -34,6 +34,7 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.models.loading import load_tokenizer
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.base import Quantizer
+from llmaudit.score import llama_cpp_engine
 
 # is_identity and token_budget: also imported from here (llmaudit.jobs.plan, the benchmarks)
 from llmaudit.score.unit_scoring import (
@@ -82,8 +83,11 @@ def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Q
     for name in cfg.score.quantizers:
         opts = dict(cfg.score.quantizer_options.get(name, {}))
         opts.setdefault("device", device.type)
-        if get_quantizer(name).calibrated:  # the recipe's calibration source, unless the quantizer's own option says
+        probe = get_quantizer(name)
+        if probe.calibrated:  # the recipe's calibration source, unless the quantizer's own option says
             opts.setdefault("calibration_source", cfg.score.calibration_source)
+        if probe.family == "gguf":  # the recipe's engine, unless the quantizer's own option says
+            opts.setdefault("engine", cfg.score.engine)
         q = get_quantizer(name, **opts)
         q.check()
         quantizers[name] = q
@@ -137,8 +141,12 @@ def _score_claimed_unit(inputs: ScoreInputs, unit: Unit, path: Path, work: Check
     with running_marker(unit_marker_path(store, unit.run, unit.step, unit.quantizer)):
         start = time.time()
         work = load_checkpoint(inputs, work, unit)
-        table, uwork = score_unit(inputs, unit, work)
-        write_loss_table(table, path, metadata=inputs.utility.metadata() if uwork is not None else None)
+        quantizer = inputs.quantizers[unit.quantizer]
+        engine = llama_cpp_engine.engine_of(quantizer)
+        scorer = llama_cpp_engine.score_unit if engine == llama_cpp_engine.LLAMA_CPP else score_unit
+        table, uwork = scorer(inputs, unit, work)
+        metadata = llama_cpp_engine.engine_metadata(quantizer)
+        write_loss_table(table, path, metadata=metadata | (inputs.utility.metadata() if uwork is not None else {}))
         examples = unit_examples(inputs.val, inputs.pool, unit)
         append_work(
             store.worklog_path,
@@ -149,7 +157,8 @@ def _score_claimed_unit(inputs: ScoreInputs, unit: Unit, path: Path, work: Check
                 "quantizer": unit.quantizer,
                 "samples": len(examples),
                 "tokens": sum(len(e.input_ids) for e in examples),
-                "dtype": dtype_name(unit_dtype(inputs.quantizers[unit.quantizer], inputs.dtype)),
+                "dtype": dtype_name(unit_dtype(quantizer, inputs.dtype)),
+                "engine": engine,
                 "shared_seconds": round(work.take_paid(), 3),
                 "seconds": round(time.time() - start, 3),
                 **work_fields(uwork),

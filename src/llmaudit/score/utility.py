@@ -165,7 +165,7 @@ class UnitUtility:
             engine(model, self.val, reference.hook)
             self._reference = (key, reference)  # one checkpoint at a time: the previous one's states are dropped
             work.reference_tokens = sum(len(e.input_ids) for e in self.val)
-        collector = DivergenceCollector(self._reference[1], decoder_and_head(model)[1], decoder_and_head(qmodel)[1])
+        collector = DivergenceCollector(self._reference[1], decoder_and_head(model)[1], _hook_head(qmodel))
         scores = engine(qmodel, self.val, collector.hook)
         work.divergence_positions = sum(self._reference[1].counts)
         return scores, list(collector.results)  # type: ignore[arg-type]
@@ -173,20 +173,31 @@ class UnitUtility:
     def _generate(self, qmodel: Any, device: Any, work: UtilityWork) -> list[str | None]:
         plan = self.generation
         assert plan is not None
-        new = greedy_generate(
-            qmodel,
-            plan.prompts,
-            max_new_tokens=plan.max_new_tokens,
-            stop_ids=stop_token_ids(self.tokenizer),
-            pad_id=self.tokenizer.pad_token_id,
-            device=device,
-        )
+        own = getattr(qmodel, "greedy_answers", None)  # an engine with its own decoding (llama.cpp's)
+        if own is not None:
+            new = own(plan.prompts, max_new_tokens=plan.max_new_tokens, stop_ids=stop_token_ids(self.tokenizer))
+        else:
+            new = greedy_generate(
+                qmodel,
+                plan.prompts,
+                max_new_tokens=plan.max_new_tokens,
+                stop_ids=stop_token_ids(self.tokenizer),
+                pad_id=self.tokenizer.pad_token_id,
+                device=device,
+            )
         work.generation_prompt_tokens = plan.prompt_tokens
         work.generated_tokens = sum(len(g) for g in new)
         out: list[str | None] = [None] * len(self.val)
         for row, text in zip(self._generated_rows, decode_answers(self.tokenizer, new)):
             out[row] = text
         return out
+
+
+def _hook_head(qmodel: Any) -> Any:
+    """What turns the states the engine hands its hook into logits: the model's output head, or the identity for
+    an engine that hands the logits themselves (llmaudit.score.llama_cpp_engine)."""
+    head = getattr(qmodel, "logits_head", None)
+    return head if head is not None else decoder_and_head(qmodel)[1]
 
 
 def nonfinite_divergence(columns: dict[str, list]) -> int:
