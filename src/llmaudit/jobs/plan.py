@@ -9,8 +9,9 @@ A test checks the unit and token counts against what `llmaudit score` then recor
 Time is estimated from throughput (`jobs/throughput.py`):
 - on this machine (device cpu, or cuda when one is visible): measured by a few-second calibration on a
   model of the recipe's shape (random weights, its real vocabulary): scoring tokens/s with the scoring
-  engine on the recipe's own token lengths, LoRA training tokens/s, and each quantizer's time on a
-  2-layer slice of the model, scaled to the full depth;
+  engine on the recipe's own token lengths, LoRA training tokens/s, each quantizer's time on a 2-layer
+  slice of the model, scaled to the full depth, and a unit's bookkeeping (its claim, marker, loss table, work-log
+  line and memory release: `throughput.unit_overhead_s`, paid by every unit);
 - on a named GPU (h100, h200, a100, l40s, a6000): the published dense bf16 peak times an efficiency
   (scoring 40%: the goal `benchmarks/gpu_check.py` checks, not yet measured on a GPU; LoRA training 30%:
   an assumption), with the per-layer quantization times in `throughput.GPU_QUANTIZE_S_PER_LAYER` (assumptions).
@@ -255,7 +256,7 @@ def estimate(
             mean_tokens / speed.score_tokens_per_s * speed.forward_slowdown.get(q, 1.0) + speed.quantize_s.get(q, 0.0)
         )
     utility_s = utility_seconds(work, speed)
-    score_s += utility_s
+    score_s += utility_s + work.units * speed.unit_overhead_s
     pool = len(work.members_per_run) and max(1, int(round(np.mean(work.members_per_run) / cfg.train.member_fraction)))
     processes = cfg.report.processes or available_cores()
     report_s = REPORT_OVERHEAD_S + analysis_seconds(
@@ -397,7 +398,8 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"generation: {w['generation_units']} units, {w['generation_prompt_tokens']:,} prompt tokens, at most "
         f"{w['generated_tokens_max']:,} new tokens ({w['generation_max_new_tokens']} per answer)",
         f"  disk            adapters {_bytes(w['adapter_bytes'])}, loss tables about {_bytes(w['loss_table_bytes'])}",
-        f"  throughput      score {t['score_tokens_per_s']:,.0f} tok/s, train {t['train_tokens_per_s']:,.0f} tok/s",
+        f"  throughput      score {t['score_tokens_per_s']:,.0f} tok/s, train {t['train_tokens_per_s']:,.0f} tok/s, "
+        f"{1e3 * t.get('unit_overhead_s', 0.0):.0f} ms per scoring unit beside its arithmetic",
     ]
     for q, s in t["quantize_s"].items():
         lines.append(f"    {q:>12}: {s:.1f} s per quantization, scoring x{t['forward_slowdown'].get(q, 1.0):.2f}")

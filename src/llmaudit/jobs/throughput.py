@@ -5,12 +5,16 @@ assumed efficiency; every figure says where it comes from (`Throughput.source`).
 from __future__ import annotations
 
 import copy
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from llmaudit.common.memory import frozen_survivors, release_memory
 from llmaudit.common.runtime import dtype_name
 from llmaudit.config import ExperimentConfig, ModelConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
@@ -25,8 +29,14 @@ from llmaudit.models.sources import ModelSource
 from llmaudit.models.training import autocast_to, batch_mean_nll
 from llmaudit.quantize import get_quantizer
 from llmaudit.score.divergence import divergence_scores
-from llmaudit.score.engine import ScoringOptions, score_examples
+from llmaudit.score.engine import ScoringOptions, TokenScores, score_examples
 from llmaudit.score.generate import greedy_generate
+from llmaudit.score.unit_scoring import unit_rows
+from llmaudit.store.locks import claim
+from llmaudit.store.losstable import write_loss_table
+from llmaudit.store.markers import running_marker
+from llmaudit.store.units import Unit
+from llmaudit.store.worklog import append_work
 
 GPU_BF16_PEAK = {"h100": 989e12, "h200": 989e12, "a100": 312e12, "l40s": 362e12, "a6000": 155e12}
 """Published dense bf16 tensor-core peaks in FLOP/s (NVIDIA data sheets; SXM parts for H100/H200/A100)."""
@@ -96,6 +106,8 @@ class Throughput:
     """KL pass: seconds per compared validation position (two vocabulary passes)."""
     generation_step_s: float = 0.0
     """Seconds per greedy decoding step of one generation batch (key/value cache)."""
+    unit_overhead_s: float = 0.0
+    """Seconds of one unit's bookkeeping beside its arithmetic (`unit_overhead_s`), measured on this CPU."""
 
 
 def model_config(cfg: ExperimentConfig, draw: Draw) -> Any:
@@ -205,6 +217,7 @@ def measure_throughput(
     train_s, train_tokens = _train_step_cost(cfg, model, examples[: cfg.train.batch_size], pad, device, dtype)
     quantize_s, slowdown = _quantizer_costs(cfg, config, draw, device, examples, run_scoring, dtype)
     divergence_s, step_s = _utility_costs(scoring_model, examples, pad, device)
+    overhead_s = unit_overhead_s(_val_sample(cfg, draw))
     return Throughput(
         device=device.type,
         score_tokens_per_s=tokens / score_s,
@@ -218,9 +231,11 @@ def measure_throughput(
             "train": f"measured: one LoRA step (batch {len(examples[: cfg.train.batch_size])}), fwd + bwd + AdamW, as finetune trains in {dtype_name(dtype)}",
             "quantize": "measured on a 2-layer slice of the model, scaled to the full depth",
             "utility": "measured: the KL pass on the sample's positions, 8 greedy steps of its prompts in one batch",
+            "unit": "measured: a unit's claim, marker, loss table (the validation rows), work-log line and memory release",
         },
         divergence_s_per_position=divergence_s,
         generation_step_s=step_s,
+        unit_overhead_s=overhead_s,
     )
 
 
@@ -242,6 +257,30 @@ def _train_step_cost(
         optimizer.step()
 
     return _timed(step), int(batch[1].sum())
+
+
+def unit_overhead_s(sample: list, repeats: int = 3) -> float:
+    """Seconds a scoring unit spends beside its arithmetic, on the CPU whatever the device: its claim and RUNNING
+    marker, its loss table of `sample`'s rows (the recipe's validation records, with scores of their lengths)
+    validated and written atomically (parquet, fsync), its work-log line, and the memory handed back, all as the
+    score stage does them (with the process's long-lived objects out of the garbage collection's way), in a
+    temporary directory removed after."""
+    rng = np.random.default_rng(0)
+    scores = [
+        TokenScores(*(rng.random(e.n_scored).astype(np.float32) for _ in range(3)), rng.random(e.n_scored) < 0.5)
+        for e in sample
+    ]
+    unit = Unit(run=0, step=1, quantizer="plan", final=False)
+    with tempfile.TemporaryDirectory(prefix="llmaudit-plan-") as tmp, frozen_survivors():
+        root = Path(tmp)
+
+        def one() -> None:
+            with claim(root / "unit.lock"), running_marker(root / "unit.RUNNING.json"):
+                write_loss_table(unit_rows(unit, sample, scores, set(), "0" * 16), root / "unit.parquet")
+                append_work(root / "worklog.jsonl", {"stage": "score", "seconds": 0.0})
+            release_memory()
+
+        return _timed(one, repeats=repeats)
 
 
 def _utility_costs(model: Any, examples: list, pad: int, device: torch.device) -> tuple[float, float]:
@@ -282,6 +321,11 @@ def _quantizer_costs(
     return quantize_s, slowdown
 
 
+def _val_sample(cfg: ExperimentConfig, draw: Draw) -> list:
+    kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
+    return tokenize_records(draw.tokenizer, draw.val or draw.pool, "val", **kw)
+
+
 def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Throughput:
     """Throughput on a named GPU from its published bf16 peak and the efficiencies above (assumptions)."""
     config = model_config(cfg, draw)
@@ -309,9 +353,11 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
             "utility": f"assumed: the KL pass at the scoring efficiency (4 FLOP per head parameter per position); a decoding "
             f"step reads the bf16 weights once at {GPU_DECODE_BYTES_PER_S / 1e12:.0f} TB/s, or takes "
             f"{1e3 * GPU_DECODE_S_PER_LAYER:.0f} ms per layer of kernel launches if that is longer",
+            "unit": "measured on this CPU: a unit's claim, marker, loss table, work-log line and memory release",
         },
         divergence_s_per_position=4 * head_params / (peak * GPU_EFFICIENCY["score"]),
         generation_step_s=max(2 * params / GPU_DECODE_BYTES_PER_S, layers * GPU_DECODE_S_PER_LAYER),
+        unit_overhead_s=unit_overhead_s(_val_sample(cfg, draw)),
     )
 
 

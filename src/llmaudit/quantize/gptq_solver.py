@@ -156,9 +156,13 @@ def dequantize(
     zeros: [R, G]; g_idx: [C] -> [R, C]. Reading gptqmodel's CPU checkpoint (scales loaded as bfloat16, the
     product in bfloat16) is ``scale_dtype=float16`` then ``bfloat16``: pass ``dtype=torch.bfloat16`` after
     rounding the scales to bfloat16 (see the tests)."""
-    g = g_idx.long()
-    s = scales.to(scale_dtype).to(dtype)[:, g]
-    return s * (codes.to(dtype) - zeros.to(dtype)[:, g])
+    s, z, g = scales.to(scale_dtype).to(dtype), zeros.to(dtype), g_idx.long()
+    (rows, columns), groups = codes.shape, s.shape[1]
+    if columns % groups == 0 and torch.equal(g, torch.arange(columns, device=g.device) // (columns // groups)):
+        # contiguous groups: the same products, each group's scale broadcast instead of gathered per column
+        q = codes.to(dtype).view(rows, groups, columns // groups)
+        return (s.unsqueeze(-1) * (q - z.unsqueeze(-1))).view(rows, columns)
+    return s[:, g] * (codes.to(dtype) - z[:, g])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -394,7 +398,12 @@ def gptq_quantize(
         where = perm
     out = {"codes": torch.empty(n_layers, columns, rows, dtype=torch.uint8, device=wt.device), "where": where}
     out["scales"], out["zeros"] = [], []
-    scale, zero = _block_solve(wt, factor.u, row_scale, row_zero, spec, out, exact=exact)
+    if exact and wt.device.type == "cpu":  # the same loop compiled: one call per block, not a dozen per column
+        from .gptq_kernel import exact_block_solve
+
+        scale, zero = exact_block_solve(wt, factor.u, row_scale, row_zero, spec, out)
+    else:
+        scale, zero = _block_solve(wt, factor.u, row_scale, row_zero, spec, out, exact=exact)
     del wt
     scales = torch.stack(out["scales"] or [scale], dim=-1)
     zeros = torch.stack(out["zeros"] or [zero], dim=-1)

@@ -190,11 +190,14 @@ def _vocab_tiled_head_scores(
 
 
 def plain_modules(model: Any) -> bool:
-    """True when every module that holds parameters is a stock torch.nn layer or a transformers layer
-    (norms, rotary tables), i.e. its forward only reads its weights and is safe to call from several
-    threads at once. Real quantized layers (bitsandbytes, HQQ, GPTQ kernels) keep mutable state."""
+    """True when every module that holds parameters is a stock torch.nn layer, a transformers layer (norms, rotary
+    tables) or a layer that declares `stateless_forward` (llmaudit's own, e.g. quantize.bnb_int8.Int8Linear), i.e.
+    its forward only reads its weights and is safe to call from several threads at once. Real quantized layers
+    of the libraries (bitsandbytes, HQQ, GPTQ kernels) keep mutable state."""
     for module in model.modules():
         if next(module.parameters(recurse=False), None) is None and next(module.buffers(recurse=False), None) is None:
+            continue
+        if getattr(type(module), "stateless_forward", False) is True:
             continue
         home = type(module).__module__
         if not (home.startswith("torch.nn.") or home.startswith("transformers.")):

@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from llmaudit.common.io import read_json
-from llmaudit.common.memory import peak_rss_mib, release_memory, rss_mib
+from llmaudit.common.memory import frozen_survivors, peak_rss_mib, release_memory, rss_mib
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, dtype_name, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.models.loading import load_tokenizer
@@ -281,7 +281,8 @@ def score(
     inputs = load_inputs(cfg, store, device, quantizers, choice.dtype)
     t0 = time.time()
     bar = tqdm(total=len(todo), desc="scoring", disable=not progress, mininterval=1.0)
-    done = _score_todo(inputs, todo, bar, stale)
+    with frozen_survivors():  # the imports and inputs: each unit's release_memory then skips them
+        done = _score_todo(inputs, todo, bar, stale)
     bar.close()
     seconds = time.time() - t0
     echo(

@@ -41,7 +41,7 @@ class ScoringError(UserError):
     """A unit cannot be scored (a quantized model that diverges, an unfinished grid)."""
 
 
-def _rows(
+def unit_rows(
     unit: Unit,
     examples: list[Example],
     scores: list[TokenScores],
@@ -49,6 +49,7 @@ def _rows(
     point_id: str,
     extra: dict[str, list] | None = None,
 ) -> pd.DataFrame:
+    """The loss table of one unit: a row per example (its scores, membership, utility columns where given)."""
     rows = {
         "run": unit.run,
         "checkpoint": unit.step,
@@ -324,7 +325,7 @@ def score_unit(inputs: ScoreInputs, unit: Unit, work: CheckpointWork) -> tuple[p
         if unit.run == REFERENCE_RUN
         else {inputs.pool[i].sample_id for i in np.flatnonzero(inputs.masks[unit.run])}
     )
-    return _rows(unit, examples, scores, members, weights_digest(qmodel), extra), uwork
+    return unit_rows(unit, examples, scores, members, weights_digest(qmodel), extra), uwork
 
 
 def _unit_scores(
