@@ -39,9 +39,9 @@ from llmaudit.score.unit_scoring import (
     ScoringError,
     _engine,
     _record_quantizer,
-    _rows,
     token_budget,
     unit_examples,
+    unit_rows,
 )
 from llmaudit.score.utility import UtilityWork, nonfinite_divergence
 from llmaudit.store.losstable import REFERENCE_RUN
@@ -209,4 +209,4 @@ def score_unit(inputs: ScoreInputs, unit: Unit, work: CheckpointWork) -> tuple[p
         if unit.run == REFERENCE_RUN
         else {inputs.pool[i].sample_id for i in np.flatnonzero(inputs.masks[unit.run])}
     )
-    return _rows(unit, examples, scores, members, point_id, extra), uwork
+    return unit_rows(unit, examples, scores, members, point_id, extra), uwork
