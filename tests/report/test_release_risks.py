@@ -7,6 +7,10 @@ fourth record's); the greedy answers generated on the validation records are the
 every token is top-1; the membership is drawn independently with probability 1/2, so the epsilon bound applies.
 """
 
+import copy
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,6 +21,9 @@ from llmaudit.analyze.store_analysis import analyze
 from llmaudit.common.io import atomic_write_json
 from llmaudit.config import ExperimentConfig, RecipeError
 from llmaudit.data.pool import membership_masks
+from llmaudit.report.markdown import render_markdown
+from llmaudit.report.model_card import render_model_card
+from llmaudit.report.schema import validate_report
 from llmaudit.report.write import write_report
 from llmaudit.store.losstable import validate_loss_table
 from tests.conftest import run_cli, write_store_from_table
@@ -187,3 +194,37 @@ def test_a_release_set_naming_a_quantizer_left_out_is_refused_before_any_work(au
 def test_the_command_exits_2_with_one_line(audited):
     code, out, err = run_cli(["report", str(audited["store"].root), "--quantizers", "fp32,sign"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "report.release_sets" in err
+
+
+def test_report_json_markdown_html_and_card_carry_each_section(audited):
+
+    paths = audited["paths"]
+    report = json.loads(Path(paths["json"]).read_text(encoding="utf-8"))
+    validate_report(report)
+    assert report["extraction"]["risk"]["per_quantizer"]["fp32"]["rates"][0]["members"]["value"] == 1.0
+    assert report["release_sets"][0]["name"] == "fp32+uniform-5" and report["epsilon"]["qualifies"]
+    md = Path(paths["markdown"]).read_text(encoding="utf-8")
+    html = Path(paths["html"]).read_text(encoding="utf-8")
+    for title in ("Extraction risk per quantizer", "Release sets", "Privacy-loss lower bound (one run)"):
+        assert f"## {title}" in md and title in html
+    fp32_eps = report["epsilon"]["per_quantizer"]["fp32"]["epsilon_lb"]
+    assert f"| `fp32` | {fp32_eps:.3f} | `loss`" in md
+    card = render_model_card(report, quantizer="uniform-5")
+    assert "Training responses reproduced exactly by `uniform-5`" in card and "members 1.000" in card
+    assert "Published together (`fp32+uniform-5`)" in card
+    eps = report["epsilon"]["per_quantizer"]["uniform-5"]["epsilon_lb"]
+    assert f"for `uniform-5`: epsilon >= {eps:.3f}" in card
+    sign_card = render_model_card(report, quantizer="sign")
+    assert "Published together" not in sign_card  # sign is in no set
+
+
+def test_a_report_without_a_qualifying_design_says_why_in_the_report_and_card(audited):
+    report = copy.deepcopy(
+        __import__("json").loads(__import__("pathlib").Path(audited["paths"]["json"]).read_text(encoding="utf-8"))
+    )
+    report["epsilon"] = epsilon_block({}, {"identity": {"train": {"membership": "fixed_fraction"}}}, seed=0)
+    md = render_markdown(report)
+    assert "Not computed for this store" in md and "fixed" in md
+    assert "lower bound (one run): not computed: each run trained on a fixed-size" in render_model_card(
+        report, quantizer="fp32"
+    )
