@@ -219,9 +219,7 @@ def test_report_json_markdown_html_and_card_carry_each_section(audited):
 
 
 def test_a_report_without_a_qualifying_design_says_why_in_the_report_and_card(audited):
-    report = copy.deepcopy(
-        __import__("json").loads(__import__("pathlib").Path(audited["paths"]["json"]).read_text(encoding="utf-8"))
-    )
+    report = copy.deepcopy(json.loads(Path(audited["paths"]["json"]).read_text(encoding="utf-8")))
     report["epsilon"] = epsilon_block({}, {"identity": {"train": {"membership": "fixed_fraction"}}}, seed=0)
     md = render_markdown(report)
     assert "Not computed for this store" in md and "fixed" in md

@@ -16,6 +16,7 @@ from llmaudit.commands.base import (
     written,
 )
 from llmaudit.common.io import read_json
+from llmaudit.config import RecipeError
 from llmaudit.jobs.status import report_is_current
 from llmaudit.jobs.targets import config_from_run_dir
 from llmaudit.report.model_card import UnknownQuantizerError
@@ -26,6 +27,9 @@ from llmaudit.store.run_store import RunStore
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="The experiment directory written by finetune/score."),
+    overrides: list[str] = typer.Argument(
+        None, help="key=value overrides of the report section, e.g. 'report.release_sets=[[fp32,gguf-q4_k_m]]'."
+    ),
     include_samples: bool = typer.Option(
         False,
         "--include-samples",
@@ -43,9 +47,13 @@ def report(
     report.md, a self-contained report.html (plots embedded) and model_card.md (the privacy section of the
     released model's card); print the verdict. An inconsistent store is refused."""
     store = RunStore(run_dir)
-    cfg = config_from_run_dir(run_dir, [])
+    overrides = list(overrides or [])
+    outside = [o for o in overrides if not o.strip().startswith("report.")]
+    if outside:
+        raise RecipeError(f"{outside[0]!r}: `llmaudit report` takes overrides of the report section only (report.*)")
+    cfg = config_from_run_dir(run_dir, overrides)
     chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
-    if release is not None and chosen is None and not include_samples and report_is_current(store):
+    if release is not None and chosen is None and not include_samples and not overrides and report_is_current(store):
         card = write_model_card(store, release)  # another quantizer's card: from report.json, in seconds
         typer.echo(f"[report] wrote {card} from {store.report_dir / 'report.json'} (the report is up to date)")
         report_data = read_json(store.report_dir / "report.json", what="report")
