@@ -226,3 +226,19 @@ def test_a_report_without_a_qualifying_design_says_why_in_the_report_and_card(au
     assert "lower bound (one run): not computed: each run trained on a fixed-size" in render_model_card(
         report, quantizer="fp32"
     )
+
+
+def test_a_set_with_a_file_left_out_or_attacked_on_other_targets_is_not_measured():
+    from llmaudit.analyze.decision import DecisionSettings
+    from llmaudit.analyze.decision.decide import QuantizerEvidence
+    from llmaudit.analyze.release_risks import release_sets_block
+
+    keep = np.array([[True, False, True, False]])
+    ev = {
+        q: QuantizerEvidence(q, "empirical", list("wxyz"), k, {"loss": np.zeros((1, 4), np.float32)})
+        for q, k in (("a", keep), ("b", ~keep))
+    }
+    other, left_out = release_sets_block(ev, [["a", "b"], ["a", "c"]], DecisionSettings())
+    assert "not attacked on the same target models" in other["not_measured"]
+    assert left_out == {"name": "a+c", "files": ["a", "c"], "not_measured": left_out["not_measured"]}
+    assert "c not attacked in this analysis" in left_out["not_measured"]

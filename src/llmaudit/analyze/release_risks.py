@@ -20,7 +20,7 @@ from llmaudit.analyze.epsilon_audit import EpsilonSettings, epsilon_audit, outpu
 from llmaudit.analyze.epsilon_bound import inclusion_design
 from llmaudit.analyze.extraction import ExtractionSettings, extraction_matrices, greedy_check_of_table
 from llmaudit.analyze.extraction_risk import extraction_risk
-from llmaudit.analyze.release_sets import check_release_sets, decide_release_set, set_name
+from llmaudit.analyze.release_sets import SetNotComparable, check_release_sets, decide_release_set, set_name
 
 __all__ = ["check_release_sets", "epsilon_block", "extraction_block", "release_sets_block"]
 
@@ -71,13 +71,16 @@ def release_sets_block(
 ) -> list[dict[str, Any]]:
     """Every release set judged by the release rule and compared with its best single file
     (`decide_release_set`); a set with a file that was not attacked (left out of this analysis, not completely
-    scored) is NOT MEASURED with the file named."""
+    scored), or whose files were attacked on other target models or in another mode, is NOT MEASURED with why."""
     out: list[dict[str, Any]] = []
     for files in sets:
         missing = [f for f in files if f not in evidence]
-        if missing:
-            why = f"not measured: {', '.join(missing)} not attacked in this analysis (not completely scored)"
-            out.append({"name": set_name(files), "files": list(files), "not_measured": why})
-            continue
-        out.append(decide_release_set(evidence, files, s).model_dump(mode="json"))
+        why = f"not measured: {', '.join(missing)} not attacked in this analysis (not completely scored)"
+        if not missing:
+            try:
+                out.append(decide_release_set(evidence, files, s).model_dump(mode="json"))
+                continue
+            except SetNotComparable as exc:
+                why = f"not measured: {exc}"
+        out.append({"name": set_name(files), "files": list(files), "not_measured": why})
     return out

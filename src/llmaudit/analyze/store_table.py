@@ -53,7 +53,9 @@ def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.D
     """One validated file's frame as the light table keeps it: every row with its `SEQUENCE_BITS` and its greedy
     extraction flag (`GREEDY`, what extraction risk reads), the token lists kept only on validation rows at their
     run's final step (`finals`, by run and quantizer; None elsewhere), the rows in their order."""
-    frame[GREEDY] = rows_greedy(frame)  # before SEQUENCE_BITS: a frame with it reads as a light table
+    frame[GREEDY] = rows_greedy(frame).astype(
+        np.float32
+    )  # before SEQUENCE_BITS: a frame with it reads as a light table
     frame[SEQUENCE_BITS] = sequences_bits(frame["token_losses"])
     final = np.full(len(frame), -1, dtype=np.int64)  # per unit of the file (one in a store), not per row
     for (run, quantizer), rows in frame.groupby(["run", "quantizer"], sort=False).indices.items():
