@@ -78,6 +78,11 @@ def load_store_table(
         raise AnalysisError(
             f"no quantizer of {store.root} is completely scored yet; `llmaudit score {store.root}` scores them."
         )
+    if any(missing.values()):  # the analysis goes on without them
+        left_out = {q: n for q, n in missing.items() if n}
+        echo(
+            f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {left_out}"
+        )
     units = [
         Unit(u.run, u.step, u.quantizer, store.unit_path(u.run, u.step, u.quantizer))
         for u in sorted(verdict.units)
@@ -133,9 +138,16 @@ def release_sets_of(cfg: ExperimentConfig, scored: list[str]) -> list[list[str]]
 
 
 def _release_risks(
-    cfg: ExperimentConfig, store: RunStore, table: pd.DataFrame, evidence: dict, quantizers: list[str], reference: str
+    cfg: ExperimentConfig,
+    store: RunStore,
+    table: pd.DataFrame,
+    evidence: dict,
+    quantizers: list[str],
+    reference: str,
+    echo,
 ) -> dict[str, Any]:
     """The result's "extraction", "release_sets" (after the per-quantizer decision) and "epsilon" blocks."""
+    echo("[analyze] extraction risk, release sets, epsilon lower bound ...")
     settings = decision_settings(cfg)
     extraction = extraction_block(table, quantizers, reference, store.read_records("val"), settings)
     release_sets = []
@@ -302,10 +314,6 @@ def analyze(
     manifest = store.manifest()
     release_sets_of(cfg, quantizers or store.scored_quantizers())  # refused before any work
     store_table, quantizers, not_scored = load_store_table(store, cfg, quantizers, echo=echo)
-    if not_scored:
-        echo(
-            f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {not_scored}"
-        )
     reference = full_precision_reference(quantizers) or quantizers[0]
     table = _without_matched_base(store_table.light, reference)  # "base" everywhere else: the reference unit alone
     n_boot = max(cfg.attack.n_boot, 200)
@@ -316,8 +324,7 @@ def analyze(
     r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
     echo("[analyze] attacks ...")
     attacks, evidence = _attacks(cfg, manifest, store_table, quantizers, reference, r_q_means)
-    echo("[analyze] extraction risk, release sets, epsilon lower bound ...")
-    risks = _release_risks(cfg, store, table, evidence, quantizers, reference)
+    risks = _release_risks(cfg, store, table, evidence, quantizers, reference, echo)
     memorization = _memorization(table, manifest, cfg, n_boot, echo)
     echo("[analyze] candidate indicators ...")
     indicators = _indicators(cfg, table, quantizers, reference, n_boot)

@@ -406,8 +406,10 @@ def _settings(settings: dict) -> AttackSettings:
     return s
 
 
-def _add_vs_reference(per_q: dict, reference: str) -> None:
-    """Each attack's headline minus the reference quantizer's, in place ("vs_reference")."""
+def _add_vs_reference(per_q: dict, reference: str | None) -> None:
+    """Each attack's headline minus the reference quantizer's, in place ("vs_reference"); nothing without one."""
+    if reference is None:
+        return
     for block in per_q.values():
         for attack, entry in block["attacks"].items():
             ref_entry = per_q[reference]["attacks"].get(attack)
@@ -474,8 +476,7 @@ def attacks_with_evidence(
         per_q[q], definitions = block, q_definitions  # every quantizer's definitions, with its own FPC
         if ev is not None:
             evidence[q], own[q] = ev, q_own
-    if reference is not None:
-        _add_vs_reference(per_q, reference)
+    _add_vs_reference(per_q, reference)
     out = {
         "llmaudit_version": __version__,
         "attack_definitions": definitions,
