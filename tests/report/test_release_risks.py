@@ -242,3 +242,11 @@ def test_a_set_with_a_file_left_out_or_attacked_on_other_targets_is_not_measured
     assert "not attacked on the same target models" in other["not_measured"]
     assert left_out == {"name": "a+c", "files": ["a", "c"], "not_measured": left_out["not_measured"]}
     assert "c not attacked in this analysis" in left_out["not_measured"]
+
+
+def test_report_takes_overrides_of_the_report_section_only(audited):
+    root = str(audited["store"].root)
+    code, _, err = run_cli(["report", root, "score.quantizers=[fp32]"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "report section only" in err
+    code, _, err = run_cli(["report", root, "report.release_sets=[[fp32,uniform-4]]"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "did you mean 'uniform-5'" in err
