@@ -153,16 +153,16 @@ def test_release_sets_that_cannot_be_judged_are_refused():
 
 
 def test_the_recipe_names_release_sets_of_scored_quantizers():
-    cfg = load_recipe("demo-cpu", ["report.release_sets=[[fp32,uniform-5],[uniform-3,hqq-4,hqq-2]]"])
-    assert cfg.report.release_sets == [["fp32", "uniform-5"], ["uniform-3", "hqq-4", "hqq-2"]]
+    cfg = load_recipe("demo-cpu", ["report.release_sets=[[fp32,uniform-2],[bnb-nf4,hqq-4,gptq-4]]"])
+    assert cfg.report.release_sets == [["fp32", "uniform-2"], ["bnb-nf4", "hqq-4", "gptq-4"]]
     assert load_recipe("demo-cpu").report.release_sets == []
     full = load_recipe("demo-cpu", ["score.quantizers=[full,uniform-5]", "report.release_sets=[[bf16,uniform-5]]"])
     assert full.report.release_sets == [["bf16", "uniform-5"]]  # `full` becomes bf16, fp32 or fp16
     refused = {
-        "[[fp32,unifrm-5]]": r"'unifrm-5' is not among score.quantizers \(did you mean 'uniform-5'\?\)",
+        "[[fp32,unifrm-2]]": r"'unifrm-2' is not among score.quantizers \(did you mean 'uniform-2'\?\)",
         "[[fp32]]": "two or more different quantizers",
         "[[fp32,fp32]]": "two or more different quantizers",
-        "[[fp32,uniform-5],[uniform-5,fp32]]": "given twice",
+        "[[fp32,uniform-2],[uniform-2,fp32]]": "given twice",
         "[[fp32,'../x']]": "not allowed",
     }
     for value, why in refused.items():

@@ -167,6 +167,10 @@ def combined_scores(z: np.ndarray, keep: np.ndarray) -> tuple[dict[str, np.ndarr
     return combined, w
 
 
+class SetNotComparable(ValueError):
+    """The files of a release set were not attacked on the same target models in the same mode."""
+
+
 def _common(evidence: Mapping[str, QuantizerEvidence], files: Sequence[str]) -> list[QuantizerEvidence]:
     """The files' evidence on the records every file scored (in the first file's order), checked to be comparable."""
     missing = [f for f in files if f not in evidence]
@@ -176,7 +180,9 @@ def _common(evidence: Mapping[str, QuantizerEvidence], files: Sequence[str]) -> 
     common = [x for x in evidence[files[0]].sample_ids if x in shared]
     out = [evidence[f].restricted(common) for f in files]
     if len({e.mode for e in out}) > 1 or any(not np.array_equal(e.keep, out[0].keep) for e in out):
-        raise ValueError(f"release set {list(files)}: the files were not attacked on the same target models and mode")
+        raise SetNotComparable(
+            f"release set {list(files)}: the files were not attacked on the same target models and mode"
+        )
     return out
 
 

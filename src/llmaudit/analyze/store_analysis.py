@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from llmaudit import __version__
-from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.evaluate import attacks_with_evidence
 from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.analyze.candidates import validation_of
@@ -24,6 +24,7 @@ from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import memorization_from_table
+from llmaudit.analyze.release_risks import check_release_sets, epsilon_block, extraction_block, release_sets_block
 from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.analyze.store_table import StoreTable, Unit, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
@@ -32,6 +33,7 @@ from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.common.runtime import available_cores
 from llmaudit.config import ExperimentConfig
+from llmaudit.config.fields import FULL_PLACEHOLDER
 from llmaudit.quantize import full_precision_reference, get_quantizer
 from llmaudit.score.utility import recorded_settings
 from llmaudit.store.integrity import verify_store
@@ -76,6 +78,11 @@ def load_store_table(
         raise AnalysisError(
             f"no quantizer of {store.root} is completely scored yet; `llmaudit score {store.root}` scores them."
         )
+    if any(missing.values()):  # the analysis goes on without them
+        left_out = {q: n for q, n in missing.items() if n}
+        echo(
+            f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {left_out}"
+        )
     units = [
         Unit(u.run, u.step, u.quantizer, store.unit_path(u.run, u.step, u.quantizer))
         for u in sorted(verdict.units)
@@ -92,12 +99,13 @@ def load_store_table(
 
 def _attacks(
     cfg: ExperimentConfig, manifest: dict, store_table: StoreTable, quantizers: list[str], reference: str, r_q: dict
-) -> dict:
+) -> tuple[dict, dict]:
+    """(the attacks' result block, {quantizer: the evidence the release decision read})."""
     membership = manifest["membership"]
     table = store_table.light
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        attacks = run_attacks(
+        attacks, evidence = attacks_with_evidence(
             table,
             rows_of=store_table.rows_of,
             quantizers=quantizers,
@@ -115,7 +123,38 @@ def _attacks(
         for q, block in attacks.get("quantizers", {}).items():
             fpc_value = block.get("fpc") if isinstance(block.get("fpc"), (int, float)) else None
             block["vulnerable_samples"] = vulnerable_samples(table, q, fpc_value)
-    return attacks
+    return attacks, evidence
+
+
+def release_sets_of(cfg: ExperimentConfig, scored: list[str]) -> list[list[str]]:
+    """report.release_sets with the placeholder `full` named for the store (its full-precision quantizer), each
+    name checked to be among `scored` (RecipeError, one line naming the set and the closest name)."""
+    full = full_precision_reference(scored)
+    sets = [
+        [full if name == FULL_PLACEHOLDER and full else name for name in files] for files in cfg.report.release_sets
+    ]
+    check_release_sets(sets, scored)
+    return sets
+
+
+def _release_risks(
+    cfg: ExperimentConfig,
+    store: RunStore,
+    table: pd.DataFrame,
+    evidence: dict,
+    quantizers: list[str],
+    reference: str,
+    echo,
+) -> dict[str, Any]:
+    """The result's "extraction", "release_sets" (after the per-quantizer decision) and "epsilon" blocks."""
+    echo("[analyze] extraction risk, release sets, epsilon lower bound ...")
+    settings = decision_settings(cfg)
+    extraction = extraction_block(table, quantizers, reference, store.read_records("val"), settings)
+    release_sets = []
+    if cfg.report.release_sets:
+        release_sets = release_sets_block(evidence, release_sets_of(cfg, quantizers), settings)
+    epsilon = epsilon_block(evidence, store.manifest(), cfg.attack.seed)
+    return {"extraction": extraction, "release_sets": release_sets, "epsilon": epsilon}
 
 
 def decision_settings(cfg: ExperimentConfig) -> DecisionSettings:
@@ -269,11 +308,8 @@ def analyze(
 
     quantizers: the quantizers to report (default: every quantizer scored in the store, add-only)."""
     manifest = store.manifest()
+    release_sets_of(cfg, quantizers or store.scored_quantizers())  # refused before any work
     store_table, quantizers, not_scored = load_store_table(store, cfg, quantizers, echo=echo)
-    if not_scored:
-        echo(
-            f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {not_scored}"
-        )
     reference = full_precision_reference(quantizers) or quantizers[0]
     table = _without_matched_base(store_table.light, reference)  # "base" everywhere else: the reference unit alone
     n_boot = max(cfg.attack.n_boot, 200)
@@ -283,7 +319,8 @@ def analyze(
     )
     r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
     echo("[analyze] attacks ...")
-    attacks = _attacks(cfg, manifest, store_table, quantizers, reference, r_q_means)
+    attacks, evidence = _attacks(cfg, manifest, store_table, quantizers, reference, r_q_means)
+    risks = _release_risks(cfg, store, table, evidence, quantizers, reference, echo)
     memorization = _memorization(table, manifest, cfg, n_boot, echo)
     echo("[analyze] candidate indicators ...")
     indicators = _indicators(cfg, table, quantizers, reference, n_boot)
@@ -306,6 +343,7 @@ def analyze(
         "memorization": memorization,
         "blind_baseline": blind,
         "indicators": indicators,
+        **risks,
         "thresholds": cfg.report.model_dump(exclude={"processes"}),  # how the stage runs is not a threshold
     }
     _write_results(store, result)

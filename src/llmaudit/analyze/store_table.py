@@ -5,8 +5,9 @@ and every validation sample at every checkpoint of every run's trajectory (on th
 each). The analysis reads them in two places only: the attacks (the pool rows and the target's validation texts
 of one quantizer) and the divergence from full precision (the validation rows of each run's final unit). It
 therefore holds a *light table*: every row of every unit, each file read and validated as `read_loss_table` does,
-each row with its scalars (loss, member, n_tokens, zlib_bytes, generated text) and its sequence's bits
-(`SEQUENCE_BITS`, what memorization reads); only the validation rows of a run's final unit keep their token lists.
+each row with its scalars (loss, member, n_tokens, zlib_bytes, generated text), its sequence's bits
+(`SEQUENCE_BITS`, what memorization reads) and its greedy extraction flag (`GREEDY`, from its top-1 flags); only
+the validation rows of a run's final unit keep their token lists.
 The attacks on one quantizer read that quantizer's units whole again (`StoreTable.rows_of`), in the process that
 attacks it, and let them go when they are done.
 """
@@ -20,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from llmaudit.analyze.extraction import GREEDY, rows_greedy
 from llmaudit.analyze.memorization import SEQUENCE_BITS, sequences_bits
 from llmaudit.store.losstable import OPTIONAL_SCHEMA, REFERENCE_RUN, SCHEMA, read_loss_table
 
@@ -48,9 +50,12 @@ def final_steps(units: list[Unit]) -> dict[tuple[int, str], int]:
 
 
 def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.DataFrame:
-    """One validated file's frame as the light table keeps it: every row with its `SEQUENCE_BITS`, the token lists
-    kept only on validation rows at their run's final step (`finals`, by run and quantizer; None elsewhere), the
-    rows in their order."""
+    """One validated file's frame as the light table keeps it: every row with its `SEQUENCE_BITS` and its greedy
+    extraction flag (`GREEDY`, what extraction risk reads), the token lists kept only on validation rows at their
+    run's final step (`finals`, by run and quantizer; None elsewhere), the rows in their order."""
+    frame[GREEDY] = rows_greedy(frame).astype(
+        np.float32
+    )  # before SEQUENCE_BITS: a frame with it reads as a light table
     frame[SEQUENCE_BITS] = sequences_bits(frame["token_losses"])
     final = np.full(len(frame), -1, dtype=np.int64)  # per unit of the file (one in a store), not per row
     for (run, quantizer), rows in frame.groupby(["run", "quantizer"], sort=False).indices.items():

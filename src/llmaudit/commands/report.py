@@ -15,6 +15,7 @@ from llmaudit.commands.base import (
     finish,
     written,
 )
+from llmaudit.config import RecipeError
 from llmaudit.jobs.status import report_is_current
 from llmaudit.jobs.targets import config_from_run_dir
 from llmaudit.report.model_card import UnknownQuantizerError
@@ -26,6 +27,9 @@ from llmaudit.store.run_store import RunStore
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="The experiment directory written by finetune/score."),
+    overrides: list[str] = typer.Argument(
+        None, help="key=value overrides of the report section, e.g. 'report.release_sets=[[fp32,gguf-q4_k_m]]'."
+    ),
     include_samples: bool = typer.Option(
         False,
         "--include-samples",
@@ -45,9 +49,13 @@ def report(
     tables again (never report.json's word); --release alone writes the card from report.json when it is verified
     (`report.verify.verified_report`)."""
     store = RunStore(run_dir)
-    cfg = config_from_run_dir(run_dir, [])
+    overrides = list(overrides or [])
+    outside = [o for o in overrides if not o.strip().startswith("report.")]
+    if outside:
+        raise RecipeError(f"{outside[0]!r}: `llmaudit report` takes overrides of the report section only (report.*)")
+    cfg = config_from_run_dir(run_dir, overrides)
     chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
-    if release is not None and chosen is None and not include_samples and not gate:
+    if release is not None and chosen is None and not include_samples and not gate and not overrides:
         verified = verified_report(store, cfg, up_to_date=report_is_current(store))
         if verified is not None:  # another quantizer's card: from the verified report.json, in seconds
             card = write_model_card(store, release)

@@ -327,6 +327,9 @@ def build_report(
         "vulnerable_samples": vulnerable_samples_summary(
             result, grid, include_samples=include_samples, records=sample_records
         ),
+        "extraction": result.get("extraction"),
+        "release_sets": list(result.get("release_sets") or []),
+        "epsilon": result.get("epsilon"),
         "plots": {},
         "result": result,
     }

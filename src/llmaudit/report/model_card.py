@@ -34,6 +34,7 @@ from llmaudit.report.answer import (
     recommendation_of,
 )
 from llmaudit.report.cells import md_code, md_escape
+from llmaudit.report.model_card_risks import risk_lines
 from llmaudit.report.models import Criterion, DataSource, GridRow, ModelSource, Provenance, ReportJson, as_report
 from llmaudit.report.policy import DISABLED, PASS
 from llmaudit.report.release import chosen_attack, decision_of, headline_of
@@ -355,6 +356,7 @@ def _render(report: ReportJson, q: str) -> str:
         "",
         *_verdict_table(report, q),
         "",
+        *([f"### Extraction and published files: {_c(q)}", "", *risks, ""] if (risks := risk_lines(report, q)) else []),
         "### Limits of this audit",
         "",
         *_limits(report, q),

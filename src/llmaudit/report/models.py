@@ -37,6 +37,7 @@ from llmaudit.report.models_context import (
     UtilitySummary,
     VulnerableSamples,
 )
+from llmaudit.report.models_risks import EpsilonSection, ExtractionSection, ReleaseSetEntry
 
 __all__ = [
     "Adapter",
@@ -348,6 +349,9 @@ class ReportJson(_Open):
     indicators: IndicatorsSummary | None = None
     utility: UtilitySummary | None = None
     vulnerable_samples: VulnerableSamples
+    extraction: ExtractionSection | None = None
+    release_sets: list[ReleaseSetEntry] = []
+    epsilon: EpsilonSection | None = None
     plots: dict[str, str] = {}
     result: dict[str, Any] = {}
 

@@ -21,8 +21,9 @@ def report_schema() -> dict[str, Any]:
     schema = ReportJson.model_json_schema(ref_template="#/$defs/{model}")
     decision = QuantizerDecision.model_json_schema(ref_template="#/$defs/{model}")
     decision_defs = decision.pop("$defs", {}) | {"QuantizerDecision": decision}
-    clash = set(schema.get("$defs", {})) & set(decision_defs)
-    if clash:  # two models of one name: one would silently replace the other's definition
+    own = schema.get("$defs", {})
+    clash = {k for k in set(own) & set(decision_defs) if own[k] != decision_defs[k]}
+    if clash:  # two different models of one name: one would silently replace the other's definition
         raise RuntimeError(f"report and decision models share the names {sorted(clash)}")
     defs = schema.get("$defs", {}) | decision_defs
     schema["$defs"] = defs

@@ -27,6 +27,7 @@ from llmaudit.report.view_context import (
     reading_section,
     samples_section,
 )
+from llmaudit.report.view_risks import epsilon_section, extraction_section, release_sets_section
 
 __all__ = ["DAMAGE_CAVEAT", "sections"]
 
@@ -224,7 +225,7 @@ def _grid_section(report: ReportJson) -> Section:
 
 FOLDED = frozenset(
     {"comparison", "rules", "grid", "utility", "attacks", "definitions", "correlation", "indicators"}
-    | {"memorization", "samples", "provenance", "reading"}
+    | {"memorization", "samples", "provenance", "reading", "extraction", "release-sets", "epsilon"}
 )
 """The sections of diagnostics and context, folded in report.html under their titles (open with a click)."""
 
@@ -243,6 +244,9 @@ def sections(report: dict[str, Any] | ReportJson) -> list[Section]:
         comparison_section(report),
         _rules_section(report),
         _grid_section(report),
+        extraction_section(report),
+        release_sets_section(report),
+        epsilon_section(report),
         utility_section(report),
         attacks_section(report),
         definitions_section(report),

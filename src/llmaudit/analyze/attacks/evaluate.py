@@ -245,8 +245,10 @@ class _EvidenceBuilder:
     loss: np.ndarray
     scores: dict = field(default_factory=dict)
     unjudged: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
 
     def add(self, attack: str, raw: np.ndarray, z: np.ndarray, entry: dict) -> None:
+        self.raw[attack] = raw.astype(np.float32)
         if self.mode == "empirical":
             self.scores[attack] = raw.astype(np.float32)
         elif "pooled_calibrated" in entry:
@@ -256,7 +258,7 @@ class _EvidenceBuilder:
 
     def evidence(self) -> QuantizerEvidence:
         return QuantizerEvidence(
-            self.quantizer, self.mode, self.samples, self.keep, self.scores, self.unjudged, self.loss
+            self.quantizer, self.mode, self.samples, self.keep, self.scores, self.unjudged, self.loss, self.raw
         )
 
 
@@ -404,8 +406,10 @@ def _settings(settings: dict) -> AttackSettings:
     return s
 
 
-def _add_vs_reference(per_q: dict, reference: str) -> None:
-    """Each attack's headline minus the reference quantizer's, in place ("vs_reference")."""
+def _add_vs_reference(per_q: dict, reference: str | None) -> None:
+    """Each attack's headline minus the reference quantizer's, in place ("vs_reference"); nothing without one."""
+    if reference is None:
+        return
     for block in per_q.values():
         for attack, entry in block["attacks"].items():
             ref_entry = per_q[reference]["attacks"].get(attack)
@@ -429,7 +433,12 @@ def _attacked_quantizers(df: pd.DataFrame, asked: Sequence[str] | None, rows_of:
     return quantizers
 
 
-def run_attacks(
+def run_attacks(df: pd.DataFrame, **settings) -> dict:
+    """The JSON-ready result of `attacks_with_evidence` (the same keywords), without the evidence."""
+    return attacks_with_evidence(df, **settings)[0]
+
+
+def attacks_with_evidence(
     df: pd.DataFrame,
     *,
     quantizers: Sequence[str] | None = None,
@@ -452,7 +461,8 @@ def run_attacks(
     `decision` settings, the release decision of every quantizer and its paired comparison with the reference
     (`llmaudit.analyze.decision`) are added as "decision". processes: the quantizers are attacked in this many
     worker processes (`attack_quantizers`; the same numbers). rows_of: with a light table (`store_table`: the pool
-    rows without token lists), reads each quantizer's rows whole for its attacks. Returns a JSON-ready dict."""
+    rows without token lists), reads each quantizer's rows whole for its attacks. Returns (a JSON-ready dict,
+    {quantizer: the `QuantizerEvidence` the decision read}, empty without `decision` settings)."""
     s = _settings(settings)
     quantizers = _attacked_quantizers(df, quantizers, rows_of)
     reference = _reference_name(quantizers, reference_quantizer)
@@ -466,8 +476,7 @@ def run_attacks(
         per_q[q], definitions = block, q_definitions  # every quantizer's definitions, with its own FPC
         if ev is not None:
             evidence[q], own[q] = ev, q_own
-    if reference is not None:
-        _add_vs_reference(per_q, reference)
+    _add_vs_reference(per_q, reference)
     out = {
         "llmaudit_version": __version__,
         "attack_definitions": definitions,
@@ -478,4 +487,4 @@ def run_attacks(
     out["spearman_vs_r_q"] = spearman_vs_indicator(out, r_q) if r_q else None
     if decision is not None:
         out["decision"] = decide(evidence, reference, decision, own).model_dump(mode="json")
-    return out
+    return out, evidence

@@ -81,6 +81,8 @@ class QuantizerEvidence:
     unjudged: dict[str, str] = field(default_factory=dict)
     loss: np.ndarray | None = None
     """[M, N] mean token loss of each target on each sample (the loss gap beside the TPR)."""
+    raw: dict[str, np.ndarray] = field(default_factory=dict)
+    """attack -> [M, N] its raw scores (higher = member) in either mode: what the epsilon bound ranks."""
 
     def restricted(self, sample_ids: list[str]) -> QuantizerEvidence:
         """The same evidence on a subset of its samples, in the given order."""
@@ -95,6 +97,7 @@ class QuantizerEvidence:
             {k: v[:, idx] for k, v in self.scores.items()},
             dict(self.unjudged),
             None if self.loss is None else self.loss[:, idx],
+            {k: v[:, idx] for k, v in self.raw.items()},
         )
 
 

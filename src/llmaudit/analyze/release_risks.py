@@ -1,0 +1,86 @@
+"""What an audit answers beyond the per-quantizer release decision, from what the analysis already holds: the
+extraction risk of every quantizer (docs/science.md section 13), the decision of every release set of
+`report.release_sets` (section 14) and the one-run epsilon lower bound of every quantizer (section 15).
+
+Each block is JSON-ready and goes to the result object under its own key ("extraction", "release_sets",
+"epsilon"); the report reads them typed (`llmaudit.report.models_risks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from llmaudit.analyze.attacks.registry import attack_spec
+from llmaudit.analyze.decision import DecisionSettings
+from llmaudit.analyze.decision.decide import QuantizerEvidence
+from llmaudit.analyze.epsilon_audit import EpsilonSettings, epsilon_audit, outputs_only
+from llmaudit.analyze.epsilon_bound import inclusion_design
+from llmaudit.analyze.extraction import ExtractionSettings, extraction_matrices, greedy_check_of_table
+from llmaudit.analyze.extraction_risk import extraction_risk
+from llmaudit.analyze.release_sets import SetNotComparable, check_release_sets, decide_release_set, set_name
+
+__all__ = ["check_release_sets", "epsilon_block", "extraction_block", "release_sets_block"]
+
+
+def extraction_block(
+    table: pd.DataFrame,
+    quantizers: Sequence[str],
+    reference: str | None,
+    val_records: Sequence[Mapping[str, Any]],
+    s: DecisionSettings,
+) -> dict[str, Any]:
+    """{"risk": the `ExtractionResult` of every quantizer (n = 100, p = 0.5; the release rule's resamples and
+    seed), "greedy_check": {quantizer: `GreedyCheck`}}: the greedy rate read from the top-1 flags against the
+    greedy answers generated at each run's final checkpoint, where the store generated them.
+
+    Args:
+        table: the store's light table (its rows carry the greedy flag, `store_table.light_frame`).
+        quantizers: those analysed; reference: the store's full precision (the paired comparison's base).
+        val_records: the store's validation records (their reference responses, `output`).
+        s: the release rule's settings.
+    """
+    matrices = {q: extraction_matrices(table, q) for q in quantizers}
+    risk = extraction_risk(matrices, reference, ExtractionSettings(), s)
+    outputs = {str(r["sample_id"]): str(r["output"]) for r in val_records}
+    checks = {q: greedy_check_of_table(table, q, outputs) for q in quantizers}
+    return {
+        "risk": risk.model_dump(mode="json"),
+        "greedy_check": {q: c.model_dump(mode="json") for q, c in checks.items() if c.answers},
+    }
+
+
+def epsilon_block(evidence: Mapping[str, QuantizerEvidence], manifest: dict[str, Any], seed: int) -> dict[str, Any]:
+    """{"design", "qualifies", "reason", "per_quantizer": {quantizer: `EpsilonBound`}}: the one-run lower bound
+    of every attacked quantizer from the raw scores of its attacks that read models only, or NOT MEASURED with
+    the reason where the store's membership design does not qualify (`inclusion_design`)."""
+    design = inclusion_design(manifest)
+    settings = EpsilonSettings(seed=seed)
+    per_q = {}
+    for q, ev in evidence.items():
+        allowed = set(outputs_only({a: attack_spec(a).references for a in ev.raw}))
+        scores = {a: v for a, v in ev.raw.items() if a in allowed}
+        per_q[q] = epsilon_audit(q, scores, ev.keep, design, settings).model_dump(mode="json")
+    return {"design": design.design, "qualifies": design.qualifies, "reason": design.reason, "per_quantizer": per_q}
+
+
+def release_sets_block(
+    evidence: Mapping[str, QuantizerEvidence], sets: Sequence[Sequence[str]], s: DecisionSettings
+) -> list[dict[str, Any]]:
+    """Every release set judged by the release rule and compared with its best single file
+    (`decide_release_set`); a set with a file that was not attacked (left out of this analysis, not completely
+    scored), or whose files were attacked on other target models or in another mode, is NOT MEASURED with why."""
+    out: list[dict[str, Any]] = []
+    for files in sets:
+        missing = [f for f in files if f not in evidence]
+        why = f"not measured: {', '.join(missing)} not attacked in this analysis (not completely scored)"
+        if not missing:
+            try:
+                out.append(decide_release_set(evidence, files, s).model_dump(mode="json"))
+                continue
+            except SetNotComparable as exc:
+                why = f"not measured: {exc}"
+        out.append({"name": set_name(files), "files": list(files), "not_measured": why})
+    return out
