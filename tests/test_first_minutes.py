@@ -15,12 +15,15 @@ from llmaudit.common.io import atomic_write_text, replace_directory
 from tests.conftest import run_cli
 
 
-@pytest.mark.parametrize("command", ["audit", "finetune", "plan"])
-def test_help_keeps_the_square_brackets(command):
+@pytest.mark.parametrize(
+    "command, usage",
+    [("audit", "[RECIPE]"), ("finetune", "[RECIPE]"), ("plan", "[RECIPE | RUN_DIR]")],
+)
+def test_help_keeps_the_square_brackets(command, usage):
     code, out, _ = run_cli([command, "--help"])
     assert code == 0
     flat = " ".join(out.split())
-    assert "[RECIPE] [key=value ...]" in flat and "score.quantizers='[fp32,hqq-4]'" in flat
+    assert f"{usage} [key=value ...]" in flat and "score.quantizers='[fp32,hqq-4]'" in flat
 
 
 def test_version():

@@ -199,7 +199,11 @@ def kernel_check(name: str, model: Any, scope: list[str], device: Any) -> tuple[
     elif name.startswith("bnb-"):
         import bitsandbytes as bnb
 
+        from llmaudit.quantize.bnb_int8 import Int8Linear
+
         cls = bnb.nn.Linear8bitLt if name == "bnb-int8" else bnb.nn.Linear4bit
+        if name == "bnb-int8" and device.type == "cpu":  # on a CPU, bitsandbytes' int8 operations in fewer passes
+            cls = (bnb.nn.Linear8bitLt, Int8Linear)  # (bit for bit: tests/quantize/test_bnb_int8.py)
 
         def is_real(m: Any) -> bool:
             if name == "bnb-int8":

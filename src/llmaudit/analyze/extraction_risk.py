@@ -113,6 +113,8 @@ def _none(x: float) -> float | None:
 
 def _rate(resampled: np.ndarray, rows: float) -> Estimate:
     lo, hi = proportion_bounds(resampled[0], resampled[1:], rows, z_value(0.025))
+    if resampled[0] == 0.0:  # Wilson's lower end at a zero rate is 0; its floating-point rounding is not
+        lo = 0.0
     return Estimate(
         value=_none(resampled[0]),
         low=_none(lo),

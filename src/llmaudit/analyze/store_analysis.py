@@ -8,6 +8,7 @@ memorization, candidate indicators, blind baseline, utility), written to the sto
 from __future__ import annotations
 
 import logging
+import textwrap
 import warnings
 from typing import Any
 
@@ -59,8 +60,8 @@ def load_store_table(
     verdict = verify_store(store, cfg)
     if not verdict.ok:
         raise AnalysisError(verdict.message(store))
-    for note in verdict.notes:
-        echo(f"[analyze] note: {note}")
+    for note in verdict.notes:  # a terminal or a CI log of 120 columns
+        echo("\n".join(textwrap.wrap(f"[analyze] note: {note}", 120, subsequent_indent="  ", break_long_words=False)))
     unfinished = [r for r in range(cfg.train.runs) if not store.run_done(r)]
     if unfinished:
         raise AnalysisError(

@@ -50,10 +50,10 @@ def score(
         )
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
     reach, lines = sizing_report(cfg, store)
-    if not reach.verdict_reachable:  # said before the first unit is scored, not after the compute
-        for line in lines:
-            typer.echo(f"[score] sizing: {line}", err=True)
-        typer.echo("[score] WARNING: this store cannot reach a release verdict; scoring goes on", err=True)
+    if not reach.verdict_reachable:  # said before the first unit is scored, not after the compute (stdout: stderr
+        for line in lines:  # carries only what stops a command)
+            typer.echo(f"[score] sizing: {line}")
+        typer.echo("[score] WARNING: this store cannot reach a release verdict; scoring goes on")
     if cfg.score.processes > 1 and shard is None:
         score_in_processes(cfg, store, echo=typer.echo, deep_verify=deep_verify, refresh_utility=refresh_utility)
     else:

@@ -25,7 +25,12 @@ def score_in_processes(
     n = cfg.score.processes
     threads = max(1, (env_threads() or available_cores()) // n)
     # the same score settings in every child (JSON is YAML); --shard keeps a child from starting processes
-    overrides = [f"score.{k}={json.dumps(v)}" for k, v in cfg.score.model_dump(mode="json").items()]
+    settings = cfg.score.model_dump(mode="json")
+    # options of a quantizer the grid does not score are unused: a child given them on its command line refuses them
+    settings["quantizer_options"] = {
+        q: o for q, o in settings["quantizer_options"].items() if q in settings["quantizers"] + settings["if_available"]
+    }
+    overrides = [f"score.{k}={json.dumps(v)}" for k, v in settings.items()]
     command = [
         sys.executable,
         "-m",
