@@ -187,6 +187,18 @@ def _judge_row(audit: Audit, name: str, row: dict[str, Any], losses: tuple[Any, 
         row["error"] = "losses not finite" if not finite else "device losses too far from the CPU reference"
 
 
+def _bnb_classes(name: str, device: Any) -> tuple[type, ...]:
+    """The module classes of bitsandbytes' real kernels for `name`; on a CPU, int8 is also llmaudit's `Int8Linear`
+    (bitsandbytes' int8 operations in fewer passes, bit for bit: tests/quantize/test_bnb_int8.py)."""
+    import bitsandbytes as bnb
+
+    from llmaudit.quantize.bnb_int8 import Int8Linear
+
+    if name != "bnb-int8":
+        return (bnb.nn.Linear4bit,)
+    return (bnb.nn.Linear8bitLt, Int8Linear) if device.type == "cpu" else (bnb.nn.Linear8bitLt,)
+
+
 def kernel_check(name: str, model: Any, scope: list[str], device: Any) -> tuple[bool, str]:
     """Whether every in-scope layer of `model` is `name`'s real kernel with its tensors on `device`."""
     import torch
@@ -197,13 +209,7 @@ def kernel_check(name: str, model: Any, scope: list[str], device: Any) -> tuple[
             return type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16
 
     elif name.startswith("bnb-"):
-        import bitsandbytes as bnb
-
-        from llmaudit.quantize.bnb_int8 import Int8Linear
-
-        cls = bnb.nn.Linear8bitLt if name == "bnb-int8" else bnb.nn.Linear4bit
-        if name == "bnb-int8" and device.type == "cpu":  # on a CPU, bitsandbytes' int8 operations in fewer passes
-            cls = (bnb.nn.Linear8bitLt, Int8Linear)  # (bit for bit: tests/quantize/test_bnb_int8.py)
+        cls = _bnb_classes(name, device)
 
         def is_real(m: Any) -> bool:
             if name == "bnb-int8":

@@ -155,7 +155,12 @@ def test_release_sets_that_cannot_be_judged_are_refused():
 def test_the_recipe_names_release_sets_of_scored_quantizers():
     cfg = load_recipe("demo-cpu", ["report.release_sets=[[fp32,uniform-2],[bnb-nf4,hqq-4,gptq-4]]"])
     assert cfg.report.release_sets == [["fp32", "uniform-2"], ["bnb-nf4", "hqq-4", "gptq-4"]]
-    assert load_recipe("demo-cpu").report.release_sets == []
+    assert load_recipe("demo-cpu").report.release_sets == [["fp32", "hqq-4"], ["bnb-nf4", "gptq-4", "hqq-4"]]
+    # the command line's grid keeps the recipe's sets it scores, drops the others; a set given with it is checked
+    assert load_recipe("demo-cpu", ["score.quantizers=[fp32,hqq-4]"]).report.release_sets == [["fp32", "hqq-4"]]
+    assert load_recipe("demo-cpu", ["score.quantizers=[fp32,sign]"]).report.release_sets == []
+    with pytest.raises(RecipeError, match="'hqq-4' is not among score.quantizers"):
+        load_recipe("demo-cpu", ["score.quantizers=[fp32,sign]", "report.release_sets=[[fp32,hqq-4]]"])
     full = load_recipe("demo-cpu", ["score.quantizers=[full,uniform-5]", "report.release_sets=[[bf16,uniform-5]]"])
     assert full.report.release_sets == [["bf16", "uniform-5"]]  # `full` becomes bf16, fp32 or fp16
     refused = {

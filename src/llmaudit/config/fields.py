@@ -73,6 +73,9 @@ are the runner's too. Everything else a store's config holds (the experiment's i
 and judged) is covered by the manifest's digest (docs/security.md, "What a run directory decides")."""
 RUNNER_SECTIONS = ("cluster",)
 RECEIVED = "received"
+SETS_FOLLOW_QUANTIZERS = "sets_follow_quantizers"
+"""Validation context key: score.quantizers was given on the command line and report.release_sets was not, so a
+recipe's release set naming a quantizer the command line leaves out is dropped rather than refused."""
 """Validation-context key: the config is read from a run directory (`config_from_dict(..., received=True)`), so
 settings the runner supplies (the calibration file) may be absent until the command that needs them."""
 

@@ -17,6 +17,7 @@ from llmaudit.config.fields import (
     DEMO_RECIPE,
     RECEIVED,
     RECIPE_DIR,
+    SETS_FOLLOW_QUANTIZERS,
     UPPER_BOUND_WHY,
     RecipeError,
 )
@@ -196,6 +197,9 @@ def config_from_dict(
     context: dict[str, Any] = {} if attack_names is None else {ATTACK_NAMES: tuple(attack_names)}
     if received:
         context[RECEIVED] = True
+    given = {o.split("=", 1)[0].strip() for o in overrides or []}
+    if given & {"score", "score.quantizers"} and not given & {"report", "report.release_sets"}:
+        context[SETS_FOLLOW_QUANTIZERS] = True
     try:
         return ExperimentConfig.model_validate(raw, context=context or None)
     except ValidationError as exc:

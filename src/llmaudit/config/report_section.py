@@ -80,4 +80,5 @@ class ReportConfig(Section):
     ] = Field(default_factory=list, max_length=MAX_SETS)
     """Files published together, each set judged as one release and compared with its best single file, e.g.
     [[bf16, gguf-q4_k_m], [gguf-q8_0, gguf-q6_k, gguf-q4_k_m]] (docs/science.md section 14). Every name must be
-    among score.quantizers."""
+    among score.quantizers; where score.quantizers is given on the command line (and release_sets is not), a
+    recipe's set naming a quantizer it leaves out is dropped."""

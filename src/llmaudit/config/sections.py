@@ -29,6 +29,7 @@ from llmaudit.config.fields import (
     POOL_WHY,
     RECEIVED,
     RUNS_WHY,
+    SETS_FOLLOW_QUANTIZERS,
     Section,
     size_field,
 )
@@ -425,6 +426,9 @@ class ExperimentConfig(Section):
     @classmethod
     def _release_sets_scored(cls, report: ReportConfig, info: ValidationInfo) -> ReportConfig:
         score = info.data.get("score")  # absent when score itself is invalid (reported on its own)
+        if score and (info.context or {}).get(SETS_FOLLOW_QUANTIZERS):  # the recipe's sets, the command line's grid
+            kept = [s for s in report.release_sets if not unknown_set_names([s], score.quantizers)]
+            report = report.model_copy(update={"release_sets": kept})
         problem = score and unknown_set_names(report.release_sets, score.quantizers)
         if problem:
             raise ValueError(f"release_sets: {problem}")
