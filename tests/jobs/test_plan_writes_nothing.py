@@ -1,9 +1,7 @@
-"""`llmaudit plan` of a hub recipe offline answers in seconds and writes nothing: no cache entry (no built-in model
+"""`llmaudit plan` of a hub recipe offline downloads nothing and writes nothing: no cache entry (no built-in model
 pre-trained for a stand-in tokenizer, no GGUF converted), no output directory."""
 
 from __future__ import annotations
-
-import time
 
 from tests.conftest import run_cli
 
@@ -12,16 +10,14 @@ def files_under(root) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
 
 
-def test_an_offline_plan_of_a_hub_recipe_is_quick_and_writes_nothing(monkeypatch, tmp_path):
+def test_an_offline_plan_of_a_hub_recipe_downloads_and_writes_nothing(monkeypatch, tmp_path):
     cache, work = tmp_path / "cache", tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    t0 = time.monotonic()
     code, out, err = run_cli(
         ["plan", "qwen2.5-0.5b-smolinstruct", "data.pool_size=64", "data.val_size=16", "--device", "h100"],
         env={"HF_HUB_OFFLINE": "1", "LLMAUDIT_CACHE": str(cache)},
     )
     assert code == 0, err
-    assert time.monotonic() - t0 < 60
     assert "published shape" in out and "builtin:tiny-qwen2" in out
     assert files_under(cache) == [] and files_under(work) == []
