@@ -1,12 +1,16 @@
-"""A new user's first ten minutes: help shows the brackets to type, `--version` answers, `score` without a target
-refuses instead of guessing, progress bars stay off logs that are not terminals, and output files honour the
-umask (a team on a shared cluster can read them)."""
+"""A new user's first ten minutes: help shows the brackets to type, `--version` answers, `--help` and argument
+errors answer without importing torch or the analysis, `score` without a target refuses instead of guessing,
+progress bars stay off logs that are not terminals, and output files honour the umask (a team on a shared cluster
+can read them)."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -31,6 +35,62 @@ def test_version():
 
     code, out, _ = run_cli(["--version"])
     assert code == 0 and out.strip() == f"llmaudit {__version__}"
+
+
+HEAVY = ("torch", "transformers", "pandas", "scipy", "matplotlib", "sklearn", "llmaudit.report.models")
+"""What the command line's start must not import: the libraries of the work and the report's pydantic models."""
+
+EVERY_HELP = """
+import json, sys
+import typer.main
+from llmaudit import cli
+group = typer.main.get_command(cli.app)
+calls = [["--help"], ["--version"], []] + [[name, "--help"] for name in group.commands]
+calls += [["validate", name, "--help"] for name in group.commands["validate"].commands]
+calls += [["attack"], ["nosuchcommand"], ["attack", "x.parquet", "--n-boot", "-1"]]
+codes = []
+for args in calls:
+    sys.argv = ["llmaudit", *args]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        codes.append(exc.code)
+print(json.dumps({"calls": calls, "codes": codes, "loaded": [m for m in HEAVY if m in sys.modules]}))
+"""
+
+
+def run_python(script: str, **env: str) -> str:
+    """The last line `script` prints in a fresh interpreter (this one's path, stderr a pipe: not a terminal)."""
+    environ = {k: v for k, v in os.environ.items() if k != "LLMAUDIT_THREADS"}
+    environ.update(PYTHONPATH=os.pathsep.join(sys.path), **env)
+    done = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{script}"], env=environ, capture_output=True,
+                          text=True, timeout=300, check=True)  # fmt: skip
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_help_version_and_argument_errors_import_neither_torch_nor_the_analysis():
+    """`llmaudit --help`, `--version`, every command's `--help` and a bad argument answer from the command
+    definitions alone: the imports of the work are deferred to the command bodies that do it."""
+    result = json.loads(run_python(EVERY_HELP))
+    helps = [c for c in result["calls"] if c[-1:] in (["--help"], ["--version"])]
+    assert len(helps) >= 18 and ["validate", "capacity", "--help"] in helps  # every command and subcommand
+    codes = dict(zip(map(tuple, result["calls"]), result["codes"], strict=True))
+    assert all(codes[tuple(c)] in (0, None) for c in helps), codes
+    assert codes[()] == 2 and codes[("attack",)] == 2 and codes[("nosuchcommand",)] == 2  # usage errors
+    assert codes[("attack", "x.parquet", "--n-boot", "-1")] == 2
+    assert result["loaded"] == []
+
+
+def test_the_deferred_imports_keep_the_settings_of_the_start():
+    """With no torch at the start, $LLMAUDIT_THREADS still reaches torch, and transformers imported after the start
+    (by a command) still shows no progress bars on a stderr that is not a terminal."""
+    threads = "from llmaudit.commands.base import setup\nsetup()\nimport torch\nprint(torch.get_num_threads())"
+    assert run_python(threads, LLMAUDIT_THREADS="3") == "3"
+    bars = (
+        "import sys\nfrom llmaudit.commands.base import setup\nsetup()\nbefore = 'transformers' in sys.modules\n"
+        "from transformers.utils import logging\nprint(before, logging.is_progress_bar_enabled())"
+    )
+    assert run_python(bars) == "False False"
 
 
 def test_score_without_a_target_refuses(monkeypatch, tmp_path):

@@ -193,3 +193,12 @@ def test_the_kld_command_refuses_bad_input_in_one_line(tmp_path, args, words):
     code, _, err = run_cli(["kld", *[a if a.startswith("--") else str(tmp_path / a) for a in args]])
     assert code == 2 and err.count("\n") == 1, err
     assert words in err or "llama-cpp-python" in err, err
+
+
+def test_the_kld_commands_batch_default_is_the_librarys():
+    """`llmaudit kld --batch` defaults to the library's tokens per decode call (the command holds its own copy, so
+    that its help imports neither llama.cpp nor torch)."""
+    from llmaudit.analyze import gguf_kld
+    from llmaudit.commands import kld
+
+    assert kld.DEFAULT_BATCH == gguf_kld.DEFAULT_BATCH == 2048

@@ -84,9 +84,6 @@ def test_the_commands_hold_the_bound_before_they_read_the_recipe(command, tmp_pa
     """`llmaudit finetune` and `audit` bound the cache before anything else (a recipe's model conversion may make
     primitives), and the variable is gone when the bounded part ends, also on failure (`audit` starts its scoring
     processes after it, so they keep oneDNN's default)."""
-    import importlib
-
-    module = importlib.import_module(f"llmaudit.commands.{command}")
     monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
     seen = []
 
@@ -94,7 +91,7 @@ def test_the_commands_hold_the_bound_before_they_read_the_recipe(command, tmp_pa
         seen.append(os.environ.get(ONEDNN_CACHE_ENV))
         raise SystemExit(3)
 
-    monkeypatch.setattr(module, "config_from_recipe", stop)
+    monkeypatch.setattr("llmaudit.jobs.targets.config_from_recipe", stop)  # the commands import it when they run
     code, _, _ = run_cli([command, "demo-cpu", "--out", tmp_path / "exp"])
     assert code == 3 and seen == [str(TRAINING_PRIMITIVE_CACHE)]
     assert ONEDNN_CACHE_ENV not in os.environ

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from llmaudit.analyze.attacks.evaluate import run_attacks
-from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.commands.base import app
 from llmaudit.common.io import atomic_write_json, read_json
-from llmaudit.report.plots import plot_roc_loglog
-from llmaudit.store.losstable import read_loss_table
+
+if TYPE_CHECKING:
+    from llmaudit.analyze.decision import DecisionSettings
 
 
 def attack_command(
@@ -31,6 +30,11 @@ def attack_command(
     it. r_q: {quantizer: r_Q} or a JSON file of it. decision: the release rule's settings (default: its defaults
     with this seed); its verdict and comparison with full precision are in `out` under "decision". settings: what
     `run_attacks` takes (quantizers, reference_quantizer, and the fields of `AttackSettings`: attacks, n_boot, ...)."""
+    from llmaudit.analyze.attacks.evaluate import run_attacks
+    from llmaudit.analyze.decision import DecisionSettings
+    from llmaudit.report.plots import plot_roc_loglog
+    from llmaudit.store.losstable import read_loss_table
+
     df = read_loss_table(loss_table)
     if r_q is not None and not isinstance(r_q, Mapping):
         r_q = {str(q): float(v) for q, v in read_json(r_q).items()}

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import typer
 
-from llmaudit.analyze.store_analysis import analyze
 from llmaudit.commands.base import (
     GATE_HELP,
     OVERRIDES_HELP,
@@ -19,11 +18,6 @@ from llmaudit.commands.base import (
     written,
 )
 from llmaudit.common.memory import bounded_primitive_cache
-from llmaudit.finetune.runs import finetune as do_finetune
-from llmaudit.jobs.local import score_in_processes
-from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
-from llmaudit.report.write import write_report
-from llmaudit.score.stage import score as do_score
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -36,6 +30,13 @@ def audit(
 ) -> None:
     """finetune, score and report in order, then print the verdict. `llmaudit audit` alone runs the CPU demo (a
     few minutes)."""
+    from llmaudit.analyze.store_analysis import analyze
+    from llmaudit.finetune.runs import finetune as do_finetune
+    from llmaudit.jobs.local import score_in_processes
+    from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
+    from llmaudit.report.write import write_report
+    from llmaudit.score.stage import score as do_score
+
     t0 = time.time()
     with bounded_primitive_cache():  # from the start: any oneDNN work fixes the process's cache size
         recipe, overrides = split_recipe_args(list(args or []))

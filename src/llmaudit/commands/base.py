@@ -12,11 +12,9 @@ from pathlib import Path
 
 import typer
 
-from llmaudit.common.runtime import env_threads, set_threads
+from llmaudit.common.errors import GATE_EXIT_CODE
 from llmaudit.common.safe_text import escape_controls
-from llmaudit.report.answer import wrap_segments
-from llmaudit.report.gate import GATE_EXIT_CODE, gate_decision, write_gate_outputs
-from llmaudit.report.terminal import FIXED_WIDTH, print_summary
+from llmaudit.common.threads import env_threads
 
 app = typer.Typer(
     add_completion=False,
@@ -90,7 +88,11 @@ def setup() -> None:
         # enums). LLMAUDIT_LOG=WARNING shows them again.
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
-    set_threads(env_threads())
+    threads = env_threads()  # a bad $LLMAUDIT_THREADS is refused here, before any command
+    if threads is not None:  # torch is imported only when there is a count to give it (`--help` never needs it)
+        from llmaudit.common.runtime import set_threads
+
+        set_threads(threads)
     if not sys.stderr.isatty():  # a log file or a pipe: no carriage-return frames from the libraries' bars either
         progress(True)
 
@@ -101,10 +103,11 @@ def progress(no_progress: bool) -> bool:
     no_progress = no_progress or not sys.stderr.isatty()
     if no_progress:
         from huggingface_hub.utils import disable_progress_bars
-        from transformers.utils import logging as hf_logging
 
         disable_progress_bars()
-        hf_logging.disable_progress_bar()
+        hf_logging = sys.modules.get("transformers.utils.logging")
+        if hf_logging is not None:  # imported later, transformers takes its setting from huggingface_hub's
+            hf_logging.disable_progress_bar()
     return not no_progress
 
 
@@ -119,6 +122,10 @@ GATE_HELP = (
 def finish(report: dict, *, release: str | None, gate: bool, out_dir: Path | None = None) -> None:
     """The verdict on one screen (the answer's last line: what may be released); with --gate, the reason line,
     the gate's files in `out_dir` (the report directory) and exit GATE_EXIT_CODE unless cleared."""
+    from llmaudit.report.answer import wrap_segments
+    from llmaudit.report.gate import gate_decision, write_gate_outputs
+    from llmaudit.report.terminal import FIXED_WIDTH, print_summary
+
     typer.echo("")
     print_summary(report)
     if gate:

@@ -12,7 +12,6 @@ from llmaudit.commands.base import (
     app,
     progress,
 )
-from llmaudit.jobs.importing import run_import
 
 ARGS_HELP = (
     "TRAINING_DIR (the trainer's output_dir: checkpoint-N/ subdirectories and/or final weights), then "
@@ -51,6 +50,8 @@ def import_(
     a run store that references the checkpoints (digests recorded, nothing copied), takes membership from
     the training and held-out files, and measures the blind baseline (a text-only classifier of train vs
     held-out). Then `llmaudit score RUN_DIR` and `llmaudit report RUN_DIR` work as for `llmaudit finetune`."""
+    from llmaudit.jobs.importing import run_import
+
     progress(no_progress)
     rest = list(args or [])
     dirs = [Path(rest.pop(0))] if rest and "=" not in rest[0] else []

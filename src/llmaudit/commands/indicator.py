@@ -7,15 +7,16 @@ from typing import Any
 
 import typer
 
-from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.commands.base import app
 from llmaudit.common.io import atomic_write_json
-from llmaudit.store.losstable import read_loss_table
 
 
 def indicator_command(loss_table: Path, out: Path, split: str = "val") -> dict[str, Any]:
     """Read, score, write `out` atomically (nan/inf as NaN/Infinity, which Python's json reads back; the status
     fields say what they mean); return the result."""
+    from llmaudit.analyze.rq_aggregate import indicator_from_table
+    from llmaudit.store.losstable import read_loss_table
+
     result = indicator_from_table(read_loss_table(loss_table), split=split)
     result["protocol"]["loss_table"] = str(loss_table)
     atomic_write_json(out, result)

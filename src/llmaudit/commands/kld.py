@@ -14,16 +14,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import typer
 
-from llmaudit.analyze.gguf_kld import DEFAULT_BATCH, compare_with_base, summary_record, write_base
-from llmaudit.analyze.llama_kld import format_summary
 from llmaudit.commands.base import app
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json
-from llmaudit.quantize.gguf_logits import read_base_logits
-from llmaudit.quantize.llama_cpp_lib import availability
+
+DEFAULT_BATCH = 2048
+"""Tokens per decode call, llama-perplexity's -b (`analyze.gguf_kld.DEFAULT_BATCH`, held here so that `--help`
+imports neither llama.cpp nor torch)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,8 @@ def _check_inputs(quantized: list[Path], source: BaseSource) -> None:
     for path in [p for p in (source.logits, source.text) if p is not None]:
         if not path.is_file():
             raise UserError(f"{path}: no such file")
+    from llmaudit.quantize.llama_cpp_lib import availability
+
     reason = availability()
     if reason:
         raise UserError(f"kld evaluates the GGUF files with llama.cpp: {reason}")
@@ -66,6 +67,11 @@ def kld_command(quantized: list[Path], source: BaseSource, *, batch: int = DEFAU
     """The statistics of each quantized file against the base (module docstring); one JSON record each
     (``gguf_kld.summary_record``)."""
     _check_inputs(quantized, source)
+    import torch
+
+    from llmaudit.analyze.gguf_kld import compare_with_base, summary_record, write_base
+    from llmaudit.quantize.gguf_logits import read_base_logits
+
     threads = threads or max(1, torch.get_num_threads())
     with tempfile.TemporaryDirectory(prefix="llmaudit-kld-") as tmp:
         if source.gguf is not None:
@@ -99,6 +105,8 @@ def kld(
     ),  # fmt: skip
 ) -> None:
     """llama.cpp's KL statistics (llama-perplexity --kl-divergence) of quantized GGUF files, computed by llmaudit."""
+    from llmaudit.analyze.llama_kld import format_summary
+
     source = BaseSource(base_logits, base, text, save_base_logits, ctx, chunks)
     records = kld_command(list(quantized or []), source, batch=batch, threads=threads)
     if save_base_logits is not None:

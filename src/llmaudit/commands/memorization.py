@@ -9,11 +9,8 @@ from typing import Any
 
 import typer
 
-from llmaudit.analyze.memorization import memorization_from_table, parse_reference, parse_scaling_law
 from llmaudit.commands.base import app
 from llmaudit.common.io import atomic_write_json, atomic_write_text
-from llmaudit.report.memorization_md import markdown_section
-from llmaudit.store.losstable import read_loss_table
 
 
 def memorization_command(
@@ -30,6 +27,10 @@ def memorization_command(
     loss table scored by the reference model. scaling_law: "c1=..,c2=..,c3=..[,dataset_size=samples|tokens]".
     options: what `memorization_from_table` takes (adapter_params, model_params, capacity_bits_per_param, n_boot,
     seed)."""
+    from llmaudit.analyze.memorization import memorization_from_table, parse_reference, parse_scaling_law
+    from llmaudit.report.memorization_md import markdown_section
+    from llmaudit.store.losstable import read_loss_table
+
     result = memorization_from_table(
         read_loss_table(loss_table),
         reference=parse_reference(reference),

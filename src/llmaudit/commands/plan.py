@@ -13,10 +13,6 @@ from llmaudit.commands.base import (
 )
 from llmaudit.common.io import to_json
 from llmaudit.data.records import DataError
-from llmaudit.jobs.plan import format_plan, make_plan
-from llmaudit.jobs.sizing import sizing_report
-from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, is_run_dir, split_recipe_args
-from llmaudit.store.run_store import RunStore
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -40,6 +36,11 @@ def plan(
     and to score, GPTQ calibrations, disk, and the wall time per stage, from a few-second calibration on
     this machine or a named GPU's published peak; and whether its design (a recipe's, or a run directory's own
     membership) can reach a PASS or a FAIL. Nothing is written."""
+    from llmaudit.jobs.plan import format_plan, make_plan
+    from llmaudit.jobs.sizing import sizing_report
+    from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, is_run_dir, split_recipe_args
+    from llmaudit.store.run_store import RunStore
+
     recipe, overrides = split_recipe_args(list(args or []))
     store = RunStore(recipe) if is_run_dir(recipe) else None
     cfg = config_from_run_dir(recipe, overrides) if store else config_from_recipe(recipe, overrides)

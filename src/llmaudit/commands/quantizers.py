@@ -6,13 +6,16 @@ from __future__ import annotations
 import shutil
 import textwrap
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import typer
 
 from llmaudit.commands.base import (
     app,
 )
-from llmaudit.quantize import QuantizerInfo, list_quantizers
+
+if TYPE_CHECKING:
+    from llmaudit.quantize import QuantizerInfo
 
 WIDTH = 120
 """Columns of the table when the output is not a terminal (at most this on one)."""
@@ -66,6 +69,8 @@ def backend_lines(infos: Iterable[QuantizerInfo], width: int = WIDTH) -> list[st
 def quantizers() -> None:
     """Every registered quantizer by backend, its nominal bits, and whether its library and device are available
     here (if not: why, and the install command, once per backend)."""
+    from llmaudit.quantize import list_quantizers
+
     width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns)
     for line in backend_lines(list_quantizers(), width):
         typer.echo(line)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from llmaudit.analyze.store_analysis import analyze
 from llmaudit.commands.base import (
     GATE_HELP,
     RELEASE_HELP,
@@ -15,13 +14,6 @@ from llmaudit.commands.base import (
     finish,
     written,
 )
-from llmaudit.config import RecipeError
-from llmaudit.jobs.status import report_is_current
-from llmaudit.jobs.targets import config_from_run_dir
-from llmaudit.report.model_card import UnknownQuantizerError
-from llmaudit.report.verify import verified_report
-from llmaudit.report.write import write_model_card, write_report
-from llmaudit.store.run_store import RunStore
 
 
 @app.command()
@@ -48,6 +40,15 @@ def report(
     released model's card); print the verdict. An inconsistent store is refused. --gate always analyses the loss
     tables again (never report.json's word); --release alone writes the card from report.json when it is verified
     (`report.verify.verified_report`)."""
+    from llmaudit.analyze.store_analysis import analyze
+    from llmaudit.config import RecipeError
+    from llmaudit.jobs.status import report_is_current
+    from llmaudit.jobs.targets import config_from_run_dir
+    from llmaudit.report.model_card import UnknownQuantizerError
+    from llmaudit.report.verify import verified_report
+    from llmaudit.report.write import write_model_card, write_report
+    from llmaudit.store.run_store import RunStore
+
     store = RunStore(run_dir)
     overrides = list(overrides or [])
     outside = [o for o in overrides if not o.strip().startswith("report.")]

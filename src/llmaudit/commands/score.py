@@ -13,10 +13,6 @@ from llmaudit.commands.base import (
     progress,
 )
 from llmaudit.common.errors import UserError
-from llmaudit.jobs.local import score_in_processes
-from llmaudit.jobs.sizing import sizing_report
-from llmaudit.jobs.targets import resolve_target, split_recipe_args
-from llmaudit.score.stage import score as do_score
 from llmaudit.store.shards import parse_shard
 
 
@@ -42,6 +38,11 @@ def score(
     """Per-sample token losses of every (run, checkpoint, quantizer) unit, one parquet loss table per unit.
     Impossible quantizer requests are rejected before any work; finished units are skipped, failed ones
     moved aside and scored again; several processes may score one store at once (units are locked)."""
+    from llmaudit.jobs.local import score_in_processes
+    from llmaudit.jobs.sizing import sizing_report
+    from llmaudit.jobs.targets import resolve_target, split_recipe_args
+    from llmaudit.score.stage import score as do_score
+
     target, overrides = split_recipe_args(list(args or []))
     if target is None:  # never silently the demo's store
         raise UserError(

@@ -11,8 +11,6 @@ from llmaudit.commands.base import (
 )
 from llmaudit.common.io import to_json
 from llmaudit.common.safe_text import escape_controls
-from llmaudit.jobs.status import format_status, stage_status
-from llmaudit.store.run_store import RunStore
 
 
 @app.command()
@@ -23,5 +21,8 @@ def status(
     """What is done, running and missing: runs and their checkpoints, scoring units per quantizer, the report.
     A unit whose job was killed shows as missing (rerunning the stage resumes it). Names from the store (files,
     quantizers, job errors) are shown with their control characters escaped; --json escapes them as JSON does."""
+    from llmaudit.jobs.status import format_status, stage_status
+    from llmaudit.store.run_store import RunStore
+
     result = stage_status(RunStore(run_dir))
     typer.echo(to_json(result).rstrip() if as_json else escape_controls(format_status(result), keep_newlines=True))

@@ -11,8 +11,6 @@ from llmaudit.commands.base import (
     TRUST_HELP,
     app,
 )
-from llmaudit.jobs.submit import submit as do_submit
-from llmaudit.jobs.targets import resolve_target, split_recipe_args
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -30,6 +28,9 @@ def submit(
     a SLURM array job per stage with `cluster.cluster: slurm` (later stages wait for earlier ones), or local
     processes with `cluster.cluster: local` (waits until they finish). Every stage resumes from disk, so
     submitting again after a crash or preemption redoes nothing that is finished."""
+    from llmaudit.jobs.submit import submit as do_submit
+    from llmaudit.jobs.targets import resolve_target, split_recipe_args
+
     if stage not in ("finetune", "score", "report", "all"):
         raise typer.BadParameter(f"{stage!r} is not one of finetune, score, report, all", param_hint="STAGE")
     target, overrides = split_recipe_args(list(args or []))

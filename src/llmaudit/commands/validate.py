@@ -9,10 +9,6 @@ import typer
 from llmaudit.commands.base import (
     validate_app,
 )
-from llmaudit.jobs.targets import split_recipe_args
-from llmaudit.validate.candidate_validation import markdown_table, validate_indicators_command
-from llmaudit.validate.capacity import capacity_command
-from llmaudit.validate.synthetic.outputs import validate_synthetic_command
 
 
 @validate_app.command("synthetic", context_settings={"allow_extra_args": True})
@@ -21,6 +17,9 @@ def validate_synthetic(
     out: Path | None = typer.Option(None, "--out", help="Output directory (default ./synthetic-validation)."),
 ) -> None:
     """The indicator paper's synthetic validation: r_Q ranking vs baseline MIS ranking of 8 simple quantizers."""
+    from llmaudit.jobs.targets import split_recipe_args
+    from llmaudit.validate.synthetic.outputs import validate_synthetic_command
+
     recipe, overrides = split_recipe_args(list(args or []))
     validate_synthetic_command(Path(recipe) if recipe else None, overrides, out)
 
@@ -45,6 +44,9 @@ def validate_indicators(
 ) -> None:
     """Every candidate attack-free indicator, the published r_Q included, on the synthetic protocol (against
     the baseline MIS) and on run stores (against their attacks), with each one's validation status."""
+    from llmaudit.jobs.targets import split_recipe_args
+    from llmaudit.validate.candidate_validation import markdown_table, validate_indicators_command
+
     recipe, overrides = split_recipe_args(list(args or []))
     result = validate_indicators_command(
         out,
@@ -65,4 +67,6 @@ def validate_capacity(
     seed: int = typer.Option(0),
 ) -> None:
     """Memorization capacity (bits per parameter) of tiny models on uniformly random tokens (known entropy)."""
+    from llmaudit.validate.capacity import capacity_command
+
     capacity_command(out, seed=seed, markdown_out=out.with_suffix(".md"))

@@ -10,6 +10,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+GATE_EXIT_CODE = 3
+"""The exit code of `--gate` when the quantizer to ship is not cleared (2 is bad input, 1 a bug, 130 an interrupt)."""
+
 
 class UserError(ValueError):
     """Bad input or an impossible request; the message names the file or key and the fix."""

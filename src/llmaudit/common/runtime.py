@@ -31,29 +31,14 @@ import torch
 
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json
+from llmaudit.common.threads import THREADS_ENV as THREADS_ENV  # the variable and its reading: light, no torch
+from llmaudit.common.threads import env_threads
 
-THREADS_ENV = "LLMAUDIT_THREADS"
 CACHE_ENV = "LLMAUDIT_CACHE"
 
 
 class DeviceError(UserError):
     """A device was requested that this machine does not have."""
-
-
-def env_threads() -> int | None:
-    """$LLMAUDIT_THREADS as a positive int, or None when unset."""
-    env = os.environ.get(THREADS_ENV, "").strip()
-    if not env:
-        return None
-    try:
-        value = int(env)
-    except ValueError:
-        raise UserError(
-            f"{THREADS_ENV}={env!r} is not a whole number; set it to the CPU threads to use (e.g. 2) or unset it."
-        ) from None
-    if value < 1:
-        raise UserError(f"{THREADS_ENV}={env!r} must be at least 1.")
-    return value
 
 
 def set_threads(n: int | None) -> int:

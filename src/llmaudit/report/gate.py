@@ -25,7 +25,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict
 
 from llmaudit.analyze.decision.models import Estimate
-from llmaudit.common.errors import did_you_mean
+from llmaudit.common.errors import GATE_EXIT_CODE, did_you_mean
 from llmaudit.common.io import atomic_write_text
 from llmaudit.report.answer import (
     AnswerLine,
@@ -41,9 +41,6 @@ from llmaudit.report.cells import md_escape
 from llmaudit.report.model_card import UnknownQuantizerError
 from llmaudit.report.models import ReportJson, as_report
 from llmaudit.report.release import decision_of
-
-GATE_EXIT_CODE = 3
-"""Exit code of `--gate` when the quantizer to ship is not cleared (2 means bad input; 1 an internal error)."""
 
 GATE_SCHEMA_VERSION = 1
 
