@@ -93,7 +93,8 @@ def test_html_opens_with_the_answer_banner(audited):
         assert f"<code>{line.quantizer}</code> <b>{line.status}</b>" in banner.group(2)
     marked = re.findall(r'<tr class="rec[^"]*"><td><code>([^<]*)</code>', html_text)
     rec = typed.recommendation.quantizer
-    assert marked == ([f"{rec} (recommended)"] if rec else [])
+    first = "(recommended)" if typed.recommendation.cleared_for_release else "(ranks first, not cleared)"
+    assert marked == ([f"{rec} {first}"] if rec else [])  # never "recommended" for what is not cleared
     # a cleared recommendation turns the banner green and says to release it
     q = candidate_lines(typed)[0].quantizer
     report["recommendation"] |= {"quantizer": q, "cleared_for_release": True, "explanation": "planted"}

@@ -187,14 +187,16 @@ def _budget(ax, report: ReportJson, left: float) -> None:
 
 def utility_vs_privacy(report: ReportLike) -> Figure | None:
     """Relative validation-loss change vs full precision (x) against the headline leakage (y), both with their
-    intervals; the utility budget and the limit drawn, the recommended quantizer circled."""
+    intervals; the utility budget and the limit drawn, the first-ranked quantizer circled ("recommended" only when it is cleared)."""
     report = as_report(report)
     rows = [(r, headline_point(r)) for r in report.grid if finite(r.utility.relative_change)]
     rows = [(r, p) for r, p in rows if p is not None]
     if not rows:
         return None
     colors = quantizer_colors(report)
-    rec = recommendation_of(report).quantizer
+    recommendation = recommendation_of(report)
+    rec = recommendation.quantizer
+    circled = "recommended" if recommendation.cleared_for_release else "ranks first (not cleared)"
     fig = Figure(figsize=(6.6, 4.8))
     ax = fig.add_subplot(1, 1, 1)
     xs = [100 * r.utility.relative_change for r, _ in rows]
@@ -203,7 +205,7 @@ def utility_vs_privacy(report: ReportLike) -> Figure | None:
         xci = [100 * uci[0], 100 * uci[1]] if uci and finite(uci[0]) and finite(uci[1]) else None
         ax.errorbar(x, y, xerr=yerr(x, xci), yerr=yerr(y, ci), fmt="o", color=colors[r.quantizer], capsize=3)
         if r.quantizer == rec:
-            ax.plot(x, y, "o", ms=16, mfc="none", mec="green", mew=1.5, label="recommended")
+            ax.plot(x, y, "o", ms=16, mfc="none", mec="green", mew=1.5, label=circled)
     left = min(min(xs), 0.0) - 1.0
     _budget(ax, report, left)
     if max(xs) > 50 and min(xs) >= 0:

@@ -32,10 +32,11 @@ SUMMARY_HEADER = [
 def summary_table(report: ReportJson) -> Table:
     """Every quantizer on one table: verdict, leakage against full precision, the honest strongest attack, utility."""
     rows, marked = [], None
+    first = " (recommended)" if report.recommendation.cleared_for_release else " (ranks first, not cleared)"
     for i, s in enumerate(summary_rows(report)):
         if s.recommended:
             marked = i
-        label = s.quantizer + (" (ref)" if s.is_reference else "") + (" (recommended)" if s.recommended else "")
+        label = s.quantizer + (" (ref)" if s.is_reference else "") + (first if s.recommended else "")
         rows.append(
             [
                 Cell(label, code=True),
