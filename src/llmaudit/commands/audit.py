@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from llmaudit.commands.base import (
     OVERRIDES_HELP,
     RELEASE_HELP,
     app,
-    finish,
+    finish_written,
     progress,
     written,
 )
@@ -50,9 +49,4 @@ def audit(
     result = analyze(cfg, store)
     paths = write_report(store, result, release=release)
     typer.echo(f"[audit] finished in {time.time() - t0:.0f}s; {written(p for k, p in paths.items() if k != 'plots')}")
-    finish(
-        json.loads(Path(paths["json"]).read_text(encoding="utf-8")),
-        release=release,
-        gate=gate,
-        out_dir=store.report_dir,
-    )
+    finish_written(paths, store, release=release, gate=gate)

@@ -139,6 +139,14 @@ def finish(report: dict, *, release: str | None, gate: bool, out_dir: Path | Non
             raise typer.Exit(GATE_EXIT_CODE)
 
 
+def finish_written(paths: dict, store, *, release: str | None, gate: bool) -> None:
+    """`finish` on the report.json `write_report` just wrote (its `paths`) in the store's report directory."""
+    import json
+
+    report = json.loads(Path(paths["json"]).read_text(encoding="utf-8"))
+    finish(report, release=release, gate=gate, out_dir=store.report_dir)
+
+
 def written(paths) -> str:
     """ "wrote a, b, c in DIR" for files of one directory (the full paths otherwise): one short line."""
     paths = [Path(p) for p in paths]

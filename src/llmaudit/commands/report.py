@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -12,6 +11,7 @@ from llmaudit.commands.base import (
     RELEASE_HELP,
     app,
     finish,
+    finish_written,
     written,
 )
 
@@ -67,9 +67,4 @@ def report(
     result = analyze(cfg, store, quantizers=chosen)
     paths = write_report(store, result, include_samples=include_samples, release=release)
     typer.echo(f"[report] {written(p for k, p in paths.items() if k != 'plots')}")
-    finish(
-        json.loads(Path(paths["json"]).read_text(encoding="utf-8")),
-        release=release,
-        gate=gate,
-        out_dir=store.report_dir,
-    )
+    finish_written(paths, store, release=release, gate=gate)

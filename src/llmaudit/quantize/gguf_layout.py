@@ -98,14 +98,19 @@ def quantized_modules(model: nn.Module) -> dict[str, tuple[str, nn.Module]]:
     return found
 
 
-def _hyper_parameters(writer, config) -> None:
-    """The keys convert_hf_to_gguf.py writes that llama.cpp's loader reads for these architectures."""
+def write_shape_keys(writer, config) -> None:
+    """The model-shape keys convert_hf_to_gguf.py writes for Llama / Qwen2 (layers, context, widths, heads)."""
     writer.add_block_count(int(config.num_hidden_layers))
     writer.add_context_length(int(getattr(config, "max_position_embeddings", 2048)))
     writer.add_embedding_length(int(config.hidden_size))
     writer.add_feed_forward_length(int(config.intermediate_size))
     writer.add_head_count(int(config.num_attention_heads))
     writer.add_head_count_kv(int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads))
+
+
+def _hyper_parameters(writer, config) -> None:
+    """The keys convert_hf_to_gguf.py writes that llama.cpp's loader reads for these architectures."""
+    write_shape_keys(writer, config)
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if head_dim != config.hidden_size // config.num_attention_heads:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .base import QuantizationError
-from .gguf_layout import architecture
+from .gguf_layout import architecture, write_shape_keys
 from .given import rotary_rows
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")
@@ -90,12 +90,7 @@ def _hyper_parameters(writer, config: Any) -> np.ndarray | None:
     returns Llama 3's rope_freqs tensor when the scaling has one."""
     import gguf
 
-    writer.add_block_count(int(config.num_hidden_layers))
-    writer.add_context_length(int(getattr(config, "max_position_embeddings", 2048)))
-    writer.add_embedding_length(int(config.hidden_size))
-    writer.add_feed_forward_length(int(config.intermediate_size))
-    writer.add_head_count(int(config.num_attention_heads))
-    writer.add_head_count_kv(int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads))
+    write_shape_keys(writer, config)
     rope = _rope_parameters(config)
     writer.add_rope_freq_base(float(rope["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
