@@ -133,7 +133,8 @@ class ScoreInputs:
         """The base model for the caller to keep or modify (a checkpoint merges its adapter into it).
 
         No process keeps a base beside the checkpoint it scores: a merged copy beside it would hold a second model in
-        memory between units, while loading it again from its cached files is quick (docs/results.md, "A final unit.s memory by phase").
+        memory between units, while loading it again from its cached files is quick (docs/results.md, "A final
+        unit's memory by phase").
 
         Returns:
             Any: the base held, else one loaded again from its files.
