@@ -170,7 +170,7 @@ write replaces), "older" alone (an older store or report.json that llmaudit stil
 
 FIGURE = re.compile(
     r"(?<![\w.])\d+(?:[.,]\d+)?\s*(?:ms|s|sec|seconds?|min|minutes?|hours?|GiB|GB|MiB|MB|KiB|KB|kB)(?:/s)?(?!\w)"
-    r"|(?<![\w.])\d+(?:\.\d+)?\s*(?:%|x|times)\s+(?:faster|slower|quicker|longer|shorter|larger|smaller)\b"
+    r"|(?<![\w.])\d+(?:\.\d+)?\s*(?:%|x|times)\s+(?i:faster|slower|quicker|longer|shorter|larger|smaller)\b"
     r"|\b(?:took|ran in|runs in|measured at)\s+(?:about\s+|~)?\d",
 )
 """A time or a size with its unit, a speed-up, or "took N": a measurement of some machine and some version."""
@@ -245,7 +245,7 @@ def test_no_docstring_or_comment_holds_history_or_a_measured_figure(package):
     "text, kinds",
     [
         ("The landed path, since 0.2 (ae578c7, 2025-03-01).", ["a year", "a commit", "history", "history"]),
-        ("Scoring took 12 s and 3.4 GiB on SmolLM2-135M; 2x faster.", ["a measured figure"] * 3),
+        ("Scoring took 12 s and 3.4 GiB on SmolLM2-135M; 2x faster, 4x SLOWER.", ["a measured figure"] * 4),
         ("LiRA (Carlini et al. 2022), RMIA (ICML 2024); 2048 tokens; sha 0x1f2e3d4c.", []),
         ("The old set of files stays; a job SLURM no longer knows; the data used to calibrate.", []),
     ],

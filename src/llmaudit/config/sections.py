@@ -329,7 +329,7 @@ LEGACY_ATTACK_NAMES = (
     "lira_offline",
     "lira_online",
 )
-"""Every attack before the attacks of 2024-2026: a recorded config listing exactly these asked for every attack."""
+"""A recorded config whose attack list is exactly these is read as asking for every registered attack."""
 
 
 class AttackConfig(Section):

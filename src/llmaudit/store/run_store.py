@@ -37,7 +37,7 @@ import torch
 from llmaudit.common.bounded import InputLimitError, JsonLineError, read_jsonl
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
-from llmaudit.common.io import file_digest as file_digest  # re-exported: its import path since 0.2
+from llmaudit.common.io import file_digest as file_digest  # re-exported: callers import it from here
 from llmaudit.common.names import check_safe_name
 from llmaudit.common.runtime import (
     DTYPE_NAMES,
