@@ -193,8 +193,8 @@ def _ci_values(ci: dict) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", ["rows", "stratified", "groups", "ties", "few"])
-def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
-    """One sort and cumulative sums over the resamples' multiplicities give the landed path's intervals: the
+def test_sorted_bootstrap_equals_the_group_bootstrap(case):
+    """One sort and cumulative sums over the resamples' multiplicities give the group bootstrap's intervals: the
     same resamples (same generator, same blocks), AUROC and TPR exactly, average precision to rounding; with
     ties between and within the classes, grouped rows, resamples that lose a class, every FPR level."""
     rng = np.random.default_rng(11)
@@ -213,14 +213,14 @@ def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
     if case == "few":  # tiny unstratified resamples: some lose a class (NaN, ignored)
         stratified, kw["fprs"] = False, (0.2,)
         labels = np.array([1, 0, 0, 0, 0, 0, 1], bool)
-    landed = bootstrap_ci(scores, labels, resampling=Resampling(stratified, "groups"), **kw)
+    grouped = bootstrap_ci(scores, labels, resampling=Resampling(stratified, "groups"), **kw)
     for engine in ("sorted", "compiled"):
         got = bootstrap_ci(scores, labels, resampling=Resampling(stratified, engine), **kw)
-        a, b = _ci_values(got), _ci_values(landed)
+        a, b = _ci_values(got), _ci_values(grouped)
         assert np.array_equal(np.delete(a, 1, axis=0), np.delete(b, 1, axis=0), equal_nan=True)
         assert np.allclose(a[1], b[1], rtol=0, atol=1e-12, equal_nan=True)
         assert {k: v for k, v in got.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")} == {
-            k: v for k, v in landed.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")
+            k: v for k, v in grouped.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")
         }
     with pytest.raises(ValueError, match="engine must be one of"):
         bootstrap_ci(scores, labels, resampling=Resampling(stratified, "resort"), **kw)
@@ -269,9 +269,9 @@ def test_compiled_roc_stats_equal_the_sorted_ones_per_resample(decimals):
         assert np.array_equal(tpr[:, i], want["tpr_at_fpr"][f"{alpha:g}"], equal_nan=True)
 
 
-def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):
+def test_calibrated_intervals_equal_the_level_by_level_group_bootstrap(monkeypatch):
     """pooled_calibrated's intervals: every level's counts re-summed in one product and the pooled z's ROC
-    bootstrap on the sorted path give the landed numbers (levels one product each, the group bootstrap)."""
+    bootstrap on the sorted path give the numbers of one product per level and the group bootstrap."""
     import functools
 
     from llmaudit.analyze import metrics
@@ -284,12 +284,12 @@ def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):
     monkeypatch.setattr(
         metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, resampling=metrics.Resampling(engine="groups"))
     )
-    landed = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
-    assert got["ci"]["tpr_at_fpr"] == landed["ci"]["tpr_at_fpr"]
-    assert got["ci"]["roc"]["auroc"] == landed["ci"]["roc"]["auroc"]
-    ap, ap_landed = got["ci"]["roc"]["average_precision"], landed["ci"]["roc"]["average_precision"]
-    assert ap["low"] == pytest.approx(ap_landed["low"], abs=1e-12)
-    assert ap["high"] == pytest.approx(ap_landed["high"], abs=1e-12)
+    grouped = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
+    assert got["ci"]["tpr_at_fpr"] == grouped["ci"]["tpr_at_fpr"]
+    assert got["ci"]["roc"]["auroc"] == grouped["ci"]["roc"]["auroc"]
+    ap, ap_grouped = got["ci"]["roc"]["average_precision"], grouped["ci"]["roc"]["average_precision"]
+    assert ap["low"] == pytest.approx(ap_grouped["low"], abs=1e-12)
+    assert ap["high"] == pytest.approx(ap_grouped["high"], abs=1e-12)
     # one level's interval by hand: the same resamples, its four counts re-summed alone
     counts = metrics.resample_counts(np.random.default_rng(4), 300, 200)
     fin = np.isfinite(z)

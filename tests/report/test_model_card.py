@@ -129,8 +129,8 @@ def test_the_card_reads_its_numbers_from_the_report_it_is_given(audited):
     assert f"  - `{q}`: TPR 0.012 \\[0.005, 0.032\\] (90% interval)" in card
 
 
-def test_a_report_json_from_before_this_card_still_renders(audited):
-    """report.json written by the previous llmaudit has no explanation, ranking, runner-up or calibrated counts."""
+def test_a_report_json_without_ranking_or_calibrated_counts_renders(audited):
+    """A report.json without the recommendation's explanation, ranking and runner-up or the calibrated counts."""
     old = copy.deepcopy(audited["report"])
     for key in ("explanation", "ranking", "runner_up"):
         del old["recommendation"][key]
