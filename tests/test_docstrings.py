@@ -1,7 +1,7 @@
-"""The docstrings the code keeps (docs/architecture.md): every public function and method of analyze/, report/,
-quantize/ and score/ opens with a summary line and has `Args:` and `Returns:` (or `Yields:`) sections; no
-docstring or comment anywhere in src/ holds history (a year, a commit, "landed", ...) or a measured time or size,
-which go stale with every change and every machine (measurements live in docs/results.md).
+"""The docstrings the code keeps (docs/development.md, "Rules the tests keep on the code"): every public function
+and method of analyze/, report/, quantize/ and score/ opens with a summary line and has `Args:` and `Returns:` (or
+`Yields:`) sections; no docstring or comment anywhere in src/ holds history (a year, a commit, "landed", ...) or a
+measured time or size, which go stale with every change and every machine (measurements live in docs/results.md).
 
 Read from the source with `ast` and `tokenize`: nothing of the package is imported. Every problem is reported as
 `path:line`, so one failing run lists all of them.
@@ -69,7 +69,7 @@ def _gives_a_value(node: ast.FunctionDef) -> bool:
     if yields:
         return any(not _is_none(n.value) for n in yields)
     if node.returns is not None:
-        return ast.unparse(node.returns) not in ("None", "NoReturn", "Never", "typing.NoReturn")
+        return ast.unparse(node.returns).strip("'\"") not in ("None", "NoReturn", "Never", "typing.NoReturn")
     return any(isinstance(n, ast.Return) and not _is_none(n.value) for n in own)
 
 
