@@ -209,7 +209,7 @@ def choose_compute_dtype(
 
 
 def legacy_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The rule of run stores made before the compute dtype was recorded: auto = float32 on a CPU, bfloat16 on a GPU."""
+    """The rule of run stores whose manifest records no compute dtype: auto = float32 on a CPU, bfloat16 on a GPU."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPE_NAMES[name]

@@ -447,7 +447,8 @@ class ExperimentConfig(Section):
     def identity(self) -> dict[str, Any]:
         """The part of the config that defines the fine-tuned models: changing it makes a new experiment.
         (`model.trust_remote_code` is a permission given by whoever runs a command, not part of it.)"""
-        same = {"membership"} if self.train.membership == "fixed_fraction" else set()  # as stores made before it
+        # the default membership design leaves the identity as that of a config without the key
+        same = {"membership"} if self.train.membership == "fixed_fraction" else set()
         return {
             "model": self.model.model_dump(exclude={"trust_remote_code"}),
             "data": self.data.model_dump(),
