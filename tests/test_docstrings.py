@@ -273,3 +273,25 @@ def test_the_docstring_check_finds_missing_sections(tmp_path):
         "f: it returns a value but has no Returns: (or Yields:) section",
         "h: no docstring",
     ]
+
+
+# ---------------------------------------------------------------------------------------- test names
+
+TEST_NAME_HISTORY = re.compile(
+    r"landed|(?:^|_)old(?:_|$)|previous_version|earlier_version|before_the_(?:option|rule|dtype|new)"
+    r"|round_(?:one|two|three|four|five)|(?<![0-9a-z])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![0-9a-z])"
+)
+"""What a test's or a fixture's name would say about the code's past ("landed", "old", "round four", a commit)
+instead of what it checks."""
+
+
+def test_test_and_fixture_names_say_what_they_check_not_what_was_there_before():
+    tests = ROOT / "tests"
+    named = [f"{_rel(p)}: file name" for p in sorted(tests.rglob("*")) if TEST_NAME_HISTORY.search(p.name.lower())]
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            is_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            fixture = is_function and any("fixture" in ast.unparse(d) for d in node.decorator_list)
+            if is_function and (node.name.startswith("test_") or fixture) and TEST_NAME_HISTORY.search(node.name):
+                named.append(f"{_rel(path)}:{node.lineno} {node.name}")
+    assert not named, f"{len(named)} names carry history:\n" + "\n".join(named)
