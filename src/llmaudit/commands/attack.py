@@ -39,14 +39,11 @@ def attack_command(
         reference_quantizer: the quantizer the others are compared with (None: the full-precision one).
         r_q: {quantizer: r_Q}, or a JSON file of it, to correlate the attacks with; None: no correlation.
         plots: write the ROC plots.
-        decision: the release rule's settings (None: its defaults with the settings' seed); its verdict and
-            comparison with full precision are in `out` under "decision".
+        decision: the release rule's settings (None: its defaults with the settings' seed); its verdict is in
+            `out` under "decision".
 
     Returns:
         The result written (`run_attacks`'), with "loss_table" and, with plots, "plots" added.
-
-    Raises:
-        ValueError: a table, quantizer or reference the attacks cannot run on (`run_attacks`).
     """
     from llmaudit.analyze.attacks.evaluate import run_attacks
     from llmaudit.analyze.attacks.settings import AttackRunSettings
@@ -58,14 +55,9 @@ def attack_command(
     df = read_loss_table(loss_table)
     if r_q is not None and not isinstance(r_q, Mapping):
         r_q = {str(q): float(v) for q, v in read_json(r_q).items()}
-    results = run_attacks(
-        df,
-        settings,
-        quantizers=quantizers,
-        reference_quantizer=reference_quantizer,
-        r_q=r_q,
-        decision=decision or DecisionSettings(seed=settings.seed),
-    )
+    decision = decision or DecisionSettings(seed=settings.seed)
+    kw = dict(quantizers=quantizers, reference_quantizer=reference_quantizer, r_q=r_q, decision=decision)
+    results = run_attacks(df, settings, **kw)
     results["loss_table"] = str(loss_table)
     out = Path(out)
     if plots:

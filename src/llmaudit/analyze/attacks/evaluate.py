@@ -242,19 +242,11 @@ def attack_quantizer(
     base_q: str | None = None,
     decision: DecisionSettings | None = None,
 ) -> tuple[dict, dict, QuantizerEvidence | None]:
-    """Every attack on one quantizer's final checkpoints, each run in turn as the target.
+    """Every attack on one quantizer's final checkpoints, each run in turn as the target. base_q: the
+    quantizer of the base-model rows that "base" means (`base_quantizer`).
 
-    Args:
-        df: the loss table's rows the quantizer's attacks read (token lists included).
-        quantizer: the quantizer attacked.
-        s: how the attacks run and are evaluated.
-        base_q: the quantizer of the base-model rows that "base" means (`base_quantizer`).
-        decision: the release rule's settings; None: no evidence is collected.
-
-    Returns:
-        (the quantizer's result block, the attack definitions with its FPC, what the release decision reads when
-        `decision` settings are given, else None).
-    """
+    Returns (the quantizer's result block, the attack definitions with its FPC, what the release decision reads
+    when `decision` settings are given, else None)."""
     t = target_matrices(df, quantizer)
     pool_size = int(s.n_pool) if s.n_pool is not None else len(t.samples) + t.n_dropped
     train_size = float(s.n_train) if s.n_train is not None else float(t.keep.sum(1).mean())
@@ -367,7 +359,11 @@ def run_attacks(
     processes: int = 1,
     rows_of: QuantizerRows | None = None,
 ) -> dict:
-    """Every attack on a validated loss table: the result of `attacks_with_evidence` without the evidence.
+    """Every attack on a validated loss table, each run in turn as the target (leave-one-out).
+
+    Per quantizer: each run's final checkpoint on split "pool", the samples every run scored (others dropped,
+    counted); per attack the pooled naive, pooled calibrated (standardized per sample by the other models'
+    out-scores) and per-sample evaluations, with bootstrap intervals over samples (docs/science.md section 4).
 
     Args:
         df: the loss table.
@@ -380,7 +376,7 @@ def run_attacks(
         rows_of: with a light table, reads each quantizer's rows whole (`StoreTable.rows_of`).
 
     Returns:
-        The JSON-ready result (`attacks_with_evidence`).
+        The JSON-ready result (`attacks_with_evidence`'s, without the evidence).
 
     Raises:
         ValueError: a quantizer without pool rows, an unknown reference quantizer, or a light table without
@@ -409,42 +405,28 @@ def attacks_with_evidence(
     processes: int = 1,
     rows_of: QuantizerRows | None = None,
 ) -> tuple[dict, dict[str, QuantizerEvidence]]:
-    """Run every attack on a validated loss table, each run in turn as the target (leave-one-out).
-
-    For each quantizer: each run's FINAL checkpoint (max checkpoint per run) on split "pool"; samples scored by
-    every run (others dropped, counted). Per attack: pooled naive, pooled calibrated (the attack score standardized
-    per sample by the other models' out-scores, `lira_offline`; LiRA offline is its own calibration) and
-    per-sample evaluations with bootstrap CIs over samples. The finite population correction is LiRA's
-    (conservative within one pool: the realised FPR of the calibrated evaluation, reported, falls below alpha).
+    """Every attack on a validated loss table (`run_attacks`), with the evidence the release decision read.
 
     Args:
-        df: the loss table.
+        df: the loss table (a light table, without pool token lists, with `rows_of`).
         settings: how the attacks run and are evaluated (None: `AttackRunSettings()`).
         quantizers: the quantizers attacked (None: every one with pool rows of fine-tuned runs).
-        r_q: {quantizer: mean r_Q} to correlate the attacks with; None: no correlation.
+        r_q: {quantizer: mean r_Q} to correlate the attacks with (None: no correlation).
         reference_quantizer: the quantizer the others are compared with (None: the full-precision one).
-        decision: the release rule's settings: the release decision of every quantizer and its paired comparison
-            with the reference (`llmaudit.analyze.decision`) are added as "decision"; None: no decision.
-        processes: the quantizers are attacked in at most this many worker processes (`attack_in_workers`;
-            the same numbers).
-        rows_of: with a light table (`store_table`: the pool rows without token lists), reads each quantizer's
-            rows whole for its attacks.
+        decision: the release rule's settings; each quantizer's decision is added as "decision" (None: none).
+        processes: worker processes for the quantizers (`attack_in_workers`; the same numbers).
+        rows_of: reads a quantizer's rows whole when `df` is a light table (`StoreTable.rows_of`).
 
     Returns:
         (the JSON-ready result, {quantizer: the `QuantizerEvidence` the decision read}, empty without `decision`).
 
     Raises:
-        ValueError: a quantizer without pool rows, an unknown reference quantizer, or a light table without
-            `rows_of`.
+        ValueError: a quantizer without pool rows, an unknown reference quantizer, a light table without `rows_of`.
     """
     s = AttackRunSettings() if settings is None else settings
     quantizers = _attacked_quantizers(df, quantizers, rows_of)
     reference = _reference_name(quantizers, reference_quantizer)
-    base_q = base_quantizer(df, reference)
-    per_q: dict = {}
-    definitions = s.definitions()
-    evidence: dict[str, QuantizerEvidence] = {}
-    own: dict[str, tuple] = {}
+    base_q, definitions, per_q, evidence, own = base_quantizer(df, reference), s.definitions(), {}, {}, {}
     attacked = attack_in_workers(QuantizerJob(df, s, base_q, decision, rows_of), quantizers, processes)
     for q, (block, q_definitions, ev, q_own) in zip(quantizers, attacked):
         per_q[q], definitions = block, q_definitions  # every quantizer's definitions, with its own FPC
