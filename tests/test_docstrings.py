@@ -263,7 +263,10 @@ def test_the_docstring_check_finds_missing_sections(tmp_path):
         'class C:\n    def g(self, x):\n        """G.\n\n        Args:\n            x: x.\n\n'
         '        Returns:\n            x.\n        """\n        return x\n\n'
         '    @property\n    def p(self) -> int:\n        """A property."""\n        return 1\n\n'
-        "def h() -> None:\n    pass\n",
+        "def h() -> None:\n    pass\n\n"
+        '@contextlib.contextmanager\ndef cm(x):\n    """Within.\n\n    Args:\n        x: x.\n    """\n    yield\n\n'
+        'def gen(n) -> Iterator[int]:\n    """Count.\n\n    Args:\n        n: n.\n    """\n    yield n\n\n'
+        '@field_validator("a")\ndef check(cls, v):\n    return v\n',
         encoding="utf-8",
     )
     problems = [p.split(" ", 1)[1] for p in docstring_problems(module)]
@@ -272,6 +275,7 @@ def test_the_docstring_check_finds_missing_sections(tmp_path):
         "f: Args: names c, not parameters of the function",
         "f: it returns a value but has no Returns: (or Yields:) section",
         "h: no docstring",
+        "gen: it returns a value but has no Returns: (or Yields:) section",
     ]
 
 
