@@ -286,7 +286,7 @@ def decision_of(
         mode (str): "calibrated" or "empirical".
         exact (ExactResult | str | None): the exact test's reading, or why it could not be made; it gives the headline.
     Returns:
-        tuple[QuantizerDecision, np.ndarray, np.ndarray]: the decision, the headline's resampled TPR and leakage [B + 1].
+        tuple[QuantizerDecision, np.ndarray, np.ndarray]: the decision, its resampled TPR and leakage [B + 1].
     """
     attacks = judge_attacks(arrays, s, unjudged)
     strongest, tpr, excess = strongest_attack(arrays.judged_only([a.attack for a in attacks if a.judged]), s)
