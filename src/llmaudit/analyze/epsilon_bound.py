@@ -115,17 +115,18 @@ RECREATE = "recreate the store with train.membership=independent and train.membe
 
 
 def inclusion_design(manifest: dict[str, Any]) -> InclusionDesign:
-    """The membership design recorded in a store's manifest, and whether it draws what the one-run epsilon bound
-    needs: every pool record in every run with probability 1/2, independently (`train.membership: independent`
-    with `train.member_fraction: 0.5`). A fixed-size subset per run (`fixed_fraction`, the default and every store
-    made before the design existed) makes the inclusions of one run dependent; an imported fine-tune's training
-    sets were chosen by whoever trained it.
+    """Read the membership design recorded in a store's manifest and whether the one-run bound applies.
+
+    The bound needs every pool record in every run with probability 1/2, independently (`train.membership:
+    independent` with `train.member_fraction: 0.5`). A fixed-size subset per run (`fixed_fraction`, the default,
+    and the design of a manifest that records none) makes the inclusions of one run dependent; an imported
+    fine-tune's training sets were chosen by whoever trained it.
 
     Args:
-        manifest: the store's manifest (`RunStore.manifest()`): its `origin` and `identity.train`.
-
+        manifest (dict[str, Any]): the store's manifest (`RunStore.manifest()`): its `origin` and `identity.train`.
     Returns:
-        The `InclusionDesign`, with the reason the report prints instead of a number where it does not qualify.
+        InclusionDesign: the design, with the reason the report prints instead of a number where it does not
+        qualify.
     """
     if manifest.get("origin") == "import":
         return InclusionDesign(
