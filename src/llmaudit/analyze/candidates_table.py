@@ -259,10 +259,8 @@ def candidates_from_table(
 ) -> dict[str, Any]:
     """Score every candidate for every (run, quantizer) of a loss table, aggregated per quantizer.
 
-    The table's rows map to a candidate's inputs as the module docstring says.
-
     Args:
-        df (pd.DataFrame): the loss table.
+        df (pd.DataFrame): the loss table; its rows map to a candidate's inputs as the module docstring says.
         reference_quantizer (str | None): full precision (default: `full_precision_reference` of the table's).
         quantizers (Iterable[str] | None): the quantizers scored (default: all in the table).
         names (Iterable[str] | None): the candidates (default: all of `CANDIDATES`).
