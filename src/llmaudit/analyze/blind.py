@@ -8,6 +8,10 @@ fit inside each training fold only, and L2-regularised logistic regression), str
 cross-validation, AUROC of the pooled out-of-fold probabilities with a percentile bootstrap interval over
 samples. On llmaudit's own pools membership is a random subset per run, so the baseline must sit at 0.5.
 
+Over a store (`blind_baseline_for_pool`) a warning is given when a run's interval lies above 0.5 (below it is no
+shift the attacks could exploit: out-of-fold scores of a classifier on texts without signal are biased slightly
+below 0.5), and, with several runs, the note that llmaudit's random splits should give about 0.5.
+
 Pure functions: texts and labels in, a JSON-ready dict out; no I/O.
 """
 
@@ -186,21 +190,16 @@ def blind_baseline_for_pool(
 ) -> dict[str, Any]:
     """Measure the blind baseline of every run of a store: its members against its non-members in the pool.
 
-    A class larger than `max_per_class` is subsampled (deterministically) to bound the cost. A warning is given when
-    an interval lies above 0.5 (below it is no shift the attacks could exploit: out-of-fold scores of a classifier
-    on texts without signal are biased slightly below 0.5), and, with several runs, the note that llmaudit's random
-    splits should give about 0.5.
-
     Args:
         pool_records (Sequence[dict]): the pool's records (`record_text` of each).
         masks (np.ndarray | Sequence[Sequence[bool]]): [runs, pool_size] membership, as `RunStore.membership()`.
         seed (int): the seed of the folds, bootstrap and subsampling.
         n_boot (int): bootstrap resamples.
         folds (int): the most cross-validation folds.
-        max_per_class (int): the most records of a class per run.
+        max_per_class (int): a larger class is subsampled (deterministically) to bound the cost.
     Returns:
-        dict[str, Any]: per-run results, their mean, min and max, the runs whose interval excludes 0.5, the warning
-        and the note.
+        dict[str, Any]: per-run results, their mean, min and max, the runs whose interval excludes 0.5, the
+        warning and the note (module docstring).
     Raises:
         ValueError: when the masks do not match the pool.
     """
