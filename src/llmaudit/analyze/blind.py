@@ -189,19 +189,15 @@ def blind_baseline_for_pool(
     max_per_class: int = 5000,
 ) -> dict[str, Any]:
     """Measure the blind baseline of every run of a store: its members against its non-members in the pool.
-
     Args:
         pool_records (Sequence[dict]): the pool's records (`record_text` of each).
-        masks (np.ndarray | Sequence[Sequence[bool]]): [runs, pool_size] membership, as `RunStore.membership()`.
+        masks (np.ndarray | Sequence[Sequence[bool]]): [runs, pool_size] membership (ValueError unless it fits).
         seed (int): the seed of the folds, bootstrap and subsampling.
         n_boot (int): bootstrap resamples.
         folds (int): the most cross-validation folds.
         max_per_class (int): a larger class is subsampled (deterministically) to bound the cost.
     Returns:
-        dict[str, Any]: per-run results, their mean, min and max, the runs whose interval excludes 0.5, the
-        warning and the note (module docstring).
-    Raises:
-        ValueError: when the masks do not match the pool.
+        dict[str, Any]: per-run results, mean, min, max, the runs excluding 0.5, warning, note (module docstring).
     """
     masks = np.asarray(masks, dtype=bool)
     if masks.ndim != 2 or masks.shape[1] != len(pool_records):
