@@ -103,20 +103,16 @@ def blind_baseline(
 ) -> dict[str, Any]:
     """Measure the cross-validated AUROC of a text-only classifier of membership, with a bootstrap interval.
 
-    Fewer folds are used when a class is small (each test fold holds at least 2 of each class).
-
     Args:
         texts (Sequence[str]): the texts.
-        labels (Sequence[bool] | np.ndarray): True = member (training file), one per text.
-        folds (int): the most cross-validation folds.
+        labels (Sequence[bool] | np.ndarray): True = member (training file), one per text (else ValueError).
+        folds (int): the most folds (fewer when a class is small: each test fold holds 2 of each class).
         seed (int): the seed of the folds and the bootstrap.
         n_boot (int): bootstrap resamples.
         confidence (float): the interval's confidence.
     Returns:
-        dict[str, Any]: auroc, ci_low, ci_high, excludes_chance, the counts and the method; with fewer than 4 of a
-        class (or a classifier that cannot be fit), auroc None and `reason` saying why.
-    Raises:
-        ValueError: when texts and labels differ in length.
+        dict[str, Any]: auroc with ci_low, ci_high, excludes_chance, the counts and the method; auroc None and
+        `reason` saying why with fewer than 4 of a class or a classifier that cannot be fit.
     """
     labels = np.asarray(labels, dtype=bool).ravel()
     texts = np.asarray([str(t) for t in texts], dtype=object)
