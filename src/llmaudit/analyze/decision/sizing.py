@@ -54,6 +54,7 @@ class Reach:
 
     @property
     def verdict_reachable(self) -> bool:
+        """Whether a PASS or a FAIL is within reach."""
         return self.pass_reachable or self.fail_reachable
 
 
