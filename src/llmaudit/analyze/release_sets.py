@@ -20,8 +20,8 @@ that model, so the decision's analytic threshold keeps its meaning:
                   its Sidak tail 1 - Phi(t)^k: exact for independent files and never below the true tail of the
                   maximum for positively correlated ones (Slepian's inequality; the files of one model are), so
                   the analytic threshold is conservative for it.
-Calibrating a combination of calibrated scores once more per sample was tried and discarded: the second Student-t
-correction cost most of a single file's power in simulation (docs/science.md section 14). Beside the combinations
+A combination of calibrated scores is not calibrated once more per sample: the second Student-t correction costs
+most of a single file's power in simulation (docs/science.md section 14). Beside the combinations
 the set keeps every file's own attacks (`<file>:<attack>`): an attacker holding the set may use any one file alone.
 
 The set is judged by the release rule itself (`llmaudit.analyze.decision.decide.decide_one`: the strongest attack
