@@ -127,7 +127,9 @@ def roc_stats(rows: RocRows, counts: np.ndarray, fprs: Sequence[float]) -> tuple
 
 
 def warm_up() -> None:
-    """Compile the kernel now (a tiny call; from numba's on-disk cache after the first time on a machine), so that
-    a measurement that follows times the arithmetic, not the compiler."""
+    """Compile the kernel now with a tiny call (from numba's on-disk cache after the first time on a machine).
+
+    A measurement that follows then times the arithmetic, not the compiler.
+    """
     rows = roc_rows(np.array([0.0, 1.0]), np.array([False, True]), np.array([0, 1]), 2)
     roc_stats(rows, np.ones((1, 2)), (0.5,))
