@@ -103,16 +103,20 @@ def blind_baseline(
 ) -> dict[str, Any]:
     """Measure the cross-validated AUROC of a text-only classifier of membership, with a bootstrap interval.
 
+    Fewer folds are used when a class is small (each test fold holds at least 2 of each class).
+
     Args:
         texts (Sequence[str]): the texts.
-        labels (Sequence[bool] | np.ndarray): True = member (training file), one per text (else ValueError).
-        folds (int): the most folds (fewer when a class is small: each test fold holds 2 of each class).
+        labels (Sequence[bool] | np.ndarray): True = member (training file), one per text.
+        folds (int): the most cross-validation folds.
         seed (int): the seed of the folds and the bootstrap.
         n_boot (int): bootstrap resamples.
         confidence (float): the interval's confidence.
     Returns:
         dict[str, Any]: auroc with ci_low, ci_high, excludes_chance, the counts and the method; auroc None and
         `reason` saying why with fewer than 4 of a class or a classifier that cannot be fit.
+    Raises:
+        ValueError: when texts and labels differ in length.
     """
     labels = np.asarray(labels, dtype=bool).ravel()
     texts = np.asarray([str(t) for t in texts], dtype=object)
@@ -185,15 +189,19 @@ def blind_baseline_for_pool(
     max_per_class: int = 5000,
 ) -> dict[str, Any]:
     """Measure the blind baseline of every run of a store: its members against its non-members in the pool.
+
     Args:
         pool_records (Sequence[dict]): the pool's records (`record_text` of each).
-        masks (np.ndarray | Sequence[Sequence[bool]]): [runs, pool_size] membership (ValueError unless it fits).
+        masks (np.ndarray | Sequence[Sequence[bool]]): [runs, pool_size] membership, as `RunStore.membership()`.
         seed (int): the seed of the folds, bootstrap and subsampling.
         n_boot (int): bootstrap resamples.
         folds (int): the most cross-validation folds.
         max_per_class (int): a larger class is subsampled (deterministically) to bound the cost.
     Returns:
-        dict[str, Any]: per-run results, mean, min, max, the runs excluding 0.5, warning, note (module docstring).
+        dict[str, Any]: per-run results, their mean, min and max, the runs whose interval excludes 0.5, the
+        warning and the note (module docstring).
+    Raises:
+        ValueError: when the masks do not match the pool.
     """
     masks = np.asarray(masks, dtype=bool)
     if masks.ndim != 2 or masks.shape[1] != len(pool_records):

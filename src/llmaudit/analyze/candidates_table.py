@@ -259,9 +259,14 @@ def candidates_from_table(
 ) -> dict[str, Any]:
     """Score every candidate for every (run, quantizer) of a loss table, aggregated per quantizer.
 
+    The table's rows map to a candidate's inputs as the module docstring says. Per quantizer and candidate: the
+    mean over the runs with a finite value, a percentile bootstrap interval of that mean over runs, and the counts
+    of finite and non-finite runs.
+
     Args:
-        df (pd.DataFrame): the loss table; its rows map to a candidate's inputs as the module docstring says.
-        reference_quantizer (str | None): full precision (default: `full_precision_reference` of the table's).
+        df (pd.DataFrame): the loss table.
+        reference_quantizer (str | None): full precision (default: the table's full-precision quantizer,
+            `full_precision_reference`).
         quantizers (Iterable[str] | None): the quantizers scored (default: all in the table).
         names (Iterable[str] | None): the candidates (default: all of `CANDIDATES`).
         n_boot (int): bootstrap resamples of each mean over runs.

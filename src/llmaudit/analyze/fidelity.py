@@ -130,7 +130,18 @@ def percentiles(values: np.ndarray, spec=KL_PERCENTILES) -> dict[str, float]:
 def divergence_statistics(
     token_kl: np.ndarray, same_top: np.ndarray, nll_q: np.ndarray, nll_ref: np.ndarray
 ) -> dict[str, Any]:
-    """llama.cpp's statistics (module docstring) of one run: all four arrays [N], one entry per scored token."""
+    """Compute llama.cpp's statistics (module docstring) of one run.
+
+    Args:
+        token_kl (np.ndarray): [N] KL(p_ref || p_q) per scored token.
+        same_top (np.ndarray): [N] whether both argmaxes agree.
+        nll_q (np.ndarray): [N] token NLLs of the quantized unit.
+        nll_ref (np.ndarray): [N] token NLLs of the reference unit.
+    Returns:
+        dict[str, Any]: n_tokens, the KL, same-top, delta p and PPL statistics with their errors.
+    Raises:
+        ValueError: when the four arrays differ in length.
+    """
     n = len(token_kl)
     if not (len(same_top) == len(nll_q) == len(nll_ref) == n):
         raise ValueError("divergence_statistics needs one value per token in each of its four inputs")

@@ -310,8 +310,19 @@ def task_metrics_from_table(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Per quantizer, every measured task metric: mean over runs, interval, per-run values, drop vs the
-    reference; and for every metric not measured, why (a missing library, missing or mismatched generations)."""
+    """Measure every task metric per quantizer, with intervals and the drop from the reference.
+
+    Args:
+        df (pd.DataFrame): the loss table (its `generated` column).
+        records (list[dict]): the validation records (their reference answers).
+        quantizers (list[str]): the quantizers to measure.
+        reference (str): the reference quantizer.
+        n_boot (int): bootstrap resamples over runs.
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: per quantizer and metric the mean over runs, interval, per-run values and drop vs the
+        reference; for every metric not measured, why (a missing library, missing or mismatched generations).
+    """
     val = df[(df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
     per_q = {q: _final_generated(val, q) for q in quantizers}
     if "generated" not in val.columns or not any(g for runs in per_q.values() for g in runs.values()):

@@ -112,10 +112,20 @@ def _proportion(counts: np.ndarray, z: float, *, two_sided: bool, confidence: fl
 
 
 def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, str]) -> list[AttackJudgement]:
-    """Each attack's TPR at s.fpr at the threshold a PASS reads (the looser one in calibrated mode) with a
-    simultaneous one-sided upper bound (Wilson at the bootstrap's effective sample size, z = Phi^-1(1 - alpha / k),
-    k the attacks judged: Bonferroni), and its TPR at the empirical threshold of all its non-members with a two-sided
-    1 - 2 alpha interval. An attack is judged where it has 10 / FPR non-member scores."""
+    """Judge each attack: its TPR with a simultaneous upper bound, and its TPR at the measuring threshold.
+
+    The TPR at s.fpr at the threshold a PASS reads (the looser one in calibrated mode) gets a simultaneous
+    one-sided upper bound (Wilson at the bootstrap's effective sample size, z = Phi^-1(1 - alpha / k), k the attacks
+    judged: Bonferroni); the TPR at the empirical threshold of all its non-members a two-sided 1 - 2 alpha interval.
+    An attack is judged where it has 10 / FPR non-member scores.
+
+    Args:
+        arrays (CountArrays): the resampled counts.
+        s (DecisionSettings): the rule's settings.
+        unjudged (dict[str, str]): attack -> why it could not be scored (listed as not judged).
+    Returns:
+        list[AttackJudgement]: one per attack, the scored ones first.
+    """
     loose, measuring = arrays.loose(), arrays.per_attack
     tpr = ratio(loose[..., TP], loose[..., POS])
     judged = [
@@ -277,6 +287,7 @@ def decision_of(
     exact: ExactResult | str | None = None,
 ) -> tuple[QuantizerDecision, np.ndarray, np.ndarray]:
     """Decide one quantizer on the attack criterion (the comparison is left empty: `decide` adds it).
+
     Args:
         quantizer (str): the quantizer's name.
         arrays (CountArrays): its resampled counts.
@@ -284,9 +295,11 @@ def decision_of(
         unjudged (dict[str, str]): attack -> why it could not be scored.
         n_targets (int): the target models M.
         mode (str): "calibrated" or "empirical".
-        exact (ExactResult | str | None): the exact test's reading, or why it could not be made; it gives the headline.
+        exact (ExactResult | str | None): the exact test's reading where no attack has the non-members the
+            cross-fitted rule needs (it then gives the headline), or why it could not be made.
     Returns:
-        tuple[QuantizerDecision, np.ndarray, np.ndarray]: the decision, its resampled TPR and leakage [B + 1].
+        tuple[QuantizerDecision, np.ndarray, np.ndarray]: the decision, and the headline's resampled TPR and
+        leakage beyond chance [B + 1] (the paired comparison reads the second).
     """
     attacks = judge_attacks(arrays, s, unjudged)
     strongest, tpr, excess = strongest_attack(arrays.judged_only([a.attack for a in attacks if a.judged]), s)
