@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from ..store.losstable import validate_loss_table
 from .attacks.evaluate import run_attacks
+from .attacks.settings import AttackRunSettings
 from .decision import DecisionSettings
 from .roc_kernel import warm_up
 
@@ -161,7 +162,7 @@ def _seconds(df: pd.DataFrame, attacks: tuple[str, ...], n_boot: int, decision: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic table's own oddities (e.g. LiRA's normality check)
         settings = DecisionSettings(resamples=decision, seed=0) if decision else None
-        run_attacks(df, attacks=attacks, n_boot=n_boot, seed=0, decision=settings)
+        run_attacks(df, AttackRunSettings(attacks=attacks, n_boot=n_boot, seed=0), decision=settings)
     return time.process_time() - start
 
 

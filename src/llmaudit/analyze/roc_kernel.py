@@ -1,5 +1,5 @@
 """Weighted ROC statistics of many bootstrap resamples in one compiled pass over the sorted rows (docs/science.md
-section 4, "Bootstrap over samples"; the numbers of `bootstrap.sorted_roc_stats`, which stays as the reference).
+section 4, "Bootstrap over samples"; the numbers of the numpy reference `sorted_roc_stats` in the tests).
 
 The rows are sorted once by score, descending, and cut into tie groups (rows of equal score). A resample is a
 vector of unit multiplicities c [n_units]; a row weighs its unit's multiplicity. Walking the groups in order

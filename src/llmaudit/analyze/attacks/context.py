@@ -23,7 +23,7 @@ NO_MATCHED = (
 
 @dataclass
 class AttackContext:
-    """One quantizer's attack inputs. settings: the `AttackSettings` (k, ref_models, statistic, lira_variance, ...);
+    """One quantizer's attack inputs. settings: the `AttackRunSettings` (k, ref_models, statistic, lira_variance, ...);
     fpc_value: LiRA's finite population correction; base_q: the quantizer of the rows "base" means."""
 
     df: pd.DataFrame

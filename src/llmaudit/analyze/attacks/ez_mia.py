@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmaudit.analyze.attacks.token_shift import flat_shifts, log_prob_shift, paired_texts
+from llmaudit.analyze.attacks.token_shift import flat_shifts
 from llmaudit.common.ragged import length_blocks, padded, row_sums, sizes
 
 EZ_EDGES = ("top", "bottom")
@@ -95,24 +95,3 @@ def _zone_sums(zone: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndar
         p[idx] = row_sums(padded(up, sizes[idx], starts[idx], 0.0, width=width), sizes[idx])
         n[idx] = row_sums(padded(down, sizes[idx], starts[idx], 0.0, width=width), sizes[idx])
     return p, n
-
-
-def ez_mia_score_per_sample(
-    target_token_losses, reference_token_losses, target_top1, *, edge: str = "top", skip_first: bool = False
-) -> np.ndarray:
-    """`ez_mia_score` as it was computed before issue 33, one text at a time (`error_zone_masses`): the
-    reference of the tests and the baseline of benchmarks/bench_analysis.py."""
-    if edge not in EZ_EDGES:
-        raise ValueError(f"edge must be one of {EZ_EDGES}; got {edge!r}.")
-    flags = [np.asarray(f).ravel() for f in target_top1]
-    pairs = paired_texts(target_token_losses, reference_token_losses)
-    if len(flags) != len(pairs):
-        raise ValueError(f"{len(pairs)} texts but {len(flags)} rows of top-1 flags.")
-    out = np.empty(len(pairs))
-    for i, ((t, r), top1) in enumerate(zip(pairs, flags)):
-        p, n, _ = error_zone_masses(log_prob_shift(t, r), top1, skip_first=skip_first)
-        if n > 0:
-            out[i] = p / (p + n)
-        else:
-            out[i] = 1.0 + p / (1.0 + p) if edge == "top" else 0.0
-    return out

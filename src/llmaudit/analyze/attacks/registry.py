@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from llmaudit.analyze.metrics import T_CUTOFF
 from llmaudit.common.errors import did_you_mean
-from llmaudit.config import LEGACY_ATTACK_NAMES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -111,10 +110,6 @@ class AttackSpec:
 
 
 _REGISTRY: dict[str, AttackSpec] = {}
-
-LEGACY_ATTACKS = LEGACY_ATTACK_NAMES
-"""Every attack before the attacks of 2024-2026: a recorded config listing exactly these asked for "every attack"
-(run stores write their resolved config), and is read as every registered attack."""
 
 
 def register(spec: AttackSpec, *, replace: bool = False) -> AttackSpec:

@@ -196,22 +196,3 @@ def combine_scores(*components, axis: int = -1) -> np.ndarray:
         constant = sd <= np.expand_dims(rounding_tolerance(comp, axis=axis), axis)  # constant but for rounding: 0
         total = total + np.where(constant, 0.0, (comp - mu) / np.where(constant, 1.0, sd))
     return total
-
-
-def min_k_score_per_sample(token_losses, k: float = 0.2) -> np.ndarray:
-    """`min_k_score` as it was computed before issue 33, one text at a time: the reference of the tests and the
-    baseline of benchmarks/bench_analysis.py."""
-    return np.array([-np.sort(a)[-min_k_count(a.size, k) :].mean() for a in _token_arrays(token_losses)])
-
-
-def min_k_plus_plus_score_per_sample(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
-    """`min_k_plus_plus_score` as it was computed before issue 33, one text at a time (the tests' reference)."""
-    losses = _token_arrays(token_losses)
-    means = [np.asarray(m, dtype=np.float64).ravel() for m in token_vocab_mean]
-    stds = [np.asarray(s, dtype=np.float64).ravel() for s in token_vocab_std]
-    out = []
-    for a, mu, sd in zip(losses, means, stds):
-        with np.errstate(invalid="ignore", divide="ignore"):
-            z = np.where(sd > 0, (-a - mu) / np.where(sd > 0, sd, 1.0), 0.0)
-        out.append(np.sort(z)[: min_k_count(a.size, k)].mean())
-    return np.array(out)

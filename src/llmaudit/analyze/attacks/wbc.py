@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmaudit.analyze.attacks.token_shift import flat_shifts, log_prob_shift, paired_texts
+from llmaudit.analyze.attacks.token_shift import flat_shifts
 from llmaudit.common.ragged import length_blocks, row_means
 
 WBC_GRIDS: dict[str, tuple[int, ...]] = {
@@ -141,23 +141,4 @@ def wbc_score(
     out = np.empty(lengths.size)
     for texts in length_blocks(lengths, budget):
         out[texts] = _wbc_block(_running_sums(delta, lengths[texts], starts[texts]), lengths[texts], windows, long)
-    return out
-
-
-def wbc_score_per_sample(
-    target_token_losses, reference_token_losses, *, windows: tuple[int, ...] = WBC_GRIDS["config"], long: str = "clamp"
-) -> np.ndarray:
-    """`wbc_score` as it was computed before issue 33, one text at a time (a running sum and `window_vote` per
-    size): the reference of the tests and the baseline of benchmarks/bench_analysis.py."""
-    if long not in WBC_LONG:
-        raise ValueError(f"long must be one of {WBC_LONG}; got {long!r}.")
-    out = np.empty(len(target_token_losses))
-    for i, (t, r) in enumerate(paired_texts(target_token_losses, reference_token_losses)):
-        delta = log_prob_shift(t, r)
-        if long == "clamp":
-            sizes = [min(w, delta.size) for w in windows]
-        else:
-            sizes = [w for w in windows if w <= delta.size] or [delta.size]
-        cumulative = np.concatenate([[0.0], np.cumsum(delta)])
-        out[i] = float(np.mean([window_vote(delta, w, cumulative) for w in sizes]))
     return out
