@@ -1,17 +1,10 @@
-"""The report's answer sections (docs/science.md section 12): the verdict first (headline, recommendation, one
-table of every quantizer), the comparison with full precision per attack, and the rule with what it controls.
+"""The report's verdict sections (docs/science.md section 12): the verdict (headline, recommendation, one table of
+every quantizer), the comparison with full precision per attack, and the rule with what it controls.
 """
 
 from __future__ import annotations
 
-from llmaudit.report.answer import (
-    NOT_AUDITED,
-    baseline_sentence,
-    candidate_lines,
-    conclusion,
-    left_out,
-    recommendation_of,
-)
+from llmaudit.report.answer import recommendation_of
 from llmaudit.report.cells import Cell, Section, Table, code, lit
 from llmaudit.report.models import GridRow, ReportJson
 from llmaudit.report.release import decision_of
@@ -50,20 +43,6 @@ def summary_table(report: ReportJson) -> Table:
             ]
         )
     return Table(SUMMARY_HEADER, rows, highlight_first=report.grid[0].is_reference, marked_row=marked)
-
-
-def answer_section(report: ReportJson) -> Section:
-    """The answer in the user's words (`llmaudit.report.answer`): the full-precision baseline, one line per
-    candidate quantizer, what may be released. report.html shows it as the banner at the top of the page."""
-    bullets = [f"{code(a.quantizer)} **{a.status}**: {lit('; '.join(a.segments()))}" for a in candidate_lines(report)]
-    bullets += [f"{code(q)} **{NOT_AUDITED}**: {lit(why)}" for q, why in left_out(report)]
-    return Section(
-        "Answer",
-        [lit(baseline_sentence(report))],
-        bullets=bullets,
-        anchor="answer",
-        closing=[f"**{lit(conclusion(report))}**"],
-    )
 
 
 def verdict_section(report: ReportJson) -> Section:

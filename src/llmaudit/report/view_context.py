@@ -154,7 +154,7 @@ def provenance_section(report: ReportJson) -> Section:
     return Section("Provenance", [], bullets=bullets, anchor="provenance")
 
 
-def reading_section() -> Section:
+def reading_section(report: ReportJson) -> Section:
     return Section(
         "Reading this report",
         bullets=[
