@@ -12,7 +12,7 @@ from rich.text import Text
 
 from llmaudit.report.cells import Cell, Section, Table
 from llmaudit.report.models import ReportJson
-from llmaudit.report.section_registry import ReportSection, register, section_data
+from llmaudit.report.section_registry import SectionSpec, register, section_data
 
 KEY = "status-counts"
 
@@ -78,4 +78,4 @@ def terminal(report: ReportJson, width: int) -> list[Text]:
     return [Text("status counts: " + ", ".join(f"{s} {n}" for s, n in sorted(data.counts.items())))]
 
 
-SECTION = register(ReportSection(KEY, 25, view, model=StatusCounts, build=build, terminal=terminal))
+SECTION = register(SectionSpec(KEY, 25, view, model=StatusCounts, build=build, terminal=terminal))

@@ -14,7 +14,7 @@ import pytest
 
 from llmaudit.report.models import as_report
 from llmaudit.report.schema import ReportSchemaError, report_schema, validate_report
-from llmaudit.report.section_registry import ReportSection, register, section_data, unregister
+from llmaudit.report.section_registry import SectionSpec, register, section_data, unregister
 from tests.conftest import run_cli
 
 MODULE = "tests.report.extension_section"
@@ -82,8 +82,6 @@ def test_a_section_without_its_data_is_left_out_and_keys_are_checked(extension, 
     with pytest.raises(ValueError, match="already registered"):
         register(extension.SECTION)
     with pytest.raises(ValueError, match="report.json already has"):
-        register(
-            ReportSection("recommendation", 5, extension.view, model=extension.StatusCounts, build=extension.build)
-        )
+        register(SectionSpec("recommendation", 5, extension.view, model=extension.StatusCounts, build=extension.build))
     with pytest.raises(ValueError, match="go together"):
-        ReportSection("x", 5, extension.view, model=extension.StatusCounts)
+        SectionSpec("x", 5, extension.view, model=extension.StatusCounts)

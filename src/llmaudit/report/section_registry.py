@@ -24,7 +24,7 @@ SectionView = Callable[[ReportJson], Section | None]
 
 
 @dataclass(frozen=True)
-class ReportSection:
+class SectionSpec:
     """One section of the report, registered with `register`.
 
     Attributes:
@@ -57,10 +57,10 @@ class ReportSection:
             raise ValueError(f"report section {self.key!r}: a model and a build function go together")
 
 
-_REGISTRY: dict[str, ReportSection] = {}
+_REGISTRY: dict[str, SectionSpec] = {}
 
 
-def register(section: ReportSection) -> ReportSection:
+def register(section: SectionSpec) -> SectionSpec:
     """Add a section to the report.
 
     Args:
@@ -92,7 +92,7 @@ def unregister(key: str) -> None:
     del _REGISTRY[key]
 
 
-def registered_sections() -> list[ReportSection]:
+def registered_sections() -> list[SectionSpec]:
     """The registered sections in the report's order.
 
     Returns:

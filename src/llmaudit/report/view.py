@@ -18,7 +18,7 @@ from llmaudit.report.models import BestAttack, Criterion, GridRow, ReportJson, a
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.policy import DISABLED, FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
 from llmaudit.report.release import direction_of, headline_of
-from llmaudit.report.section_registry import ReportSection, register, registered_sections
+from llmaudit.report.section_registry import SectionSpec, register, registered_sections
 from llmaudit.report.utility_view import divergence_cells, utility_limit_text, utility_section
 from llmaudit.report.verdict_view import comparison_section, rule_bullets, verdict_section
 from llmaudit.report.view_attacks import attacks_section, correlation_section, definitions_section
@@ -231,26 +231,26 @@ def _figures_section(report: ReportJson) -> Section:
 
 
 SHIPPED_SECTIONS = (
-    ReportSection("answer", 10, answer_section, nav=False, html=answer_banner, terminal=answer_screen),
-    ReportSection("verdict", 20, verdict_section),
-    ReportSection("summary", 30, _summary_section),
-    ReportSection("checklist", 40, _checklist_section),
-    ReportSection("figures", 50, _figures_section),
-    ReportSection("comparison", 60, comparison_section, folded=True),
-    ReportSection("rules", 70, _rules_section, folded=True),
-    ReportSection("grid", 80, _grid_section, folded=True),
-    ReportSection("extraction", 90, extraction_section, folded=True),
-    ReportSection("release-sets", 100, release_sets_section, folded=True),
-    ReportSection("epsilon", 110, epsilon_section, folded=True),
-    ReportSection("utility", 120, utility_section, folded=True),
-    ReportSection("attacks", 130, attacks_section, folded=True),
-    ReportSection("definitions", 140, definitions_section, folded=True),
-    ReportSection("correlation", 150, correlation_section, folded=True),
-    ReportSection("indicators", 160, indicators_section, folded=True),
-    ReportSection("memorization", 170, memorization_section, folded=True),
-    ReportSection("samples", 180, samples_section, folded=True),
-    ReportSection("provenance", 190, provenance_section, folded=True),
-    ReportSection("reading", 200, reading_section, folded=True),
+    SectionSpec("answer", 10, answer_section, nav=False, html=answer_banner, terminal=answer_screen),
+    SectionSpec("verdict", 20, verdict_section),
+    SectionSpec("summary", 30, _summary_section),
+    SectionSpec("checklist", 40, _checklist_section),
+    SectionSpec("figures", 50, _figures_section),
+    SectionSpec("comparison", 60, comparison_section, folded=True),
+    SectionSpec("rules", 70, _rules_section, folded=True),
+    SectionSpec("grid", 80, _grid_section, folded=True),
+    SectionSpec("extraction", 90, extraction_section, folded=True),
+    SectionSpec("release-sets", 100, release_sets_section, folded=True),
+    SectionSpec("epsilon", 110, epsilon_section, folded=True),
+    SectionSpec("utility", 120, utility_section, folded=True),
+    SectionSpec("attacks", 130, attacks_section, folded=True),
+    SectionSpec("definitions", 140, definitions_section, folded=True),
+    SectionSpec("correlation", 150, correlation_section, folded=True),
+    SectionSpec("indicators", 160, indicators_section, folded=True),
+    SectionSpec("memorization", 170, memorization_section, folded=True),
+    SectionSpec("samples", 180, samples_section, folded=True),
+    SectionSpec("provenance", 190, provenance_section, folded=True),
+    SectionSpec("reading", 200, reading_section, folded=True),
 )
 """The shipped sections in the report's order: the answer, the verdict, the context and the checklist, the figures,
 then the diagnostics and the context, folded in report.html under their titles (open with a click)."""
@@ -259,7 +259,7 @@ for _section in SHIPPED_SECTIONS:
     register(_section)
 
 
-def ordered_sections() -> list[ReportSection]:
+def ordered_sections() -> list[SectionSpec]:
     """Every registered section in the report's order, the shipped ones included.
 
     Returns:
@@ -268,7 +268,7 @@ def ordered_sections() -> list[ReportSection]:
     return registered_sections()
 
 
-def shown_sections(report: dict[str, Any] | ReportJson) -> list[tuple[ReportSection, Section]]:
+def shown_sections(report: dict[str, Any] | ReportJson) -> list[tuple[SectionSpec, Section]]:
     """The sections this report shows, each with its view model, in the report's order.
 
     Args:
