@@ -32,7 +32,7 @@ from llmaudit.report.view_context import (
 )
 from llmaudit.report.view_risks import epsilon_section, extraction_section, release_sets_section
 
-__all__ = ["DAMAGE_CAVEAT", "SHIPPED_SECTIONS", "ordered_sections", "sections", "shown_sections"]
+__all__ = ["DAMAGE_CAVEAT", "SHIPPED_SECTIONS", "ordered_sections", "shown_sections"]
 
 
 def _criterion_cell(c: Criterion) -> Cell:
@@ -286,15 +286,3 @@ def shown_sections(report: dict[str, Any] | ReportJson) -> list[tuple[SectionSpe
             shown.anchor, shown.folded = section.key, section.folded
             out.append((section, shown))
     return out
-
-
-def sections(report: dict[str, Any] | ReportJson) -> list[Section]:
-    """Every section of report.md / report.html this report shows, in order.
-
-    Args:
-        report: the report, typed or as read from report.json.
-
-    Returns:
-        The view models of `shown_sections`.
-    """
-    return [shown for _, shown in shown_sections(report)]
