@@ -10,7 +10,7 @@ from typing import Any
 from llmaudit.analyze.decision.models import QuantizerDecision
 from llmaudit.report.build import REPORT_SCHEMA_VERSION
 from llmaudit.report.models import ReportJson
-from llmaudit.report.section_registry import add_section_schemas
+from llmaudit.report.section_registry import add_section_schemas, data_sections
 
 
 class ReportSchemaError(ValueError):
@@ -54,7 +54,8 @@ def validate_report(report: dict[str, Any]) -> None:
         json.dumps(report, allow_nan=False)
     except ValueError as exc:
         raise ReportSchemaError(f"report is not strict JSON: {exc}") from exc
-    validator = jsonschema.Draft202012Validator(report_schema())  # with the sections registered by now
+    schema = report_schema() if data_sections() else REPORT_SCHEMA  # with the sections registered by now
+    validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(report), key=lambda e: list(e.absolute_path))
     if errors:
         lines = [f"  at {'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message[:300]}" for e in errors[:10]]

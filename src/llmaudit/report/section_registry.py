@@ -101,6 +101,15 @@ def registered_sections() -> list[SectionSpec]:
     return sorted(_REGISTRY.values(), key=lambda s: s.order)
 
 
+def data_sections() -> list[SectionSpec]:
+    """The registered sections that add data of their own to report.json.
+
+    Returns:
+        The sections with a model, in the report's order.
+    """
+    return [s for s in registered_sections() if s.model is not None]
+
+
 def built_section_data(result: Any, report: dict[str, Any]) -> dict[str, Any]:
     """The data the registered sections add to report.json, each validated by its model.
 
@@ -115,9 +124,8 @@ def built_section_data(result: Any, report: dict[str, Any]) -> dict[str, Any]:
         pydantic.ValidationError: when a section's data does not fit its model.
     """
     out: dict[str, Any] = {}
-    for section in registered_sections():
-        if section.build is None or section.model is None:
-            continue
+    for section in data_sections():
+        assert section.build is not None and section.model is not None  # SectionSpec requires both together
         data = section.build(result, report)
         if data is not None:
             out[section.key] = section.model.model_validate(data).model_dump(mode="json")
@@ -159,9 +167,8 @@ def add_section_schemas(schema: dict[str, Any]) -> dict[str, Any]:
         RuntimeError: when a section's model defines a model of the same name as another one differently.
     """
     defs = schema.setdefault("$defs", {})
-    for section in registered_sections():
-        if section.model is None:
-            continue
+    for section in data_sections():
+        assert section.model is not None
         own = section.model.model_json_schema(ref_template="#/$defs/{model}")
         own_defs = own.pop("$defs", {}) | {section.model.__name__: own}
         clash = {k for k in set(defs) & set(own_defs) if defs[k] != own_defs[k]}
