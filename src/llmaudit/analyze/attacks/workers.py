@@ -20,7 +20,13 @@ class QuantizerAttack(Protocol):
     """What attacking each quantizer reads besides its name (`evaluate.QuantizerJob`)."""
 
     def attack(self, quantizer: str) -> tuple:
-        """The result of attacking one quantizer."""
+        """Attack one quantizer.
+
+        Args:
+            quantizer (str): the quantizer's name.
+        Returns:
+            tuple: the result of attacking it (`evaluate.QuantizerJob.attack`).
+        """
 
 
 class _ForkedWorker:
