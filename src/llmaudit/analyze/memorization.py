@@ -110,10 +110,17 @@ def mem_u_bits(h_ref: np.ndarray | float, h_target: np.ndarray | float) -> np.nd
 
 
 def interval_over_runs(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
-    """Mean of per-run values [R] with a percentile bootstrap interval over runs (runs resampled).
+    """Average per-run values with a percentile bootstrap interval over runs (runs resampled).
 
-    NaN entries (runs where the quantity is undefined) are dropped. With fewer than two runs the
-    interval is None: one run says nothing about run-to-run spread."""
+    Args:
+        values (np.ndarray): [R] per-run values; NaN entries (runs where the quantity is undefined) are dropped.
+        n_boot (int): bootstrap resamples.
+        seed (int): the resampling seed.
+        level (float): the interval's confidence.
+    Returns:
+        dict[str, Any]: mean, low, high, n_runs; low and high None with fewer than two runs (one run says nothing
+        about run-to-run spread), every value None without runs.
+    """
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     n = int(values.size)
@@ -126,9 +133,15 @@ def interval_over_runs(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0,
 
 
 def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Pick the reference model's rows (`select_reference_rows`).
+    """Pick the reference model's rows (`select_reference_rows`) and their code lengths.
 
-    Returns (rows indexed by sample_id with columns h_ref_bits and ref_n_tokens, description)."""
+    Args:
+        df (pd.DataFrame): the loss table.
+        reference (Reference): "base", a mapping naming rows, or a separate loss table.
+    Returns:
+        tuple[pd.DataFrame, dict[str, Any]]: rows indexed by sample_id with columns h_ref_bits and ref_n_tokens, and
+        their description (kind, run, quantizer, checkpoint, n_samples).
+    """
     rows, kind = select_reference_rows(df, reference)
     description = {
         "kind": kind,
@@ -150,10 +163,18 @@ def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFr
 def final_checkpoint_rows(
     df: pd.DataFrame, *, exclude: tuple[int, str, int] | None = None
 ) -> tuple[pd.DataFrame, list[str]]:
-    """Target rows: every fine-tuning run (run != -1) at its final checkpoint, all quantizers.
+    """Select the target rows: every fine-tuning run (run != -1) at its final checkpoint, all quantizers.
 
-    The final checkpoint of a run is the largest checkpoint among its rows; a quantizer not scored
-    there is left out for that run, and said so in the returned notes."""
+    A quantizer not scored at a run's final (largest) checkpoint is left out for that run, with a note.
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        exclude (tuple[int, str, int] | None): the (run, quantizer, checkpoint) of reference rows to leave out.
+    Returns:
+        tuple[pd.DataFrame, list[str]]: the rows and the notes.
+    Raises:
+        MemorizationError: when there is no fine-tuned run.
+    """
     targets = df[df["run"] != REFERENCE_RUN]
     if exclude is not None:
         run, quantizer, checkpoint = exclude
@@ -177,11 +198,18 @@ def final_checkpoint_rows(
 def per_sample_memorization(
     df: pd.DataFrame, *, reference: Reference = "base"
 ) -> tuple[pd.DataFrame, dict[str, Any], list[str]]:
-    """mem_U of every (run, quantizer, sample) at each run's final checkpoint.
+    """Compute mem_U of every (run, quantizer, sample) at each run's final checkpoint.
 
-    Returns (frame, reference description, notes). The frame has one row per target row with columns
-    run, checkpoint, quantizer, sample_id, split, member, n_tokens, h_ref_bits, h_target_bits,
-    h_joint_bits (= min of the two), mem_u_bits. "val" rows are non-members by construction."""
+    Args:
+        df (pd.DataFrame): the loss table ("val" rows are non-members by construction).
+        reference (Reference): "base", a mapping naming rows, or a separate loss table.
+    Returns:
+        tuple[pd.DataFrame, dict[str, Any], list[str]]: (frame, reference description, notes); one row per target
+        row with run, checkpoint, quantizer, sample_id, split, member, n_tokens, h_ref_bits, h_target_bits,
+        h_joint_bits (the min of the two), mem_u_bits.
+    Raises:
+        MemorizationError: when a target sample has no reference loss.
+    """
     if SEQUENCE_BITS not in df.columns:  # a light table was validated file by file as it was read
         df = validate_loss_table(df)
     ref, description = resolve_reference(df, reference)
@@ -311,19 +339,30 @@ def memorization_from_table(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Memorization in bits per quantizer, at the final checkpoint of every run. JSON-ready dict.
+    """Measure memorization in bits per quantizer, at the final checkpoint of every run.
 
-    df: a loss table (`llmaudit.losstable`). Members are pool rows with member=True; non-members are
-    pool rows with member=False and every "val" row. For each (quantizer, run): totals and means of
-    mem_U over members and non-members, their mean difference, the members' excess over as many
-    non-members, and the members' bits per adapter / model parameter. Per quantizer: the mean over runs
-    with a percentile-bootstrap interval over runs (n_boot resamples, seed).
+    Members are pool rows with member=True; non-members are pool rows with member=False and every "val" row. For
+    each (quantizer, run): totals and means of mem_U over members and non-members, their mean difference, the
+    members' excess over as many non-members, and the members' bits per adapter / model parameter. Per quantizer:
+    the mean over runs with a percentile-bootstrap interval over runs.
 
-    reference: "base" (run -1 rows, default), {"run": R, "quantizer": Q[, "checkpoint": C]} naming
-    other rows of the table, or a DataFrame (a loss table scored by the reference model).
-    capacity_bits_per_param: for the capacity view (model capacity = params x bits per param).
-    scaling_law: None, or {"c1", "c2", "c3"[, "dataset_size": "samples" | "tokens"]}: the constants
-    of `membership_f1_sigmoid_law`; its output is reported only under "extrapolation"."""
+    Args:
+        df (pd.DataFrame): a loss table (`llmaudit.losstable`).
+        reference (Reference): "base" (run -1 rows), {"run": R, "quantizer": Q[, "checkpoint": C]} naming other rows
+            of the table, or a DataFrame (a loss table scored by the reference model).
+        adapter_params (int | None): the adapter's parameters (positive), for bits per parameter.
+        model_params (int | None): the model's parameters (positive).
+        capacity_bits_per_param (float): for the capacity view (capacity = params x bits per param), > 0.
+        scaling_law (Mapping[str, Any] | None): None, or {"c1", "c2", "c3"[, "dataset_size": "samples" | "tokens"]}:
+            the constants of `membership_f1_sigmoid_law`; its output is reported only under "extrapolation".
+        n_boot (int): bootstrap resamples over runs.
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: definition, reference, per_quantizer, per_run, capacity and notes, strict JSON.
+    Raises:
+        UserError: on a non-positive parameter count or capacity, or a malformed scaling law.
+        MemorizationError: when the table cannot give the view (no reference rows, no fine-tuned run).
+    """
     adapter_params = _check_count("adapter_params", adapter_params)
     model_params = _check_count("model_params", model_params)
     if not capacity_bits_per_param > 0:

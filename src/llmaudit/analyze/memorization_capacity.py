@@ -28,12 +28,21 @@ def membership_f1_sigmoid_law(
     c2: float,
     c3: float,
 ) -> np.ndarray:
-    """F1 = 1/2 * (1 + c1 * sigmoid(c2 * (capacity_bits / dataset_size + c3))): an EXTRAPOLATION.
+    """Extrapolate F1 = 1/2 * (1 + c1 * sigmoid(c2 * (capacity_bits / dataset_size + c3))).
 
-    The functional form of the membership-F1 scaling law of Morris et al.; capacity_bits and
-    dataset_size broadcast to [m]. The constants have no defaults on purpose: the printed fit in the
-    copy we hold is not self-consistent (docs/science.md section 6), so the caller supplies constants it has
-    checked against its own data and must present the output as an extrapolation."""
+    The functional form of the membership-F1 scaling law of Morris et al. The constants have no defaults on
+    purpose: the printed fit is not self-consistent (docs/science.md section 6), so the caller supplies constants it
+    has checked against its own data and must present the output as an extrapolation.
+
+    Args:
+        capacity_bits (np.ndarray | float): the model's capacity in bits, broadcast to [m].
+        dataset_size (np.ndarray | float): the training set's size (samples or tokens), broadcast to [m].
+        c1 (float): the law's scale.
+        c2 (float): the law's slope.
+        c3 (float): the law's offset.
+    Returns:
+        np.ndarray: [m] predicted membership F1.
+    """
     ratio = np.asarray(capacity_bits, dtype=np.float64) / np.asarray(dataset_size, dtype=np.float64)
     z = c2 * (ratio + c3)
     return 0.5 * (1.0 + c1 / (1.0 + np.exp(-z)))
@@ -47,11 +56,24 @@ def capacity_view(
     capacity_bits_per_param: float = DEFAULT_BITS_PER_PARAM,
     scaling_law: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Membership vs capacity: each run's training set against the model's capacity estimate.
+    """Set each run's training set against the model's capacity estimate.
 
-    samples: the frame of `per_sample_memorization`. The training set's information is estimated as
-    the sum of H(x | ref) over its members (the bits a perfect memorizer would have to store beyond
-    the reference); membership is the same under every quantizer, so each (run, sample) counts once."""
+    The training set's information is the sum of H(x | ref) over its members (the bits a perfect memorizer would
+    have to store beyond the reference); membership is the same under every quantizer, so each (run, sample)
+    counts once.
+
+    Args:
+        samples (pd.DataFrame): the frame of `per_sample_memorization`.
+        adapter_params (int | None): the adapter's parameters.
+        model_params (int | None): the model's parameters.
+        capacity_bits_per_param (float): bits per parameter of capacity.
+        scaling_law (Mapping[str, Any] | None): the constants of `membership_f1_sigmoid_law`, or None.
+    Returns:
+        dict[str, Any]: bits_per_param, the capacities, per-run information and capacity ratios, a note, and the
+        extrapolation when a scaling law is given.
+    Raises:
+        UserError: on a malformed scaling law or one without a parameter count.
+    """
     members = samples[samples["member"]].drop_duplicates(["run", "sample_id"])
     model_capacity = model_params * capacity_bits_per_param if model_params else None
     adapter_capacity = adapter_params * capacity_bits_per_param if adapter_params else None
@@ -131,7 +153,15 @@ def _scaling_law_view(
 
 
 def parse_scaling_law(text: str) -> dict[str, Any]:
-    """Command-line form "c1=..,c2=..,c3=..[,dataset_size=samples|tokens]"."""
+    """Read the command-line form of a scaling law.
+
+    Args:
+        text (str): "c1=..,c2=..,c3=..[,dataset_size=samples|tokens]".
+    Returns:
+        dict[str, Any]: the constants as floats, dataset_size as text.
+    Raises:
+        UserError: when a part is not key=value.
+    """
     law: dict[str, Any] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")

@@ -28,7 +28,14 @@ _CURVE_GRID = np.logspace(-4, 0, 61)
 
 
 def is_reliable(n_negatives: int | float, alpha: float) -> bool:
-    """TPR at FPR alpha is estimable only with at least 10 / alpha negatives."""
+    """Say whether a TPR at FPR alpha is estimable: at least 10 / alpha negatives.
+
+    Args:
+        n_negatives (int | float): the negatives (non-member scores).
+        alpha (float): the FPR level.
+    Returns:
+        bool: True when n_negatives * alpha >= 10.
+    """
     return bool(n_negatives * alpha >= 10 - 1e-9)
 
 
@@ -48,9 +55,18 @@ def _prepare(scores, labels) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tpr_at_fpr(scores, labels, alpha: float) -> tuple[float, float]:
-    """(TPR, threshold): the largest TPR on the empirical ROC with FPR <= alpha; members are scores >= threshold.
+    """Find the largest TPR on the empirical ROC with FPR <= alpha, and its threshold.
 
-    scores, labels: [n]. The threshold is +inf when no positive threshold keeps FPR <= alpha."""
+    Args:
+        scores (np.ndarray): [n] scores, higher = member.
+        labels (np.ndarray): [n] True for a member.
+        alpha (float): the FPR level.
+    Returns:
+        tuple[float, float]: (TPR, threshold); members are scores >= threshold; +inf when no positive threshold
+        keeps FPR <= alpha.
+    Raises:
+        ValueError: on mismatched lengths, non-finite scores or a single class.
+    """
     scores, labels = _prepare(scores, labels)
     fpr, tpr, thr = roc_curve(labels, scores, drop_intermediate=False)
     idx = int(np.searchsorted(fpr, alpha + _FPR_TOL, side="right")) - 1  # fpr is non-decreasing
@@ -58,11 +74,18 @@ def tpr_at_fpr(scores, labels, alpha: float) -> tuple[float, float]:
 
 
 def roc_metrics(scores, labels, fprs: Sequence[float] = DEFAULT_FPRS) -> dict:
-    """AUROC, average precision and TPR at each FPR level, with reliability flags.
+    """Compute AUROC, average precision and TPR at each FPR level, with reliability flags.
 
-    scores, labels: [n] (higher score = member; label True = member). Returns a JSON-ready dict:
-    {"auroc", "average_precision", "n_positives", "n_negatives",
-     "tpr_at_fpr": {"0.01": {"tpr", "threshold", "reliable", "min_negatives"}, ...}}."""
+    Args:
+        scores (np.ndarray): [n] scores, higher = member.
+        labels (np.ndarray): [n] True for a member.
+        fprs (Sequence[float]): the FPR levels.
+    Returns:
+        dict: {"auroc", "average_precision", "n_positives", "n_negatives", "tpr_at_fpr": {"0.01": {"tpr",
+        "threshold", "reliable", "min_negatives"}, ...}}, JSON-ready.
+    Raises:
+        ValueError: on mismatched lengths, non-finite scores or a single class.
+    """
     scores, labels = _prepare(scores, labels)
     n_neg = int((~labels).sum())
     fpr, tpr, thr = roc_curve(labels, scores, drop_intermediate=False)
@@ -85,9 +108,17 @@ def roc_metrics(scores, labels, fprs: Sequence[float] = DEFAULT_FPRS) -> dict:
 
 
 def roc_curve_loglog(scores, labels, grid: np.ndarray = _CURVE_GRID) -> dict:
-    """A compact ROC for log-log plots: TPR (largest with FPR <= f) at each f of a log-spaced grid.
+    """Compute a compact ROC for log-log plots: the largest TPR with FPR <= f at each f of a grid.
 
-    Grid points below 1 / n_negatives are left out: no FPR between 0 and 1 / n_negatives is observable."""
+    Grid points below 1 / n_negatives are left out: no FPR between 0 and 1 / n_negatives is observable.
+
+    Args:
+        scores (np.ndarray): [n] scores, higher = member.
+        labels (np.ndarray): [n] True for a member.
+        grid (np.ndarray): the FPR grid (log-spaced).
+    Returns:
+        dict: {"fpr": [...], "tpr": [...]}.
+    """
     scores, labels = _prepare(scores, labels)
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     grid = np.asarray(grid, dtype=np.float64)
@@ -140,14 +171,25 @@ def bootstrap_ci(
     groups=None,
     resampling: Resampling = Resampling(),
 ) -> dict:
-    """Percentile bootstrap CIs of AUROC, average precision and TPR at each FPR.
+    """Compute percentile bootstrap CIs of AUROC, average precision and TPR at each FPR.
 
-    scores, labels: [n]. groups: optional [n] resampling unit of each row (e.g. the sample index when
-    scores pool several models): a drawn unit brings all its rows. resampling: whether the numbers of members
-    and non-members stay fixed in every resample (`Resampling`).
     Resamples that lose one class give NaN and are ignored.
-    Returns
-    {"auroc": {"low", "high"}, "average_precision": {...}, "tpr_at_fpr": {key: {...}}, "n_boot", ...}."""
+
+    Args:
+        scores (np.ndarray): [n] scores, higher = member.
+        labels (np.ndarray): [n] True for a member.
+        fprs (Sequence[float]): the FPR levels.
+        n_boot (int): bootstrap resamples.
+        confidence (float): the intervals' confidence.
+        seed (int): the resampling seed.
+        groups (np.ndarray | None): [n] resampling unit of each row (e.g. the sample index when scores pool
+            several models): a drawn unit brings all its rows.
+        resampling (Resampling): whether the numbers of members and non-members stay fixed in every resample.
+    Returns:
+        dict: {"auroc": {"low", "high"}, "average_precision": {...}, "tpr_at_fpr": {key: {...}}, "n_boot", ...}.
+    Raises:
+        ValueError: on groups of the wrong length, or stratified groups mixing classes.
+    """
     scores, labels = _prepare(scores, labels)
     stratified = resampling.stratified
     if stratified is None:

@@ -40,10 +40,17 @@ def _pool_inputs(scores, members) -> tuple[np.ndarray, np.ndarray]:
 
 
 def per_sample_fpr(scores, members, threshold) -> np.ndarray:
-    """[N] share of each sample's non-member entries (over the M models) with score >= threshold.
+    """Compute each sample's share of non-member entries (over the M models) with score >= threshold.
 
-    scores, members: [M, N]; threshold: scalar or broadcastable to [M, N]. NaN where a sample has no
-    finite non-member entry. Shows how one global threshold treats samples unequally."""
+    It shows how one global threshold treats samples unequally.
+
+    Args:
+        scores (np.ndarray): [M, N] scores of M target models on N samples, higher = member.
+        members (np.ndarray): [M, N] membership.
+        threshold (float | np.ndarray): scalar or broadcastable to [M, N].
+    Returns:
+        np.ndarray: [N] shares, NaN where a sample has no finite non-member entry.
+    """
     scores, members = _pool_inputs(scores, members)
     out = ~members & np.isfinite(scores)
     with np.errstate(invalid="ignore"):
@@ -69,11 +76,20 @@ def pooled_naive(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> dict:
-    """Concatenate the scores of M target models x N samples and apply ONE global threshold.
+    """Concatenate the scores of M target models x N samples and apply one global threshold.
 
-    scores, members: [M, N]. Non-finite scores are dropped (counted in "n_dropped"). Returns roc_metrics
-    of the pooled rows plus, for each FPR level, the spread (p10/median/p90) over samples of the per-sample
-    FPR at the global threshold (wide = miscalibrated), and bootstrap CIs over samples if n_boot > 0."""
+    Args:
+        scores (np.ndarray): [M, N] scores of M target models on N samples, higher = member.
+        members (np.ndarray): [M, N] membership.
+        fprs (Sequence[float]): the FPR levels.
+        n_boot (int): bootstrap resamples of samples (0: no intervals).
+        seed (int): the resampling seed.
+        confidence (float): the intervals' confidence.
+    Returns:
+        dict: `roc_metrics` of the pooled finite rows (non-finite ones counted in "n_dropped"), for each level the
+        spread (p10/median/p90) over samples of the per-sample FPR at the global threshold (wide =
+        miscalibrated), and bootstrap CIs over samples when n_boot > 0.
+    """
     scores, members = _pool_inputs(scores, members)
     finite = np.isfinite(scores)
     sample_index = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
@@ -100,11 +116,21 @@ def pooled_naive(
 
 
 def calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = T_CUTOFF):
-    """Threshold on per-sample standardized scores giving FPR alpha per sample.
+    """Compute the threshold on per-sample standardized scores giving FPR alpha per sample.
 
     Phi^-1(1 - alpha) when n_ref is None or n_ref >= t_cutoff; otherwise the Student-t predictive quantile
-    t_{n_ref - 1}(1 - alpha) * sqrt(1 + 1/n_ref) (exact for Gaussian out-scores whose mean and sd were
-    estimated from n_ref reference models). n_ref: scalar or array (e.g. [M, N]); n_ref < 2 gives NaN."""
+    t_{n_ref - 1}(1 - alpha) * sqrt(1 + 1/n_ref), exact for Gaussian out-scores whose mean and sd were estimated
+    from n_ref reference models.
+
+    Args:
+        alpha (float): the FPR, in (0, 1).
+        n_ref (float | np.ndarray | None): reference models per score, scalar or array (e.g. [M, N]).
+        t_cutoff (float): from this many references on, the normal threshold.
+    Returns:
+        float | np.ndarray: the threshold, shaped as n_ref; NaN where n_ref < 2.
+    Raises:
+        ValueError: when alpha is outside (0, 1).
+    """
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1); got {alpha}.")
     normal = float(stats.norm.ppf(1 - alpha))
@@ -216,13 +242,23 @@ def pooled_calibrated(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> dict:
-    """TPR and realised FPR of per-sample calibrated scores at the calibrated threshold for each alpha.
+    """Measure TPR and realised FPR of per-sample calibrated scores at the calibrated threshold.
 
-    z: [M, N] per-sample standardized scores (each sample's out-distribution ~ N(0, 1), e.g. from
-    `attacks.lira_offline`); members: [M, N]; n_ref: None, scalar, [N] or [M, N] number of reference
-    models behind each standardization (selects the Student-t threshold below t_cutoff). Non-finite z
-    are dropped. The realised FPR should be close to alpha: a gap means the Gaussian calibration is off.
-    Also returns the ROC metrics of the pooled z (one threshold is now fair to every sample)."""
+    Args:
+        z (np.ndarray): [M, N] per-sample standardized scores (each sample's out-distribution ~ N(0, 1), e.g. from
+            `attacks.lira_offline`); non-finite ones are dropped.
+        members (np.ndarray): [M, N] membership.
+        alphas (Sequence[float]): the FPR levels.
+        n_ref (np.ndarray | None): scalar, [N] or [M, N] reference models behind each score (the Student-t
+            threshold below t_cutoff).
+        t_cutoff (float): from this many references on, the normal threshold.
+        n_boot (int): bootstrap resamples of samples (0: no intervals).
+        seed (int): the resampling seed.
+        confidence (float): the intervals' confidence.
+    Returns:
+        dict: per level the TPR, the realised FPR (close to alpha unless the calibration is off) and the threshold;
+        the ROC metrics of the pooled z; intervals when n_boot > 0.
+    """
     z, members = _pool_inputs(z, members)
     finite = np.isfinite(z)
     if n_ref is not None:
@@ -291,14 +327,23 @@ def per_sample_tpr(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> dict:
-    """Average over samples of each sample's own TPR at FPR alpha (no pooling across samples).
+    """Average over samples each sample's own TPR at FPR alpha (no pooling across samples).
 
-    scores, members: [M, N]. For sample j the M models split into its in-models (positives) and
-    out-models (negatives); with n_out out-models the threshold is the (k+1)-th largest out-score,
-    k = floor(alpha * n_out), so the sample's empirical FPR is <= alpha, and TPR_j is the share of its
-    in-scores above it. Samples lacking an in- or an out-model are skipped ("n_samples_used"). The value
-    is reliable only when every used sample has n_out >= 10 / alpha; with alpha * n_out < 1 the sample's
-    threshold sits above all its out-scores (FPR 0) and TPR_j is a conservative lower bound."""
+    For sample j the M models split into in-models and out-models; the threshold is the (k+1)-th largest
+    out-score, k = floor(alpha * n_out), so its empirical FPR is <= alpha. Reliable only when every used sample
+    has n_out >= 10 / alpha; with alpha * n_out < 1, TPR_j is a conservative lower bound.
+
+    Args:
+        scores (np.ndarray): [M, N] scores of M target models on N samples, higher = member.
+        members (np.ndarray): [M, N] membership.
+        alphas (Sequence[float]): the FPR levels.
+        n_boot (int): bootstrap resamples of samples (0: no intervals).
+        seed (int): the resampling seed.
+        confidence (float): the intervals' confidence.
+    Returns:
+        dict: per level the mean TPR and realised FPR over the used samples (those with an in- and an out-model,
+        "n_samples_used"), reliability, the spread of n_out, and intervals when n_boot > 0.
+    """
     scores, members = _pool_inputs(scores, members)
     finite = np.isfinite(scores)
     is_in = members & finite
