@@ -4,7 +4,7 @@ One result object (`llmaudit.analyze.experiment.analyze`) is rendered three ways
 (`build.build_report`): report.json (complete, strict JSON, written from the typed models of `models` and
 validated against `schema.REPORT_SCHEMA`, generated from them),
 report.md and a self-contained report.html (inline CSS, figures embedded as base64 PNG, no scripts, no
-external resources), both made from one view model (`view.sections`). The figures are also written as PNG
+external resources), both made from one view model (`view.shown_sections`). The figures are also written as PNG
 files under report/plots/.
 
     grid     one row per quantizer: size, utility, r_Q, every attack, with intervals
