@@ -44,7 +44,7 @@ import pandas as pd
 from scipy import stats
 from threadpoolctl import threadpool_limits
 
-from llmaudit.analyze import metrics, roc_kernel
+from llmaudit.analyze import metrics, metrics_pooled, roc_kernel
 from llmaudit.analyze.attacks.catalog import ez_mia_attacks, single_model, wbc_attacks
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.registry import registered_attacks
@@ -74,7 +74,7 @@ REFERENCE = _load("reference_impls", Path(__file__).resolve().parents[1] / "test
 decide = importlib.import_module("llmaudit.analyze.decision.decide")  # the module (the package exports its function)
 
 
-def landed_calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = metrics.T_CUTOFF):
+def landed_calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = metrics_pooled.T_CUTOFF):
     """`calibrated_threshold` as it landed: the Student-t quantile computed for every entry of n_ref."""
     normal = float(stats.norm.ppf(1 - alpha))
     if n_ref is None:
@@ -98,7 +98,7 @@ def landed():
         mock.patch.object(single_model, "min_k_score", REFERENCE.min_k_score_per_sample),
         mock.patch.object(single_model, "min_k_plus_plus_score", REFERENCE.min_k_plus_plus_score_per_sample),
         mock.patch.object(metrics, "bootstrap_stats", REFERENCE.group_bootstrap_stats),
-        mock.patch.object(metrics, "calibrated_threshold", landed_calibrated_threshold),
+        mock.patch.object(metrics_pooled, "calibrated_threshold", landed_calibrated_threshold),
         mock.patch.object(decide, "calibrated_counts", LANDED_DECISION.landed_calibrated_counts),
         mock.patch.object(decide, "weighted_auroc", LANDED_DECISION.landed_weighted_auroc),
     ):
@@ -130,7 +130,7 @@ class ResamplingClock:
 
     @contextlib.contextmanager
     def install(self):
-        patches = [(metrics, "bootstrap_ci", "intervals"), (metrics, "_calibrated_ci", "intervals")]
+        patches = [(metrics_pooled, "bootstrap_ci", "intervals"), (metrics_pooled, "_calibrated_ci", "intervals")]
         patches += [(decide, name, "decision") for name in ("calibrated_counts", "empirical_counts", "weighted_auroc")]
         with contextlib.ExitStack() as stack:
             for module, name, bucket in patches:

@@ -30,7 +30,7 @@ from llmaudit.analyze.attacks.text import (
     ref_score,
     zlib_score,
 )
-from llmaudit.analyze.metrics import calibrated_threshold, per_sample_fpr, pooled_calibrated, pooled_naive
+from llmaudit.analyze.metrics_pooled import calibrated_threshold, per_sample_fpr, pooled_calibrated, pooled_naive
 from llmaudit.commands.attack import attack_command
 from llmaudit.config import LEGACY_ATTACK_NAMES
 from llmaudit.store.losstable import validate_loss_table, write_loss_table

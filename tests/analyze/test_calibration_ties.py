@@ -7,7 +7,7 @@ import pytest
 
 from llmaudit.analyze.attacks.evaluate import leave_one_out
 from llmaudit.analyze.attacks.lira import LiraWarning, lira_offline, out_reference_counts
-from llmaudit.analyze.metrics import pooled_calibrated
+from llmaudit.analyze.metrics_pooled import pooled_calibrated
 
 KEEP = np.zeros((4, 2), dtype=bool)  # every sample OUT everywhere; target 0, references = models 1..3
 
@@ -131,7 +131,7 @@ def test_balanced_references_give_members_and_non_members_the_same_calibration_u
     non-member, both classes are equally often above the calibrated threshold. With one OUT reference more for
     members (the unbalanced design) their Student-t threshold is lower and members were 'detected' far more."""
     from llmaudit.analyze.attacks.lira import balanced_references
-    from llmaudit.analyze.metrics import calibrated_threshold
+    from llmaudit.analyze.metrics_pooled import calibrated_threshold
 
     rng = np.random.default_rng(11)
     m, n = 8, 4000

@@ -121,7 +121,7 @@ def test_the_conformal_threshold_is_exceeded_by_fresh_non_members_at_most_fpr():
 @pytest.mark.parametrize("n_ref", [3, 8, 40])
 def test_normal_scores_put_the_student_t_threshold_at_the_normal_one(n_ref):
     from llmaudit.analyze.decision.counts import normal_scores
-    from llmaudit.analyze.metrics import calibrated_threshold
+    from llmaudit.analyze.metrics_pooled import calibrated_threshold
 
     t = calibrated_threshold(0.01, np.array([n_ref]), 30)[0]
     z = np.array([[t, t - 1e-6, t + 1e-6]])

@@ -7,19 +7,21 @@ import pytest
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from llmaudit.analyze import metrics
+from llmaudit.analyze import metrics, metrics_pooled
 from llmaudit.analyze.metrics import (
     Resampling,
     bootstrap_ci,
-    calibrated_threshold,
     is_reliable,
+    roc_curve_loglog,
+    roc_metrics,
+    tpr_at_fpr,
+)
+from llmaudit.analyze.metrics_pooled import (
+    calibrated_threshold,
     per_sample_fpr,
     per_sample_tpr,
     pooled_calibrated,
     pooled_naive,
-    roc_curve_loglog,
-    roc_metrics,
-    tpr_at_fpr,
 )
 
 from .reference_impls import (
@@ -291,9 +293,9 @@ def test_calibrated_intervals_equal_the_level_by_level_group_bootstrap(monkeypat
     assert ap["low"] == pytest.approx(ap_grouped["low"], abs=1e-12)
     assert ap["high"] == pytest.approx(ap_grouped["high"], abs=1e-12)
     # one level's interval by hand: the same resamples, its four counts re-summed alone
-    counts = metrics.resample_counts(np.random.default_rng(4), 300, 200)
+    counts = metrics_pooled.resample_counts(np.random.default_rng(4), 300, 200)
     fin = np.isfinite(z)
-    thr = metrics.calibrated_threshold(0.1, np.full((8, 300), 7.0))
+    thr = metrics_pooled.calibrated_threshold(0.1, np.full((8, 300), 7.0))
     above = fin & (z >= thr)
     boot = counts @ np.stack([(members & above).sum(0), (members & fin).sum(0)]).T.astype(float)
     lo, hi = np.quantile(boot[:, 0] / boot[:, 1], [0.025, 0.975])

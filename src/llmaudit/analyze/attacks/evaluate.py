@@ -29,7 +29,8 @@ from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decid
 from llmaudit.analyze.decision.counts import normal_scores
 from llmaudit.analyze.decision.decide import decide_one
 from llmaudit.analyze.memorization import SEQUENCE_BITS
-from llmaudit.analyze.metrics import fpr_key, per_sample_tpr, pooled_calibrated, pooled_naive, roc_curve_loglog
+from llmaudit.analyze.metrics import fpr_key, roc_curve_loglog
+from llmaudit.analyze.metrics_pooled import per_sample_tpr, pooled_calibrated, pooled_naive
 from llmaudit.common.stats import spearman
 from llmaudit.quantize import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN, uniform_vocab_mean_evidence

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmaudit.analyze.metrics import T_CUTOFF
+from llmaudit.analyze.metrics_pooled import T_CUTOFF
 from llmaudit.common.errors import did_you_mean
 
 if TYPE_CHECKING:

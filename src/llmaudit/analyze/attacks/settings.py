@@ -16,7 +16,8 @@ from llmaudit.analyze.attacks.registry import (
     registered_attacks,
     resolve_attacks,
 )
-from llmaudit.analyze.metrics import DEFAULT_FPRS, T_CUTOFF
+from llmaudit.analyze.metrics import DEFAULT_FPRS
+from llmaudit.analyze.metrics_pooled import T_CUTOFF
 
 __all__ = ["REF_MODELS", "AttackRunSettings"]
 

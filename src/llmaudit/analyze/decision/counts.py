@@ -209,7 +209,7 @@ def normal_scores(z: np.ndarray, n_ref, t_cutoff: float) -> np.ndarray:
 
     A score standardised with n references, whose Gaussian predictive law is sqrt(1 + 1/n) t_{n-1}, maps to
     Phi^-1(F_{t,n-1}(z / sqrt(1 + 1/n))), so that one threshold Phi^-1(1 - alpha) is the per-sample Student-t
-    threshold of `llmaudit.analyze.metrics.calibrated_threshold` for every n.
+    threshold of `llmaudit.analyze.metrics_pooled.calibrated_threshold` for every n.
 
     Args:
         z (np.ndarray): [M, N] standardised scores.
