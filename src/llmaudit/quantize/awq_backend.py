@@ -49,6 +49,10 @@ AWQ_GROUP_SIZES = (-1, 16, 32, 64, 128)
 class AWQQuantizer(Quantizer):
     family = "awq"
     library = "gptqmodel"
+    install_hint = "pip install 'llmaudit[gptq]'"
+    tracked_libraries = ("gptqmodel",)
+    gpu_seconds_per_layer = 2.0
+    shares_calibration = None
     calibrated = True
 
     def __init__(self, name: str, **options):

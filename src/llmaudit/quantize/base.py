@@ -40,12 +40,6 @@ from llmaudit.common.errors import UserError
 DEFAULT_MODULES: tuple[str, ...] = (r"(^|\.)layers\.\d+\.",)
 DEVICES = ("auto", "cpu", "cuda")
 
-INSTALL_HINTS = {
-    "hqq": "pip install 'llmaudit[hqq]'",
-    "bitsandbytes": "pip install 'llmaudit[bnb]'",
-    "gptqmodel": "pip install 'llmaudit[gptq]'",
-}
-
 
 class QuantizationError(UserError):
     """A quantizer cannot do what was asked: bad option, missing library, impossible request."""
@@ -75,10 +69,19 @@ def library_available(module_name: str) -> bool:
     return importlib.util.find_spec(module_name) is not None
 
 
-def missing_library_reason(module_name: str) -> str | None:
+def missing_library_reason(module_name: str, install_hint: str) -> str | None:
+    """Why a library is missing, with the fix.
+
+    Args:
+        module_name: the library's import name.
+        install_hint: the command that installs it (a quantizer's ``install_hint``).
+
+    Returns:
+        None when the library can be imported here, else one line naming it and the fix.
+    """
     if library_available(module_name):
         return None
-    return f"the Python package '{module_name}' is not installed; fix: {INSTALL_HINTS[module_name]}"
+    return f"the Python package '{module_name}' is not installed; fix: {install_hint}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -205,17 +208,84 @@ def compute_dtype_for(device: torch.device) -> torch.dtype:
 # Base class
 
 
-class Quantizer:
-    """Common behaviour; each backend module defines a subclass with its option spec,
-    ``bits_per_weight``, ``_check_backend`` and ``_quantize``."""
+FACTS: tuple[str, ...] = ("family", "install_hint", "tracked_libraries", "gpu_seconds_per_layer", "shares_calibration")
+"""What every quantizer class states about itself (`Quantizer` documents each); a class that lacks one, or
+states one of the wrong type, is refused when it is defined (`check_facts`)."""
 
-    family: str = ""
+
+def _fact_problem(cls: type, fact: str) -> str | None:
+    """What is wrong with one fact of a quantizer class, or None."""
+    if not hasattr(cls, fact):
+        return "is missing"
+    value = getattr(cls, fact)
+    if fact == "family":
+        ok = isinstance(value, str) and value != ""
+    elif fact == "install_hint":
+        ok = value is None or (isinstance(value, str) and value != "")
+        if ok and value is None and cls.library is not None:  # a class attribute or a property
+            return "is None, but the class names a library (`library`): say how to install it"
+    elif fact == "tracked_libraries":
+        ok = isinstance(value, tuple) and all(isinstance(v, str) and v for v in value)
+    elif fact == "gpu_seconds_per_layer":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    else:  # shares_calibration
+        ok = value is None or (isinstance(value, str) and value != "")
+        if ok and value is not None and cls.collect_shared_calibration is Quantizer.collect_shared_calibration:
+            return "names a group, but the class does not override collect_shared_calibration and quantize_shared"
+    return None if ok else f"has the wrong type or value {value!r}"
+
+
+def check_facts(cls: type) -> None:
+    """Refuse a quantizer class that does not state every fact in `FACTS`.
+
+    Args:
+        cls: a subclass of `Quantizer`.
+
+    Raises:
+        TypeError: a fact is missing or malformed (the message names the class, the fact and what it must be).
+    """
+    for fact in FACTS:
+        problem = _fact_problem(cls, fact)
+        if problem:
+            raise TypeError(
+                f"quantizer class {cls.__qualname__}: {fact} {problem}; every quantizer class states "
+                f"{', '.join(FACTS)} (see llmaudit.quantize.base.Quantizer)"
+            )
+
+
+class Quantizer:
+    """Common behaviour of the quantizers; each backend module defines a subclass.
+
+    A subclass states its facts as class attributes (checked when the class is defined, `check_facts`):
+
+    - ``family``: the backend family's name (``"hqq"``, ``"gptq"``...), shown by ``llmaudit quantizers``.
+    - ``install_hint``: the command that installs the backend's library, or None when it needs none; required
+      whenever ``library`` names one.
+    - ``tracked_libraries``: the distributions whose versions a run store's manifest records for it (may be empty).
+    - ``gpu_seconds_per_layer``: the assumed seconds to quantize one transformer layer on a GPU, for a layer of about
+      20M parameters (``llmaudit plan`` scales it by layer size).
+    - ``shares_calibration``: None, or the name of a group: quantizers of one group whose ``calibration_key()`` is
+      equal share one ``collect_shared_calibration`` per checkpoint (``quantize_shared`` takes it).
+
+    It also defines its option spec (passed to ``__init__``), ``bits_per_weight`` and ``_quantize``, and may define
+    ``_check_options`` and ``_check_layer``.
+    """
+
+    family: str
+    install_hint: str | None
+    tracked_libraries: tuple[str, ...]
+    gpu_seconds_per_layer: float
+    shares_calibration: str | None
     library: str | None = None  # import name of the backend library, if any
     calibrated: bool = (
         False  # fits itself to calibration text: has the option calibration_source (quantize.calibration)
     )
-    # option -> the value it had before it existed: what a store's record without that key means
+    # option -> the value a store's record without that key means
     legacy_options: dict[str, Any] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_facts(cls)
 
     def __init__(self, name: str, bits: float, option_spec: dict[str, Option], options: dict[str, Any]):
         self.name = name
@@ -238,7 +308,7 @@ class Quantizer:
     def availability(self) -> str | None:
         """None when this quantizer can run here, else the reason (with the fix)."""
         if self.library is not None:
-            reason = missing_library_reason(self.library)
+            reason = missing_library_reason(self.library, self.install_hint or "install it")
             if reason:
                 return f"{self.name}: {reason}"
         if self.options["device"] == "cuda" and not torch.cuda.is_available():
@@ -273,6 +343,46 @@ class Quantizer:
             out = self._quantize(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
         out.eval()
         return out
+
+    def calibration_key(self) -> dict | None:
+        """What this quantizer's shared calibration depends on besides the checkpoint and the texts.
+
+        Returns:
+            None when this quantizer shares no calibration (the default), else a JSON-able dict: quantizers of one
+            ``shares_calibration`` group with equal keys share one ``collect_shared_calibration``.
+        """
+        return None
+
+    def collect_shared_calibration(self, model: nn.Module, *, tokenizer, calibration_texts) -> Any:
+        """The calibration statistics of ``model`` that every quantizer of this one's group and key can reuse.
+
+        Args:
+            model: the unquantized checkpoint (left unchanged).
+            tokenizer: the checkpoint's tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            What ``quantize_shared`` takes.
+
+        Raises:
+            QuantizationError: this quantizer shares no calibration.
+        """
+        raise QuantizationError(f"{self.name}: shares no calibration (shares_calibration is None)")
+
+    def quantize_shared(self, model: nn.Module, shared: Any) -> nn.Module:
+        """The quantized model, calibrated with statistics another quantizer of the group collected.
+
+        Args:
+            model: the checkpoint the statistics were collected on (quantized in place).
+            shared: a ``collect_shared_calibration`` result of a quantizer with the same ``calibration_key()``.
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: this quantizer shares no calibration.
+        """
+        raise QuantizationError(f"{self.name}: shares no calibration (shares_calibration is None)")
 
     def recorded_options_mismatch(self, recorded: dict[str, Any]) -> str | None:
         """None when ``recorded`` (this quantizer's options as a store recorded them, JSON) equals this

@@ -45,6 +45,10 @@ DOUBLE_QUANT_BLOCKSIZE = 256  # bitsandbytes' blocksize for the nested (absmax) 
 class BnbQuantizer(Quantizer):
     family = "bnb"
     library = "bitsandbytes"
+    install_hint = "pip install 'llmaudit[bnb]'"
+    tracked_libraries = ("bitsandbytes",)
+    gpu_seconds_per_layer = 0.02
+    shares_calibration = None
 
     def __init__(self, name: str, **options):
         self.kind, bits = BNB_KINDS[name]

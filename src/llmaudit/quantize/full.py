@@ -45,6 +45,10 @@ def missing_reference(names) -> str | None:
 
 class FullPrecision(Quantizer):
     family = "full"
+    install_hint = None
+    tracked_libraries = ()
+    gpu_seconds_per_layer = 0.0
+    shares_calibration = None
 
     def __init__(self, name: str, **options):
         self.dtype = FULL_DTYPES[name]

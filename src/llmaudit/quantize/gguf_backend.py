@@ -120,6 +120,10 @@ class TensorRecord:
 
 class GGUFQuantizer(Quantizer):
     family = "gguf"
+    install_hint = llama_cpp_lib.INSTALL_HINT
+    tracked_libraries = ("gguf", "llama-cpp-python")
+    gpu_seconds_per_layer = 0.5
+    shares_calibration = None
     legacy_options = {"engine": "torch"}  # units scored before the option existed were torch's
 
     def __init__(self, name: str, **options):
@@ -138,7 +142,7 @@ class GGUFQuantizer(Quantizer):
 
     def availability(self) -> str | None:
         if not base.library_available("gguf"):
-            return f"{self.name}: the Python package 'gguf' is not installed; fix: {llama_cpp_lib.INSTALL_HINT}"
+            return f"{self.name}: the Python package 'gguf' is not installed; fix: {self.install_hint}"
         reason = llama_cpp_lib.availability()
         if reason:
             return f"{self.name}: {reason}"

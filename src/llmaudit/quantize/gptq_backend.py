@@ -113,6 +113,10 @@ class GPTQHessians:
 class GPTQQuantizer(Quantizer):
     family = "gptq"
     calibrated = True
+    install_hint = "pip install 'llmaudit[gptq]'"  # solver='gptqmodel'
+    tracked_libraries = ("gptqmodel", "optimum")
+    gpu_seconds_per_layer = 2.0
+    shares_calibration = "gptq"  # the Hessians of calibration='shared' (solver llmaudit)
 
     def __init__(self, name: str, **options):
         self.nbits = GPTQ_BITS[name]
@@ -230,6 +234,37 @@ class GPTQQuantizer(Quantizer):
             out = self._solve(model, hessians)
         out.eval()
         return out
+
+    def collect_shared_calibration(self, model: nn.Module, *, tokenizer, calibration_texts) -> GPTQHessians:
+        """The Hessians the GPTQ quantizers with this one's ``calibration_key()`` share (``collect_hessians``).
+
+        Args:
+            model: the unquantized checkpoint (left unchanged).
+            tokenizer: the checkpoint's tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            The collected Hessians.
+
+        Raises:
+            QuantizationError: this quantizer's calibration depends on its bits (nothing to share).
+        """
+        return self.collect_hessians(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
+
+    def quantize_shared(self, model: nn.Module, shared: GPTQHessians) -> nn.Module:
+        """The quantized model from shared Hessians (``quantize_model(model, hessians=shared)``).
+
+        Args:
+            model: the checkpoint the Hessians were collected on (quantized in place).
+            shared: a ``collect_shared_calibration`` result of a quantizer with the same ``calibration_key()``.
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the Hessians were collected with another key, or this quantizer shares none.
+        """
+        return self.quantize_model(model, hessians=shared)
 
     def _check_shared(self, hessians: GPTQHessians) -> None:
         if self.calibration_key() is None:

@@ -56,6 +56,10 @@ PACKED_ROWS = {1: 8, 2: 4, 4: 2}
 class HQQQuantizer(Quantizer):
     family = "hqq"
     library = "hqq"
+    install_hint = "pip install 'llmaudit[hqq]'"
+    tracked_libraries = ("hqq",)
+    gpu_seconds_per_layer = 0.3
+    shares_calibration = None
 
     def __init__(self, name: str, **options):
         self.nbits = HQQ_BITS[name]

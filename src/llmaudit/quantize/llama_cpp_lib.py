@@ -32,7 +32,7 @@ from .base import QuantizationError
 LLAMA_CPP_VERSION = "0.3.36"
 """The llama-cpp-python release whose C structures this module is written against (the `gguf-quant` extra pins it)."""
 INSTALL_HINT = (
-    "pip install 'llmaudit[llamacpp]' (builds llama.cpp from source, about 9 minutes on 2 cores; "
+    "pip install 'llmaudit[llamacpp]' (builds llama.cpp from source; "
     "CMAKE_ARGS='-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF' keeps the build portable and skips the multimodal library)"
 )
 

@@ -134,6 +134,10 @@ class SimpleQuantizer(Quantizer):
     """
 
     family = "simple"
+    install_hint = None
+    tracked_libraries = ()
+    gpu_seconds_per_layer = 0.01
+    shares_calibration = None
 
     def __init__(self, name: str, **options):
         rule, bits = SIMPLE_SPECS[name]
