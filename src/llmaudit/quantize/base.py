@@ -200,7 +200,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def compute_dtype_for(device: torch.device) -> torch.dtype:
-    """fp32 on CPU (bf16 matmuls are about 6x slower there), bf16 on GPU."""
+    """The dtype the quantizers compute in on a device.
+
+    Args:
+        device: where the quantizer runs.
+
+    Returns:
+        float32 on a CPU (where bf16 matmuls are slower without native support), bfloat16 on a GPU.
+    """
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
@@ -478,10 +485,15 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def replace_each(model: nn.Module, targets: list[tuple[str, nn.Module]], make: Callable) -> None:
-    """Replace every (name, module) of ``targets`` by ``make(name, module)``, in order, emptying ``targets`` as it
-    goes: each original layer is released as soon as its replacement is in place. (Iterating over the list would
-    keep every original layer alive until the last replacement is made: a whole second copy of the decoder's
-    weights at the peak, 0.43 GB for SmolLM2-135M in float32.)"""
+    """Replace each target layer by ``make(name, module)``, in order, releasing each original as soon as its
+    replacement is in place (iterating over the list would keep every original alive until the last replacement:
+    a second copy of the decoder's weights at the peak; docs/results.md).
+
+    Args:
+        model: the model holding the layers.
+        targets: (qualified name, module) pairs; emptied as the layers are replaced.
+        make: builds the replacement of one layer from its name and module.
+    """
     targets.reverse()
     while targets:
         name, module = targets.pop()

@@ -6,7 +6,7 @@
   quantizer, so the rows of a quantizer grid differ only by the rule applied to the same weights.
 - ``"native"``: the whole model is cast to the dtype (what a real bf16/fp16 deployment runs, including
   embeddings, norms and head; activations in the dtype).
-- ``"auto"`` (default): fake on CPU (bf16 matmuls are about 6x slower there), native on GPU.
+- ``"auto"`` (default): fake on CPU (where bf16 matmuls are slower without native support), native on GPU.
 
 Bits accounting: 32 or 16 bits per weight, no metadata.
 """

@@ -124,7 +124,7 @@ class GGUFQuantizer(Quantizer):
     tracked_libraries = ("gguf", "llama-cpp-python")
     gpu_seconds_per_layer = 0.5
     shares_calibration = None
-    legacy_options = {"engine": "torch"}  # units scored before the option existed were torch's
+    legacy_options = {"engine": "torch"}  # a recorded unit without the option was scored by torch
 
     def __init__(self, name: str, **options):
         self.kind, self.with_imatrix = GGUF_NAMES[name]

@@ -7,9 +7,9 @@ gptqmodel (auto-gptq cannot quantize without CUDA and does not import with trans
   gptqmodel's integer codes, scales and zero points bit for bit (tested).
 - ``"gptqmodel"``: the model is written to a temporary directory (deleted afterwards), loaded with
   ``GPTQModel.load(dir, QuantizeConfig(...))``, quantized, saved packed and loaded again; its own
-  per-layer loop. On CPU the model is quantized in float32 (gptqmodel's CPU default, bf16, is about 2x
-  slower end to end); on GPU gptqmodel's own default dtype is used. This is the real-kernel path, and the
-  solver every store scored before the option existed used (a record without ``solver`` means it).
+  per-layer loop. On CPU the model is quantized in float32 (gptqmodel's CPU default, bf16, is slower end to
+  end there); on GPU gptqmodel's own default dtype is used. This is the real-kernel path, and what a recorded
+  unit without ``solver`` was quantized with.
 - ``"auto"`` (default): llmaudit for fake mode, gptqmodel for real mode.
 
 ``calibration`` (which activations the Hessians come from; docs/science.md "GPTQ in llmaudit"):
@@ -28,7 +28,7 @@ and the calibration that made its units.
 
 Calibration samples are drawn from ``calibration_texts``, which the caller passes: the score stage passes those of
 ``calibration_source`` (held-out records by default, the run's own training records with ``members``, a user's file
-with ``file``: quantize.calibration; a store scored before the option existed calibrated on ``members``): ``calibration_samples`` texts sampled without replacement with ``seed``, each truncated to
+with ``file``: quantize.calibration; a recorded unit without the option calibrated on ``members``): ``calibration_samples`` texts sampled without replacement with ``seed``, each truncated to
 ``calibration_max_length`` tokens.
 
 ``mode``:
@@ -365,8 +365,8 @@ class GPTQQuantizer(Quantizer):
         return {f"-:^{re.escape(n)}$": {} for n in skipped}
 
     def _load_dtype(self) -> dict:
-        """On CPU gptqmodel would run the calibration forward passes in bf16, about 6x slower than fp32
-        matmuls there (it dominated a SmolLM2 unit); quantizing from an fp32 model is as exact or more.
+        """On CPU gptqmodel would run the calibration forward passes in bf16, slower than fp32 matmuls there;
+        quantizing from an fp32 model is as exact or more.
         On GPU gptqmodel keeps its own default (fp16/bf16, what its kernels run)."""
         return {"dtype": torch.float32} if self.device.type == "cpu" else {}
 

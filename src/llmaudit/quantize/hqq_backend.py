@@ -7,8 +7,8 @@ to each in-scope linear layer (the per-layer form of ``AutoHQQHFModel.quantize_m
 - ``"fake"``: each layer is replaced by an ``nn.Linear`` holding the dequantized HQQ weight. HQQLinear's
   PyTorch forward is exactly ``x @ dequantize().T + bias``, so the losses are the same (a test keeps
   proving it); the plain Linear is faster to score. On CPU the weight comes from ``hqq_fast`` (the same
-  arithmetic as ``HQQLinear(...).dequantize()`` at compute dtype float32, bit-identical and tested; 1.4-5.4 s
-  for SmolLM2-135M where hqq took 3.8-92 s, depending on the load, docs/results.md); on a GPU, and through
+  arithmetic as ``HQQLinear(...).dequantize()`` at compute dtype float32, bit-identical and tested, and faster:
+  docs/results.md); on a GPU, and through
   ``quantize_model_with_hqqlinear``, from ``HQQLinear`` itself.
 - ``"auto"`` (default): fake on CPU, real on GPU.
 
