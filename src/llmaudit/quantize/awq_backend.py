@@ -73,6 +73,15 @@ class AWQQuantizer(Quantizer):
             )
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """Bits per weight of a layer: the code width plus a 16-bit scale and a zero point of the code width per group.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         group = in_features if self.options["group_size"] == -1 else self.options["group_size"]
         return self.nbits + (16.0 + self.nbits) / group
 

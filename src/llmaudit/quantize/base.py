@@ -54,6 +54,11 @@ class QuantizerInfo:
     reason: str | None
 
     def to_dict(self) -> dict:
+        """The info as JSON-able data.
+
+        Returns:
+            {"name", "family", "bits", "available", "reason"}.
+        """
         return {
             "name": self.name,
             "family": self.family,
@@ -65,7 +70,14 @@ class QuantizerInfo:
 
 @cache
 def library_available(module_name: str) -> bool:
-    """Cached check that never imports the library itself."""
+    """Whether a library can be imported here, found without importing it (cached).
+
+    Args:
+        module_name: the library's import name.
+
+    Returns:
+        True when ``importlib.util.find_spec`` finds it.
+    """
     return importlib.util.find_spec(module_name) is not None
 
 
@@ -99,19 +111,56 @@ class Option:
 
 
 def choice(default: Any, values: Iterable[Any]) -> Option:
+    """An option taking one of a fixed set of values (of the first value's type).
+
+    Args:
+        default: the value when the option is not given.
+        values: the values allowed.
+
+    Returns:
+        The option.
+    """
     values = tuple(values)
     return Option(default, f"one of {list(values)}", lambda v: v in values and type(v) is type(values[0]))
 
 
 def boolean(default: bool) -> Option:
+    """An option that is true or false.
+
+    Args:
+        default: the value when the option is not given.
+
+    Returns:
+        The option.
+    """
     return Option(default, "true or false", lambda v: isinstance(v, bool))
 
 
 def integer(default: int, allowed: str, ok: Callable[[int], bool]) -> Option:
+    """An integer option (a bool is refused).
+
+    Args:
+        default: the value when the option is not given.
+        allowed: what is allowed, in words (quoted by the error).
+        ok: the predicate a valid value satisfies.
+
+    Returns:
+        The option.
+    """
     return Option(default, allowed, lambda v: isinstance(v, int) and not isinstance(v, bool) and ok(v))
 
 
 def real(default: float, allowed: str, ok: Callable[[float], bool]) -> Option:
+    """A finite real option, normalised to float (a bool is refused).
+
+    Args:
+        default: the value when the option is not given.
+        allowed: what is allowed, in words (quoted by the error).
+        ok: the predicate a valid value satisfies.
+
+    Returns:
+        The option.
+    """
     return Option(
         default,
         allowed,
@@ -134,6 +183,11 @@ def _valid_regex_list(v: Any) -> bool:
 
 
 def common_options() -> dict[str, Option]:
+    """The options every quantizer takes: ``modules`` (the regexes of the layers quantized) and ``device``.
+
+    Returns:
+        {option name: `Option`}, a new dict the caller may extend.
+    """
     return {
         "modules": Option(
             list(DEFAULT_MODULES),
@@ -147,7 +201,19 @@ def common_options() -> dict[str, Option]:
 
 
 def resolve_options(quantizer_name: str, spec: dict[str, Option], given: dict[str, Any]) -> dict[str, Any]:
-    """Defaults + given values, each validated. Errors name the key, the value and what is allowed."""
+    """The options of a quantizer: the defaults overridden by the given values, each validated and normalised.
+
+    Args:
+        quantizer_name: the quantizer's name (quoted by the errors).
+        spec: {option name: `Option`}.
+        given: the values passed.
+
+    Returns:
+        {option name: value} for every option of ``spec``.
+
+    Raises:
+        QuantizationError: an unknown key or a bad value (the message names the key, the value and what is allowed).
+    """
     unknown = sorted(set(given) - set(spec))
     if unknown:
         key = unknown[0]
@@ -177,7 +243,15 @@ def _is_linear_like(module: nn.Module) -> bool:
 
 
 def target_modules(model: nn.Module, patterns: Iterable[str]) -> list[tuple[str, nn.Module]]:
-    """Linear(-like) modules whose qualified name matches one of ``patterns`` (re.search)."""
+    """The linear(-like) modules whose qualified name matches one of ``patterns`` (``re.search``).
+
+    Args:
+        model: the model searched.
+        patterns: regular expressions.
+
+    Returns:
+        (qualified name, module) pairs in module order; a match inside another match is kept once, at the top.
+    """
     compiled = [re.compile(p) for p in patterns]
     found = []
     for name, module in model.named_modules():
@@ -194,6 +268,14 @@ def target_modules(model: nn.Module, patterns: Iterable[str]) -> list[tuple[str,
 
 
 def resolve_device(device: str) -> torch.device:
+    """The device a quantizer's ``device`` option names.
+
+    Args:
+        device: ``"auto"`` (a GPU when one is visible, else the CPU), ``"cpu"`` or ``"cuda"``.
+
+    Returns:
+        The torch device.
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -306,14 +388,20 @@ class Quantizer:
     # ---- public API -------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
+        """The device the ``device`` option resolves to (`resolve_device`)."""
         return resolve_device(self.options["device"])
 
     @property
     def compute_dtype(self) -> torch.dtype:
+        """The dtype this quantizer computes in on its device (`compute_dtype_for`)."""
         return compute_dtype_for(self.device)
 
     def availability(self) -> str | None:
-        """None when this quantizer can run here, else the reason (with the fix)."""
+        """Whether this quantizer can run here.
+
+        Returns:
+            None when it can, else the reason with the fix (a missing library, a GPU asked for and absent).
+        """
         if self.library is not None:
             reason = missing_library_reason(self.library, self.install_hint or "install it")
             if reason:
@@ -326,7 +414,15 @@ class Quantizer:
         return None
 
     def check(self, model: nn.Module | None = None) -> None:
-        """Raise QuantizationError before any work if the request cannot be carried out."""
+        """Refuse, before any work, a request that cannot be carried out.
+
+        Args:
+            model: the model to quantize, whose in-scope layers are checked; None checks the options alone.
+
+        Raises:
+            QuantizationError: the quantizer cannot run here, an option does not fit, ``modules`` matches no linear
+                layer of ``model``, or an in-scope layer does not fit the backend.
+        """
         reason = self.availability()
         if reason:
             raise QuantizationError(reason)
@@ -343,6 +439,19 @@ class Quantizer:
                 self._check_layer(name, module)
 
     def quantize_model(self, model: nn.Module, *, tokenizer=None, calibration_texts=None) -> nn.Module:
+        """The model quantized (in place, in eval mode, on this quantizer's device).
+
+        Args:
+            model: the model to quantize.
+            tokenizer: its tokenizer (a calibrated quantizer needs it).
+            calibration_texts: the texts to calibrate on (a calibrated quantizer needs them).
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the request is refused by `check`.
+        """
         self.check(model)
         model.eval()
         model.to(self.device)
@@ -392,9 +501,14 @@ class Quantizer:
         raise QuantizationError(f"{self.name}: shares no calibration (shares_calibration is None)")
 
     def recorded_options_mismatch(self, recorded: dict[str, Any]) -> str | None:
-        """None when ``recorded`` (this quantizer's options as a store recorded them, JSON) equals this
-        quantizer's options, ``device`` aside; a key the record lacks reads as its ``legacy_options`` value.
-        Otherwise one line naming each differing option, with the fix."""
+        """How the options a store recorded for this quantizer differ from this quantizer's, ``device`` aside.
+
+        Args:
+            recorded: the recorded options (JSON); a key it lacks reads as its ``legacy_options`` value.
+
+        Returns:
+            None when they are equal, else one line naming each differing option, with the fix.
+        """
 
         def jsonable(value: Any) -> Any:
             return json.loads(json.dumps(value, default=str))
@@ -412,9 +526,29 @@ class Quantizer:
         )
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """The storage cost of one weight of a layer: the code width plus the metadata shared per weight.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         raise NotImplementedError
 
     def effective_bits(self, model: nn.Module) -> float:
+        """The bits per quantized weight over the in-scope layers, weighted by their sizes (the module docstring).
+
+        Args:
+            model: the model (quantized or not: only the shapes are read).
+
+        Returns:
+            Bits per weight.
+
+        Raises:
+            QuantizationError: no linear layer is in scope.
+        """
         targets = target_modules(model, self.options["modules"])
         if not targets:
             raise QuantizationError(f"{self.name}: no in-scope linear layer in the model")
@@ -427,6 +561,15 @@ class Quantizer:
         return total_bits / total_weights
 
     def model_size_bytes(self, model: nn.Module) -> int:
+        """The size of the quantized model (the module docstring): the in-scope weights at ``bits_per_weight``, every
+        other parameter at its element size, tied parameters once.
+
+        Args:
+            model: the model (quantized or not: shapes and element sizes are read).
+
+        Returns:
+            Bytes, rounded up.
+        """
         targets = target_modules(model, self.options["modules"])
         target_names = [name for name, _ in targets]
         bits = 0.0
@@ -463,12 +606,32 @@ class Quantizer:
 
 
 def require_linear(quantizer_name: str, layer_name: str, module: nn.Module) -> None:
-    """A backend that quantizes nn.Linear layers only refuses any other in-scope layer, naming it."""
+    """Refuse an in-scope layer that is not an ``nn.Linear`` (for a backend that quantizes those only).
+
+    Args:
+        quantizer_name: the quantizer's name (quoted).
+        layer_name: the layer's qualified name (quoted).
+        module: the layer.
+
+    Raises:
+        QuantizationError: the layer is another kind of module.
+    """
     if not isinstance(module, nn.Linear):
         raise QuantizationError(f"{quantizer_name}: layer '{layer_name}' is {type(module).__name__}, not nn.Linear")
 
 
 def check_group_size(quantizer_name: str, layer_name: str, in_features: int, group_size: int) -> None:
+    """Refuse a group size that does not divide a layer's input width.
+
+    Args:
+        quantizer_name: the quantizer's name (quoted).
+        layer_name: the layer's qualified name (quoted).
+        in_features: the layer's input width.
+        group_size: the group size (-1 or 0: one group per row, always allowed).
+
+    Raises:
+        QuantizationError: it does not divide (the message lists group sizes that do).
+    """
     if group_size > 0 and in_features % group_size != 0:
         divisors = [g for g in (8, 16, 32, 64, 128, 256) if in_features % g == 0]
         raise QuantizationError(
@@ -479,6 +642,13 @@ def check_group_size(quantizer_name: str, layer_name: str, in_features: int, gro
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put ``new`` in the place of the module called ``name``.
+
+    Args:
+        model: the model holding it.
+        name: the module's qualified name.
+        new: the replacement.
+    """
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
@@ -502,7 +672,16 @@ def replace_each(model: nn.Module, targets: list[tuple[str, nn.Module]], make: C
 
 
 def linear_from_weight(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
-    """A plain nn.Linear holding ``weight: [out, in]`` (the fake-quantized / dequantized weight)."""
+    """A plain ``nn.Linear`` holding a given (fake-quantized or dequantized) weight, without gradients.
+
+    Args:
+        weight: the weight, [out, in].
+        bias: the bias, or None.
+        dtype: the parameters' dtype.
+
+    Returns:
+        The layer, on the weight's device.
+    """
     out_features, in_features = weight.shape
     linear = nn.Linear(in_features, out_features, bias=bias is not None, device="meta")
     linear.weight = nn.Parameter(weight.detach().to(dtype), requires_grad=False)

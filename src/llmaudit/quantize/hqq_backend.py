@@ -86,12 +86,30 @@ class HQQQuantizer(Quantizer):
             )
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """Bits per weight of a layer: the code width plus a 16-bit scale and a 16-bit zero point per group.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         return self.nbits + 32.0 / self.options["group_size"]
 
     def quantize_model_with_hqqlinear(self, model: nn.Module) -> nn.Module:
-        """The model quantized one layer at a time by hqq's own ``HQQLinear`` in every mode (fake: its
-        ``dequantize()``): the reference the fast CPU path is tested against and the baseline of
-        benchmarks/bench_hqq.py."""
+        """The model quantized one layer at a time by hqq's own ``HQQLinear`` in every mode (fake: its ``dequantize()``):
+        the reference the fast CPU path is tested against and the baseline of benchmarks/bench_hqq.py.
+
+        Args:
+            model: the model (quantized in place).
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the request is refused by `check`.
+        """
         self.check(model)
         model.eval()
         model.to(self.device)
