@@ -147,10 +147,12 @@ class GPTQQuantizer(Quantizer):
 
     @property
     def library(self) -> str | None:  # llmaudit's solver needs no GPTQ library
+        """The library this quantizer needs: gptqmodel for solver='gptqmodel', none for llmaudit's own solver."""
         return "gptqmodel" if self.options["solver"] == "gptqmodel" else None
 
     @property
     def solver(self) -> str:
+        """The resolved solver: ``"llmaudit"`` or ``"gptqmodel"``."""
         return self.options["solver"]
 
     def _check_options(self) -> None:
@@ -170,12 +172,26 @@ class GPTQQuantizer(Quantizer):
         check_group_size(self.name, name, module.in_features, self.options["group_size"])
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """Bits per weight of a layer: the code width plus a 16-bit scale and a zero point of the code width per group,
+        plus a 32-bit group index per input column shared by the layer's rows.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         group = in_features if self.options["group_size"] == -1 else self.options["group_size"]
         return self.nbits + (16.0 + self.nbits) / group + 32.0 / out_features
 
     def spec(self) -> GPTQSpec:
-        """The solve's options (gptqmodel's defaults for what llmaudit does not expose: group-aware
-        ordering on where it applies, damping step 0.01, blocks of 128 columns)."""
+        """The solve's options (gptqmodel's defaults for what llmaudit does not expose: group-aware ordering where it
+        applies, damping step 0.01, blocks of 128 columns).
+
+        Returns:
+            The `GPTQSpec`.
+        """
         o = self.options
         return GPTQSpec(
             bits=self.nbits, group_size=o["group_size"], sym=o["sym"], desc_act=o["desc_act"],
@@ -184,10 +200,13 @@ class GPTQQuantizer(Quantizer):
 
     # ---- shared calibration ---------------------------------------------------------------------------
     def calibration_key(self) -> dict | None:
-        """What this quantizer's Hessians depend on besides the checkpoint and the calibration texts: two
-        GPTQ quantizers with equal keys (gptq-4 and gptq-8 with the same calibration options) can share
-        one ``collect_hessians`` of the same checkpoint. None unless calibration='shared' (solver llmaudit):
-        sequential Hessians depend on the bits, nothing to share."""
+        """What this quantizer's Hessians depend on besides the checkpoint and the calibration texts: GPTQ quantizers with
+        equal keys (gptq-4 and gptq-8 with the same calibration options) can share one ``collect_hessians`` of the same
+        checkpoint.
+
+        Returns:
+            The key, or None unless calibration='shared' (solver llmaudit): sequential Hessians depend on the bits.
+        """
         if self.solver != "llmaudit" or self.options["calibration"] != "shared":
             return None
         o = self.options
@@ -201,7 +220,20 @@ class GPTQQuantizer(Quantizer):
         }
 
     def collect_hessians(self, model: nn.Module, *, tokenizer, calibration_texts) -> GPTQHessians:
-        """One forward pass per calibration sample of ``model`` (the unquantized checkpoint; unchanged)."""
+        """The Hessians of the calibration, from one forward pass per calibration sample.
+
+        Args:
+            model: the unquantized checkpoint (unchanged).
+            tokenizer: its tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            The Hessians, with this quantizer's key, the tokens seen and the time taken.
+
+        Raises:
+            QuantizationError: calibration is not 'shared' (the Hessians depend on the bits), the request is refused by
+                `check`, or the calibration activations are not finite.
+        """
         if self.calibration_key() is None:
             raise QuantizationError(
                 f"{self.name}: solver={self.solver!r} with calibration={self.options['calibration']!r} has no "
@@ -222,8 +254,22 @@ class GPTQQuantizer(Quantizer):
     def quantize_model(
         self, model: nn.Module, *, tokenizer=None, calibration_texts=None, hessians: GPTQHessians | None = None
     ) -> nn.Module:
-        """The quantized model (in place). ``hessians``: a ``collect_hessians`` result of THIS checkpoint to
-        reuse (solver llmaudit only); without it the Hessians are collected here."""
+        """The quantized model (in place).
+
+        Args:
+            model: the model to quantize.
+            tokenizer: its tokenizer (needed unless ``hessians`` is given).
+            calibration_texts: the texts to calibrate on (likewise).
+            hessians: a ``collect_hessians`` result of THIS checkpoint to reuse (solver llmaudit only); without it the
+                Hessians are collected here.
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the request is refused by `check`, or ``hessians`` were collected with another key or
+                this quantizer cannot take them.
+        """
         if hessians is None:
             return super().quantize_model(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
         self._check_shared(hessians)
@@ -333,7 +379,18 @@ class GPTQQuantizer(Quantizer):
 
     # ---- calibration samples (both solvers), gptqmodel ------------------------------------------------
     def calibration_batch(self, tokenizer, calibration_texts) -> list[dict]:
-        """Sample and tokenize the calibration texts: a list of {input_ids, attention_mask} lists."""
+        """The calibration samples: texts sampled and tokenized as the options say (`calibration_token_ids`).
+
+        Args:
+            tokenizer: the checkpoint's tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            One {"input_ids", "attention_mask"} dict of lists per sample.
+
+        Raises:
+            QuantizationError: the tokenizer or the texts are missing or give no token.
+        """
         if tokenizer is None or not calibration_texts:
             raise QuantizationError(
                 f"{self.name}: GPTQ needs tokenizer= and calibration_texts= (the score stage passes those of "
@@ -466,8 +523,16 @@ def _gptq_logs_in(directory: str):
 
 
 def dequantize_gptq_layers(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Replace every gptqmodel quantized linear by an nn.Linear holding its dequantized weight
-    (the fake-quantized model), and cast the model to ``dtype``. In place; returns the model."""
+    """Replace every gptqmodel quantized linear by an nn.Linear holding its dequantized weight (the fake-quantized
+    model), and cast the model to ``dtype``; in place.
+
+    Args:
+        model: the model as gptqmodel returns it.
+        dtype: the dtype of the result.
+
+    Returns:
+        The model.
+    """
     from gptqmodel.nn_modules.qlinear import BaseQuantLinear
 
     names = [n for n, m in model.named_modules() if isinstance(m, BaseQuantLinear)]
