@@ -40,7 +40,7 @@ from .base import (
     target_modules,
 )
 from .calibration import calibration_options, calibration_token_ids
-from .gptq_backend import _gptq_logs_in, _quiet
+from .gptqmodel_lib import gptqmodel_logs_in, quiet_gptqmodel
 
 AWQ_BITS = {"awq-4": 4}
 AWQ_GROUP_SIZES = (-1, 16, 32, 64, 128)
@@ -93,7 +93,10 @@ class AWQQuantizer(Quantizer):
         from gptqmodel.quantization.config import AWQConfig
 
         expected = {name for name, _ in target_modules(model, self.options["modules"])}
-        with tempfile.TemporaryDirectory(prefix="llmaudit-awq-") as tmp, _quiet(os.path.join(tmp, "gptqmodel.log")):
+        with (
+            tempfile.TemporaryDirectory(prefix="llmaudit-awq-") as tmp,
+            quiet_gptqmodel(os.path.join(tmp, "gptqmodel.log")),
+        ):
             config = AWQConfig(bits=self.nbits, group_size=self.options["group_size"], sym=False)
             source, packed = os.path.join(tmp, "source"), os.path.join(tmp, "quantized")
             model.save_pretrained(source)
@@ -101,7 +104,7 @@ class AWQQuantizer(Quantizer):
             # its torch AWQ kernel (the CPU's) packs only float16/bfloat16 models: the calibration runs in bfloat16
             dtype = {"dtype": torch.bfloat16} if self.device.type == "cpu" else {}
             wrapped = GPTQModel.load(source, config, device=str(self.device), **dtype)
-            with _gptq_logs_in(os.path.join(tmp, "logs")):
+            with gptqmodel_logs_in(os.path.join(tmp, "logs")):
                 # gptqmodel packs AWQ's GEMM format with its CUDA kernel unless told to use its torch one
                 backend = BACKEND.AWQ_TORCH if self.device.type == "cpu" else BACKEND.AUTO
                 wrapped.quantize(

@@ -24,8 +24,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -33,16 +31,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmaudit.common.errors import UserError
-
-# Linear layers inside the transformer blocks of HF decoders (`model.layers.<i>.self_attn.q_proj`, ...).
-# Embeddings, norms and the output head are left alone, as the real backends do.
-DEFAULT_MODULES: tuple[str, ...] = (r"(^|\.)layers\.\d+\.",)
-DEVICES = ("auto", "cpu", "cuda")
-
-
-class QuantizationError(UserError):
-    """A quantizer cannot do what was asked: bad option, missing library, impossible request."""
+from .errors import QuantizationError
+from .layers import (
+    check_group_size,
+    compute_dtype_for,
+    linear_from_weight,
+    replace_each,
+    replace_module,
+    require_linear,
+    resolve_device,
+    target_modules,
+)
+from .options import DEFAULT_MODULES, DEVICES, Option, boolean, choice, common_options, integer, real, resolve_options
 
 
 @dataclass(frozen=True)
@@ -94,203 +94,6 @@ def missing_library_reason(module_name: str, install_hint: str) -> str | None:
     if library_available(module_name):
         return None
     return f"the Python package '{module_name}' is not installed; fix: {install_hint}"
-
-
-# --------------------------------------------------------------------------------------------------
-# Options
-
-
-@dataclass(frozen=True)
-class Option:
-    """One validated option: its default, a human description of what is allowed, and a predicate."""
-
-    default: Any
-    allowed: str
-    is_valid: Callable[[Any], bool]
-    normalise: Callable[[Any], Any] = lambda v: v
-
-
-def choice(default: Any, values: Iterable[Any]) -> Option:
-    """An option taking one of a fixed set of values (of the first value's type).
-
-    Args:
-        default: the value when the option is not given.
-        values: the values allowed.
-
-    Returns:
-        The option.
-    """
-    values = tuple(values)
-    return Option(default, f"one of {list(values)}", lambda v: v in values and type(v) is type(values[0]))
-
-
-def boolean(default: bool) -> Option:
-    """An option that is true or false.
-
-    Args:
-        default: the value when the option is not given.
-
-    Returns:
-        The option.
-    """
-    return Option(default, "true or false", lambda v: isinstance(v, bool))
-
-
-def integer(default: int, allowed: str, ok: Callable[[int], bool]) -> Option:
-    """An integer option (a bool is refused).
-
-    Args:
-        default: the value when the option is not given.
-        allowed: what is allowed, in words (quoted by the error).
-        ok: the predicate a valid value satisfies.
-
-    Returns:
-        The option.
-    """
-    return Option(default, allowed, lambda v: isinstance(v, int) and not isinstance(v, bool) and ok(v))
-
-
-def real(default: float, allowed: str, ok: Callable[[float], bool]) -> Option:
-    """A finite real option, normalised to float (a bool is refused).
-
-    Args:
-        default: the value when the option is not given.
-        allowed: what is allowed, in words (quoted by the error).
-        ok: the predicate a valid value satisfies.
-
-    Returns:
-        The option.
-    """
-    return Option(
-        default,
-        allowed,
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v),
-        normalise=float,
-    )
-
-
-def _valid_regex_list(v: Any) -> bool:
-    if isinstance(v, str) or not isinstance(v, (list, tuple)) or not v:
-        return False
-    for pattern in v:
-        if not isinstance(pattern, str):
-            return False
-        try:
-            re.compile(pattern)
-        except re.error:
-            return False
-    return True
-
-
-def common_options() -> dict[str, Option]:
-    """The options every quantizer takes: ``modules`` (the regexes of the layers quantized) and ``device``.
-
-    Returns:
-        {option name: `Option`}, a new dict the caller may extend.
-    """
-    return {
-        "modules": Option(
-            list(DEFAULT_MODULES),
-            "a non-empty list of regular expressions matched (re.search) against module names; "
-            "the linear layers whose name matches any of them are quantized",
-            _valid_regex_list,
-            normalise=list,
-        ),
-        "device": choice("auto", DEVICES),
-    }
-
-
-def resolve_options(quantizer_name: str, spec: dict[str, Option], given: dict[str, Any]) -> dict[str, Any]:
-    """The options of a quantizer: the defaults overridden by the given values, each validated and normalised.
-
-    Args:
-        quantizer_name: the quantizer's name (quoted by the errors).
-        spec: {option name: `Option`}.
-        given: the values passed.
-
-    Returns:
-        {option name: value} for every option of ``spec``.
-
-    Raises:
-        QuantizationError: an unknown key or a bad value (the message names the key, the value and what is allowed).
-    """
-    unknown = sorted(set(given) - set(spec))
-    if unknown:
-        key = unknown[0]
-        raise QuantizationError(
-            f"{quantizer_name}: unknown option {key}={given[key]!r}; allowed options: {sorted(spec)}"
-        )
-    resolved = {}
-    for key, option in spec.items():
-        value = given.get(key, option.default)
-        if not option.is_valid(value):
-            raise QuantizationError(f"{quantizer_name}: bad value {key}={value!r}; allowed: {option.allowed}")
-        resolved[key] = option.normalise(value)
-    return resolved
-
-
-# --------------------------------------------------------------------------------------------------
-# Scope, device
-
-
-def _is_linear_like(module: nn.Module) -> bool:
-    """nn.Linear and the backends' quantized linear modules (all expose in/out_features)."""
-    if isinstance(module, nn.Linear):
-        return True
-    return isinstance(getattr(module, "in_features", None), int) and isinstance(
-        getattr(module, "out_features", None), int
-    )
-
-
-def target_modules(model: nn.Module, patterns: Iterable[str]) -> list[tuple[str, nn.Module]]:
-    """The linear(-like) modules whose qualified name matches one of ``patterns`` (``re.search``).
-
-    Args:
-        model: the model searched.
-        patterns: regular expressions.
-
-    Returns:
-        (qualified name, module) pairs in module order; a match inside another match is kept once, at the top.
-    """
-    compiled = [re.compile(p) for p in patterns]
-    found = []
-    for name, module in model.named_modules():
-        if not name or not _is_linear_like(module):
-            continue
-        if any(p.search(name) for p in compiled):
-            found.append((name, module))
-    # A matched module inside another matched module (e.g. a wrapper) is counted once, at the top.
-    tops = []
-    for name, module in found:
-        if not any(name.startswith(other + ".") for other, _ in tops):
-            tops.append((name, module))
-    return tops
-
-
-def resolve_device(device: str) -> torch.device:
-    """The device a quantizer's ``device`` option names.
-
-    Args:
-        device: ``"auto"`` (a GPU when one is visible, else the CPU), ``"cpu"`` or ``"cuda"``.
-
-    Returns:
-        The torch device.
-    """
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def compute_dtype_for(device: torch.device) -> torch.dtype:
-    """The dtype the quantizers compute in on a device.
-
-    Args:
-        device: where the quantizer runs.
-
-    Returns:
-        float32 on a CPU (where bf16 matmuls are slower without native support), bfloat16 on a GPU.
-    """
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
 # --------------------------------------------------------------------------------------------------
@@ -605,86 +408,29 @@ class Quantizer:
         raise NotImplementedError
 
 
-def require_linear(quantizer_name: str, layer_name: str, module: nn.Module) -> None:
-    """Refuse an in-scope layer that is not an ``nn.Linear`` (for a backend that quantizes those only).
-
-    Args:
-        quantizer_name: the quantizer's name (quoted).
-        layer_name: the layer's qualified name (quoted).
-        module: the layer.
-
-    Raises:
-        QuantizationError: the layer is another kind of module.
-    """
-    if not isinstance(module, nn.Linear):
-        raise QuantizationError(f"{quantizer_name}: layer '{layer_name}' is {type(module).__name__}, not nn.Linear")
-
-
-def check_group_size(quantizer_name: str, layer_name: str, in_features: int, group_size: int) -> None:
-    """Refuse a group size that does not divide a layer's input width.
-
-    Args:
-        quantizer_name: the quantizer's name (quoted).
-        layer_name: the layer's qualified name (quoted).
-        in_features: the layer's input width.
-        group_size: the group size (-1 or 0: one group per row, always allowed).
-
-    Raises:
-        QuantizationError: it does not divide (the message lists group sizes that do).
-    """
-    if group_size > 0 and in_features % group_size != 0:
-        divisors = [g for g in (8, 16, 32, 64, 128, 256) if in_features % g == 0]
-        raise QuantizationError(
-            f"{quantizer_name}: group_size={group_size} does not divide the input width {in_features} "
-            f"of layer '{layer_name}'; fix: pass a group_size that divides every in-scope layer's "
-            f"input width (here e.g. {divisors}) or restrict modules="
-        )
-
-
-def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    """Put ``new`` in the place of the module called ``name``.
-
-    Args:
-        model: the model holding it.
-        name: the module's qualified name.
-        new: the replacement.
-    """
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
-def replace_each(model: nn.Module, targets: list[tuple[str, nn.Module]], make: Callable) -> None:
-    """Replace each target layer by ``make(name, module)``, in order, releasing each original as soon as its
-    replacement is in place (iterating over the list would keep every original alive until the last replacement:
-    a second copy of the decoder's weights at the peak; docs/results.md).
-
-    Args:
-        model: the model holding the layers.
-        targets: (qualified name, module) pairs; emptied as the layers are replaced.
-        make: builds the replacement of one layer from its name and module.
-    """
-    targets.reverse()
-    while targets:
-        name, module = targets.pop()
-        replace_module(model, name, make(name, module))
-        del module
-
-
-def linear_from_weight(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
-    """A plain ``nn.Linear`` holding a given (fake-quantized or dequantized) weight, without gradients.
-
-    Args:
-        weight: the weight, [out, in].
-        bias: the bias, or None.
-        dtype: the parameters' dtype.
-
-    Returns:
-        The layer, on the weight's device.
-    """
-    out_features, in_features = weight.shape
-    linear = nn.Linear(in_features, out_features, bias=bias is not None, device="meta")
-    linear.weight = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
-    if bias is not None:
-        linear.bias = nn.Parameter(bias.detach().to(device=weight.device, dtype=dtype), requires_grad=False)
-    return linear
+__all__ = [  # the options, the layer helpers and the error are imported from here by the backends
+    "DEFAULT_MODULES",
+    "DEVICES",
+    "Option",
+    "QuantizationError",
+    "boolean",
+    "check_group_size",
+    "choice",
+    "common_options",
+    "compute_dtype_for",
+    "integer",
+    "linear_from_weight",
+    "real",
+    "replace_each",
+    "replace_module",
+    "require_linear",
+    "resolve_device",
+    "resolve_options",
+    "target_modules",
+    "FACTS",
+    "Quantizer",
+    "QuantizerInfo",
+    "check_facts",
+    "library_available",
+    "missing_library_reason",
+]

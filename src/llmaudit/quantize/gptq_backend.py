@@ -51,15 +51,12 @@ out_features weights of that column): bits + (16 + bits) / group_size + 32 / out
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import random
 import re
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -75,13 +72,13 @@ from .base import (
     linear_from_weight,
     real,
     replace_each,
-    replace_module,
     require_linear,
     target_modules,
 )
 from .calibration import CALIBRATION_SOURCES, DEFAULT_CALIBRATION_SOURCE, LEGACY_CALIBRATION_SOURCE
 from .gptq_calibration import check_finite, collect_hessians, quantize_sequential
 from .gptq_solver import GPTQSpec, solve_layers
+from .gptqmodel_lib import dequantize_gptq_layers, gptqmodel_logs_in, quiet_gptqmodel
 
 GPTQ_BITS = {"gptq-2": 2, "gptq-3": 3, "gptq-4": 4, "gptq-8": 8}
 SOLVERS = ("auto", "llmaudit", "gptqmodel")
@@ -434,8 +431,11 @@ class GPTQQuantizer(Quantizer):
         from gptqmodel.nn_modules.qlinear import BaseQuantLinear
 
         expected = {name for name, _ in target_modules(model, self.options["modules"])}
-        with tempfile.TemporaryDirectory(prefix="llmaudit-gptq-") as tmp, _quiet(os.path.join(tmp, "gptqmodel.log")):
-            config = QuantizeConfig(  # logs an INFO line on construction: inside _quiet
+        with (
+            tempfile.TemporaryDirectory(prefix="llmaudit-gptq-") as tmp,
+            quiet_gptqmodel(os.path.join(tmp, "gptqmodel.log")),
+        ):
+            config = QuantizeConfig(  # logs an INFO line on construction: inside quiet_gptqmodel
                 bits=self.nbits,
                 group_size=self.options["group_size"],
                 desc_act=self.options["desc_act"],
@@ -451,7 +451,7 @@ class GPTQQuantizer(Quantizer):
             # there it fails ("Couldn't instantiate the backend tokenizer ... sentencepiece or tiktoken").
             tokenizer.save_pretrained(source)
             wrapped = GPTQModel.load(source, config, device=str(self.device), **self._load_dtype())
-            with _gptq_logs_in(os.path.join(tmp, "logs")):
+            with gptqmodel_logs_in(os.path.join(tmp, "logs")):
                 wrapped.quantize(calibration, tokenizer=tokenizer, batch_size=1, calibration_data_min_length=1)
             # The model gptqmodel quantized in place keeps lazy-loading hooks (meta tensors); the saved
             # and reloaded checkpoint is the model users actually deploy.
@@ -469,76 +469,3 @@ class GPTQQuantizer(Quantizer):
         if self.resolved_mode == "real":
             return quantized
         return dequantize_gptq_layers(quantized, self.compute_dtype)
-
-
-@contextlib.contextmanager
-def _quiet(log_path: str):
-    """gptqmodel prints its progress bars and INFO lines to stdout for every quantization (and accelerate
-    warns about untied weights): send them to a file, and add its tail to any error. LLMAUDIT_LOG shows
-    them."""
-    if os.environ.get("LLMAUDIT_LOG"):
-        yield
-        return
-    noisy = [logging.getLogger(n) for n in ("accelerate", "accelerate.utils.modeling", "gptqmodel")]
-    levels = [lg.level for lg in noisy]
-    for lg in noisy:
-        lg.setLevel(logging.ERROR)
-    try:
-        with (
-            open(log_path, "w", encoding="utf-8") as sink,
-            contextlib.redirect_stdout(sink),
-            contextlib.redirect_stderr(sink),
-        ):
-            try:
-                yield
-            except Exception as exc:
-                sink.flush()
-                tail = Path(log_path).read_text(encoding="utf-8", errors="replace")[-1500:]
-                raise QuantizationError(
-                    f"gptqmodel failed ({type(exc).__name__}: {exc}); its last output: {tail}"
-                ) from exc
-    finally:
-        for lg, level in zip(noisy, levels, strict=True):
-            lg.setLevel(level)
-
-
-@contextlib.contextmanager
-def _gptq_logs_in(directory: str):
-    """gptqmodel writes a per-layer log file into ./logs of the current directory on every
-    quantization; send those files to our temporary directory instead (discarded with it)."""
-    try:
-        from gptqmodel.looper import loop_processor
-    except ImportError:  # layout changed: leave gptqmodel's default
-        yield
-        return
-    previous = getattr(loop_processor, "_PROJECT_LOG_DIR", None)
-    if previous is None:
-        yield
-        return
-    loop_processor._PROJECT_LOG_DIR = Path(directory)
-    try:
-        yield
-    finally:
-        loop_processor._PROJECT_LOG_DIR = previous
-
-
-def dequantize_gptq_layers(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Replace every gptqmodel quantized linear by an nn.Linear holding its dequantized weight (the fake-quantized
-    model), and cast the model to ``dtype``; in place.
-
-    Args:
-        model: the model as gptqmodel returns it.
-        dtype: the dtype of the result.
-
-    Returns:
-        The model.
-    """
-    from gptqmodel.nn_modules.qlinear import BaseQuantLinear
-
-    names = [n for n, m in model.named_modules() if isinstance(m, BaseQuantLinear)]
-    for name in names:
-        qlinear = model.get_submodule(name)
-        weight = qlinear.dequantize_weight()[: qlinear.in_features, : qlinear.out_features].t()
-        bias = qlinear.bias if isinstance(qlinear.bias, torch.Tensor) else None
-        replace_module(model, name, linear_from_weight(weight.contiguous(), bias, dtype))
-    return model.to(dtype)
