@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.registry import attack_spec, registered_attacks, unregister
 from llmaudit.analyze.cost import synthetic_loss_table
+from llmaudit.attacks import AttackRunSettings
 from llmaudit.cli import app
 
 MODULE = "tests.analyze.extension_attack"
@@ -40,7 +41,7 @@ def test_the_new_attack_is_registered_and_scored_by_its_formula(extension):
     name = extension.SPEC.name
     assert registered_attacks()[-1] == name and attack_spec(name) is extension.SPEC
     df = synthetic_loss_table(4, 60, 1, seed=5)
-    res = run_attacks(df, attacks=["loss", name], n_boot=0)
+    res = run_attacks(df, AttackRunSettings(attacks=["loss", name], n_boot=0))
     block = res["quantizers"]["fp32"]
     assert set(block["attacks"]) == {"loss", name}
     assert res["attack_definitions"][name] == "1:-mean(top 0.2 of l_t)"
