@@ -117,7 +117,7 @@ def _kl_table(cfg, draw, model, val, pad, engine, names) -> dict:
         opts = dict(cfg.score.quantizer_options.get(name, {"group_size": 64} if name.startswith("hqq") else {}))
         quantizer = get_quantizer(name, device="cpu", **opts)
         kwargs = {}
-        if quantizer.family == "gptq":
+        if quantizer.calibrated:
             kwargs = {"tokenizer": draw.tokenizer, "calibration_texts": [record_text(r) for r in draw.pool[:16]]}
         qmodel = quantizer.quantize_model(copy.deepcopy(model), **kwargs)
         collector = DivergenceCollector(reference, model.lm_head, qmodel.get_output_embeddings())

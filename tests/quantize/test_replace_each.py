@@ -9,7 +9,7 @@ import pytest
 from torch import nn
 
 from llmaudit.quantize import get_quantizer
-from llmaudit.quantize.base import replace_each, target_modules
+from llmaudit.quantize.layers import replace_each, target_modules
 
 
 def test_each_original_layer_is_released_before_the_next_is_made():
@@ -43,7 +43,7 @@ def test_each_original_layer_is_released_before_the_next_is_made():
 def test_every_quantizer_releases_each_layer_as_it_replaces_it(name, options, fresh_model, monkeypatch):
     """Each backend replaces its layers through replace_each: when the k-th replacement is put in place, the k
     originals before it are already gone (a loop over the target list would keep them all alive to the end)."""
-    from llmaudit.quantize import base as quantize_base
+    from llmaudit.quantize import layers as quantize_layers
 
     # bitsandbytes logs a one-time warning with its exception's traceback on its first CPU layer; pytest's log capture
     # keeps that record and with it the frame holding the first layer. Quantize once before counting.
@@ -51,13 +51,13 @@ def test_every_quantizer_releases_each_layer_as_it_replaces_it(name, options, fr
     model = fresh_model("qwen2")
     refs = [weakref.ref(m) for _, m in target_modules(model, get_quantizer(name).options["modules"])]
     dead_at_each_call = []
-    replace = quantize_base.replace_module
+    replace = quantize_layers.replace_module
 
     def spy(model, module_name, new):
         gc.collect()
         dead_at_each_call.append(sum(r() is None for r in refs))
         replace(model, module_name, new)
 
-    monkeypatch.setattr(quantize_base, "replace_module", spy)
+    monkeypatch.setattr(quantize_layers, "replace_module", spy)  # what replace_each calls
     get_quantizer(name, device="cpu", **options).quantize_model(model)
     assert dead_at_each_call == list(range(len(refs)))

@@ -14,7 +14,7 @@ Time is estimated from throughput (`jobs/throughput.py`):
   line and memory release: `throughput.unit_overhead_s`, paid by every unit);
 - on a named GPU (h100, h200, a100, l40s, a6000): the published dense bf16 peak times an efficiency
   (scoring 40%: the goal `benchmarks/gpu_check.py` checks, not yet measured on a GPU; LoRA training 30%:
-  an assumption), with the per-layer quantization times in `throughput.GPU_QUANTIZE_S_PER_LAYER` (assumptions).
+  an assumption), with the per-layer quantization times in each quantizer class's `gpu_seconds_per_layer` (assumptions).
 The report stage (the analysis) runs on a CPU whatever the device: its cost is measured on this machine's
 CPU in seconds, on synthetic loss tables at the recipe's runs and attacks (`llmaudit.analyze.cost`), and scaled
 to the recipe's pool records, quantizers and resamples.
@@ -50,7 +50,7 @@ from llmaudit.jobs.throughput import (
     with_lora,
 )
 from llmaudit.models.training import epoch_batches
-from llmaudit.quantize import get_quantizer
+from llmaudit.quantize import get_quantizer, quantizer_class
 from llmaudit.score.engine import length_sorted_batches
 from llmaudit.score.generate import GENERATION_TOKEN_BUDGET, plan_generation
 from llmaudit.score.stage import is_identity, token_budget
@@ -136,7 +136,7 @@ def gptq_calibrations(cfg: ExperimentConfig, units: list, *, device: str = "cpu"
     quantizers: dict[str, Any] = {}
     shared, sequential = set(), 0
     for u in units:
-        if not u.quantizer.startswith("gptq"):
+        if quantizer_class(u.quantizer).shares_calibration is None:
             continue
         if u.quantizer not in quantizers:
             opts = {**cfg.score.quantizer_options.get(u.quantizer, {}), "device": device}

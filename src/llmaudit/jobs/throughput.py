@@ -27,7 +27,7 @@ from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly
 from llmaudit.models.sources import ModelSource
 from llmaudit.models.training import autocast_to, batch_mean_nll
-from llmaudit.quantize import get_quantizer
+from llmaudit.quantize import get_quantizer, quantizer_class
 from llmaudit.score.divergence import divergence_scores
 from llmaudit.score.engine import ScoringOptions, TokenScores, score_examples
 from llmaudit.score.generate import greedy_generate
@@ -42,8 +42,6 @@ GPU_BF16_PEAK = {"h100": 989e12, "h200": 989e12, "a100": 312e12, "l40s": 362e12,
 """Published dense bf16 tensor-core peaks in FLOP/s (NVIDIA data sheets; SXM parts for H100/H200/A100)."""
 GPU_EFFICIENCY = {"score": 0.40, "train": 0.30}
 """Share of the peak assumed: scoring = the goal of benchmarks/gpu_check.py (unmeasured), training = typical LoRA MFU."""
-GPU_QUANTIZE_S_PER_LAYER = {"full": 0.0, "simple": 0.01, "bnb": 0.02, "hqq": 0.3, "gptq": 2.0, "awq": 2.0, "gguf": 0.5}
-"""Assumed seconds per transformer layer per quantization on a GPU, at 0.5B scale (scaled by layer size)."""
 KNOWN_SHAPES = {
     "Qwen/Qwen2.5-0.5B-Instruct": dict(
         model_type="qwen2",
@@ -341,8 +339,7 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
     scale = params / layers / 20e6  # the per-layer quantization assumptions are for ~20M-parameter layers
     quantize_s = {}
     for name in cfg.score.quantizers:
-        family = get_quantizer(name, device="cpu").family
-        quantize_s[name] = GPU_QUANTIZE_S_PER_LAYER.get(family, 0.1) * layers * max(scale, 0.05)
+        quantize_s[name] = quantizer_class(name).gpu_seconds_per_layer * layers * max(scale, 0.05)
     return Throughput(
         device=gpu,
         score_tokens_per_s=peak * GPU_EFFICIENCY["score"] / flops_per_token,
@@ -354,7 +351,7 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
         source={
             "score": f"assumed: {GPU_EFFICIENCY['score']:.0%} of the published {peak / 1e12:.0f} TFLOP/s bf16 peak, 2 FLOP per parameter per token",
             "train": f"assumed: {GPU_EFFICIENCY['train']:.0%} of the peak, 6 FLOP per parameter per token (forward and backward)",
-            "quantize": "assumed: seconds per layer in GPU_QUANTIZE_S_PER_LAYER, scaled by layer size",
+            "quantize": "assumed: each quantizer's gpu_seconds_per_layer, scaled by layer size",
             "utility": f"assumed: the KL pass at the scoring efficiency (4 FLOP per head parameter per position); a decoding "
             f"step reads the bf16 weights once at {GPU_DECODE_BYTES_PER_S / 1e12:.0f} TB/s, or takes "
             f"{1e3 * GPU_DECODE_S_PER_LAYER:.0f} ms per layer of kernel launches if that is longer",

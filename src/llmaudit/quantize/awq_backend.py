@@ -40,7 +40,7 @@ from .base import (
     target_modules,
 )
 from .calibration import calibration_options, calibration_token_ids
-from .gptq_backend import _gptq_logs_in, _quiet
+from .gptqmodel_lib import gptqmodel_logs_in, quiet_gptqmodel
 
 AWQ_BITS = {"awq-4": 4}
 AWQ_GROUP_SIZES = (-1, 16, 32, 64, 128)
@@ -49,6 +49,10 @@ AWQ_GROUP_SIZES = (-1, 16, 32, 64, 128)
 class AWQQuantizer(Quantizer):
     family = "awq"
     library = "gptqmodel"
+    install_hint = "pip install 'llmaudit[gptq]'"
+    tracked_libraries = ("gptqmodel",)
+    gpu_seconds_per_layer = 2.0
+    shares_calibration = None
     calibrated = True
 
     def __init__(self, name: str, **options):
@@ -69,6 +73,15 @@ class AWQQuantizer(Quantizer):
             )
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """Bits per weight of a layer: the code width plus a 16-bit scale and a zero point of the code width per group.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         group = in_features if self.options["group_size"] == -1 else self.options["group_size"]
         return self.nbits + (16.0 + self.nbits) / group
 
@@ -80,7 +93,10 @@ class AWQQuantizer(Quantizer):
         from gptqmodel.quantization.config import AWQConfig
 
         expected = {name for name, _ in target_modules(model, self.options["modules"])}
-        with tempfile.TemporaryDirectory(prefix="llmaudit-awq-") as tmp, _quiet(os.path.join(tmp, "gptqmodel.log")):
+        with (
+            tempfile.TemporaryDirectory(prefix="llmaudit-awq-") as tmp,
+            quiet_gptqmodel(os.path.join(tmp, "gptqmodel.log")),
+        ):
             config = AWQConfig(bits=self.nbits, group_size=self.options["group_size"], sym=False)
             source, packed = os.path.join(tmp, "source"), os.path.join(tmp, "quantized")
             model.save_pretrained(source)
@@ -88,7 +104,7 @@ class AWQQuantizer(Quantizer):
             # its torch AWQ kernel (the CPU's) packs only float16/bfloat16 models: the calibration runs in bfloat16
             dtype = {"dtype": torch.bfloat16} if self.device.type == "cpu" else {}
             wrapped = GPTQModel.load(source, config, device=str(self.device), **dtype)
-            with _gptq_logs_in(os.path.join(tmp, "logs")):
+            with gptqmodel_logs_in(os.path.join(tmp, "logs")):
                 # gptqmodel packs AWQ's GEMM format with its CUDA kernel unless told to use its torch one
                 backend = BACKEND.AWQ_TORCH if self.device.type == "cpu" else BACKEND.AUTO
                 wrapped.quantize(

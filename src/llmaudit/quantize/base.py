@@ -24,8 +24,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -33,22 +31,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmaudit.common.errors import UserError
-
-# Linear layers inside the transformer blocks of HF decoders (`model.layers.<i>.self_attn.q_proj`, ...).
-# Embeddings, norms and the output head are left alone, as the real backends do.
-DEFAULT_MODULES: tuple[str, ...] = (r"(^|\.)layers\.\d+\.",)
-DEVICES = ("auto", "cpu", "cuda")
-
-INSTALL_HINTS = {
-    "hqq": "pip install 'llmaudit[hqq]'",
-    "bitsandbytes": "pip install 'llmaudit[bnb]'",
-    "gptqmodel": "pip install 'llmaudit[gptq]'",
-}
-
-
-class QuantizationError(UserError):
-    """A quantizer cannot do what was asked: bad option, missing library, impossible request."""
+from .errors import QuantizationError
+from .layers import (
+    check_group_size,
+    compute_dtype_for,
+    linear_from_weight,
+    replace_each,
+    replace_module,
+    require_linear,
+    resolve_device,
+    target_modules,
+)
+from .options import DEFAULT_MODULES, DEVICES, Option, boolean, choice, common_options, integer, real, resolve_options
 
 
 @dataclass(frozen=True)
@@ -60,6 +54,11 @@ class QuantizerInfo:
     reason: str | None
 
     def to_dict(self) -> dict:
+        """The info as JSON-able data.
+
+        Returns:
+            {"name", "family", "bits", "available", "reason"}.
+        """
         return {
             "name": self.name,
             "family": self.family,
@@ -71,151 +70,114 @@ class QuantizerInfo:
 
 @cache
 def library_available(module_name: str) -> bool:
-    """Cached check that never imports the library itself."""
+    """Whether a library can be imported here, found without importing it (cached).
+
+    Args:
+        module_name: the library's import name.
+
+    Returns:
+        True when ``importlib.util.find_spec`` finds it.
+    """
     return importlib.util.find_spec(module_name) is not None
 
 
-def missing_library_reason(module_name: str) -> str | None:
+def missing_library_reason(module_name: str, install_hint: str) -> str | None:
+    """Why a library is missing, with the fix.
+
+    Args:
+        module_name: the library's import name.
+        install_hint: the command that installs it (a quantizer's ``install_hint``).
+
+    Returns:
+        None when the library can be imported here, else one line naming it and the fix.
+    """
     if library_available(module_name):
         return None
-    return f"the Python package '{module_name}' is not installed; fix: {INSTALL_HINTS[module_name]}"
-
-
-# --------------------------------------------------------------------------------------------------
-# Options
-
-
-@dataclass(frozen=True)
-class Option:
-    """One validated option: its default, a human description of what is allowed, and a predicate."""
-
-    default: Any
-    allowed: str
-    is_valid: Callable[[Any], bool]
-    normalise: Callable[[Any], Any] = lambda v: v
-
-
-def choice(default: Any, values: Iterable[Any]) -> Option:
-    values = tuple(values)
-    return Option(default, f"one of {list(values)}", lambda v: v in values and type(v) is type(values[0]))
-
-
-def boolean(default: bool) -> Option:
-    return Option(default, "true or false", lambda v: isinstance(v, bool))
-
-
-def integer(default: int, allowed: str, ok: Callable[[int], bool]) -> Option:
-    return Option(default, allowed, lambda v: isinstance(v, int) and not isinstance(v, bool) and ok(v))
-
-
-def real(default: float, allowed: str, ok: Callable[[float], bool]) -> Option:
-    return Option(
-        default,
-        allowed,
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v),
-        normalise=float,
-    )
-
-
-def _valid_regex_list(v: Any) -> bool:
-    if isinstance(v, str) or not isinstance(v, (list, tuple)) or not v:
-        return False
-    for pattern in v:
-        if not isinstance(pattern, str):
-            return False
-        try:
-            re.compile(pattern)
-        except re.error:
-            return False
-    return True
-
-
-def common_options() -> dict[str, Option]:
-    return {
-        "modules": Option(
-            list(DEFAULT_MODULES),
-            "a non-empty list of regular expressions matched (re.search) against module names; "
-            "the linear layers whose name matches any of them are quantized",
-            _valid_regex_list,
-            normalise=list,
-        ),
-        "device": choice("auto", DEVICES),
-    }
-
-
-def resolve_options(quantizer_name: str, spec: dict[str, Option], given: dict[str, Any]) -> dict[str, Any]:
-    """Defaults + given values, each validated. Errors name the key, the value and what is allowed."""
-    unknown = sorted(set(given) - set(spec))
-    if unknown:
-        key = unknown[0]
-        raise QuantizationError(
-            f"{quantizer_name}: unknown option {key}={given[key]!r}; allowed options: {sorted(spec)}"
-        )
-    resolved = {}
-    for key, option in spec.items():
-        value = given.get(key, option.default)
-        if not option.is_valid(value):
-            raise QuantizationError(f"{quantizer_name}: bad value {key}={value!r}; allowed: {option.allowed}")
-        resolved[key] = option.normalise(value)
-    return resolved
-
-
-# --------------------------------------------------------------------------------------------------
-# Scope, device
-
-
-def _is_linear_like(module: nn.Module) -> bool:
-    """nn.Linear and the backends' quantized linear modules (all expose in/out_features)."""
-    if isinstance(module, nn.Linear):
-        return True
-    return isinstance(getattr(module, "in_features", None), int) and isinstance(
-        getattr(module, "out_features", None), int
-    )
-
-
-def target_modules(model: nn.Module, patterns: Iterable[str]) -> list[tuple[str, nn.Module]]:
-    """Linear(-like) modules whose qualified name matches one of ``patterns`` (re.search)."""
-    compiled = [re.compile(p) for p in patterns]
-    found = []
-    for name, module in model.named_modules():
-        if not name or not _is_linear_like(module):
-            continue
-        if any(p.search(name) for p in compiled):
-            found.append((name, module))
-    # A matched module inside another matched module (e.g. a wrapper) is counted once, at the top.
-    tops = []
-    for name, module in found:
-        if not any(name.startswith(other + ".") for other, _ in tops):
-            tops.append((name, module))
-    return tops
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def compute_dtype_for(device: torch.device) -> torch.dtype:
-    """fp32 on CPU (bf16 matmuls are about 6x slower there), bf16 on GPU."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return f"the Python package '{module_name}' is not installed; fix: {install_hint}"
 
 
 # --------------------------------------------------------------------------------------------------
 # Base class
 
 
-class Quantizer:
-    """Common behaviour; each backend module defines a subclass with its option spec,
-    ``bits_per_weight``, ``_check_backend`` and ``_quantize``."""
+FACTS: tuple[str, ...] = ("family", "install_hint", "tracked_libraries", "gpu_seconds_per_layer", "shares_calibration")
+"""What every quantizer class states about itself (`Quantizer` documents each); a class that lacks one, or
+states one of the wrong type, is refused when it is defined (`check_facts`)."""
 
-    family: str = ""
+
+def _fact_problem(cls: type, fact: str) -> str | None:
+    """What is wrong with one fact of a quantizer class, or None."""
+    if not hasattr(cls, fact):
+        return "is missing"
+    value = getattr(cls, fact)
+    if fact == "family":
+        ok = isinstance(value, str) and value != ""
+    elif fact == "install_hint":
+        ok = value is None or (isinstance(value, str) and value != "")
+        if ok and value is None and cls.library is not None:  # a class attribute or a property
+            return "is None, but the class names a library (`library`): say how to install it"
+    elif fact == "tracked_libraries":
+        ok = isinstance(value, tuple) and all(isinstance(v, str) and v for v in value)
+    elif fact == "gpu_seconds_per_layer":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    else:  # shares_calibration
+        ok = value is None or (isinstance(value, str) and value != "")
+        if ok and value is not None and cls.collect_shared_calibration is Quantizer.collect_shared_calibration:
+            return "names a group, but the class does not override collect_shared_calibration and quantize_shared"
+    return None if ok else f"has the wrong type or value {value!r}"
+
+
+def check_facts(cls: type) -> None:
+    """Refuse a quantizer class that does not state every fact in `FACTS`.
+
+    Args:
+        cls: a subclass of `Quantizer`.
+
+    Raises:
+        TypeError: a fact is missing or malformed (the message names the class, the fact and what it must be).
+    """
+    for fact in FACTS:
+        problem = _fact_problem(cls, fact)
+        if problem:
+            raise TypeError(
+                f"quantizer class {cls.__qualname__}: {fact} {problem}; every quantizer class states "
+                f"{', '.join(FACTS)} (see llmaudit.quantize.base.Quantizer)"
+            )
+
+
+class Quantizer:
+    """Common behaviour of the quantizers; each backend module defines a subclass.
+
+    A subclass states its facts as class attributes (checked when the class is defined, `check_facts`):
+
+    - ``family``: the backend family's name (``"hqq"``, ``"gptq"``...), shown by ``llmaudit quantizers``.
+    - ``install_hint``: the command that installs the backend's library, or None when it needs none; required
+      whenever ``library`` names one.
+    - ``tracked_libraries``: the distributions whose versions a run store's manifest records for it (may be empty).
+    - ``gpu_seconds_per_layer``: the assumed seconds to quantize one transformer layer on a GPU, for a layer of about
+      20M parameters (``llmaudit plan`` scales it by layer size).
+    - ``shares_calibration``: None, or the name of a group: quantizers of one group whose ``calibration_key()`` is
+      equal share one ``collect_shared_calibration`` per checkpoint (``quantize_shared`` takes it).
+
+    It also defines its option spec (passed to ``__init__``), ``bits_per_weight`` and ``_quantize``, and may define
+    ``_check_options`` and ``_check_layer``.
+    """
+
+    family: str
+    install_hint: str | None
+    tracked_libraries: tuple[str, ...]
+    gpu_seconds_per_layer: float
+    shares_calibration: str | None
     library: str | None = None  # import name of the backend library, if any
     calibrated: bool = (
         False  # fits itself to calibration text: has the option calibration_source (quantize.calibration)
     )
-    # option -> the value it had before it existed: what a store's record without that key means
+    # option -> the value a store's record without that key means
     legacy_options: dict[str, Any] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_facts(cls)
 
     def __init__(self, name: str, bits: float, option_spec: dict[str, Option], options: dict[str, Any]):
         self.name = name
@@ -229,16 +191,22 @@ class Quantizer:
     # ---- public API -------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
+        """The device the ``device`` option resolves to (`resolve_device`)."""
         return resolve_device(self.options["device"])
 
     @property
     def compute_dtype(self) -> torch.dtype:
+        """The dtype this quantizer computes in on its device (`compute_dtype_for`)."""
         return compute_dtype_for(self.device)
 
     def availability(self) -> str | None:
-        """None when this quantizer can run here, else the reason (with the fix)."""
+        """Whether this quantizer can run here.
+
+        Returns:
+            None when it can, else the reason with the fix (a missing library, a GPU asked for and absent).
+        """
         if self.library is not None:
-            reason = missing_library_reason(self.library)
+            reason = missing_library_reason(self.library, self.install_hint or "install it")
             if reason:
                 return f"{self.name}: {reason}"
         if self.options["device"] == "cuda" and not torch.cuda.is_available():
@@ -249,7 +217,15 @@ class Quantizer:
         return None
 
     def check(self, model: nn.Module | None = None) -> None:
-        """Raise QuantizationError before any work if the request cannot be carried out."""
+        """Refuse, before any work, a request that cannot be carried out.
+
+        Args:
+            model: the model to quantize, whose in-scope layers are checked; None checks the options alone.
+
+        Raises:
+            QuantizationError: the quantizer cannot run here, an option does not fit, ``modules`` matches no linear
+                layer of ``model``, or an in-scope layer does not fit the backend.
+        """
         reason = self.availability()
         if reason:
             raise QuantizationError(reason)
@@ -266,6 +242,19 @@ class Quantizer:
                 self._check_layer(name, module)
 
     def quantize_model(self, model: nn.Module, *, tokenizer=None, calibration_texts=None) -> nn.Module:
+        """The model quantized (in place, in eval mode, on this quantizer's device).
+
+        Args:
+            model: the model to quantize.
+            tokenizer: its tokenizer (a calibrated quantizer needs it).
+            calibration_texts: the texts to calibrate on (a calibrated quantizer needs them).
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the request is refused by `check`.
+        """
         self.check(model)
         model.eval()
         model.to(self.device)
@@ -274,10 +263,55 @@ class Quantizer:
         out.eval()
         return out
 
+    def calibration_key(self) -> dict | None:
+        """What this quantizer's shared calibration depends on besides the checkpoint and the texts.
+
+        Returns:
+            None when this quantizer shares no calibration (the default), else a JSON-able dict: quantizers of one
+            ``shares_calibration`` group with equal keys share one ``collect_shared_calibration``.
+        """
+        return None
+
+    def collect_shared_calibration(self, model: nn.Module, *, tokenizer, calibration_texts) -> Any:
+        """The calibration statistics of ``model`` that every quantizer of this one's group and key can reuse.
+
+        Args:
+            model: the unquantized checkpoint (left unchanged).
+            tokenizer: the checkpoint's tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            What ``quantize_shared`` takes.
+
+        Raises:
+            QuantizationError: this quantizer shares no calibration.
+        """
+        raise QuantizationError(f"{self.name}: shares no calibration (shares_calibration is None)")
+
+    def quantize_shared(self, model: nn.Module, shared: Any) -> nn.Module:
+        """The quantized model, calibrated with statistics another quantizer of the group collected.
+
+        Args:
+            model: the checkpoint the statistics were collected on (quantized in place).
+            shared: a ``collect_shared_calibration`` result of a quantizer with the same ``calibration_key()``.
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: this quantizer shares no calibration.
+        """
+        raise QuantizationError(f"{self.name}: shares no calibration (shares_calibration is None)")
+
     def recorded_options_mismatch(self, recorded: dict[str, Any]) -> str | None:
-        """None when ``recorded`` (this quantizer's options as a store recorded them, JSON) equals this
-        quantizer's options, ``device`` aside; a key the record lacks reads as its ``legacy_options`` value.
-        Otherwise one line naming each differing option, with the fix."""
+        """How the options a store recorded for this quantizer differ from this quantizer's, ``device`` aside.
+
+        Args:
+            recorded: the recorded options (JSON); a key it lacks reads as its ``legacy_options`` value.
+
+        Returns:
+            None when they are equal, else one line naming each differing option, with the fix.
+        """
 
         def jsonable(value: Any) -> Any:
             return json.loads(json.dumps(value, default=str))
@@ -295,9 +329,29 @@ class Quantizer:
         )
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """The storage cost of one weight of a layer: the code width plus the metadata shared per weight.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         raise NotImplementedError
 
     def effective_bits(self, model: nn.Module) -> float:
+        """The bits per quantized weight over the in-scope layers, weighted by their sizes (the module docstring).
+
+        Args:
+            model: the model (quantized or not: only the shapes are read).
+
+        Returns:
+            Bits per weight.
+
+        Raises:
+            QuantizationError: no linear layer is in scope.
+        """
         targets = target_modules(model, self.options["modules"])
         if not targets:
             raise QuantizationError(f"{self.name}: no in-scope linear layer in the model")
@@ -310,6 +364,15 @@ class Quantizer:
         return total_bits / total_weights
 
     def model_size_bytes(self, model: nn.Module) -> int:
+        """The size of the quantized model (the module docstring): the in-scope weights at ``bits_per_weight``, every
+        other parameter at its element size, tied parameters once.
+
+        Args:
+            model: the model (quantized or not: shapes and element sizes are read).
+
+        Returns:
+            Bytes, rounded up.
+        """
         targets = target_modules(model, self.options["modules"])
         target_names = [name for name, _ in targets]
         bits = 0.0
@@ -345,45 +408,29 @@ class Quantizer:
         raise NotImplementedError
 
 
-def require_linear(quantizer_name: str, layer_name: str, module: nn.Module) -> None:
-    """A backend that quantizes nn.Linear layers only refuses any other in-scope layer, naming it."""
-    if not isinstance(module, nn.Linear):
-        raise QuantizationError(f"{quantizer_name}: layer '{layer_name}' is {type(module).__name__}, not nn.Linear")
-
-
-def check_group_size(quantizer_name: str, layer_name: str, in_features: int, group_size: int) -> None:
-    if group_size > 0 and in_features % group_size != 0:
-        divisors = [g for g in (8, 16, 32, 64, 128, 256) if in_features % g == 0]
-        raise QuantizationError(
-            f"{quantizer_name}: group_size={group_size} does not divide the input width {in_features} "
-            f"of layer '{layer_name}'; fix: pass a group_size that divides every in-scope layer's "
-            f"input width (here e.g. {divisors}) or restrict modules="
-        )
-
-
-def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
-def replace_each(model: nn.Module, targets: list[tuple[str, nn.Module]], make: Callable) -> None:
-    """Replace every (name, module) of ``targets`` by ``make(name, module)``, in order, emptying ``targets`` as it
-    goes: each original layer is released as soon as its replacement is in place. (Iterating over the list would
-    keep every original layer alive until the last replacement is made: a whole second copy of the decoder's
-    weights at the peak, 0.43 GB for SmolLM2-135M in float32.)"""
-    targets.reverse()
-    while targets:
-        name, module = targets.pop()
-        replace_module(model, name, make(name, module))
-        del module
-
-
-def linear_from_weight(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
-    """A plain nn.Linear holding ``weight: [out, in]`` (the fake-quantized / dequantized weight)."""
-    out_features, in_features = weight.shape
-    linear = nn.Linear(in_features, out_features, bias=bias is not None, device="meta")
-    linear.weight = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
-    if bias is not None:
-        linear.bias = nn.Parameter(bias.detach().to(device=weight.device, dtype=dtype), requires_grad=False)
-    return linear
+__all__ = [  # the options, the layer helpers and the error are imported from here by the backends
+    "DEFAULT_MODULES",
+    "DEVICES",
+    "Option",
+    "QuantizationError",
+    "boolean",
+    "check_group_size",
+    "choice",
+    "common_options",
+    "compute_dtype_for",
+    "integer",
+    "linear_from_weight",
+    "real",
+    "replace_each",
+    "replace_module",
+    "require_linear",
+    "resolve_device",
+    "resolve_options",
+    "target_modules",
+    "FACTS",
+    "Quantizer",
+    "QuantizerInfo",
+    "check_facts",
+    "library_available",
+    "missing_library_reason",
+]

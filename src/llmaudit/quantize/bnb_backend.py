@@ -45,6 +45,10 @@ DOUBLE_QUANT_BLOCKSIZE = 256  # bitsandbytes' blocksize for the nested (absmax) 
 class BnbQuantizer(Quantizer):
     family = "bnb"
     library = "bitsandbytes"
+    install_hint = "pip install 'llmaudit[bnb]'"
+    tracked_libraries = ("bitsandbytes",)
+    gpu_seconds_per_layer = 0.02
+    shares_calibration = None
 
     def __init__(self, name: str, **options):
         self.kind, bits = BNB_KINDS[name]
@@ -62,6 +66,7 @@ class BnbQuantizer(Quantizer):
 
     @property
     def resolved_mode(self) -> str:
+        """The mode the ``mode`` option resolves to: "auto" is fake quantization on a CPU (int8: real, its CPU forward is `bnb_int8`) and real on a GPU."""
         if self.options["mode"] != "auto":
             return self.options["mode"]
         return "fake" if (self.device.type == "cpu" and self.kind != "int8") else "real"
@@ -70,6 +75,15 @@ class BnbQuantizer(Quantizer):
         require_linear(self.name, name, module)
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """Bits per weight of a layer: int8: 8 plus a 32-bit scale per row; nf4/fp4: 4 plus a 32-bit absmax per block, or with double quantization an 8-bit absmax per block plus a 32-bit one per block of blocks.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         if self.kind == "int8":
             return 8.0 + 32.0 / in_features
         b = self.options["blocksize"]

@@ -154,13 +154,15 @@ def _quantize_rows(a: Tensor, threshold: float) -> tuple[Tensor, Tensor, Tensor 
 
 
 def llm_int8(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, threshold: float) -> Tensor:
-    """bitsandbytes' LLM.int8() forward on a CPU (the module docstring), bit for bit: steps 1-2 and 4 compiled
-    (one pass each), step 3 bitsandbytes' own operator, step 5 torch's addmm as bitsandbytes calls it.
+    """bitsandbytes' LLM.int8() forward on a CPU (the module docstring), bit for bit: steps 1-2 and 4 compiled (one
+    pass each), step 3 bitsandbytes' own operator, step 5 torch's addmm as bitsandbytes calls it.
 
     Args:
         x: [..., K] activations (float32, bfloat16 or float16).
-        codes: [N, K] int8 weight codes (bitsandbytes' CB); scales: [N] float32 row scales (SCB).
-        bias: [N] or None; threshold: the outlier threshold (0: none).
+        codes: [N, K] int8 weight codes (bitsandbytes' CB).
+        scales: [N] float32 row scales (SCB).
+        bias: [N] or None.
+        threshold: the outlier threshold (0: none).
 
     Returns:
         [..., N] in x's dtype.
@@ -169,8 +171,19 @@ def llm_int8(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, thre
 
 
 def llm_int8_reference(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, threshold: float) -> Tensor:
-    """`llm_int8` with torch's operations only (bitsandbytes' own, without its bookkeeping): what the compiled
-    passes are tested against."""
+    """`llm_int8` with torch's operations only (bitsandbytes' own, without its bookkeeping): what the compiled passes
+    are tested against.
+
+    Args:
+        x: [..., K] activations.
+        codes: [N, K] int8 weight codes.
+        scales: [N] float32 row scales.
+        bias: [N] or None.
+        threshold: the outlier threshold (0: none).
+
+    Returns:
+        [..., N] in x's dtype.
+    """
     return _llm_int8(x, codes, scales, bias, threshold, compiled=False)
 
 
@@ -210,12 +223,32 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_bitsandbytes(cls, layer: nn.Module) -> Int8Linear:
-        """The layer of a quantized `Linear8bitLt` (its weight already moved to the CPU, which quantizes it)."""
+        """The layer of a quantized ``Linear8bitLt``.
+
+        Args:
+            layer: the bitsandbytes layer, its weight already moved to the CPU (which quantizes it).
+
+        Returns:
+            The equivalent `Int8Linear`.
+        """
         bias = None if layer.bias is None else layer.bias.data
         return cls(layer.weight.CB, layer.weight.SCB, bias, layer.state.threshold)
 
     def forward(self, x: Tensor) -> Tensor:
+        """The layer's output (`llm_int8`).
+
+        Args:
+            x: [..., in_features] activations.
+
+        Returns:
+            [..., out_features] in x's dtype.
+        """
         return llm_int8(x, self.weight, self.SCB, self.bias, self.threshold)
 
     def extra_repr(self) -> str:
+        """The layer's description in ``repr``.
+
+        Returns:
+            Its widths and outlier threshold.
+        """
         return f"in_features={self.in_features}, out_features={self.out_features}, threshold={self.threshold}"

@@ -34,6 +34,15 @@ LEGACY_CALIBRATION_SOURCE = "members"
 
 
 def calibration_options(*, samples: int = 128, max_length: int = 512) -> dict[str, Option]:
+    """The options of a quantizer that calibrates on text: its source, the number and length of the samples, the seed.
+
+    Args:
+        samples: the default number of calibration samples.
+        max_length: the default length of a sample, in tokens.
+
+    Returns:
+        {option name: `Option`}.
+    """
     return {
         "calibration_source": choice(DEFAULT_CALIBRATION_SOURCE, CALIBRATION_SOURCES),
         "calibration_samples": integer(samples, "a positive int", lambda n: n > 0),
@@ -43,7 +52,21 @@ def calibration_options(*, samples: int = 128, max_length: int = 512) -> dict[st
 
 
 def calibration_token_ids(name: str, options: dict, tokenizer, texts: Sequence[str] | None) -> list[list[int]]:
-    """The calibration samples (token ids) of quantizer ``name`` with ``options`` from ``texts``."""
+    """The calibration samples (token ids) of a quantizer, drawn from the texts as its options say.
+
+    Args:
+        name: the quantizer's name (quoted by the error).
+        options: its resolved options (``calibration_samples``, ``calibration_max_length``, ``seed``).
+        tokenizer: the checkpoint's tokenizer.
+        texts: the calibration texts.
+
+    Returns:
+        One list of token ids per sample.
+
+    Raises:
+        QuantizationError: the tokenizer or the texts are missing, no text is a non-empty string, or a text
+            tokenizes to no token.
+    """
     if tokenizer is None or not texts:
         raise QuantizationError(
             f"{name}: this quantizer calibrates on text and needs tokenizer= and calibration_texts= (the score stage "
@@ -67,10 +90,18 @@ MAX_CALIBRATION_FILE_BYTES = 256 * 2**20
 
 
 def read_calibration_file(path: str | Path | None) -> tuple[list[str], str]:
-    """(texts, sha256 of the file) of a calibration file: JSONL (``.jsonl``: every line an object with a non-empty
-    string ``text``) or plain text (anything else: documents separated by one or more blank lines). UserError
-    naming the file and the fix when it cannot be read or holds no text, or when no file is named (a run directory
-    never names it: the command line does)."""
+    """The texts of a calibration file: JSONL (``.jsonl``: every line an object with a non-empty string ``text``) or
+    plain text (anything else: documents separated by one or more blank lines).
+
+    Args:
+        path: the file (the command line names it; a run directory never does).
+
+    Returns:
+        (texts, sha256 of the file).
+
+    Raises:
+        UserError: no file is named, or it cannot be read or holds no text (the message names the file and the fix).
+    """
     if path is None:
         raise UserError(
             "calibration_source=file needs score.calibration_file=PATH on the command line (a run directory records "

@@ -120,7 +120,11 @@ class TensorRecord:
 
 class GGUFQuantizer(Quantizer):
     family = "gguf"
-    legacy_options = {"engine": "torch"}  # units scored before the option existed were torch's
+    install_hint = llama_cpp_lib.INSTALL_HINT
+    tracked_libraries = ("gguf", "llama-cpp-python")
+    gpu_seconds_per_layer = 0.5
+    shares_calibration = None
+    legacy_options = {"engine": "torch"}  # a recorded unit without the option was scored by torch
 
     def __init__(self, name: str, **options):
         self.kind, self.with_imatrix = GGUF_NAMES[name]
@@ -134,11 +138,18 @@ class GGUFQuantizer(Quantizer):
 
     @property
     def calibrated(self) -> bool:
+        """Whether this quantizer calibrates on text: the -imatrix types do (their importance matrix)."""
         return self.with_imatrix
 
     def availability(self) -> str | None:
+        """Whether this quantizer can run here: gguf-py and llama.cpp's libraries at the version llmaudit's bindings are
+        written for.
+
+        Returns:
+            None when it can, else the reason with the fix.
+        """
         if not base.library_available("gguf"):
-            return f"{self.name}: the Python package 'gguf' is not installed; fix: {llama_cpp_lib.INSTALL_HINT}"
+            return f"{self.name}: the Python package 'gguf' is not installed; fix: {self.install_hint}"
         reason = llama_cpp_lib.availability()
         if reason:
             return f"{self.name}: {reason}"
@@ -150,6 +161,15 @@ class GGUFQuantizer(Quantizer):
         return str(self.options["engine"])
 
     def check(self, model: nn.Module | None = None) -> None:
+        """Refuse, before any work, a request that cannot be carried out.
+
+        Args:
+            model: the model to quantize (its architecture is checked, and with the llama.cpp engine whether llmaudit can
+                write it as a runnable GGUF); None checks availability alone.
+
+        Raises:
+            QuantizationError: the quantizer cannot run here, or the model cannot be written.
+        """
         reason = self.availability()
         if reason:
             raise QuantizationError(reason)
@@ -162,8 +182,19 @@ class GGUFQuantizer(Quantizer):
                 raise QuantizationError(f"{self.name}: {exc}") from None
 
     def importance_matrix(self, model: nn.Module, *, tokenizer, calibration_texts) -> dict[str, np.ndarray] | None:
-        """llama.cpp's importance matrix of ``model`` on the calibration text ({GGUF name: I [in_features]}), or None
-        for a quantizer without one."""
+        """llama.cpp's importance matrix of ``model`` on the calibration text.
+
+        Args:
+            model: the unquantized model (unchanged).
+            tokenizer: its tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            {GGUF name: I [in_features]}, or None for a quantizer without one.
+
+        Raises:
+            QuantizationError: the calibration texts or the tokenizer are missing or give no token.
+        """
         if not self.with_imatrix:
             return None
         samples = calibration_token_ids(self.name, self.options, tokenizer, calibration_texts)
@@ -171,7 +202,18 @@ class GGUFQuantizer(Quantizer):
         return {name: values.numpy() for name, values in collect_importance(model, modules, samples).items()}
 
     def quantize_blocks(self, model: nn.Module, imatrix: dict[str, np.ndarray] | None = None) -> list[GGUFTensor]:
-        """Every tensor llama.cpp quantizes, as llama_model_quantize writes it (type and bytes); ``model`` unchanged."""
+        """Every tensor llama.cpp quantizes, as llama_model_quantize writes it (type and bytes).
+
+        Args:
+            model: the model (unchanged).
+            imatrix: an importance matrix (``importance_matrix``'s) for an -imatrix quantizer.
+
+        Returns:
+            The quantized tensors.
+
+        Raises:
+            QuantizationError: an architecture llmaudit cannot write, or llama.cpp's quantizer failing.
+        """
         self.check(model)
         with tempfile.TemporaryDirectory(prefix="llmaudit-gguf-") as tmp:
             source, target = Path(tmp) / "source-f32.gguf", Path(tmp) / f"{self.kind}.gguf"
@@ -183,10 +225,14 @@ class GGUFQuantizer(Quantizer):
     def quantize_to_file(
         self, model: nn.Module, target: str | Path, imatrix: dict[str, np.ndarray] | None = None
     ) -> Path:
-        """The quantized GGUF file a llama.cpp user runs: ``model`` written whole (``write_runnable_gguf``, in a
-        temporary directory beside ``target``) and quantized to this type by ``llama_model_quantize``, with
-        ``imatrix`` (``importance_matrix``'s) for an -imatrix quantizer. ``model`` is unchanged; the file's tensors
-        are recorded for the accounting (``effective_bits``, ``model_size_bytes``).
+        """The quantized GGUF file a llama.cpp user runs: ``model`` written whole (``write_runnable_gguf``, in a temporary
+        directory beside ``target``) and quantized to this type by ``llama_model_quantize``. The file's tensors are recorded
+        for the accounting (``effective_bits``, ``model_size_bytes``).
+
+        Args:
+            model: the model (unchanged).
+            target: the file written.
+            imatrix: an importance matrix (``importance_matrix``'s) for an -imatrix quantizer.
 
         Returns:
             ``target``.
@@ -218,8 +264,20 @@ class GGUFQuantizer(Quantizer):
     def quantize_model(
         self, model: nn.Module, *, tokenizer=None, calibration_texts=None, imatrix: dict[str, np.ndarray] | None = None
     ) -> nn.Module:
-        """``model`` (in place) with every tensor llama.cpp quantizes replaced by its dequantized blocks. ``imatrix``:
-        an importance matrix to use instead of computing one on the calibration text (-imatrix quantizers only)."""
+        """The model with every tensor llama.cpp quantizes replaced by its dequantized blocks (in place).
+
+        Args:
+            model: the model to quantize.
+            tokenizer: its tokenizer (an -imatrix quantizer without ``imatrix`` needs it).
+            calibration_texts: the texts of the importance matrix (likewise).
+            imatrix: an importance matrix to use instead of computing one (-imatrix quantizers only).
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the request is refused by `check`, or llama.cpp's quantizer fails.
+        """
         self.check(model)
         if imatrix is not None and not self.with_imatrix:
             raise QuantizationError(f"{self.name} takes no importance matrix; fix: use {self.name}-imatrix")
@@ -248,7 +306,11 @@ class GGUFQuantizer(Quantizer):
         )
 
     def tensor_types(self) -> dict[str, str]:
-        """{module name: GGUF type} of the last checkpoint quantized."""
+        """The GGUF type of each tensor of the last checkpoint quantized.
+
+        Returns:
+            {module name: GGUF type name}.
+        """
         return {name: t.type_name for name, t in self.tensors.items()}
 
     def _require_quantized(self) -> None:
@@ -256,11 +318,34 @@ class GGUFQuantizer(Quantizer):
             raise QuantizationError(f"{self.name}: the accounting is measured on a quantized file; quantize first")
 
     def effective_bits(self, model: nn.Module) -> float:
+        """Bits per weight of the blocks' tensors as llama.cpp wrote them for the last checkpoint quantized.
+
+        Args:
+            model: accepted for the common interface (the recorded tensors are read).
+
+        Returns:
+            Bits per weight.
+
+        Raises:
+            QuantizationError: no checkpoint was quantized yet.
+        """
         self._require_quantized()
         blocks = [t for name, t in self.tensors.items() if ".layers." in f".{name}"]
         return 8.0 * sum(t.n_bytes for t in blocks) / sum(t.values for t in blocks)
 
     def model_size_bytes(self, model: nn.Module) -> int:
+        """The size of the last quantized checkpoint: llama.cpp's bytes of every quantized tensor plus every other parameter
+        of ``model`` at its element size (a tied parameter once).
+
+        Args:
+            model: the quantized model.
+
+        Returns:
+            Bytes.
+
+        Raises:
+            QuantizationError: no checkpoint was quantized yet.
+        """
         self._require_quantized()
         quantized = {f"{name}.weight" for name in self.tensors}
         # named_parameters yields a tied parameter once (under the embeddings' name, which is quantized)

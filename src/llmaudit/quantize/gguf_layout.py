@@ -51,11 +51,22 @@ class GGUFTensor:
 
     @property
     def n_bytes(self) -> int:
+        """The tensor's size in the file, in bytes."""
         return int(self.raw.size)
 
 
 def architecture(model: nn.Module) -> str:
-    """The gguf-py MODEL_ARCH name of ``model``; QuantizationError naming the supported ones otherwise."""
+    """The gguf-py MODEL_ARCH name of a model.
+
+    Args:
+        model: a Hugging Face causal LM.
+
+    Returns:
+        The architecture's name.
+
+    Raises:
+        QuantizationError: an architecture llmaudit cannot write (the message names the supported ones).
+    """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in ARCHITECTURES:
         raise QuantizationError(
@@ -74,8 +85,15 @@ def _name_map(model: nn.Module):
 
 
 def quantized_modules(model: nn.Module) -> dict[str, tuple[str, nn.Module]]:
-    """{GGUF tensor name: (module name, module)} of the tensors llama.cpp quantizes: the embeddings, the output head
-    unless it is tied to them, and every 2-D weight inside the blocks (nn.Linear)."""
+    """The tensors llama.cpp quantizes: the embeddings, the output head unless it is tied to them, and every 2-D weight
+    inside the blocks (nn.Linear).
+
+    Args:
+        model: the model.
+
+    Returns:
+        {GGUF tensor name: (module name, module)}.
+    """
     names = _name_map(model)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     found: dict[str, tuple[str, nn.Module]] = {}
@@ -99,7 +117,12 @@ def quantized_modules(model: nn.Module) -> dict[str, tuple[str, nn.Module]]:
 
 
 def write_shape_keys(writer, config) -> None:
-    """The model-shape keys convert_hf_to_gguf.py writes for Llama / Qwen2 (layers, context, widths, heads)."""
+    """Write the model-shape keys convert_hf_to_gguf.py writes for Llama / Qwen2 (layers, context, widths, heads).
+
+    Args:
+        writer: a gguf-py ``GGUFWriter``.
+        config: the model's Hugging Face config.
+    """
     writer.add_block_count(int(config.num_hidden_layers))
     writer.add_context_length(int(getattr(config, "max_position_embeddings", 2048)))
     writer.add_embedding_length(int(config.hidden_size))
@@ -121,7 +144,15 @@ def _hyper_parameters(writer, config) -> None:
 
 
 def write_source_gguf(model: nn.Module, path: Path) -> dict[str, str]:
-    """The float32 GGUF that llama_model_quantize reads; returns {GGUF name: module name} of what it holds."""
+    """Write the float32 GGUF that llama_model_quantize reads.
+
+    Args:
+        model: the model.
+        path: the file written.
+
+    Returns:
+        {GGUF name: module name} of the tensors it holds.
+    """
     import gguf
 
     arch = architecture(model)
@@ -139,7 +170,15 @@ def write_source_gguf(model: nn.Module, path: Path) -> dict[str, str]:
 
 
 def read_quantized(path: Path, modules: dict[str, str]) -> Iterator[GGUFTensor]:
-    """Every tensor of the quantized file that ``modules`` ({GGUF name: module name}) names, with its bytes."""
+    """The tensors of a quantized file that ``modules`` names, with their bytes.
+
+    Args:
+        path: the quantized GGUF file.
+        modules: {GGUF name: module name}.
+
+    Yields:
+        One `GGUFTensor` per named tensor.
+    """
     import gguf
 
     reader = gguf.GGUFReader(str(path))
@@ -164,7 +203,14 @@ def read_quantized(path: Path, modules: dict[str, str]) -> Iterator[GGUFTensor]:
 
 
 def dequantized_weight(tensor: GGUFTensor) -> torch.Tensor:
-    """The tensor's weights as ggml reads them: float32 [out_features, in_features]."""
+    """A tensor's weights as ggml reads them.
+
+    Args:
+        tensor: a quantized tensor of the file.
+
+    Returns:
+        float32 [out_features, in_features].
+    """
     rows, columns = tensor.shape
     values = llama_cpp_lib.dequantize(tensor.type_id, tensor.raw, rows * columns)
     return torch.from_numpy(values.reshape(rows, columns))

@@ -42,17 +42,40 @@ class LogitsFileError(UserError):
 
 
 def scored_positions(n_ctx: int) -> int:
-    """Positions llama-perplexity scores per chunk: the second half, n_ctx - 1 - n_ctx // 2."""
+    """Positions llama-perplexity scores per chunk: the second half, n_ctx - 1 - n_ctx // 2.
+
+    Args:
+        n_ctx: the context length.
+
+    Returns:
+        The number of positions.
+    """
     return n_ctx - 1 - n_ctx // 2
 
 
 def row_width(n_vocab: int) -> int:
-    """uint16 per scored position: 2 * ceil(n_vocab / 2) + 4 (scale and minimum first, as two float32)."""
+    """uint16 values per scored position: 2 * ceil(n_vocab / 2) + 4 (scale and minimum first, as two float32).
+
+    Args:
+        n_vocab: the vocabulary size.
+
+    Returns:
+        The row width.
+    """
     return 2 * ((n_vocab + 1) // 2) + 4
 
 
 def file_bytes(n_ctx: int, n_vocab: int, n_chunk: int) -> int:
-    """The exact size of a file with these dimensions."""
+    """The exact size of a logits file with these dimensions.
+
+    Args:
+        n_ctx: the context length.
+        n_vocab: the vocabulary size.
+        n_chunk: the number of chunks.
+
+    Returns:
+        Bytes.
+    """
     return HEADER_BYTES + 4 * n_ctx * n_chunk + 2 * n_chunk * scored_positions(n_ctx) * row_width(n_vocab)
 
 
@@ -76,7 +99,13 @@ class BaseLogits:
 
 
 def read_base_logits(path: str | Path) -> BaseLogits:
-    """The file at ``path``, checked against its own header before anything large is read.
+    """A base-logits file, checked against its own header before anything large is read.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The file's header and rows (memory-mapped).
 
     Raises:
         LogitsFileError: not such a file (magic, dimensions, or a size that does not match them), naming the file.
@@ -116,18 +145,40 @@ def _nearest_int(values: np.ndarray) -> np.ndarray:
 
 def expf(values: np.ndarray) -> np.ndarray:
     """float32 exp of float32 values, correctly rounded (computed in float64, then rounded), as C's expf gives it to
-    within its documented half-ulp error: closer to llama.cpp's expf than numpy's own float32 exp."""
+    within its documented half-ulp error: closer to llama.cpp's expf than numpy's own float32 exp.
+
+    Args:
+        values: float32 values.
+
+    Returns:
+        float32, the same shape.
+    """
     return np.exp(np.asarray(values, dtype=np.float64)).astype(np.float32)
 
 
 def log_sum_exp(logits: np.ndarray, top: np.ndarray) -> np.ndarray:
-    """float32 [P]: log of sum_v expf(x_v - max) summed in float64, rounded to float32 (llama.cpp's order)."""
+    """log of sum_v expf(x_v - max) summed in float64, rounded to float32 (llama.cpp's order).
+
+    Args:
+        logits: float32 [P, V].
+        top: float32 [P], each row's maximum.
+
+    Returns:
+        float32 [P].
+    """
     shifted = expf((logits - top[:, None]).astype(np.float32))
     return np.log(shifted.sum(axis=1, dtype=np.float64)).astype(np.float32)
 
 
 def encode_log_probs(logits: np.ndarray) -> np.ndarray:
-    """The file's rows [P, row_width(V)] uint16 of float32 logits [P, V], as llama.cpp's writer computes them."""
+    """The file's rows of float32 logits, as llama.cpp's writer computes them.
+
+    Args:
+        logits: float32 [P, V].
+
+    Returns:
+        uint16 [P, row_width(V)].
+    """
     x = np.ascontiguousarray(logits, dtype=np.float32)
     rows, vocab = x.shape
     top, low = x.max(axis=1), x.min(axis=1)
@@ -148,8 +199,15 @@ def encode_log_probs(logits: np.ndarray) -> np.ndarray:
 
 
 def decode_log_probs(rows: np.ndarray, n_vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(scale [P], min_log_prob [P], log p [P, V]) float32 of file rows [P, row_width(V)], each log p computed as
-    llama.cpp reads it: scale * q + min_log_prob in float32."""
+    """The log-probabilities of file rows, each computed as llama.cpp reads it: scale * q + min_log_prob in float32.
+
+    Args:
+        rows: uint16 [P, row_width(V)].
+        n_vocab: V.
+
+    Returns:
+        (scale [P], min_log_prob [P], log p [P, V]), float32.
+    """
     block = np.ascontiguousarray(rows)
     head = block[:, :4].view(np.float32)
     scale, floor = head[:, 0].copy(), head[:, 1].copy()

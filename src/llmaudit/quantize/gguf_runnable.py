@@ -47,8 +47,14 @@ def _rope_parameters(config: Any) -> dict[str, Any]:
 
 
 def check_runnable(model: nn.Module) -> None:
-    """QuantizationError when llmaudit cannot write ``model`` as a GGUF llama.cpp runs (the architecture, or a
-    rotary scaling the converter handles in ways llmaudit does not)."""
+    """Refuse a model llmaudit cannot write as a GGUF that llama.cpp runs.
+
+    Args:
+        model: the model.
+
+    Raises:
+        QuantizationError: its architecture, or a rotary scaling the converter handles in ways llmaudit does not.
+    """
     architecture(model)
     rope = _rope_parameters(model.config)
     if str(rope["rope_type"]).lower() not in SUPPORTED_ROPE:
@@ -63,6 +69,14 @@ def check_runnable(model: nn.Module) -> None:
 
 
 def head_dim(config: Any) -> int:
+    """The width of one attention head.
+
+    Args:
+        config: the model's Hugging Face config.
+
+    Returns:
+        Its ``head_dim``, else hidden_size // num_attention_heads.
+    """
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
 
@@ -133,8 +147,13 @@ ADD_BOS_KEY = "tokenizer.ggml.add_bos_token"
 
 
 def copy_vocabulary(writer, source: str | Path, skip: tuple[str, ...] = ()) -> None:
-    """Every ``tokenizer.*`` key of the GGUF file ``source`` (its tokenizer, as llama.cpp's tools read it) but
-    those in ``skip``."""
+    """Copy every ``tokenizer.*`` key of a GGUF file (its tokenizer, as llama.cpp's tools read it).
+
+    Args:
+        writer: the gguf-py ``GGUFWriter`` written to.
+        source: the GGUF file read.
+        skip: keys not copied.
+    """
     import gguf
 
     reader = gguf.GGUFReader(str(source))

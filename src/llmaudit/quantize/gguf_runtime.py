@@ -75,6 +75,7 @@ class LlamaCppModel:
 
     @property
     def bos(self) -> int:
+        """The vocabulary's beginning-of-sequence token id."""
         return int(self._b.llama_vocab_bos(self._vocab))
 
     def __enter__(self) -> LlamaCppModel:
@@ -155,9 +156,17 @@ class LlamaCppModel:
     def logits(
         self, sequences: Sequence[Sequence[int]], wanted: Sequence[Sequence[bool]], *, per_call: int | None = None
     ) -> list[np.ndarray]:
-        """float32 logits [sum(wanted[i]), V] of each sequence at the positions marked (position t predicts token
-        t + 1), in input order. Up to `per_call` sequences (default: as many as fit MAX_SEQUENCES) share one decode
-        call, each in its own stream; the context holds the longest sequence."""
+        """The logits of each sequence at the positions marked (position t predicts token t + 1), in input order. Up to
+        ``per_call`` sequences share one decode call, each in its own stream; the context holds the longest sequence.
+
+        Args:
+            sequences: token ids of each sequence.
+            wanted: per sequence, whether each position's logits are wanted.
+            per_call: sequences per decode call (default: as many as fit MAX_SEQUENCES).
+
+        Returns:
+            float32 [sum(wanted[i]), V] per sequence.
+        """
         if not sequences:
             return []
         longest = max(len(s) for s in sequences)
@@ -173,10 +182,17 @@ class LlamaCppModel:
         return out
 
     def perplexity_chunks(self, tokens: np.ndarray, *, batch: int = 2048) -> Iterator[np.ndarray]:
-        """llama-perplexity's evaluation of n_chunk chunks of n_ctx tokens (tokens [n_chunk, n_ctx]): per chunk, in
-        order, the float32 logits [n_ctx - 1 - n_ctx // 2, V] of its scored positions (n_ctx // 2 ...
-        n_ctx - 2), evaluated as the tool does: the chunk's first token replaced by BOS when the vocabulary adds one,
-        max(1, batch // n_ctx) chunks per decode call (its -b, default 2048), each in its own stream."""
+        """llama-perplexity's evaluation of chunks of n_ctx tokens, as the tool does it: the chunk's first token replaced by
+        BOS when the vocabulary adds one, max(1, batch // n_ctx) chunks per decode call, each in its own stream.
+
+        Args:
+            tokens: int [n_chunk, n_ctx].
+            batch: tokens per decode call (the tool's -b).
+
+        Yields:
+            Per chunk, in order, the float32 logits [n_ctx - 1 - n_ctx // 2, V] of its scored positions
+            (n_ctx // 2 ... n_ctx - 2).
+        """
         n_chunk, n_ctx = tokens.shape
         first = n_ctx // 2
         per_call = max(1, batch // n_ctx)
@@ -196,9 +212,17 @@ class LlamaCppModel:
     def greedy(
         self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_ids: Sequence[int]
     ) -> list[list[int]]:
-        """Greedy continuation of each prompt (argmax of the logits, the lowest id on ties): its new tokens up to and
-        including the first stop token, or max_new_tokens of them. Prompts are decoded side by side, one stream
-        each, every step one token per unfinished prompt."""
+        """Greedy continuation of each prompt (argmax of the logits, the lowest id on ties). Prompts are decoded side by
+        side, one stream each, every step one token per unfinished prompt.
+
+        Args:
+            prompts: token ids of each prompt.
+            max_new_tokens: the most tokens generated per prompt.
+            stop_ids: tokens that end a continuation.
+
+        Returns:
+            Per prompt, its new tokens up to and including the first stop token, or max_new_tokens of them.
+        """
         out: list[list[int]] = []
         stop = {int(s) for s in stop_ids}
         for i in range(0, len(prompts), MAX_SEQUENCES):
@@ -222,8 +246,15 @@ class LlamaCppModel:
                                   [[True]] * len(active), active)  # fmt: skip
 
     def tokenize(self, text: str) -> np.ndarray:
-        """The file's tokenizer on `text`, special tokens added as the file says (BOS) and none parsed from the
-        text: what llama-perplexity evaluates (common_tokenize(ctx, text, true))."""
+        """The file's tokenizer on a text, special tokens added as the file says (BOS) and none parsed from the text: what
+        llama-perplexity evaluates (common_tokenize(ctx, text, true)).
+
+        Args:
+            text: the text.
+
+        Returns:
+            int32 token ids.
+        """
         data = text.encode("utf-8")
         capacity = len(data) + 16
         buffer = (ctypes.c_int32 * capacity)()

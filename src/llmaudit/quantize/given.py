@@ -56,11 +56,23 @@ class GivenFile:
     """{file name: sha256} (the .gguf itself, or every .json and .safetensors file of the directory)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as the manifest holds it.
+
+        Returns:
+            Its fields as a dict.
+        """
         return asdict(self)
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> GivenFile:
-        """The record as the manifest holds it (parsed by `store.records.GivenRecord` when the manifest is read)."""
+        """The record as the manifest holds it (parsed by `store.records.GivenRecord` when the manifest is read).
+
+        Args:
+            record: the manifest's record.
+
+        Returns:
+            The record.
+        """
         return cls(int(record["run"]), int(record["step"]), str(record["quantizer"]), str(record["path"]),
                    str(record["kind"]), dict(record["files"]))  # fmt: skip
 
@@ -70,8 +82,20 @@ def _family(quantizer: str) -> str:
 
 
 def describe(run: int, step: int, quantizer: str, path: str | Path) -> GivenFile:
-    """The record of ``path`` as quantizer ``quantizer``'s model of ``run``'s checkpoint ``step``, its files digested. One-line refusal when
-    the format does not fit the quantizer."""
+    """The record of a user's quantized model of one checkpoint, its files digested.
+
+    Args:
+        run: the run.
+        step: the checkpoint's step.
+        quantizer: the quantizer the model stands for.
+        path: the user's file (GGUF) or checkpoint directory.
+
+    Returns:
+        The record.
+
+    Raises:
+        QuantizationError: the format does not fit the quantizer, or the path cannot be read (one line).
+    """
     path = Path(path).expanduser().resolve()
     family = _family(quantizer)
     if family == "gguf":
@@ -106,7 +130,14 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
 def pickled_files(directory: Path) -> list[str]:
-    """The names of the files in ``directory`` a loader could unpickle (``PICKLE_SUFFIXES``)."""
+    """The files in a directory that a loader could unpickle (``PICKLE_SUFFIXES``).
+
+    Args:
+        directory: the directory.
+
+    Returns:
+        Their names, sorted.
+    """
     return sorted(p.name for p in directory.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
 
 
@@ -147,7 +178,15 @@ def _check_record(given: GivenFile) -> None:
 
 
 def check_digests(given: GivenFile) -> None:
-    """The files are the ones recorded (sha256), none added, no pickle beside them (a loader could read it)."""
+    """Refuse given files that are not the ones recorded.
+
+    Args:
+        given: the record.
+
+    Raises:
+        QuantizationError: a file's sha256 differs from the record, a file was added, or a pickle lies beside them
+            (a loader could read it).
+    """
     _check_record(given)
     path = Path(given.path)
     directory = path if given.kind == "checkpoint" else path.parent
@@ -172,8 +211,20 @@ def check_digests(given: GivenFile) -> None:
 
 
 def load_given(given: GivenFile, checkpoint: nn.Module, device: torch.device) -> nn.Module:
-    """The user's quantized model of ``checkpoint`` (which is modified: pass a copy), checked against it. A checkpoint
-    directory is loaded from its safetensors weights only, without code (never a pickle)."""
+    """The user's quantized model of a checkpoint, checked against it. A checkpoint directory is loaded from its
+    safetensors weights only, without code (never a pickle).
+
+    Args:
+        given: the record (its files are checked against their digests first).
+        checkpoint: the checkpoint's model, which is modified: pass a copy.
+        device: where the model goes.
+
+    Returns:
+        The model holding the user's weights.
+
+    Raises:
+        QuantizationError: the files are not the recorded ones, or they do not load as a model of the checkpoint.
+    """
     check_digests(given)
     if given.kind == "gguf":
         return load_gguf(Path(given.path), checkpoint, given.quantizer).to(device).eval()
@@ -191,7 +242,17 @@ def load_given(given: GivenFile, checkpoint: nn.Module, device: torch.device) ->
 
 
 def check_shapes(model: nn.Module, checkpoint: nn.Module, where: str) -> None:
-    """Same architecture, and every linear layer of ``checkpoint`` present with the same in/out features."""
+    """Refuse a model that is not one of the checkpoint's: another architecture, or a linear layer missing or of other
+    in/out features.
+
+    Args:
+        model: the user's model.
+        checkpoint: the checkpoint's model.
+        where: the user's file (quoted).
+
+    Raises:
+        QuantizationError: the first difference, naming the layer.
+    """
     mine, theirs = type(checkpoint).__name__, type(model).__name__
     if mine != theirs:
         raise QuantizationError(
@@ -211,7 +272,19 @@ def check_shapes(model: nn.Module, checkpoint: nn.Module, where: str) -> None:
 
 
 def load_gguf(path: Path, model: nn.Module, quantizer: str) -> nn.Module:
-    """``model`` with every weight of the GGUF file at ``path`` (dequantized by ggml) in place of its own."""
+    """A model with every weight of a GGUF file (dequantized by ggml) in place of its own.
+
+    Args:
+        path: the GGUF file.
+        model: the checkpoint's model (modified in place).
+        quantizer: the quantizer the file stands for (quoted).
+
+    Returns:
+        ``model``.
+
+    Raises:
+        QuantizationError: the file does not hold the model's weights (a tensor missing, of another shape or type).
+    """
     import gguf
 
     from . import llama_cpp_lib
@@ -254,9 +327,18 @@ def load_gguf(path: Path, model: nn.Module, quantizer: str) -> nn.Module:
 
 
 def read_gguf(path: Path) -> Any:
-    """gguf's reader of the user's file at ``path``, its header and tensor table checked: QuantizationError naming
-    the file when it is a Git LFS pointer, not a GGUF file, or a header or tensor table that does not fit in the
-    file (a key cut short, tensor data past its end)."""
+    """gguf's reader of a user's GGUF file, its header and tensor table checked.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The reader.
+
+    Raises:
+        QuantizationError: a Git LFS pointer, not a GGUF file, or a header or tensor table that does not fit in the
+            file (a key cut short, tensor data past its end), naming the file.
+    """
     import gguf
 
     why = magic_problem(path, b"GGUF", "GGUF")
@@ -280,7 +362,19 @@ def read_gguf(path: Path) -> Any:
 
 
 def gguf_string(reader: Any, key: str, path: Path) -> str | None:
-    """The string value of metadata ``key`` in a GGUF file (None when absent); QuantizationError when it is not one."""
+    """The string value of a metadata key of a GGUF file.
+
+    Args:
+        reader: gguf's reader of the file.
+        key: the metadata key.
+        path: the file (quoted).
+
+    Returns:
+        The value, or None when the key is absent.
+
+    Raises:
+        QuantizationError: the value is not a string.
+    """
     field = reader.fields.get(key)
     if field is None:
         return None
@@ -303,8 +397,16 @@ def _parameter_name(names, params: dict[str, nn.Parameter], gguf_name: str) -> s
 
 
 def rotary_rows(n_rows: int, n_head: int) -> torch.Tensor:
-    """order with ``gguf_rows = hf_rows[order]``: llama.cpp's converter writes Llama's attn_q / attn_k with each head's
-    rows interleaved (row 2i of a head is its i-th row of the first half, row 2i+1 of the second half)."""
+    """The row order of llama.cpp's converter for Llama's attn_q / attn_k: each head's rows interleaved (row 2i of a
+    head is its i-th row of the first half, row 2i+1 of the second half).
+
+    Args:
+        n_rows: the weight's rows.
+        n_head: the number of heads.
+
+    Returns:
+        ``order`` with ``gguf_rows = hf_rows[order]``.
+    """
     half = n_rows // n_head // 2
     heads = torch.arange(n_rows).reshape(n_head, 2, half)
     return heads.transpose(1, 2).reshape(-1)

@@ -7,9 +7,9 @@ gptqmodel (auto-gptq cannot quantize without CUDA and does not import with trans
   gptqmodel's integer codes, scales and zero points bit for bit (tested).
 - ``"gptqmodel"``: the model is written to a temporary directory (deleted afterwards), loaded with
   ``GPTQModel.load(dir, QuantizeConfig(...))``, quantized, saved packed and loaded again; its own
-  per-layer loop. On CPU the model is quantized in float32 (gptqmodel's CPU default, bf16, is about 2x
-  slower end to end); on GPU gptqmodel's own default dtype is used. This is the real-kernel path, and the
-  solver every store scored before the option existed used (a record without ``solver`` means it).
+  per-layer loop. On CPU the model is quantized in float32 (gptqmodel's CPU default, bf16, is slower end to
+  end there); on GPU gptqmodel's own default dtype is used. This is the real-kernel path, and what a recorded
+  unit without ``solver`` was quantized with.
 - ``"auto"`` (default): llmaudit for fake mode, gptqmodel for real mode.
 
 ``calibration`` (which activations the Hessians come from; docs/science.md "GPTQ in llmaudit"):
@@ -28,7 +28,7 @@ and the calibration that made its units.
 
 Calibration samples are drawn from ``calibration_texts``, which the caller passes: the score stage passes those of
 ``calibration_source`` (held-out records by default, the run's own training records with ``members``, a user's file
-with ``file``: quantize.calibration; a store scored before the option existed calibrated on ``members``): ``calibration_samples`` texts sampled without replacement with ``seed``, each truncated to
+with ``file``: quantize.calibration; a recorded unit without the option calibrated on ``members``): ``calibration_samples`` texts sampled without replacement with ``seed``, each truncated to
 ``calibration_max_length`` tokens.
 
 ``mode``:
@@ -51,15 +51,12 @@ out_features weights of that column): bits + (16 + bits) / group_size + 32 / out
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import random
 import re
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -75,13 +72,13 @@ from .base import (
     linear_from_weight,
     real,
     replace_each,
-    replace_module,
     require_linear,
     target_modules,
 )
 from .calibration import CALIBRATION_SOURCES, DEFAULT_CALIBRATION_SOURCE, LEGACY_CALIBRATION_SOURCE
 from .gptq_calibration import check_finite, collect_hessians, quantize_sequential
 from .gptq_solver import GPTQSpec, solve_layers
+from .gptqmodel_lib import dequantize_gptq_layers, gptqmodel_logs_in, quiet_gptqmodel
 
 GPTQ_BITS = {"gptq-2": 2, "gptq-3": 3, "gptq-4": 4, "gptq-8": 8}
 SOLVERS = ("auto", "llmaudit", "gptqmodel")
@@ -113,6 +110,10 @@ class GPTQHessians:
 class GPTQQuantizer(Quantizer):
     family = "gptq"
     calibrated = True
+    install_hint = "pip install 'llmaudit[gptq]'"  # solver='gptqmodel'
+    tracked_libraries = ("gptqmodel", "optimum")
+    gpu_seconds_per_layer = 2.0
+    shares_calibration = "gptq"  # the Hessians of calibration='shared' (solver llmaudit)
 
     def __init__(self, name: str, **options):
         self.nbits = GPTQ_BITS[name]
@@ -143,10 +144,12 @@ class GPTQQuantizer(Quantizer):
 
     @property
     def library(self) -> str | None:  # llmaudit's solver needs no GPTQ library
+        """The library this quantizer needs: gptqmodel for solver='gptqmodel', none for llmaudit's own solver."""
         return "gptqmodel" if self.options["solver"] == "gptqmodel" else None
 
     @property
     def solver(self) -> str:
+        """The resolved solver: ``"llmaudit"`` or ``"gptqmodel"``."""
         return self.options["solver"]
 
     def _check_options(self) -> None:
@@ -166,12 +169,26 @@ class GPTQQuantizer(Quantizer):
         check_group_size(self.name, name, module.in_features, self.options["group_size"])
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """Bits per weight of a layer: the code width plus a 16-bit scale and a zero point of the code width per group,
+        plus a 32-bit group index per input column shared by the layer's rows.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         group = in_features if self.options["group_size"] == -1 else self.options["group_size"]
         return self.nbits + (16.0 + self.nbits) / group + 32.0 / out_features
 
     def spec(self) -> GPTQSpec:
-        """The solve's options (gptqmodel's defaults for what llmaudit does not expose: group-aware
-        ordering on where it applies, damping step 0.01, blocks of 128 columns)."""
+        """The solve's options (gptqmodel's defaults for what llmaudit does not expose: group-aware ordering where it
+        applies, damping step 0.01, blocks of 128 columns).
+
+        Returns:
+            The `GPTQSpec`.
+        """
         o = self.options
         return GPTQSpec(
             bits=self.nbits, group_size=o["group_size"], sym=o["sym"], desc_act=o["desc_act"],
@@ -180,10 +197,13 @@ class GPTQQuantizer(Quantizer):
 
     # ---- shared calibration ---------------------------------------------------------------------------
     def calibration_key(self) -> dict | None:
-        """What this quantizer's Hessians depend on besides the checkpoint and the calibration texts: two
-        GPTQ quantizers with equal keys (gptq-4 and gptq-8 with the same calibration options) can share
-        one ``collect_hessians`` of the same checkpoint. None unless calibration='shared' (solver llmaudit):
-        sequential Hessians depend on the bits, nothing to share."""
+        """What this quantizer's Hessians depend on besides the checkpoint and the calibration texts: GPTQ quantizers with
+        equal keys (gptq-4 and gptq-8 with the same calibration options) can share one ``collect_hessians`` of the same
+        checkpoint.
+
+        Returns:
+            The key, or None unless calibration='shared' (solver llmaudit): sequential Hessians depend on the bits.
+        """
         if self.solver != "llmaudit" or self.options["calibration"] != "shared":
             return None
         o = self.options
@@ -197,7 +217,20 @@ class GPTQQuantizer(Quantizer):
         }
 
     def collect_hessians(self, model: nn.Module, *, tokenizer, calibration_texts) -> GPTQHessians:
-        """One forward pass per calibration sample of ``model`` (the unquantized checkpoint; unchanged)."""
+        """The Hessians of the calibration, from one forward pass per calibration sample.
+
+        Args:
+            model: the unquantized checkpoint (unchanged).
+            tokenizer: its tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            The Hessians, with this quantizer's key, the tokens seen and the time taken.
+
+        Raises:
+            QuantizationError: calibration is not 'shared' (the Hessians depend on the bits), the request is refused by
+                `check`, or the calibration activations are not finite.
+        """
         if self.calibration_key() is None:
             raise QuantizationError(
                 f"{self.name}: solver={self.solver!r} with calibration={self.options['calibration']!r} has no "
@@ -218,8 +251,22 @@ class GPTQQuantizer(Quantizer):
     def quantize_model(
         self, model: nn.Module, *, tokenizer=None, calibration_texts=None, hessians: GPTQHessians | None = None
     ) -> nn.Module:
-        """The quantized model (in place). ``hessians``: a ``collect_hessians`` result of THIS checkpoint to
-        reuse (solver llmaudit only); without it the Hessians are collected here."""
+        """The quantized model (in place).
+
+        Args:
+            model: the model to quantize.
+            tokenizer: its tokenizer (needed unless ``hessians`` is given).
+            calibration_texts: the texts to calibrate on (likewise).
+            hessians: a ``collect_hessians`` result of THIS checkpoint to reuse (solver llmaudit only); without it the
+                Hessians are collected here.
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the request is refused by `check`, or ``hessians`` were collected with another key or
+                this quantizer cannot take them.
+        """
         if hessians is None:
             return super().quantize_model(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
         self._check_shared(hessians)
@@ -230,6 +277,37 @@ class GPTQQuantizer(Quantizer):
             out = self._solve(model, hessians)
         out.eval()
         return out
+
+    def collect_shared_calibration(self, model: nn.Module, *, tokenizer, calibration_texts) -> GPTQHessians:
+        """The Hessians the GPTQ quantizers with this one's ``calibration_key()`` share (``collect_hessians``).
+
+        Args:
+            model: the unquantized checkpoint (left unchanged).
+            tokenizer: the checkpoint's tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            The collected Hessians.
+
+        Raises:
+            QuantizationError: this quantizer's calibration depends on its bits (nothing to share).
+        """
+        return self.collect_hessians(model, tokenizer=tokenizer, calibration_texts=calibration_texts)
+
+    def quantize_shared(self, model: nn.Module, shared: GPTQHessians) -> nn.Module:
+        """The quantized model from shared Hessians (``quantize_model(model, hessians=shared)``).
+
+        Args:
+            model: the checkpoint the Hessians were collected on (quantized in place).
+            shared: a ``collect_shared_calibration`` result of a quantizer with the same ``calibration_key()``.
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the Hessians were collected with another key, or this quantizer shares none.
+        """
+        return self.quantize_model(model, hessians=shared)
 
     def _check_shared(self, hessians: GPTQHessians) -> None:
         if self.calibration_key() is None:
@@ -298,7 +376,18 @@ class GPTQQuantizer(Quantizer):
 
     # ---- calibration samples (both solvers), gptqmodel ------------------------------------------------
     def calibration_batch(self, tokenizer, calibration_texts) -> list[dict]:
-        """Sample and tokenize the calibration texts: a list of {input_ids, attention_mask} lists."""
+        """The calibration samples: texts sampled and tokenized as the options say (`calibration_token_ids`).
+
+        Args:
+            tokenizer: the checkpoint's tokenizer.
+            calibration_texts: the texts to calibrate on.
+
+        Returns:
+            One {"input_ids", "attention_mask"} dict of lists per sample.
+
+        Raises:
+            QuantizationError: the tokenizer or the texts are missing or give no token.
+        """
         if tokenizer is None or not calibration_texts:
             raise QuantizationError(
                 f"{self.name}: GPTQ needs tokenizer= and calibration_texts= (the score stage passes those of "
@@ -330,8 +419,8 @@ class GPTQQuantizer(Quantizer):
         return {f"-:^{re.escape(n)}$": {} for n in skipped}
 
     def _load_dtype(self) -> dict:
-        """On CPU gptqmodel would run the calibration forward passes in bf16, about 6x slower than fp32
-        matmuls there (it dominated a SmolLM2 unit); quantizing from an fp32 model is as exact or more.
+        """On CPU gptqmodel would run the calibration forward passes in bf16, slower than fp32 matmuls there;
+        quantizing from an fp32 model is as exact or more.
         On GPU gptqmodel keeps its own default (fp16/bf16, what its kernels run)."""
         return {"dtype": torch.float32} if self.device.type == "cpu" else {}
 
@@ -342,8 +431,11 @@ class GPTQQuantizer(Quantizer):
         from gptqmodel.nn_modules.qlinear import BaseQuantLinear
 
         expected = {name for name, _ in target_modules(model, self.options["modules"])}
-        with tempfile.TemporaryDirectory(prefix="llmaudit-gptq-") as tmp, _quiet(os.path.join(tmp, "gptqmodel.log")):
-            config = QuantizeConfig(  # logs an INFO line on construction: inside _quiet
+        with (
+            tempfile.TemporaryDirectory(prefix="llmaudit-gptq-") as tmp,
+            quiet_gptqmodel(os.path.join(tmp, "gptqmodel.log")),
+        ):
+            config = QuantizeConfig(  # logs an INFO line on construction: inside quiet_gptqmodel
                 bits=self.nbits,
                 group_size=self.options["group_size"],
                 desc_act=self.options["desc_act"],
@@ -359,7 +451,7 @@ class GPTQQuantizer(Quantizer):
             # there it fails ("Couldn't instantiate the backend tokenizer ... sentencepiece or tiktoken").
             tokenizer.save_pretrained(source)
             wrapped = GPTQModel.load(source, config, device=str(self.device), **self._load_dtype())
-            with _gptq_logs_in(os.path.join(tmp, "logs")):
+            with gptqmodel_logs_in(os.path.join(tmp, "logs")):
                 wrapped.quantize(calibration, tokenizer=tokenizer, batch_size=1, calibration_data_min_length=1)
             # The model gptqmodel quantized in place keeps lazy-loading hooks (meta tensors); the saved
             # and reloaded checkpoint is the model users actually deploy.
@@ -377,68 +469,3 @@ class GPTQQuantizer(Quantizer):
         if self.resolved_mode == "real":
             return quantized
         return dequantize_gptq_layers(quantized, self.compute_dtype)
-
-
-@contextlib.contextmanager
-def _quiet(log_path: str):
-    """gptqmodel prints its progress bars and INFO lines to stdout for every quantization (and accelerate
-    warns about untied weights): send them to a file, and add its tail to any error. LLMAUDIT_LOG shows
-    them."""
-    if os.environ.get("LLMAUDIT_LOG"):
-        yield
-        return
-    noisy = [logging.getLogger(n) for n in ("accelerate", "accelerate.utils.modeling", "gptqmodel")]
-    levels = [lg.level for lg in noisy]
-    for lg in noisy:
-        lg.setLevel(logging.ERROR)
-    try:
-        with (
-            open(log_path, "w", encoding="utf-8") as sink,
-            contextlib.redirect_stdout(sink),
-            contextlib.redirect_stderr(sink),
-        ):
-            try:
-                yield
-            except Exception as exc:
-                sink.flush()
-                tail = Path(log_path).read_text(encoding="utf-8", errors="replace")[-1500:]
-                raise QuantizationError(
-                    f"gptqmodel failed ({type(exc).__name__}: {exc}); its last output: {tail}"
-                ) from exc
-    finally:
-        for lg, level in zip(noisy, levels, strict=True):
-            lg.setLevel(level)
-
-
-@contextlib.contextmanager
-def _gptq_logs_in(directory: str):
-    """gptqmodel writes a per-layer log file into ./logs of the current directory on every
-    quantization; send those files to our temporary directory instead (discarded with it)."""
-    try:
-        from gptqmodel.looper import loop_processor
-    except ImportError:  # layout changed: leave gptqmodel's default
-        yield
-        return
-    previous = getattr(loop_processor, "_PROJECT_LOG_DIR", None)
-    if previous is None:
-        yield
-        return
-    loop_processor._PROJECT_LOG_DIR = Path(directory)
-    try:
-        yield
-    finally:
-        loop_processor._PROJECT_LOG_DIR = previous
-
-
-def dequantize_gptq_layers(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Replace every gptqmodel quantized linear by an nn.Linear holding its dequantized weight
-    (the fake-quantized model), and cast the model to ``dtype``. In place; returns the model."""
-    from gptqmodel.nn_modules.qlinear import BaseQuantLinear
-
-    names = [n for n, m in model.named_modules() if isinstance(m, BaseQuantLinear)]
-    for name in names:
-        qlinear = model.get_submodule(name)
-        weight = qlinear.dequantize_weight()[: qlinear.in_features, : qlinear.out_features].t()
-        bias = qlinear.bias if isinstance(qlinear.bias, torch.Tensor) else None
-        replace_module(model, name, linear_from_weight(weight.contiguous(), bias, dtype))
-    return model.to(dtype)

@@ -91,7 +91,15 @@ class _HessianCapture:
 
 
 def check_finite(weights: dict[str, torch.Tensor], hessians: dict[str, torch.Tensor]) -> None:
-    """ValueError naming the first layer whose weight or Hessian holds a NaN or an infinity."""
+    """Refuse layers whose weight or Hessian holds a NaN or an infinity.
+
+    Args:
+        weights: {layer name: weight}.
+        hessians: {layer name: Hessian}.
+
+    Raises:
+        ValueError: naming the first such layer.
+    """
     for name, w in weights.items():
         if not (torch.isfinite(w).all() and torch.isfinite(hessians[name]).all()):
             raise ValueError(
@@ -125,11 +133,23 @@ def _raise_stop(*args) -> None:
 def collect_hessians(
     model: nn.Module, layer_names: Iterable[str], samples: Sequence[Sequence[int]]
 ) -> dict[str, torch.Tensor]:
-    """Shared convention: ``H = (2 / n) sum_s X_s^T X_s`` for every layer in ``layer_names`` (nn.Linear modules
-    of ``model``), from one forward pass per calibration sample (``samples``: token-id lists, no padding),
-    ``X_s: [tokens_s, in_features]`` the layer's input, ``n`` the tokens it saw. Returns ``{name: H [in, in]
-    float32}``; layers that read the same input tensor (q/k/v, gate/up) map to the SAME tensor object. The
-    output head is not run unless it is in ``layer_names``. The model is not changed."""
+    """The shared convention's Hessians, ``H = (2 / n) sum_s X_s^T X_s`` for every layer named, from one forward pass
+    per calibration sample (``X_s: [tokens_s, in_features]`` the layer's input, ``n`` the tokens it saw). The output
+    head is not run unless it is named. The model is not changed.
+
+    Args:
+        model: the unquantized model.
+        layer_names: nn.Linear modules of ``model``.
+        samples: token-id lists, no padding.
+
+    Returns:
+        {name: H [in, in] float32}; layers that read the same input tensor (q/k/v, gate/up) map to the SAME tensor
+        object.
+
+    Raises:
+        ValueError: no non-empty sample, or the forward pass never reaches a named layer or shares inputs
+            inconsistently between samples.
+    """
     names = list(layer_names)
     samples = _longest_first(samples)
     capture = _HessianCapture()
@@ -289,10 +309,25 @@ def _subset_hessians(model: nn.Module, block: nn.Module, subset: list[str], call
 def quantize_sequential(
     model: nn.Module, layer_names: Iterable[str], samples: Sequence[Sequence[int]], spec: GPTQSpec, *, exact=False
 ) -> dict[str, GPTQLayerResult]:
-    """Sequential convention: GPTQ on every layer in ``layer_names`` (nn.Linear modules inside the model's
-    decoder blocks), each calibrated on the model as quantized so far (see the module docstring). As it goes,
-    each quantized layer's weight is set to ``s (q - z)`` with float32 scales (what gptqmodel runs the later
-    layers on), so ``model`` is changed in place; the caller builds the final layers from the results."""
+    """The sequential convention: GPTQ on every layer named, each calibrated on the model as quantized so far (the
+    module docstring). As it goes, each quantized layer's weight is set to ``s (q - z)`` with float32 scales (what
+    gptqmodel runs the later layers on), so ``model`` is changed in place; the caller builds the final layers from
+    the results.
+
+    Args:
+        model: the model.
+        layer_names: nn.Linear modules inside its decoder blocks.
+        samples: token-id lists of the calibration samples.
+        spec: the solve's options.
+        exact: gptqmodel's order of floating-point operations (bit-identical codes).
+
+    Returns:
+        {layer name: its codes, scales, zeros and group indices}.
+
+    Raises:
+        ValueError: a layer outside the decoder blocks, no non-empty sample, or a weight or a Hessian holding a NaN
+            or an infinity.
+    """
     names = list(layer_names)
     samples = _longest_first(samples)
     blocks = _decoder_blocks(model, names)

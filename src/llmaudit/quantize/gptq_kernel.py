@@ -62,7 +62,8 @@ def block_columns(
         w: [L, n, R] float32, the block's columns (one contiguous row per column) as the lazy updates left them;
             updated in place as the loop goes.
         u: [L, n, n] float32, the block's diagonal block of the upper inverse Hessian factor.
-        scales, zeros: [L, P, R] float32, the grid of each of the P groups the block's columns belong to.
+        scales: [L, P, R] float32, the scale of each of the P groups the block's columns belong to.
+        zeros: [L, P, R] float32, their zero points.
         group_of: [n] int64, the group (index into P) of each column of the block.
         maxq: the largest code (2^bits - 1).
 
@@ -88,10 +89,22 @@ def block_columns(
 
 
 def exact_block_solve(wt: torch.Tensor, u: torch.Tensor, scale, zero, spec: GPTQSpec, out: dict):
-    """``gptq_solver._block_solve(..., exact=True)`` with each block's column loop compiled (`block_columns`): the
-    same codes, group parameters and lazy block updates bit for bit. The groups that start inside a block take
-    their grid from ``wt`` as the previous blocks left it (the loop does not change ``wt``), so their parameters
-    are computed before the loop, in the order the torch loop appends them."""
+    """``gptq_solver._block_solve(..., exact=True)`` with each block's column loop compiled (`block_columns`): the same
+    codes, group parameters and lazy block updates bit for bit. The groups that start inside a block take their grid
+    from ``wt`` as the previous blocks left it (the loop does not change ``wt``), so their parameters are computed
+    before the loop, in the order the torch loop appends them.
+
+    Args:
+        wt: [L, C, R] float32, the weights transposed in the solve's column order (updated in place).
+        u: [L, C, C] float32, the upper inverse Hessian factor.
+        scale: the current group's scale.
+        zero: the current group's zero point.
+        spec: the solve's options.
+        out: the solve's output: its "codes", "scales", "zeros" and "where" (filled in).
+
+    Returns:
+        (scale, zero) of the last group.
+    """
     columns, g, bs = wt.shape[1], spec.group_size, spec.blocksize
     layers = torch.arange(wt.shape[0], device=wt.device)
     for i1 in range(0, columns, bs):

@@ -30,10 +30,11 @@ reversed Cholesky for the inverse factor), which changes a code only at a roundi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+
+from .gptq_inverse import inverse_hessian_factor
 
 __all__ = [
     "GPTQSpec",
@@ -50,7 +51,6 @@ __all__ = [
     "solve_layers",
 ]
 
-DAMP_FLOOR_ATTEMPTS = 6  # gptqmodel 7.6.0 GPTQ.hessian_inverse: max_floor_attempts
 SUB_BLOCK = 16  # columns per elementwise sub-block of the fast solve (benchmarks/bench_gptq.py)
 
 
@@ -84,6 +84,7 @@ class GPTQSpec:
 
     @property
     def maxq(self) -> int:
+        """The largest code, 2^bits - 1."""
         return 2**self.bits - 1
 
     @property
@@ -109,7 +110,15 @@ class GPTQLayerResult:
     damp: float
 
     def weight(self, scale_dtype: torch.dtype = torch.float16, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The dequantized weight [R, C] (see ``dequantize``)."""
+        """The dequantized weight (see ``dequantize``).
+
+        Args:
+            scale_dtype: the dtype the scales are rounded to first.
+            dtype: the dtype the product is computed in.
+
+        Returns:
+            [R, C].
+        """
         return dequantize(self.codes, self.scales, self.zeros, self.g_idx, scale_dtype=scale_dtype, dtype=dtype)
 
 
@@ -118,11 +127,20 @@ class GPTQLayerResult:
 
 
 def group_params(x: torch.Tensor, maxq: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Min/max grid of each row of a group: ``x: [..., R, g] -> (scale, zero): [..., R]``.
+    """Min/max grid of each row of a group.
 
-    xmin = min(min_j x_j, 0), xmax = max(max_j x_j, 0); symmetric: xmax = max(|xmin|, xmax) and xmin =
-    -xmax where xmin < 0; a row that is all zero gets [-1, 1]. scale = (xmax - xmin) / maxq; zero =
-    (maxq + 1) / 2 (symmetric) or round(-xmin / scale) (asymmetric)."""
+    xmin = min(min_j x_j, 0), xmax = max(max_j x_j, 0); symmetric: xmax = max(|xmin|, xmax) and xmin = -xmax where
+    xmin < 0; a row that is all zero gets [-1, 1]. scale = (xmax - xmin) / maxq; zero = (maxq + 1) / 2 (symmetric)
+    or round(-xmin / scale) (asymmetric).
+
+    Args:
+        x: [..., R, g] the group's weights.
+        maxq: the largest code.
+        sym: symmetric grid.
+
+    Returns:
+        (scale, zero), each [..., R].
+    """
     zero_ = torch.zeros((), dtype=x.dtype, device=x.device)
     xmin = torch.minimum(x.amin(dim=-1), zero_)
     xmax = torch.maximum(x.amax(dim=-1), zero_)
@@ -138,7 +156,17 @@ def group_params(x: torch.Tensor, maxq: int, sym: bool) -> tuple[torch.Tensor, t
 
 
 def quantize_codes(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:
-    """``clamp(round(x / scale) + zero, 0, maxq)`` (round half to even), broadcast; float result."""
+    """``clamp(round(x / scale) + zero, 0, maxq)`` (round half to even), broadcast.
+
+    Args:
+        x: the weights.
+        scale: the scales.
+        zero: the zero points.
+        maxq: the largest code.
+
+    Returns:
+        The codes, as floats.
+    """
     return torch.clamp(torch.round(x / scale) + zero, 0, maxq)
 
 
@@ -151,11 +179,22 @@ def dequantize(
     scale_dtype: torch.dtype = torch.float16,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``W[r, c] = s[r, g_idx[c]] * (codes[r, c] - zeros[r, g_idx[c]])`` computed in ``dtype``, with the
-    scales first rounded to ``scale_dtype`` (gptqmodel stores them in float16). codes: [R, C]; scales,
-    zeros: [R, G]; g_idx: [C] -> [R, C]. Reading gptqmodel's CPU checkpoint (scales loaded as bfloat16, the
-    product in bfloat16) is ``scale_dtype=float16`` then ``bfloat16``: pass ``dtype=torch.bfloat16`` after
-    rounding the scales to bfloat16 (see the tests)."""
+    """``W[r, c] = s[r, g_idx[c]] * (codes[r, c] - zeros[r, g_idx[c]])`` computed in ``dtype``, with the scales first
+    rounded to ``scale_dtype`` (gptqmodel stores them in float16). Reading gptqmodel's CPU checkpoint (scales loaded
+    as bfloat16, the product in bfloat16) is ``scale_dtype=float16`` then ``bfloat16``: pass ``dtype=torch.bfloat16``
+    after rounding the scales to bfloat16 (see the tests).
+
+    Args:
+        codes: [R, C].
+        scales: [R, G].
+        zeros: [R, G].
+        g_idx: [C] the group of each column.
+        scale_dtype: the dtype the scales are rounded to first.
+        dtype: the dtype the product is computed in.
+
+    Returns:
+        [R, C].
+    """
     s, z, g = scales.to(scale_dtype).to(dtype), zeros.to(dtype), g_idx.long()
     (rows, columns), groups = codes.shape, s.shape[1]
     if columns % groups == 0 and torch.equal(g, torch.arange(columns, device=g.device) // (columns // groups)):
@@ -170,9 +209,16 @@ def dequantize(
 
 
 def column_order(diag: torch.Tensor, spec: GPTQSpec) -> torch.Tensor | None:
-    """The order in which columns are quantized: ``diag: [L, C] -> perm: [L, C]`` (perm[new] = old) or
-    None for the natural order. desc_act: decreasing diag. Group-aware: each full group sorted by
-    decreasing diag, groups by their largest diag (stable), a partial last group left in place."""
+    """The order in which columns are quantized. desc_act: decreasing diag. Group-aware: each full group sorted by
+    decreasing diag, groups by their largest diag (stable), a partial last group left in place.
+
+    Args:
+        diag: [L, C] the Hessians' diagonals.
+        spec: the solve's options.
+
+    Returns:
+        perm [L, C] (perm[new] = old), or None for the natural order.
+    """
     if spec.ordering == "desc_act":
         return torch.argsort(diag, dim=-1, descending=True)
     if spec.ordering == "natural":
@@ -186,98 +232,6 @@ def column_order(diag: torch.Tensor, spec: GPTQSpec) -> torch.Tensor | None:
     perm = torch.gather(local + base, 1, groups.unsqueeze(-1).expand(-1, -1, g)).reshape(n_layers, -1)
     tail = torch.arange(n_groups * g, columns, device=diag.device).expand(n_layers, -1)
     return torch.cat([perm, tail], dim=1)
-
-
-def _upper_inverse_factor(h: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(U, ok) with U upper triangular, U^T U = h^-1, for h: [..., C, C]; ok: [...] bool (where not ok, U
-    is meaningless). exact: gptqmodel's sequence (Cholesky, its inverse, the upper Cholesky of that: 4C^3/3
-    flops). Otherwise, with J the reversal of the columns, h = V V^T for V = J chol(J h J) J (upper), so
-    U = V^-1 = J chol(J h J)^-1 J: one Cholesky and one triangular inverse (C^3 flops, mostly matrix
-    products); the same U up to rounding."""
-    eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
-    if exact:
-        lower, info = torch.linalg.cholesky_ex(h, check_errors=False)
-    else:
-        lower, info = torch.linalg.cholesky_ex(h.flip(-1, -2), check_errors=False)
-    ok = info == 0
-    if not bool(ok.all()):  # a failed factor may hold zeros on its diagonal: invert the identity instead
-        lower = torch.where(ok[..., None, None], lower, eye)
-    if not exact:
-        upper = _lower_triangular_inverse(lower).flip(-1, -2)
-        return upper, ok & torch.isfinite(upper).all(dim=-1).all(dim=-1)
-    inverse = torch.cholesky_inverse(lower)
-    del lower
-    upper, info2 = torch.linalg.cholesky_ex(inverse, upper=True, check_errors=False)
-    return upper, ok & (info2 == 0)
-
-
-def _lower_triangular_inverse(a: torch.Tensor, leaf: int = 192) -> torch.Tensor:
-    """a^-1 for lower-triangular a: [..., n, n], by halves: [[A, 0], [B, C]]^-1 = [[A^-1, 0], [-C^-1 B A^-1,
-    C^-1]] (matrix products), triangular solves below ``leaf`` columns."""
-    n = a.shape[-1]
-    if n <= leaf:
-        eye = torch.eye(n, dtype=a.dtype, device=a.device).expand_as(a)
-        return torch.linalg.solve_triangular(a, eye, upper=False)
-    k = n // 2
-    a_inv = _lower_triangular_inverse(a[..., :k, :k], leaf)
-    c_inv = _lower_triangular_inverse(a[..., k:, k:], leaf)
-    out = torch.zeros_like(a)
-    out[..., :k, :k] = a_inv
-    out[..., k:, k:] = c_inv
-    out[..., k:, :k] = -torch.matmul(torch.matmul(c_inv, a[..., k:, :k]), a_inv)
-    return out
-
-
-def _damp_grid(damp: float, increment: float) -> list[float]:
-    values = [float(damp)]
-    while increment > 0:
-        nxt = values[-1] + increment  # repeated addition: the grid gptqmodel walks
-        if not values[-1] < nxt < 1.0:
-            break
-        values.append(nxt)
-    return values
-
-
-def _recover_one(h: torch.Tensor, damp: float, increment: float, exact: bool) -> tuple[torch.Tensor, float]:
-    """One Hessian whose damped Cholesky failed: walk the damping grid, then floor the diagonal (gptqmodel's
-    recovery). Returns (U, damp), or (identity, 1.0) when nothing works (round to nearest)."""
-    orig = h.diagonal().clone()
-    scale = float(orig.abs().max())
-    floor_base = (scale if math.isfinite(scale) and scale != 0.0 else 1.0) * 1e-6
-    grid = _damp_grid(damp, increment)
-    for attempt in range(DAMP_FLOOR_ATTEMPTS + 1):
-        if attempt == 0:
-            current = orig
-        else:
-            floor = floor_base * math.pow(10.0, attempt - 1)
-            current = torch.clamp(orig + floor, min=floor)
-        mean = torch.mean(current)
-        for candidate in grid:
-            trial = h.clone()
-            trial.diagonal().copy_(current).add_(candidate * mean)
-            upper, ok = _upper_inverse_factor(trial, exact)
-            if bool(ok):
-                return upper, candidate
-    return torch.eye(h.shape[-1], dtype=h.dtype, device=h.device), 1.0
-
-
-def inverse_hessian_factor(
-    h: torch.Tensor, damp: float, increment: float, *, exact: bool = False
-) -> tuple[torch.Tensor, list[float]]:
-    """``h: [L, C, C] -> (U: [L, C, C], damps)``: U upper triangular with ``U^T U = (h + d mean(diag h)
-    I)^-1`` for d = ``damp``, or for the first damping of the grid / diagonal floor that makes Cholesky
-    succeed (``_recover_one``). ``h`` is used as the workspace: its diagonal is damped in place. exact: see
-    ``_upper_inverse_factor``."""
-    diag = h.diagonal(dim1=-2, dim2=-1)
-    orig = diag.clone()
-    mean = torch.stack([torch.mean(orig[i]) for i in range(h.shape[0])])  # one matrix at a time, as gptqmodel
-    diag.add_((damp * mean).unsqueeze(-1))
-    upper, ok = _upper_inverse_factor(h, exact)
-    damps = [float(damp)] * h.shape[0]
-    for i in torch.nonzero(~ok).flatten().tolist():
-        h[i].diagonal().copy_(orig[i])
-        upper[i], damps[i] = _recover_one(h[i], damp, increment, exact)
-    return upper, damps
 
 
 # --------------------------------------------------------------------------------------------------
@@ -340,7 +294,15 @@ class InverseFactor:
 
 
 def factor_key(spec: GPTQSpec, exact: bool = False) -> tuple:
-    """What an InverseFactor depends on besides the Hessians: column order, damping, the exact sequence."""
+    """What an InverseFactor depends on besides the Hessians: column order, damping, the exact sequence.
+
+    Args:
+        spec: the solve's options.
+        exact: gptqmodel's order of floating-point operations.
+
+    Returns:
+        A hashable key.
+    """
     group = spec.group_size if spec.ordering == "group_aware" else None
     return (spec.ordering, group, float(spec.damp_percent), float(spec.damp_auto_increment), bool(exact))
 
@@ -348,9 +310,18 @@ def factor_key(spec: GPTQSpec, exact: bool = False) -> tuple:
 def prepare_factor(
     hessian: torch.Tensor, spec: GPTQSpec, *, exact: bool = False, inplace: bool = False
 ) -> InverseFactor:
-    """``hessian: [L, C, C]`` -> InverseFactor: dead columns get H_jj = 1, the columns are put in the solve's
-    order, and the damped Hessian is inverted (``inverse_hessian_factor``). ``hessian`` is not modified
-    unless ``inplace``."""
+    """The inverse factor of the solve: dead columns get H_jj = 1, the columns are put in the solve's order, and the
+    damped Hessian is inverted (``inverse_hessian_factor``).
+
+    Args:
+        hessian: [L, C, C].
+        spec: the solve's options.
+        exact: gptqmodel's order of floating-point operations.
+        inplace: use ``hessian`` as the workspace (it is not modified otherwise).
+
+    Returns:
+        The `InverseFactor`.
+    """
     if hessian.dim() != 3 or hessian.shape[1] != hessian.shape[2]:
         raise ValueError(f"hessian [L, C, C] expected, got {tuple(hessian.shape)}")
     h = hessian.to(torch.float32, copy=not inplace)
@@ -376,10 +347,19 @@ def gptq_quantize(
     exact: bool = False,
     transposed: bool = False,
 ) -> list[GPTQLayerResult]:
-    """GPTQ on L independent problems: ``weight: [L, R, C]`` (or ``[L, C, R]`` with ``transposed``, then
-    used as the workspace), ``hessian: [L, C, C]`` (or its ``factor`` from ``prepare_factor``; not modified)
-    -> L results (codes [R, C], scales/zeros [R, G], g_idx [C]) in the original column order. ``exact``:
-    gptqmodel's order of floating-point operations (bit-identical codes); see ``_block_solve``."""
+    """GPTQ on L independent problems, in the original column order.
+
+    Args:
+        weight: [L, R, C] (or [L, C, R] with ``transposed``, then used as the workspace).
+        hessian: [L, C, C] (not modified), or None when ``factor`` is given.
+        spec: the solve's options.
+        factor: the Hessians' ``prepare_factor``.
+        exact: gptqmodel's order of floating-point operations (bit-identical codes); see ``_block_solve``.
+        transposed: ``weight`` is [L, C, R].
+
+    Returns:
+        L results (codes [R, C], scales/zeros [R, G], g_idx [C]).
+    """
     if factor is None:
         if hessian is None or hessian.dim() != 3:
             raise ValueError(f"hessian [L, C, C] expected, got {None if hessian is None else tuple(hessian.shape)}")
@@ -440,12 +420,22 @@ def solve_layers(
     exact: bool = False,
     factor_cache: dict | None = None,
 ) -> dict[str, GPTQLayerResult]:
-    """GPTQ for many layers at once. ``weights``: {name: W [R_n, C_n]}; ``hessians``: {name: H [C_n, C_n]}
-    where layers that read the same input map to the same tensor object (as ``collect_hessians`` returns).
-    Rows of layers sharing a Hessian are concatenated into one problem; problems of the same shape are
-    stacked and solved together, at most ``max_batch_bytes`` of weights + Hessians per batch.
-    ``factor_cache``: a dict kept by the caller across calls on the same Hessians (e.g. gptq-4 then gptq-8):
-    the inverse factors are computed once per column order and damping."""
+    """GPTQ for many layers at once. Rows of layers sharing a Hessian are concatenated into one problem; problems of
+    the same shape are stacked and solved together.
+
+    Args:
+        weights: {name: W [R_n, C_n]}.
+        hessians: {name: H [C_n, C_n]}, layers that read the same input mapping to the same tensor object (as
+            ``collect_hessians`` returns).
+        spec: the solve's options.
+        max_batch_bytes: the most bytes of weights and Hessians per batch.
+        exact: gptqmodel's order of floating-point operations.
+        factor_cache: a dict kept by the caller across calls on the same Hessians (e.g. gptq-4 then gptq-8): the
+            inverse factors are computed once per column order and damping.
+
+    Returns:
+        {name: `GPTQLayerResult`}.
+    """
     results: dict[str, GPTQLayerResult] = {}
     for chunk in _batches(weights, hessians, max_batch_bytes):
         h_refs = tuple(hessians[members[0]] for members in chunk)

@@ -7,8 +7,8 @@ to each in-scope linear layer (the per-layer form of ``AutoHQQHFModel.quantize_m
 - ``"fake"``: each layer is replaced by an ``nn.Linear`` holding the dequantized HQQ weight. HQQLinear's
   PyTorch forward is exactly ``x @ dequantize().T + bias``, so the losses are the same (a test keeps
   proving it); the plain Linear is faster to score. On CPU the weight comes from ``hqq_fast`` (the same
-  arithmetic as ``HQQLinear(...).dequantize()`` at compute dtype float32, bit-identical and tested; 1.4-5.4 s
-  for SmolLM2-135M where hqq took 3.8-92 s, depending on the load, docs/results.md); on a GPU, and through
+  arithmetic as ``HQQLinear(...).dequantize()`` at compute dtype float32, bit-identical and tested, and faster:
+  docs/results.md); on a GPU, and through
   ``quantize_model_with_hqqlinear``, from ``HQQLinear`` itself.
 - ``"auto"`` (default): fake on CPU, real on GPU.
 
@@ -56,6 +56,10 @@ PACKED_ROWS = {1: 8, 2: 4, 4: 2}
 class HQQQuantizer(Quantizer):
     family = "hqq"
     library = "hqq"
+    install_hint = "pip install 'llmaudit[hqq]'"
+    tracked_libraries = ("hqq",)
+    gpu_seconds_per_layer = 0.3
+    shares_calibration = None
 
     def __init__(self, name: str, **options):
         self.nbits = HQQ_BITS[name]
@@ -82,12 +86,30 @@ class HQQQuantizer(Quantizer):
             )
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """Bits per weight of a layer: the code width plus a 16-bit scale and a 16-bit zero point per group.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         return self.nbits + 32.0 / self.options["group_size"]
 
     def quantize_model_with_hqqlinear(self, model: nn.Module) -> nn.Module:
-        """The model quantized one layer at a time by hqq's own ``HQQLinear`` in every mode (fake: its
-        ``dequantize()``): the reference the fast CPU path is tested against and the baseline of
-        benchmarks/bench_hqq.py."""
+        """The model quantized one layer at a time by hqq's own ``HQQLinear`` in every mode (fake: its ``dequantize()``):
+        the reference the fast CPU path is tested against and the baseline of benchmarks/bench_hqq.py.
+
+        Args:
+            model: the model (quantized in place).
+
+        Returns:
+            The quantized model.
+
+        Raises:
+            QuantizationError: the request is refused by `check`.
+        """
         self.check(model)
         model.eval()
         model.to(self.device)

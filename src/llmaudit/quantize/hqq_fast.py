@@ -97,12 +97,28 @@ class HQQCodes:
     steps: int
 
     def dequantize(self) -> torch.Tensor:
-        """``(codes - zero) * scale`` reshaped to ``shape``: [out, in] float32 (hqq's Quantizer.dequantize)."""
+        """``(codes - zero) * scale`` reshaped to the weight's shape (hqq's Quantizer.dequantize).
+
+        Returns:
+            [out, in] float32.
+        """
         return ((self.codes - self.zero) * self.scale).reshape(self.shape)
 
 
 def grouped(weight: torch.Tensor, group_size: int, axis: int) -> torch.Tensor:
-    """``weight: [out, in]`` -> a view [out*in/g, g] (axis 1) or [g, out*in/g] (axis 0) of its row-major data."""
+    """A view of a weight's row-major data in groups.
+
+    Args:
+        weight: [out, in].
+        group_size: g.
+        axis: 1 (groups of consecutive input columns) or 0.
+
+    Returns:
+        [out*in/g, g] (axis 1) or [g, out*in/g] (axis 0).
+
+    Raises:
+        ValueError: an axis other than 0 or 1, or a group size that does not divide the weight.
+    """
     if axis not in (0, 1):
         raise ValueError(f"axis={axis!r}: HQQ groups along axis 0 or 1")
     if group_size <= 0 or weight.numel() % group_size:
@@ -113,8 +129,17 @@ def grouped(weight: torch.Tensor, group_size: int, axis: int) -> torch.Tensor:
 
 
 def initial_scale_zero(groups: torch.Tensor, nbits: int, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Min-max start: ``groups: [R, C]`` -> (s, z), each [R, 1] (axis 1) or [1, C] (axis 0); ``s`` maps a
-    weight to code units (``w s + z``), its inverse is the stored scale."""
+    """The min-max start of the zero-point search; ``s`` maps a weight to code units (``w s + z``), its inverse is the
+    stored scale.
+
+    Args:
+        groups: [R, C] the grouped weight.
+        nbits: the code width.
+        axis: the grouping axis.
+
+    Returns:
+        (s, z), each [R, 1] (axis 1) or [1, C] (axis 0).
+    """
     lo = groups.amin(dim=axis, keepdim=True)  # the values of hqq's min/max (a tie of -0 and +0 aside,
     hi = groups.amax(dim=axis, keepdim=True)  # which changes no value downstream)
     max_code = round(2**nbits - 1)
@@ -128,9 +153,18 @@ def initial_scale_zero(groups: torch.Tensor, nbits: int, axis: int) -> tuple[tor
 
 
 def shrink_lp(x: torch.Tensor, beta: float = BETA, lp_norm: float = LP_NORM) -> torch.Tensor:
-    """The generalised soft threshold of the l_p (0 < p < 1) proximal step, elementwise on any shape:
-    ``sign(x) * max(0, |x| - |x|^(p-1) / beta)``, with hqq's operation order. The reference form: the
-    optimiser evaluates it only where it can be non-zero (``shrink_threshold``)."""
+    """The generalised soft threshold of the l_p (0 < p < 1) proximal step, elementwise:
+    ``sign(x) * max(0, |x| - |x|^(p-1) / beta)``, with hqq's operation order. The reference form: the optimiser
+    evaluates it only where it can be non-zero (``shrink_threshold``).
+
+    Args:
+        x: any shape.
+        beta: the proximal weight.
+        lp_norm: p.
+
+    Returns:
+        The same shape.
+    """
     _check_lp(lp_norm)
     out = torch.abs(x)
     out.sub_((1.0 / beta) * out.pow(lp_norm - 1)).clamp_min_(0.0)
@@ -138,9 +172,17 @@ def shrink_lp(x: torch.Tensor, beta: float = BETA, lp_norm: float = LP_NORM) -> 
 
 
 def shrink_threshold(beta: float = BETA, lp_norm: float = LP_NORM) -> float:
-    """A bound below which ``shrink_lp`` is exactly 0: 0.9 x the root a* = beta^(-1/(2-p)) of
-    ``a - a^(p-1)/beta``. Below it ``a^(p-1)/beta >= 0.9^(p-2) a > 1.11 a``, far beyond the few ulps by which
-    the power and the product may be rounded, so ``|x| - ...`` is negative and the clamp gives 0."""
+    """A bound below which ``shrink_lp`` is exactly 0: 0.9 x the root a* = beta^(-1/(2-p)) of ``a - a^(p-1)/beta``.
+    Below it ``a^(p-1)/beta >= 0.9^(p-2) a > 1.11 a``, far beyond the few ulps by which the power and the product may
+    be rounded, so ``|x| - ...`` is negative and the clamp gives 0.
+
+    Args:
+        beta: the proximal weight.
+        lp_norm: p.
+
+    Returns:
+        The bound.
+    """
     _check_lp(lp_norm)
     return _ZERO_MARGIN * (1.0 / beta) ** (1.0 / (2.0 - lp_norm))
 
@@ -162,6 +204,15 @@ class Workspace:
         self._tensors: dict[tuple, torch.Tensor] = {}
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The float32 buffer of a name and shape, allocated on first use and reused after.
+
+        Args:
+            name: the buffer's role.
+            shape: its shape.
+
+        Returns:
+            The buffer (its contents are whatever was last written).
+        """
         key = (name, tuple(shape))
         if key not in self._tensors:
             self._tensors[key] = torch.empty(shape, dtype=torch.float32)
@@ -279,9 +330,22 @@ def optimize_zero(
     workspace: Workspace | None = None,
     threads: int | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """hqq's half-quadratic zero-point refinement of one tensor (scale fixed), with its early stop, as hqq
-    computes it at ``threads`` threads (None: the current count; the work itself runs on one).
-    ``groups: [R, C]``, ``scale, zero: [R, 1] | [1, C]`` -> (zero like ``zero``, steps run)."""
+    """hqq's half-quadratic zero-point refinement of one tensor (scale fixed), with its early stop, as hqq computes it at
+    ``threads`` threads (the work itself runs on one).
+
+    Args:
+        groups: [R, C] the grouped weight.
+        scale: [R, 1] | [1, C].
+        zero: [R, 1] | [1, C], the start.
+        max_code: the largest code.
+        axis: the grouping axis.
+        proximal: the proximal step's parameters (hqq's defaults).
+        workspace: buffers reused across calls.
+        threads: the thread count replayed (None: the current count).
+
+    Returns:
+        (zero like ``zero``, steps run).
+    """
     workspace = workspace or Workspace()
     threads = threads or torch.get_num_threads()
     beta, lp_norm, iters = proximal.beta, proximal.lp_norm, proximal.iters
@@ -321,11 +385,26 @@ def quantize(
     *,
     workspace: Workspace | None = None,
 ) -> HQQCodes:
-    """HQQ codes of ``weight: [out, in]`` (computed in float32 on CPU), as hqq's ``Quantizer.quantize`` at
-    the current thread count. Runs on one thread (a loaded CPU stalls at every multi-thread barrier of
-    hundreds of small operations): every operation is exact elementwise arithmetic, a group's sum (the same
-    at any thread count), or reproduced as the current count computes it (the power, the tensor-wide mean).
-    Raises QuantizationError for non-finite weights."""
+    """HQQ codes of a weight (computed in float32 on CPU), as hqq's ``Quantizer.quantize`` at the current thread count.
+    Runs on one thread (a loaded CPU stalls at every multi-thread barrier of hundreds of small operations): every
+    operation is exact elementwise arithmetic, a group's sum (the same at any thread count), or reproduced as the
+    current count computes it (the power, the tensor-wide mean).
+
+    Args:
+        weight: [out, in].
+        nbits: the code width.
+        group_size: the group size.
+        axis: the grouping axis.
+        optimize: HQQ's zero-point refinement (False: min-max round to nearest).
+        workspace: buffers reused across calls.
+
+    Returns:
+        The `HQQCodes`.
+
+    Raises:
+        QuantizationError: the weight holds a NaN or an infinity.
+        ValueError: an unsupported code width, axis, or a group size that does not divide the weight.
+    """
     if nbits not in SUPPORTED_BITS:
         raise ValueError(f"nbits={nbits!r}: HQQ here supports {list(SUPPORTED_BITS)}")
     threads = torch.get_num_threads()
@@ -357,8 +436,24 @@ def fake_quantize(
     *,
     workspace: Workspace | None = None,
 ) -> torch.Tensor:
-    """The dequantized HQQ weight: ``weight: [out, in]`` -> [out, in] float32, equal to hqq's
-    ``HQQLinear(...).dequantize()`` at compute dtype float32 on CPU, at the current thread count."""
+    """The dequantized HQQ weight, equal to hqq's ``HQQLinear(...).dequantize()`` at compute dtype float32 on CPU, at the
+    current thread count.
+
+    Args:
+        weight: [out, in].
+        nbits: the code width.
+        group_size: the group size.
+        axis: the grouping axis.
+        optimize: HQQ's zero-point refinement (False: min-max round to nearest).
+        workspace: buffers reused across calls.
+
+    Returns:
+        [out, in] float32.
+
+    Raises:
+        QuantizationError: the weight holds a NaN or an infinity.
+        ValueError: an unsupported code width, axis, or a group size that does not divide the weight.
+    """
     codes = quantize(weight, nbits, group_size, axis, optimize, workspace=workspace)
     with torch_threads(1):
         return codes.dequantize()

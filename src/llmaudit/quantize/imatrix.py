@@ -23,9 +23,15 @@ from torch import nn
 
 
 def importance(sum_squares: torch.Tensor, count: int) -> torch.Tensor:
-    """I = S / n (float32 [in_features]); all ones when no token was seen (as load_imatrix does for a zero count).
+    """The importance of each input column, I = S / n, as llama.cpp's imatrix stores it.
 
-    sum_squares: [in_features] the sum over token rows of x^2; count: the number of token rows."""
+    Args:
+        sum_squares: [in_features] the sum over token rows of x^2.
+        count: the number of token rows.
+
+    Returns:
+        float32 [in_features]; all ones when no token was seen (as load_imatrix does for a zero count).
+    """
     if count <= 0:
         return torch.ones_like(sum_squares, dtype=torch.float32)
     return (sum_squares.to(torch.float64) / count).to(torch.float32)
@@ -34,8 +40,16 @@ def importance(sum_squares: torch.Tensor, count: int) -> torch.Tensor:
 def collect_importance(
     model: nn.Module, modules: dict[str, str], samples: Iterable[Sequence[int]]
 ) -> dict[str, torch.Tensor]:
-    """{GGUF name: I [in_features]} of every nn.Linear named in ``modules`` ({GGUF name: module name}, block weights
-    only), from one forward pass of ``model`` (unchanged) per sample (token ids)."""
+    """The importance of every named linear layer's input columns, from one forward pass per sample.
+
+    Args:
+        model: the model (unchanged).
+        modules: {GGUF name: module name} of the block weights (each an nn.Linear).
+        samples: token ids of each calibration sample.
+
+    Returns:
+        {GGUF name: I [in_features]} (`importance`).
+    """
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
     hooks = []

@@ -32,7 +32,7 @@ from .base import QuantizationError
 LLAMA_CPP_VERSION = "0.3.36"
 """The llama-cpp-python release whose C structures this module is written against (the `gguf-quant` extra pins it)."""
 INSTALL_HINT = (
-    "pip install 'llmaudit[llamacpp]' (builds llama.cpp from source, about 9 minutes on 2 cores; "
+    "pip install 'llmaudit[llamacpp]' (builds llama.cpp from source; "
     "CMAKE_ARGS='-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF' keeps the build portable and skips the multimodal library)"
 )
 
@@ -41,7 +41,11 @@ _LOCK = threading.Lock()  # llama_model_quantize is not documented as re-entrant
 
 
 def availability() -> str | None:
-    """None when llama.cpp's libraries can be used here, else the reason with the fix. Never loads them."""
+    """Whether llama.cpp's libraries can be used here; never loads them.
+
+    Returns:
+        None when they can, else the reason with the fix.
+    """
     if not base.library_available("llama_cpp"):
         return f"the Python package 'llama_cpp' (llama-cpp-python) is not installed; fix: {INSTALL_HINT}"
     try:
@@ -105,8 +109,10 @@ def _libs() -> _Libs:
 
 
 def libraries() -> _Libs:
-    """The loaded libraries: ``.binding`` (llama-cpp-python's ctypes module) and ``.ggml`` (ggml-base), loaded on first
-    use with llama.cpp's log captured (``last_log``).
+    """The loaded libraries, loaded on first use with llama.cpp's log captured (``last_log``).
+
+    Returns:
+        ``.binding`` (llama-cpp-python's ctypes module) and ``.ggml`` (ggml-base).
 
     Raises:
         QuantizationError: llama-cpp-python is missing or another version than the pinned one.
@@ -115,15 +121,32 @@ def libraries() -> _Libs:
 
 
 def last_log(lines: int = 12) -> str:
-    """llama.cpp's last log lines (for error messages)."""
+    """llama.cpp's last log lines (for error messages).
+
+    Args:
+        lines: how many.
+
+    Returns:
+        The lines, joined.
+    """
     return "".join(list(_LOG)[-lines:]).strip()
 
 
 def quantize_file(
     source: Path, target: Path, *, ftype: int, imatrix: Mapping[str, np.ndarray] | None, threads: int
 ) -> None:
-    """``llama_model_quantize(source, target)`` to llama file type ``ftype`` (llama.h's LLAMA_FTYPE_*), with
-    ``imatrix``: {GGUF tensor name: float32 [in_features]} (the importance of each input column) or None."""
+    """``llama_model_quantize(source, target)``: a GGUF file quantized by llama.cpp.
+
+    Args:
+        source: the float32 GGUF read.
+        target: the quantized GGUF written.
+        ftype: llama's file type (llama.h's LLAMA_FTYPE_*).
+        imatrix: {GGUF tensor name: float32 [in_features]} (the importance of each input column), or None.
+        threads: the threads llama.cpp uses.
+
+    Raises:
+        QuantizationError: llama.cpp's quantizer fails (the message quotes its log).
+    """
     libs = _libs()
     binding = libs.binding
     params = binding.llama_model_quantize_default_params()
@@ -152,8 +175,16 @@ def quantize_file(
 
 
 def dequantize(ggml_type: int, raw: np.ndarray, n_elements: int) -> np.ndarray:
-    """float32 [n_elements] of the blocks ``raw`` (uint8) of one tensor of ``ggml_type``, by ggml's own to_float.
-    F32 tensors are returned as they are."""
+    """The values of one tensor's blocks, by ggml's own to_float.
+
+    Args:
+        ggml_type: the tensor's ggml type (F32 is returned as it is).
+        raw: its blocks, uint8.
+        n_elements: its number of values.
+
+    Returns:
+        float32 [n_elements].
+    """
     if ggml_type == 0:  # GGML_TYPE_F32
         return np.ascontiguousarray(raw).view(np.float32).reshape(-1).copy()
     traits = _libs().ggml.ggml_get_type_traits(ggml_type).contents

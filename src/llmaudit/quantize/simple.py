@@ -49,8 +49,15 @@ def _work_dtype(w: torch.Tensor) -> torch.dtype:
 
 
 def sign_quantize(w: torch.Tensor, batch_dims: int = 0) -> torch.Tensor:
-    """sign(w): ``[*batch, *tensor] -> same shape``. ``batch_dims`` is accepted for a uniform
-    interface; the rule is elementwise so it does not change the result."""
+    """sign(w), elementwise.
+
+    Args:
+        w: the weights, ``[*batch, *tensor]``.
+        batch_dims: accepted for a uniform interface; the rule is elementwise, so it changes nothing.
+
+    Returns:
+        The same shape and dtype, values in {-1, +1}.
+    """
     if w.dim() > 0:
         _check_batch_dims(w, batch_dims)
     return torch.sign(w)
@@ -59,8 +66,15 @@ def sign_quantize(w: torch.Tensor, batch_dims: int = 0) -> torch.Tensor:
 def ternary_quantize(w: torch.Tensor, sparsity: float, batch_dims: int = 0) -> torch.Tensor:
     """Zero the ``sparsity`` fraction of smallest-magnitude weights, sign(w) for the rest.
 
-    w: ``[*batch, *tensor]``; sparsity in [0, 1) (e.g. 0.33, 0.5, 0.9). Returns the same shape and
-    dtype, values in {-1, 0, +1}. Ties at the threshold are all zeroed (see the module docstring).
+    Ties at the threshold are all zeroed (see the module docstring).
+
+    Args:
+        w: the weights, ``[*batch, *tensor]``.
+        sparsity: the fraction zeroed, in [0, 1) (e.g. 0.33, 0.5, 0.9).
+        batch_dims: the leading dimensions that index separate tensors (each gets its own threshold).
+
+    Returns:
+        The same shape and dtype, values in {-1, 0, +1}.
     """
     if not 0.0 <= float(sparsity) < 1.0:
         raise ValueError(f"sparsity={sparsity!r} must be in [0, 1) (a fraction, e.g. 0.9 for ternary-90)")
@@ -82,8 +96,14 @@ def ternary_quantize(w: torch.Tensor, sparsity: float, batch_dims: int = 0) -> t
 def uniform_quantize(w: torch.Tensor, bits: int, batch_dims: int = 0) -> torch.Tensor:
     """Sign plus (bits - 1) bits of magnitude on a power-of-two scale (docs/science.md section 3).
 
-    w: ``[*batch, *tensor]``; bits >= 2. alpha is computed per tensor (over all but the first
-    ``batch_dims`` dimensions). Returns the same shape and dtype.
+    Args:
+        w: the weights, ``[*batch, *tensor]``.
+        bits: the code width, at least 2.
+        batch_dims: the leading dimensions that index separate tensors (alpha is computed per tensor, over the
+            other dimensions).
+
+    Returns:
+        The same shape and dtype.
     """
     if not isinstance(bits, int) or bits < 2:
         raise ValueError(f"bits={bits!r} must be an int >= 2 (uniform-b is defined for b in 2..5)")
@@ -134,6 +154,10 @@ class SimpleQuantizer(Quantizer):
     """
 
     family = "simple"
+    install_hint = None
+    tracked_libraries = ()
+    gpu_seconds_per_layer = 0.01
+    shares_calibration = None
 
     def __init__(self, name: str, **options):
         rule, bits = SIMPLE_SPECS[name]
@@ -146,7 +170,15 @@ class SimpleQuantizer(Quantizer):
         super().__init__(name, bits, spec, options)
 
     def quantize_tensor(self, w: torch.Tensor, batch_dims: int = 0) -> torch.Tensor:
-        """The rule on ``w: [*batch, *tensor]`` (same shape and dtype back)."""
+        """This quantizer's rule applied to a tensor.
+
+        Args:
+            w: the weights, ``[*batch, *tensor]``.
+            batch_dims: the leading dimensions that index separate tensors.
+
+        Returns:
+            The same shape and dtype.
+        """
         if self.rule == "sign":
             q = sign_quantize(w, batch_dims)
         elif self.rule == "ternary":
@@ -162,6 +194,15 @@ class SimpleQuantizer(Quantizer):
         return q
 
     def bits_per_weight(self, in_features: int, out_features: int) -> float:
+        """Bits per weight of a layer: log2 of the number of codes (sign 1, ternary log2 3, uniform-b log2(2^b + 2)) plus one 32-bit scalar per matrix for uniform's alpha and for ``scale="absmean"``, shared by its weights.
+
+        Args:
+            in_features: the layer's input width.
+            out_features: the layer's output width.
+
+        Returns:
+            Bits per weight.
+        """
         n = in_features * out_features
         if self.rule == "sign":
             code_bits = 1.0

@@ -98,10 +98,21 @@ def pow_like_full_tensor(
     full: torch.Tensor | None = None,
     threads: int | None = None,
 ) -> torch.Tensor:
-    """``values ** exponent`` exactly as ``full.pow(exponent)`` computes it at ``flat_index`` (sorted, as
-    ``nonzero`` returns it) of a contiguous float32 tensor of ``numel`` elements at ``threads`` threads
-    (None: the current count), whatever the current count. ``values, flat_index: [k]`` -> [k]. Where the
-    kernel's split cannot be verified, ``full`` (the whole tensor) is raised to the power."""
+    """``values ** exponent`` exactly as ``full.pow(exponent)`` computes it at ``flat_index`` of a contiguous float32
+    tensor of ``numel`` elements at ``threads`` threads, whatever the current count. Where the kernel's split cannot be
+    verified, ``full`` (the whole tensor) is raised to the power.
+
+    Args:
+        values: [k] the values at ``flat_index``.
+        flat_index: [k] sorted flat indices (as ``nonzero`` returns them).
+        numel: the whole tensor's number of elements.
+        exponent: the power.
+        full: the whole tensor, for the fallback.
+        threads: the thread count replayed (None: the current count).
+
+    Returns:
+        [k].
+    """
     as_groups = values.reshape(-1, 1)
     return pow_of_groups(as_groups, flat_index, (numel, 1), 1, exponent, full, threads).reshape(-1)
 
@@ -115,11 +126,22 @@ def pow_of_groups(
     full: torch.Tensor | None = None,
     threads: int | None = None,
 ) -> torch.Tensor:
-    """``values ** exponent`` for some groups of a contiguous float32 [R, C] tensor, exactly as the full
-    tensor's ``full.pow(exponent)`` computes them at ``threads`` threads (None: the current count).
-    ``picked: [h]`` sorted group indices (rows for axis 1, columns for axis 0); ``values``: those groups,
-    [h, C] (axis 1) or [R, h] (axis 0), contiguous. Where the kernel's split cannot be verified, ``full``
-    is raised to the power (at ``threads`` threads)."""
+    """``values ** exponent`` for some groups of a contiguous float32 [R, C] tensor, exactly as the full tensor's
+    ``full.pow(exponent)`` computes them at ``threads`` threads. Where the kernel's split cannot be verified, ``full``
+    is raised to the power (at ``threads`` threads).
+
+    Args:
+        values: those groups, [h, C] (axis 1) or [R, h] (axis 0), contiguous.
+        picked: [h] sorted group indices (rows for axis 1, columns for axis 0).
+        shape: (R, C) of the whole tensor.
+        axis: the grouping axis.
+        exponent: the power.
+        full: the whole tensor, for the fallback.
+        threads: the thread count replayed (None: the current count).
+
+    Returns:
+        The same shape as ``values``.
+    """
     threads = threads or torch.get_num_threads()
     if picked.numel() == 0:
         return values.clone()
@@ -177,9 +199,17 @@ def _mean_by_ranges_holds(threads: int) -> bool:
 
 
 def tensor_mean(x: torch.Tensor, threads: int) -> float:
-    """``float(x.mean())`` of a contiguous float32 tensor exactly as torch computes it at ``threads``
-    threads, run on one thread where that is verified to give the same bits (a barrier per operation stalls
-    a loaded CPU), else run at ``threads``."""
+    """``float(x.mean())`` of a contiguous float32 tensor exactly as torch computes it at ``threads`` threads, run on one
+    thread where that is verified to give the same bits (a barrier per operation stalls a loaded CPU), else at
+    ``threads``.
+
+    Args:
+        x: the tensor.
+        threads: the thread count replayed.
+
+    Returns:
+        The mean.
+    """
     if threads <= 1 or x.numel() <= _GRAIN:
         with torch_threads(1):
             return float(x.mean())

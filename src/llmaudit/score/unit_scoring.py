@@ -341,15 +341,20 @@ def unit_dtype(quantizer: Quantizer, store_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if quantizer.family == "full" and quantizer.name == "fp32" else store_dtype
 
 
-def _calibration_kwargs(inputs: ScoreInputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> dict[str, Any]:
-    """Calibration of a calibrated quantizer's unit (`calibration_texts`); GPTQ's Hessians are computed once per
-    checkpoint and calibration, and shared by the GPTQ quantizers that calibrate alike."""
+def _calibrated(inputs: ScoreInputs, quantizer: Quantizer, work: CheckpointWork, run: int) -> Any:
+    """The checkpoint quantized by a calibrated quantizer (`calibration_texts`); the calibration of a quantizer
+    that shares it (`Quantizer.shares_calibration`, e.g. GPTQ's Hessians) is collected once per checkpoint, group and
+    `calibration_key()`, and reused by every quantizer of the group that calibrates alike."""
     kwargs: dict[str, Any] = {"tokenizer": inputs.tok, "calibration_texts": calibration_texts(inputs, quantizer, run)}
-    key = quantizer.calibration_key() if quantizer.family == "gptq" else None
-    if key is not None:  # Hessians of the unquantized checkpoint: the same for every bit width and group size
-        shared = ("gptq", json.dumps(key, sort_keys=True))
-        kwargs["hessians"] = work.get(shared, lambda: quantizer.collect_hessians(work.model, **kwargs))
-    return kwargs
+    group = quantizer.shares_calibration
+    key = quantizer.calibration_key() if group is not None else None
+    if key is None:
+        return quantizer.quantize_model(copy.deepcopy(work.model), **kwargs)
+    # statistics of the unquantized checkpoint: the same for every member of the group with this key
+    shared = work.get(
+        (group, json.dumps(key, sort_keys=True)), lambda: quantizer.collect_shared_calibration(work.model, **kwargs)
+    )
+    return quantizer.quantize_shared(copy.deepcopy(work.model), shared)
 
 
 def is_identity(quantizer: Quantizer, dtype: torch.dtype) -> bool:
@@ -377,8 +382,9 @@ def _quantized(
         return work.reference(dtype)
     if given is not None:
         return cast_parameters(load_given(given, copy.deepcopy(work.model), inputs.device), dtype)
-    kwargs = _calibration_kwargs(inputs, quantizer, work, run) if quantizer.calibrated else {}
-    return cast_parameters(quantizer.quantize_model(copy.deepcopy(work.model), **kwargs), dtype)
+    if quantizer.calibrated:
+        return cast_parameters(_calibrated(inputs, quantizer, work, run), dtype)
+    return cast_parameters(quantizer.quantize_model(copy.deepcopy(work.model)), dtype)
 
 
 def unit_examples(val: list[Example], pool: list[Example], unit: Unit) -> list[Example]:

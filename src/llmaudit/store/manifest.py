@@ -33,7 +33,7 @@ over its own keys (its settings are then not covered: `status` and `report` say 
 REQUIRED_KEYS = ("name", "identity_hash", "identity", "config", "data", "membership")
 REPAIR = "restore the run directory from its source, or recreate it with `llmaudit finetune` (or `llmaudit import`)"
 
-TRACKED_LIBRARIES = (
+BASE_LIBRARIES = (
     "torch",
     "transformers",
     "peft",
@@ -46,12 +46,9 @@ TRACKED_LIBRARIES = (
     "scikit-learn",
     "pandas",
     "pyarrow",
-    "hqq",
-    "bitsandbytes",
-    "gptqmodel",
-    "optimum",
-    "gguf",
 )
+"""The distributions whose versions every manifest records; each quantizer class adds its own
+(`llmaudit.quantize.tracked_libraries`)."""
 
 
 class StoreError(UserError):
@@ -88,8 +85,16 @@ def content_digest(manifest: dict[str, Any]) -> str:
 
 
 def library_versions() -> dict[str, str | None]:
+    """The versions a new manifest records.
+
+    Returns:
+        Python's, llmaudit's, and each of `BASE_LIBRARIES` and the registered quantizers' tracked libraries
+        (None where one is not installed).
+    """
+    from llmaudit.quantize import tracked_libraries  # imports torch: only when a store is created
+
     out: dict[str, str | None] = {"python": platform.python_version(), "llmaudit": __version__}
-    for name in TRACKED_LIBRARIES:
+    for name in dict.fromkeys((*BASE_LIBRARIES, *tracked_libraries())):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
