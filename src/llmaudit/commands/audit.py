@@ -32,7 +32,7 @@ def audit(
     from llmaudit.analyze.store_analysis import analyze
     from llmaudit.finetune.runs import finetune as do_finetune
     from llmaudit.jobs.local import score_in_processes
-    from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
+    from llmaudit.planning.targets import config_from_recipe, split_recipe_args
     from llmaudit.report.write import write_report
     from llmaudit.score.stage import score as do_score
 

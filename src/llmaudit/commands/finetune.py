@@ -28,7 +28,7 @@ def finetune(
     """LoRA fine-tuning runs, each on a random subset of the sample pool (membership recorded), with adapter
     checkpoints along each trajectory. Rerunning skips finished runs and resumes interrupted ones."""
     from llmaudit.finetune.runs import finetune as do_finetune
-    from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
+    from llmaudit.planning.targets import config_from_recipe, split_recipe_args
 
     with bounded_primitive_cache():  # from the start: any oneDNN work fixes the process's cache size
         recipe, overrides = split_recipe_args(list(args or []))

@@ -42,8 +42,8 @@ def report(
     (`report.verify.verified_report`)."""
     from llmaudit.analyze.store_analysis import analyze
     from llmaudit.config import RecipeError
-    from llmaudit.jobs.status import report_is_current
-    from llmaudit.jobs.targets import config_from_run_dir
+    from llmaudit.planning.status import report_is_current
+    from llmaudit.planning.targets import config_from_run_dir
     from llmaudit.report.model_card import UnknownQuantizerError
     from llmaudit.report.verify import verified_report
     from llmaudit.report.write import write_model_card, write_report

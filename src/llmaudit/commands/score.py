@@ -39,8 +39,8 @@ def score(
     Impossible quantizer requests are rejected before any work; finished units are skipped, failed ones
     moved aside and scored again; several processes may score one store at once (units are locked)."""
     from llmaudit.jobs.local import score_in_processes
-    from llmaudit.jobs.sizing import sizing_report
-    from llmaudit.jobs.targets import resolve_target, split_recipe_args
+    from llmaudit.planning.sizing import sizing_report
+    from llmaudit.planning.targets import resolve_target, split_recipe_args
     from llmaudit.score.stage import score as do_score
 
     target, overrides = split_recipe_args(list(args or []))

@@ -36,7 +36,6 @@ from llmaudit.common.sbatch import check_script_parameters
 from llmaudit.config import ExperimentConfig, config_from_dict
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.finetune.runs import finetune
-from llmaudit.jobs.plan import format_plan, make_plan
 from llmaudit.jobs.slurm import SlurmError, cancel, earlier_jobs, record_submission
 from llmaudit.score.stage import score
 from llmaudit.store.run_store import RunStore
@@ -355,17 +354,27 @@ def submit(
     *,
     echo=print,
     executor_factory: Callable[..., Any] | None = None,
-    show_plan: bool = False,
 ) -> list[Any]:
-    """Send a stage (or all three, in order) to the cluster the recipe names. Prepares the run directory
-    first (data draw, manifest) so that the shard jobs never race to create it; with `show_plan`, prints
-    the plan of the whole audit (`llmaudit plan`) on the cluster's devices first."""
+    """Send a stage (or all three, in order) to the cluster the recipe names.
+
+    The run directory is prepared first (data draw, manifest), so that the shard jobs never race to create it.
+
+    Args:
+        cfg: the experiment's config; its `cluster` section says where and how many shards.
+        stage: `finetune`, `score`, `report`, or `all` (the three in order).
+        echo: where progress lines go.
+        executor_factory: builds the submitit executor (tests pass a fake one); None: submitit's.
+
+    Returns:
+        The submitted jobs (SLURM), or the finished local jobs' results (`cluster.cluster: local`).
+
+    Raises:
+        UserError: the run directory belongs to another experiment, or an earlier chain is still alive.
+        RuntimeError: a local job failed (its log is named).
+    """
     out = cfg.resolved_output_dir().resolve()
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     stages: list[Stage] = list(STAGES) if stage == "all" else [stage]
-    if show_plan:
-        device = cfg.cluster.gpu_model or ("h100" if cfg.cluster.gpus_per_job else "cpu")
-        echo(format_plan(make_plan(cfg, device=device, jobs=cfg.cluster.shards, echo=echo)))
     if stages[0] == "finetune":
         prepare_experiment(cfg, RunStore(out), echo=echo)
     else:

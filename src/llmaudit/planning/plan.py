@@ -6,7 +6,7 @@ the scoring grid (`plan_units`: validation samples at every checkpoint, the pool
 one, the base model once) and the scorer's batches (`length_sorted_batches` under the token budget).
 A test checks the unit and token counts against what `llmaudit score` then records in its work log.
 
-Time is estimated from throughput (`jobs/throughput.py`):
+Time is estimated from throughput (`planning/throughput.py`):
 - on this machine (device cpu, or cuda when one is visible): measured by a few-second calibration on a
   model of the recipe's shape (random weights, its real vocabulary): scoring tokens/s with the scoring
   engine on the recipe's own token lengths, LoRA training tokens/s, each quantizer's time on a 2-layer
@@ -39,7 +39,8 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
 from llmaudit.finetune.runs import checkpoint_steps
-from llmaudit.jobs.throughput import (
+from llmaudit.models.training import epoch_batches
+from llmaudit.planning.throughput import (
     GPU_BF16_PEAK,
     Throughput,
     count_params,
@@ -49,7 +50,6 @@ from llmaudit.jobs.throughput import (
     standin_draw,
     with_lora,
 )
-from llmaudit.models.training import epoch_batches
 from llmaudit.quantize import get_quantizer
 from llmaudit.score.engine import length_sorted_batches
 from llmaudit.score.generate import GENERATION_TOKEN_BUDGET, plan_generation

@@ -1,4 +1,4 @@
-"""Throughput of the stages on one device, for `llmaudit plan` (jobs/plan.py): measured here on a model of the
+"""Throughput of the stages on one device, for `llmaudit plan` (planning/plan.py): measured here on a model of the
 recipe's shape (random weights, its real vocabulary), or, for a named GPU, its published bf16 peak times an
 assumed efficiency; every figure says where it comes from (`Throughput.source`)."""
 

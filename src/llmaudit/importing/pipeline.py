@@ -12,7 +12,7 @@ from llmaudit.analyze.attacks.registry import registered_attacks
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.ingest.build import ImportRequest, ImportResult, describe_import, import_training
-from llmaudit.jobs.sizing import sizing_report
+from llmaudit.planning.sizing import sizing_report
 
 
 def run_import(
