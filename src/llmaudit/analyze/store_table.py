@@ -32,8 +32,15 @@ TOKEN_LISTS = tuple(
 
 
 @dataclass(frozen=True)
-class Unit:
-    """One scoring unit of a store and its file."""
+class UnitFile:
+    """A scoring unit's loss table: the unit's (run, step, quantizer) key (`store.units.Unit`) and its file.
+
+    Attributes:
+        run: the fine-tuning run (`REFERENCE_RUN` for the base model).
+        step: the checkpoint's training step.
+        quantizer: the quantizer's registered name.
+        path: the unit's parquet loss table.
+    """
 
     run: int
     step: int
@@ -41,7 +48,7 @@ class Unit:
     path: Path
 
 
-def final_steps(units: list[Unit]) -> dict[tuple[int, str], int]:
+def final_steps(units: list[UnitFile]) -> dict[tuple[int, str], int]:
     """{(run, quantizer): the step of its last unit}: the run's final checkpoint under that quantizer."""
     finals: dict[tuple[int, str], int] = {}
     for u in units:
@@ -74,7 +81,7 @@ class StoreTable:
     directory, what errors about the units together name)."""
 
     light: pd.DataFrame
-    units: tuple[Unit, ...]
+    units: tuple[UnitFile, ...]
     source: Path
 
     def rows_of(self, quantizer: str, base_quantizer: str | None) -> pd.DataFrame:
@@ -89,7 +96,7 @@ class StoreTable:
         return read_loss_table(self.source, files=files)
 
 
-def read_store_table(source: Path, units: list[Unit]) -> StoreTable:
+def read_store_table(source: Path, units: list[UnitFile]) -> StoreTable:
     """The `StoreTable` of these units, read in this order. LossTableError naming the file at fault, as
     `read_loss_table`."""
     finals = final_steps(units)

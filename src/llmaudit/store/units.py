@@ -12,10 +12,22 @@ from llmaudit.store.run_store import RunStore
 
 @dataclass(frozen=True, order=True)
 class Unit:
-    run: int  # REFERENCE_RUN for the base model
+    """One scoring unit of the grid: the (run, step, quantizer) key, and whether it also scores the pool.
+
+    A unit's loss table, once written, is `UnitFile` (`analyze/store_table.py`): the key and its path.
+
+    Attributes:
+        run: the fine-tuning run; `REFERENCE_RUN` for the base model.
+        step: the checkpoint's training step (0 for the base model).
+        quantizer: the quantizer's registered name.
+        final: the unit also scores the pool: a run's final checkpoint (what the attacks read), or every
+            checkpoint with `score.pool_trajectory`.
+    """
+
+    run: int
     step: int
     quantizer: str
-    final: bool  # the unit also scores the pool: a run's final checkpoint (attacks), or every one with score.pool_trajectory
+    final: bool
 
 
 def grid_units(cfg: ExperimentConfig, steps_per_run: dict[int, list[int]]) -> list[Unit]:
