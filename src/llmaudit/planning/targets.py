@@ -20,21 +20,11 @@ from llmaudit.config import (
     load_recipe,
 )
 from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.planning.arguments import is_run_dir
 from llmaudit.quantize import QUANTIZER_NAMES, QuantizationError, get_quantizer, missing_reference
 from llmaudit.store.run_store import RunStore
 
 log = logging.getLogger(__name__)
-
-
-def is_run_dir(target: str | Path | None) -> bool:
-    return bool(target) and Path(target).is_dir() and (Path(target) / "manifest.json").exists()
-
-
-def split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """The first argument is a recipe (or run directory) unless it looks like key=value."""
-    if args and "=" not in args[0]:
-        return args[0], args[1:]
-    return None, args
 
 
 def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str], scored: list[str] | None = None) -> None:
