@@ -49,7 +49,14 @@ class UnitFile:
 
 
 def final_steps(units: list[UnitFile]) -> dict[tuple[int, str], int]:
-    """{(run, quantizer): the step of its last unit}: the run's final checkpoint under that quantizer."""
+    """The final step of each run under each quantizer.
+
+    Args:
+        units: the store's unit files.
+
+    Returns:
+        {(run, quantizer): the step of its last unit}: the run's final checkpoint under that quantizer.
+    """
     finals: dict[tuple[int, str], int] = {}
     for u in units:
         finals[(u.run, u.quantizer)] = max(u.step, finals.get((u.run, u.quantizer), u.step))
@@ -57,9 +64,19 @@ def final_steps(units: list[UnitFile]) -> dict[tuple[int, str], int]:
 
 
 def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.DataFrame:
-    """One validated file's frame as the light table keeps it: every row with its `SEQUENCE_BITS` and its greedy
-    extraction flag (`GREEDY`, what extraction risk reads), the token lists kept only on validation rows at their
-    run's final step (`finals`, by run and quantizer; None elsewhere), the rows in their order."""
+    """One validated file's frame as the light table keeps it.
+
+    Every row keeps its `SEQUENCE_BITS` and its greedy extraction flag (`GREEDY`, what extraction risk reads); the
+    token lists are kept only on the validation rows at their run's final step (None elsewhere); the rows keep their
+    order.
+
+    Args:
+        frame: one unit file's validated rows (modified in place).
+        finals: the final step of each (run, quantizer) (`final_steps`).
+
+    Returns:
+        `frame`, light.
+    """
     frame[GREEDY] = rows_greedy(frame).astype(
         np.float32
     )  # before SEQUENCE_BITS: a frame with it reads as a light table
@@ -85,9 +102,22 @@ class StoreTable:
     source: Path
 
     def rows_of(self, quantizer: str, base_quantizer: str | None) -> pd.DataFrame:
-        """The rows, token lists included, that the attacks on `quantizer` read: those of its own units (the
-        fine-tuned runs' pool and validation rows, its quantization-matched base model's) and the base model's under
-        `base_quantizer`, in the order of the whole table, so the attacks compute the same numbers."""
+        """The rows, token lists included, that the attacks on one quantizer read.
+
+        Those are its own units' rows (the fine-tuned runs' pool and validation rows, its quantization-matched base
+        model's) and the base model's under `base_quantizer`, in the order of the whole table, so the attacks compute
+        the same numbers.
+
+        Args:
+            quantizer: the quantizer attacked.
+            base_quantizer: the quantizer of the base model's reference unit, or None.
+
+        Returns:
+            The rows, read again from the unit files.
+
+        Raises:
+            LossTableError: a file fails its validation (named).
+        """
         files = [
             u.path
             for u in self.units
@@ -97,8 +127,18 @@ class StoreTable:
 
 
 def read_store_table(source: Path, units: list[UnitFile]) -> StoreTable:
-    """The `StoreTable` of these units, read in this order. LossTableError naming the file at fault, as
-    `read_loss_table`."""
+    """The `StoreTable` of these units, read in this order.
+
+    Args:
+        source: the store's scores directory (what errors about the units together name).
+        units: the unit files to read.
+
+    Returns:
+        The light table, the units and `source`.
+
+    Raises:
+        LossTableError: a file fails its validation (named, as `read_loss_table` names it).
+    """
     finals = final_steps(units)
     light = read_loss_table(source, files=[u.path for u in units], each=lambda frame: light_frame(frame, finals))
     return StoreTable(light, tuple(units), Path(source))
