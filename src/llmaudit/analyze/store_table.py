@@ -49,13 +49,12 @@ class UnitFile:
 
 
 def final_steps(units: list[UnitFile]) -> dict[tuple[int, str], int]:
-    """The final step of each run under each quantizer.
+    """Find each run's final checkpoint under each quantizer: the step of its last unit.
 
     Args:
-        units: the store's unit files.
-
+        units (list[UnitFile]): the store's units.
     Returns:
-        {(run, quantizer): the step of its last unit}: the run's final checkpoint under that quantizer.
+        dict[tuple[int, str], int]: {(run, quantizer): final step}.
     """
     finals: dict[tuple[int, str], int] = {}
     for u in units:
@@ -64,18 +63,17 @@ def final_steps(units: list[UnitFile]) -> dict[tuple[int, str], int]:
 
 
 def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.DataFrame:
-    """One validated file's frame as the light table keeps it.
+    """Reduce one validated file's frame to what the light table keeps.
 
-    Every row keeps its `SEQUENCE_BITS` and its greedy extraction flag (`GREEDY`, what extraction risk reads); the
-    token lists are kept only on the validation rows at their run's final step (None elsewhere); the rows keep their
-    order.
+    Every row keeps its scalars, its `SEQUENCE_BITS` and its greedy extraction flag (`GREEDY`, what extraction risk
+    reads); the token lists are kept only on validation rows at their run's final step (None elsewhere); the rows
+    stay in their order.
 
     Args:
-        frame: one unit file's validated rows (modified in place).
-        finals: the final step of each (run, quantizer) (`final_steps`).
-
+        frame (pd.DataFrame): one file's validated rows; modified in place.
+        finals (dict[tuple[int, str], int]): {(run, quantizer): final step} (`final_steps`).
     Returns:
-        `frame`, light.
+        pd.DataFrame: `frame`.
     """
     frame[GREEDY] = rows_greedy(frame).astype(
         np.float32
@@ -102,21 +100,19 @@ class StoreTable:
     source: Path
 
     def rows_of(self, quantizer: str, base_quantizer: str | None) -> pd.DataFrame:
-        """The rows, token lists included, that the attacks on one quantizer read.
+        """Read the rows, token lists included, that the attacks on one quantizer read.
 
-        Those are its own units' rows (the fine-tuned runs' pool and validation rows, its quantization-matched base
+        They are the rows of its own units (the fine-tuned runs' pool and validation rows, its quantization-matched base
         model's) and the base model's under `base_quantizer`, in the order of the whole table, so the attacks compute
         the same numbers.
 
         Args:
-            quantizer: the quantizer attacked.
-            base_quantizer: the quantizer of the base model's reference unit, or None.
-
+            quantizer (str): the quantizer attacked.
+            base_quantizer (str | None): the quantizer of the base-model rows "base" means.
         Returns:
-            The rows, read again from the unit files.
-
+            pd.DataFrame: the rows.
         Raises:
-            LossTableError: a file fails its validation (named).
+            LossTableError: naming the file at fault.
         """
         files = [
             u.path
@@ -127,17 +123,15 @@ class StoreTable:
 
 
 def read_store_table(source: Path, units: list[UnitFile]) -> StoreTable:
-    """The `StoreTable` of these units, read in this order.
+    """Read the light table of these units, in this order.
 
     Args:
-        source: the store's scores directory (what errors about the units together name).
-        units: the unit files to read.
-
+        source (Path): the store's scores directory.
+        units (list[UnitFile]): the units to read.
     Returns:
-        The light table, the units and `source`.
-
+        StoreTable: the light table, the units and the source.
     Raises:
-        LossTableError: a file fails its validation (named, as `read_loss_table` names it).
+        LossTableError: naming the file at fault, as `read_loss_table`.
     """
     finals = final_steps(units)
     light = read_loss_table(source, files=[u.path for u in units], each=lambda frame: light_frame(frame, finals))

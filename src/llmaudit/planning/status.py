@@ -168,6 +168,10 @@ def _format_jobs(jobs: dict[str, Any] | None, run_dir: str) -> list[str]:
     return lines
 
 
+def _unit_name(u: dict) -> str:
+    return f"{'base' if u['run'] < 0 else 'run ' + str(u['run'])}/step {u['step']}/{u['quantizer']}"
+
+
 def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
     """The status as `llmaudit status` prints it: one block per stage, each problem with its fix.
 
@@ -182,9 +186,6 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
     def listed(items: list) -> str:
         text = ", ".join(str(i) for i in items[:max_listed])
         return text + (f", ... ({len(items) - max_listed} more)" if len(items) > max_listed else "")
-
-    def unit_name(u: dict) -> str:
-        return f"{'base' if u['run'] < 0 else 'run ' + str(u['run'])}/step {u['step']}/{u['quantizer']}"
 
     ft, sc, rp = status["finetune"], status["score"], status["report"]
     lines = [f"{status['name']}: {status['run_dir']}"]
@@ -214,11 +215,11 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
             f"  {q:>14}: {counts['done']} done, {counts['running']} running, {counts['missing']} missing, {counts['invalid']} invalid"
         )
     if sc["running"]:
-        lines.append(f"  running: {listed([unit_name(u) for u in sc['running']])}")
+        lines.append(f"  running: {listed([_unit_name(u) for u in sc['running']])}")
     if sc["missing"]:
-        lines.append(f"  missing: {listed([unit_name(u) for u in sc['missing']])}")
+        lines.append(f"  missing: {listed([_unit_name(u) for u in sc['missing']])}")
     for u in sc["invalid"][:max_listed]:
-        lines.append(f"  invalid: {unit_name(u)}: {u['why']} (`llmaudit score` moves it aside and scores it again)")
+        lines.append(f"  invalid: {_unit_name(u)}: {u['why']} (`llmaudit score` moves it aside and scores it again)")
     state = "no" if not rp["report"] else ("yes" if rp["up_to_date"] else "yes, but older than some loss tables")
     lines.append(f"report    results: {listed(rp['results']) or 'none'}; report: {state}")
     lines += _format_jobs(status.get("jobs"), status["run_dir"])
