@@ -225,9 +225,9 @@ def test_a_recorded_file_name_that_is_a_path_is_refused_unread(received):
     refused(code, err, str(done), "is not a checkpoint file")
 
 
-def test_a_store_of_the_previous_version_is_verified_as_far_as_its_record_goes(received):
-    """Stores written before this version recorded the adapter weights' digest only. They stay readable and
-    reportable; status and report say which files are not covered (and an edit there is not detected)."""
+def test_a_run_record_with_the_adapter_digest_only_is_verified_as_far_as_it_goes(received):
+    """A run record that holds the adapter weights' digest only (no checkpoint_files, no digest_scope) stays
+    readable and reportable; status and report say which files are not covered (and an edit there is not detected)."""
     for run in range(3):
         path = received.store.run_done_path(run)
         record = json.loads(path.read_text())

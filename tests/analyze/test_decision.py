@@ -12,6 +12,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.decision.bounds import effective_n, samples_factor, wilson
 from llmaudit.analyze.decision.counts import (
@@ -120,7 +121,7 @@ def test_the_conformal_threshold_is_exceeded_by_fresh_non_members_at_most_fpr():
 @pytest.mark.parametrize("n_ref", [3, 8, 40])
 def test_normal_scores_put_the_student_t_threshold_at_the_normal_one(n_ref):
     from llmaudit.analyze.decision.counts import normal_scores
-    from llmaudit.analyze.metrics import calibrated_threshold
+    from llmaudit.analyze.metrics_pooled import calibrated_threshold
 
     t = calibrated_threshold(0.01, np.array([n_ref]), 30)[0]
     z = np.array([[t, t - 1e-6, t + 1e-6]])
@@ -257,8 +258,7 @@ def test_a_planted_difference_in_a_store_is_found_as_more_and_an_unshifted_quant
     df = _store_table(np.random.default_rng(7))
     res = run_attacks(
         df,
-        attacks=("loss", "ref", "lira_offline"),
-        n_boot=0,
+        AttackRunSettings(attacks=("loss", "ref", "lira_offline"), n_boot=0),
         reference_quantizer="fp32",
         decision=DecisionSettings(resamples=300),
     )

@@ -1,6 +1,6 @@
 """The release decision's pooled calibrated counts and resampled AUROC (`llmaudit.analyze.decision.pooled`) equal
-the landed computation over every row of every resample (benchmarks/landed_decision.py, the benchmark's baseline)
-exactly, where the windows the new one reads are much smaller than the rows."""
+the reference computation over every row of every resample (benchmarks/landed_decision.py, the benchmark's
+baseline) exactly, where the windows the pooled one reads are much smaller than the rows."""
 
 import importlib.util
 from pathlib import Path
@@ -12,12 +12,12 @@ from sklearn.metrics import roc_auc_score
 from llmaudit.analyze.decision.counts import multiplicities, sample_folds, sorted_rows, sorted_threshold
 from llmaudit.analyze.decision.pooled import _empirical_thresholds, calibrated_counts, weighted_auroc
 
-LANDED = Path(__file__).resolve().parents[2] / "benchmarks" / "landed_decision.py"
+REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "landed_decision.py"
 
 
 @pytest.fixture(scope="module")
-def landed():
-    spec = importlib.util.spec_from_file_location("landed_decision", LANDED)
+def reference():
+    spec = importlib.util.spec_from_file_location("landed_decision", REFERENCE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -42,22 +42,22 @@ def _scores(seed: int, M: int, N: int, scale: float = 1.0, decimals: int | None 
         (4, 0.2, 1.0, 1),
     ],
 )
-def test_calibrated_counts_equal_the_landed_ones(landed, seed, fpr, scale, decimals):
+def test_calibrated_counts_equal_the_row_by_row_reference(reference, seed, fpr, scale, decimals):
     z, keep = _scores(seed, 10, 3000, scale, decimals)
     weights = multiplicities(z.shape[1], 40, seed=seed)
     folds = sample_folds(keep.sum(0), 5, seed)
     new = calibrated_counts(z, keep, weights, fpr, folds)
-    old = landed.landed_calibrated_counts(z, keep, weights, fpr, folds)
+    old = reference.landed_calibrated_counts(z, keep, weights, fpr, folds)
     for a, b in zip(new, old):
         np.testing.assert_array_equal(a, b)
 
 
-def test_calibrated_counts_without_members_or_non_members(landed):
+def test_calibrated_counts_without_members_or_non_members(reference):
     z, keep = _scores(5, 4, 200)
     weights = multiplicities(200, 5, seed=1)
     for k in (np.zeros_like(keep), np.ones_like(keep)):
         new = calibrated_counts(z, k, weights, 0.05, np.arange(200) % 2)
-        old = landed.landed_calibrated_counts(z, k, weights, 0.05, np.arange(200) % 2)
+        old = reference.landed_calibrated_counts(z, k, weights, 0.05, np.arange(200) % 2)
         for a, b in zip(new, old):
             np.testing.assert_array_equal(a, b)
 
@@ -82,13 +82,13 @@ def test_the_threshold_window_widens_until_every_resample_is_inside():
 
 
 @pytest.mark.parametrize("decimals", [None, 1])
-def test_weighted_auroc_equals_the_landed_one_and_sklearn(landed, decimals):
+def test_weighted_auroc_equals_the_row_by_row_reference_and_sklearn(reference, decimals):
     z, keep = _scores(9, 8, 1500, decimals=decimals)
     finite = np.isfinite(z)
     unit = np.broadcast_to(np.arange(z.shape[1]), z.shape)[finite]
     weights = multiplicities(z.shape[1], 30, seed=2)
     got = weighted_auroc(z[finite], keep[finite], unit, weights)
-    np.testing.assert_array_equal(got, landed.landed_weighted_auroc(z[finite], keep[finite], unit, weights))
+    np.testing.assert_array_equal(got, reference.landed_weighted_auroc(z[finite], keep[finite], unit, weights))
     assert got[0] == pytest.approx(roc_auc_score(keep[finite], z[finite]), abs=1e-12)
     rep = np.repeat(np.arange(unit.size), weights[5][unit].astype(int))
     assert got[5] == pytest.approx(roc_auc_score(keep[finite][rep], z[finite][rep]), abs=1e-12)

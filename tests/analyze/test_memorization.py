@@ -14,11 +14,11 @@ import pytest
 from llmaudit.analyze.memorization import (
     MemorizationError,
     mem_u_bits,
-    membership_f1_sigmoid_law,
     memorization_from_table,
     per_sample_memorization,
     sequence_bits,
 )
+from llmaudit.analyze.memorization_capacity import membership_f1_sigmoid_law
 from llmaudit.commands.memorization import memorization_command
 from llmaudit.report.memorization_md import markdown_section
 from llmaudit.store.losstable import write_loss_table

@@ -7,19 +7,29 @@ import pytest
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from llmaudit.analyze.bootstrap import weighted_roc_stats as _weighted_roc_stats
+from llmaudit.analyze import metrics, metrics_pooled
 from llmaudit.analyze.metrics import (
     Resampling,
     bootstrap_ci,
-    calibrated_threshold,
     is_reliable,
+    roc_curve_loglog,
+    roc_metrics,
+    tpr_at_fpr,
+)
+from llmaudit.analyze.metrics_pooled import (
+    calibrated_threshold,
     per_sample_fpr,
     per_sample_tpr,
     pooled_calibrated,
     pooled_naive,
-    roc_curve_loglog,
-    roc_metrics,
-    tpr_at_fpr,
+)
+
+from .reference_impls import (
+    group_bootstrap_stats,
+    sort_rows,
+    sorted_bootstrap_stats,
+    sorted_roc_stats,
+    weighted_roc_stats,
 )
 
 # 10 points, 5 members. Walking the threshold down: 0.9 TP, 0.8 TP, 0.7 FP, 0.6 TP, 0.55 TP, 0.5 FP,
@@ -90,7 +100,7 @@ def test_weighted_stats_match_sklearn_with_ties():
     _, group = np.unique(-scores, return_inverse=True)
     pos = np.bincount(group, weights=labels)[None]
     neg = np.bincount(group, weights=~labels)[None]
-    got = _weighted_roc_stats(pos, neg, (0.1, 0.01))
+    got = weighted_roc_stats(pos, neg, (0.1, 0.01))
     assert got["auroc"][0] == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
     assert got["average_precision"][0] == pytest.approx(average_precision_score(labels, scores), abs=1e-12)
     assert got["tpr_at_fpr"]["0.01"][0] == pytest.approx(tpr_at_fpr(scores, labels, 0.01)[0])
@@ -193,10 +203,11 @@ def _ci_values(ci: dict) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", ["rows", "stratified", "groups", "ties", "few"])
-def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
-    """One sort and cumulative sums over the resamples' multiplicities give the landed path's intervals: the
-    same resamples (same generator, same blocks), AUROC and TPR exactly, average precision to rounding; with
-    ties between and within the classes, grouped rows, resamples that lose a class, every FPR level."""
+def test_the_compiled_bootstrap_equals_both_reference_engines(case):
+    """The package's bootstrap (one sort, one compiled pass per resample) gives the intervals of both reference
+    engines (numpy cumulative sums over the sorted rows; weights of the distinct-score groups): the same resamples
+    (same generator, same blocks), AUROC and TPR exactly, average precision to rounding; with ties between and
+    within the classes, grouped rows, resamples that lose a class, every FPR level."""
     rng = np.random.default_rng(11)
     n = {"few": 7}.get(case, 3000)
     labels = rng.random(n) < 0.35
@@ -213,23 +224,21 @@ def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
     if case == "few":  # tiny unstratified resamples: some lose a class (NaN, ignored)
         stratified, kw["fprs"] = False, (0.2,)
         labels = np.array([1, 0, 0, 0, 0, 0, 1], bool)
-    landed = bootstrap_ci(scores, labels, resampling=Resampling(stratified, "groups"), **kw)
-    for engine in ("sorted", "compiled"):
-        got = bootstrap_ci(scores, labels, resampling=Resampling(stratified, engine), **kw)
-        a, b = _ci_values(got), _ci_values(landed)
+    got = bootstrap_ci(scores, labels, resampling=Resampling(stratified), **kw)
+    for engine in (group_bootstrap_stats, sorted_bootstrap_stats):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(metrics, "bootstrap_stats", engine)
+            want = bootstrap_ci(scores, labels, resampling=Resampling(stratified), **kw)
+        a, b = _ci_values(got), _ci_values(want)
         assert np.array_equal(np.delete(a, 1, axis=0), np.delete(b, 1, axis=0), equal_nan=True)
         assert np.allclose(a[1], b[1], rtol=0, atol=1e-12, equal_nan=True)
         assert {k: v for k, v in got.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")} == {
-            k: v for k, v in landed.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")
+            k: v for k, v in want.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")
         }
-    with pytest.raises(ValueError, match="engine must be one of"):
-        bootstrap_ci(scores, labels, resampling=Resampling(stratified, "resort"), **kw)
 
 
 def test_sorted_roc_stats_equal_the_group_stats_per_resample():
     """Resample by resample (not only the percentiles): integer weights with zeros, ties across classes."""
-    from llmaudit.analyze.bootstrap import sort_rows, sorted_roc_stats
-
     rng = np.random.default_rng(12)
     labels = rng.random(800) < 0.4
     scores = np.round(rng.normal(size=800) + labels, 1)
@@ -239,7 +248,7 @@ def test_sorted_roc_stats_equal_the_group_stats_per_resample():
     _, group = np.unique(-scores, return_inverse=True)
     pos = np.stack([np.bincount(group, weights=c * labels) for c in counts])
     neg = np.stack([np.bincount(group, weights=c * ~labels) for c in counts])
-    want = _weighted_roc_stats(pos, neg, fprs)
+    want = weighted_roc_stats(pos, neg, fprs)
     assert np.array_equal(got["auroc"], want["auroc"])
     assert np.allclose(got["average_precision"], want["average_precision"], rtol=0, atol=1e-13)
     for key in want["tpr_at_fpr"]:
@@ -250,7 +259,6 @@ def test_sorted_roc_stats_equal_the_group_stats_per_resample():
 def test_compiled_roc_stats_equal_the_sorted_ones_per_resample(decimals):
     """The compiled pass (`roc_kernel`) resample by resample: AUROC and TPR exactly, AP to rounding, with and
     without ties, zero weights, several rows per unit, a resample without members (NaN), every level order."""
-    from llmaudit.analyze.bootstrap import sort_rows, sorted_roc_stats
     from llmaudit.analyze.roc_kernel import roc_rows, roc_stats
 
     rng = np.random.default_rng(14)
@@ -269,31 +277,25 @@ def test_compiled_roc_stats_equal_the_sorted_ones_per_resample(decimals):
         assert np.array_equal(tpr[:, i], want["tpr_at_fpr"][f"{alpha:g}"], equal_nan=True)
 
 
-def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):
+def test_calibrated_intervals_equal_the_level_by_level_group_bootstrap(monkeypatch):
     """pooled_calibrated's intervals: every level's counts re-summed in one product and the pooled z's ROC
-    bootstrap on the sorted path give the landed numbers (levels one product each, the group bootstrap)."""
-    import functools
-
-    from llmaudit.analyze import metrics
-
+    bootstrap on the sorted path give the numbers of one product per level and the group bootstrap."""
     rng = np.random.default_rng(13)
     members = rng.random((8, 300)) < 0.5
     z = rng.normal(size=(8, 300)) + 0.8 * members
     z[0, :5] = np.nan
     got = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
-    monkeypatch.setattr(
-        metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, resampling=metrics.Resampling(engine="groups"))
-    )
-    landed = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
-    assert got["ci"]["tpr_at_fpr"] == landed["ci"]["tpr_at_fpr"]
-    assert got["ci"]["roc"]["auroc"] == landed["ci"]["roc"]["auroc"]
-    ap, ap_landed = got["ci"]["roc"]["average_precision"], landed["ci"]["roc"]["average_precision"]
-    assert ap["low"] == pytest.approx(ap_landed["low"], abs=1e-12)
-    assert ap["high"] == pytest.approx(ap_landed["high"], abs=1e-12)
+    monkeypatch.setattr(metrics, "bootstrap_stats", group_bootstrap_stats)
+    grouped = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
+    assert got["ci"]["tpr_at_fpr"] == grouped["ci"]["tpr_at_fpr"]
+    assert got["ci"]["roc"]["auroc"] == grouped["ci"]["roc"]["auroc"]
+    ap, ap_grouped = got["ci"]["roc"]["average_precision"], grouped["ci"]["roc"]["average_precision"]
+    assert ap["low"] == pytest.approx(ap_grouped["low"], abs=1e-12)
+    assert ap["high"] == pytest.approx(ap_grouped["high"], abs=1e-12)
     # one level's interval by hand: the same resamples, its four counts re-summed alone
-    counts = metrics.resample_counts(np.random.default_rng(4), 300, 200)
+    counts = metrics_pooled.resample_counts(np.random.default_rng(4), 300, 200)
     fin = np.isfinite(z)
-    thr = metrics.calibrated_threshold(0.1, np.full((8, 300), 7.0))
+    thr = metrics_pooled.calibrated_threshold(0.1, np.full((8, 300), 7.0))
     above = fin & (z >= thr)
     boot = counts @ np.stack([(members & above).sum(0), (members & fin).sum(0)]).T.astype(float)
     lo, hi = np.quantile(boot[:, 0] / boot[:, 1], [0.025, 0.975])

@@ -12,7 +12,7 @@ from llmaudit.analyze.attacks.lira import leave_one_out, lira_offline, out_refer
 from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence
 from llmaudit.analyze.decision.counts import normal_scores
 from llmaudit.analyze.decision.decide import decide_one
-from llmaudit.analyze.metrics import T_CUTOFF
+from llmaudit.analyze.metrics_pooled import T_CUTOFF
 from llmaudit.analyze.release_sets import (
     check_release_sets,
     combined_scores,

@@ -385,9 +385,9 @@ def test_solver_and_calibration_resolve_when_built_and_are_checked():
         )
 
 
-def test_a_store_scored_before_the_new_options_continues_only_with_gptqmodel():
-    """Records written before `solver` and `calibration` existed have neither key and were made by gptqmodel
-    (sequential): a missing key reads as that, and the refusal names the option to pass."""
+def test_a_record_without_solver_and_calibration_continues_only_with_gptqmodel():
+    """A record without the `solver` and `calibration` keys was made by gptqmodel (sequential): a missing key
+    reads as that, and the refusal names the option to pass."""
     legacy = {
         k: v
         for k, v in cpu("gptq-4", solver="gptqmodel", **OPTIONS).options.items()

@@ -157,8 +157,8 @@ def test_the_figure_needs_two_quantizers_with_both_numbers():
     assert privacy_utility(report) is None
 
 
-def test_an_old_store_reports_the_columns_not_measured_with_the_fix(tmp_path):
-    cfg, store, _records = _make_store(tmp_path)  # loss tables as an earlier llmaudit wrote them
+def test_loss_tables_without_utility_columns_report_them_not_measured_with_the_fix(tmp_path):
+    cfg, store, _records = _make_store(tmp_path)  # loss tables without utility columns
     assert isinstance(cfg, ExperimentConfig)
     result = analyze(cfg, store, echo=lambda *a, **k: None)
     paths = write_report(store, result)

@@ -76,7 +76,7 @@ def test_the_default_touches_no_member_and_the_recipe_sets_every_calibrated_quan
     assert check_quantizers(own, cpu)["awq-4"].options["calibration_source"] == "members"
 
 
-def test_a_store_scored_before_the_option_calibrated_on_members():
+def test_a_record_without_calibration_source_reads_as_calibrated_on_members():
     q = get_quantizer("gptq-4")
     recorded = {k: v for k, v in q.options.items() if k != "calibration_source"}
     why = q.recorded_options_mismatch(recorded)

@@ -131,8 +131,8 @@ def test_auto_on_a_cpu_with_slow_bf16_creates_a_float32_store(auto_cfg, monkeypa
     assert store.reference_name() == "fp32"
 
 
-def test_a_store_made_before_the_dtype_was_recorded_keeps_its_rule(tiny_cfg):
-    """A version-2 manifest (no compute records, digest over the old keys) still reads, trains and scores in the
+def test_a_manifest_without_compute_records_keeps_the_cpu_float32_rule(tiny_cfg):
+    """A version-2 manifest (no compute records, digest over its own keys) still reads, trains and scores in the
     rule it was made under: float32 on a CPU."""
     from llmaudit.finetune.experiment import prepare_experiment
 

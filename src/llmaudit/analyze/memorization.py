@@ -11,8 +11,9 @@ is the base model before fine-tuning (run == -1 in a loss table) unless the call
 The summed mem_U over a data set is a lower bound on what the target holds about it, because a
 reference that explains x less well than the target's own generalisation would raise it.
 
-The math is pure functions (`sequence_bits`, `mem_u_bits`, `membership_f1_sigmoid_law`); the table
-functions only select and join rows (the reference model's rows: `llmaudit.analyze.memorization_reference`);
+The math is pure functions (`sequence_bits`, `mem_u_bits`; `membership_f1_sigmoid_law` in
+`llmaudit.analyze.memorization_capacity`, with the capacity view); the table functions only select and join rows
+(the reference model's rows: `llmaudit.analyze.memorization_reference`);
 `llmaudit.commands.memorization.memorization_command` is the one place that touches the disk.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from llmaudit.analyze.memorization_capacity import DEFAULT_BITS_PER_PARAM, capacity_view
 from llmaudit.analyze.memorization_reference import (
     HOW_TO_SCORE,
     MemorizationError,
@@ -38,9 +40,6 @@ from llmaudit.store.losstable import REFERENCE_RUN, validate_loss_table
 
 LN2 = math.log(2.0)
 
-DEFAULT_BITS_PER_PARAM = 3.6
-"""Capacity of GPT-style transformers measured by Morris et al. (3.51 in bf16, 3.83 in fp32)."""
-
 DEFINITION = (
     "mem_U(x) = H(x | ref) - H(x | ref, target), H(x | ref, target) = -log2 max(p(x | target), "
     "p(x | ref)); H of the whole scored sequence in bits (Morris et al. 2025)."
@@ -48,9 +47,15 @@ DEFINITION = (
 
 
 def sequence_bits(token_losses: Iterable[float] | np.ndarray) -> float:
-    """H(x | model) = -log2 p(x | model) of one scored sequence.
+    """Compute H(x | model) = -log2 p(x | model) of one scored sequence.
 
-    token_losses: [n_tokens] per-token negative log-likelihoods in nats. Returns their sum / ln 2."""
+    Args:
+        token_losses (np.ndarray): [n_tokens] per-token negative log-likelihoods in nats.
+    Returns:
+        float: their sum / ln 2, in bits.
+    Raises:
+        ValueError: when the losses are not one sequence.
+    """
     losses = np.asarray(token_losses, dtype=np.float64)
     if losses.ndim != 1:
         raise ValueError(f"token_losses must be one sequence, shape [n_tokens]; got shape {losses.shape}.")
@@ -58,7 +63,13 @@ def sequence_bits(token_losses: Iterable[float] | np.ndarray) -> float:
 
 
 def sequences_bits(token_losses: Iterable[Iterable[float] | np.ndarray]) -> np.ndarray:
-    """`sequence_bits` of each sequence. token_losses: n sequences of per-token nats -> bits [n]."""
+    """Compute `sequence_bits` of each sequence.
+
+    Args:
+        token_losses (Iterable[np.ndarray]): n sequences of per-token losses in nats.
+    Returns:
+        np.ndarray: [n] bits.
+    """
     return np.array([sequence_bits(t) for t in token_losses], dtype=np.float64)
 
 
@@ -68,49 +79,48 @@ from its token losses when its file was read and validated; the table's pool row
 
 
 def rows_bits(rows: pd.DataFrame) -> np.ndarray:
-    """H(x | model) in bits [n] of each row of a loss table: its `SEQUENCE_BITS` where the table carries them (a
-    light table), else `sequences_bits` of its token losses (the same numbers)."""
+    """Compute H(x | model) in bits of each row of a loss table.
+
+    Args:
+        rows (pd.DataFrame): loss-table rows; their `SEQUENCE_BITS` column is read where the table carries it (a
+            light table), else `sequences_bits` of their token losses (the same numbers).
+    Returns:
+        np.ndarray: [n] bits.
+    """
     if SEQUENCE_BITS in rows.columns:
         return rows[SEQUENCE_BITS].to_numpy(dtype=np.float64)
     return sequences_bits(rows["token_losses"])
 
 
 def mem_u_bits(h_ref: np.ndarray | float, h_target: np.ndarray | float) -> np.ndarray:
-    """Unintended memorization mem_U(x) = h_ref - min(h_ref, h_target), in bits.
+    """Compute the unintended memorization mem_U(x) = h_ref - min(h_ref, h_target), in bits.
 
-    h_ref, h_target: [n] (or broadcastable) H(x | ref) and H(x | target) in bits. The max of the two
-    probabilities is the min of the two code lengths, so the result is [n] and never negative: it is 0
-    where the target explains x no better than the reference, and h_ref where the target gives x
-    probability 1 (h_target = 0)."""
+    The max of the two probabilities is the min of the two code lengths, so the result is never negative: 0 where
+    the target explains x no better than the reference, h_ref where the target gives x probability 1.
+
+    Args:
+        h_ref (np.ndarray | float): [n] (or broadcastable) H(x | ref) in bits.
+        h_target (np.ndarray | float): [n] H(x | target) in bits.
+    Returns:
+        np.ndarray: [n] mem_U in bits.
+    """
     h_ref = np.asarray(h_ref, dtype=np.float64)
     h_target = np.asarray(h_target, dtype=np.float64)
     return h_ref - np.minimum(h_ref, h_target)
 
 
-def membership_f1_sigmoid_law(
-    capacity_bits: np.ndarray | float,
-    dataset_size: np.ndarray | float,
-    *,
-    c1: float,
-    c2: float,
-    c3: float,
-) -> np.ndarray:
-    """F1 = 1/2 * (1 + c1 * sigmoid(c2 * (capacity_bits / dataset_size + c3))): an EXTRAPOLATION.
-
-    The functional form of the membership-F1 scaling law of Morris et al.; capacity_bits and
-    dataset_size broadcast to [m]. The constants have no defaults on purpose: the printed fit in the
-    copy we hold is not self-consistent (docs/science.md section 6), so the caller supplies constants it has
-    checked against its own data and must present the output as an extrapolation."""
-    ratio = np.asarray(capacity_bits, dtype=np.float64) / np.asarray(dataset_size, dtype=np.float64)
-    z = c2 * (ratio + c3)
-    return 0.5 * (1.0 + c1 / (1.0 + np.exp(-z)))
-
-
 def interval_over_runs(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
-    """Mean of per-run values [R] with a percentile bootstrap interval over runs (runs resampled).
+    """Average per-run values with a percentile bootstrap interval over runs (runs resampled).
 
-    NaN entries (runs where the quantity is undefined) are dropped. With fewer than two runs the
-    interval is None: one run says nothing about run-to-run spread."""
+    Args:
+        values (np.ndarray): [R] per-run values; NaN entries (runs where the quantity is undefined) are dropped.
+        n_boot (int): bootstrap resamples.
+        seed (int): the resampling seed.
+        level (float): the interval's confidence.
+    Returns:
+        dict[str, Any]: mean, low, high, n_runs; low and high None with fewer than two runs (one run says nothing
+        about run-to-run spread), every value None without runs.
+    """
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     n = int(values.size)
@@ -123,9 +133,15 @@ def interval_over_runs(values: np.ndarray, *, n_boot: int = 1000, seed: int = 0,
 
 
 def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Pick the reference model's rows (`select_reference_rows`).
+    """Pick the reference model's rows (`select_reference_rows`) and their code lengths.
 
-    Returns (rows indexed by sample_id with columns h_ref_bits and ref_n_tokens, description)."""
+    Args:
+        df (pd.DataFrame): the loss table.
+        reference (Reference): "base", a mapping naming rows, or a separate loss table.
+    Returns:
+        tuple[pd.DataFrame, dict[str, Any]]: rows indexed by sample_id with columns h_ref_bits and ref_n_tokens, and
+        their description (kind, run, quantizer, checkpoint, n_samples).
+    """
     rows, kind = select_reference_rows(df, reference)
     description = {
         "kind": kind,
@@ -147,10 +163,18 @@ def resolve_reference(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFr
 def final_checkpoint_rows(
     df: pd.DataFrame, *, exclude: tuple[int, str, int] | None = None
 ) -> tuple[pd.DataFrame, list[str]]:
-    """Target rows: every fine-tuning run (run != -1) at its final checkpoint, all quantizers.
+    """Select the target rows: every fine-tuning run (run != -1) at its final checkpoint, all quantizers.
 
-    The final checkpoint of a run is the largest checkpoint among its rows; a quantizer not scored
-    there is left out for that run, and said so in the returned notes."""
+    A quantizer not scored at a run's final (largest) checkpoint is left out for that run, with a note.
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        exclude (tuple[int, str, int] | None): the (run, quantizer, checkpoint) of reference rows to leave out.
+    Returns:
+        tuple[pd.DataFrame, list[str]]: the rows and the notes.
+    Raises:
+        MemorizationError: when there is no fine-tuned run.
+    """
     targets = df[df["run"] != REFERENCE_RUN]
     if exclude is not None:
         run, quantizer, checkpoint = exclude
@@ -174,11 +198,18 @@ def final_checkpoint_rows(
 def per_sample_memorization(
     df: pd.DataFrame, *, reference: Reference = "base"
 ) -> tuple[pd.DataFrame, dict[str, Any], list[str]]:
-    """mem_U of every (run, quantizer, sample) at each run's final checkpoint.
+    """Compute mem_U of every (run, quantizer, sample) at each run's final checkpoint.
 
-    Returns (frame, reference description, notes). The frame has one row per target row with columns
-    run, checkpoint, quantizer, sample_id, split, member, n_tokens, h_ref_bits, h_target_bits,
-    h_joint_bits (= min of the two), mem_u_bits. "val" rows are non-members by construction."""
+    Args:
+        df (pd.DataFrame): the loss table ("val" rows are non-members by construction).
+        reference (Reference): "base", a mapping naming rows, or a separate loss table.
+    Returns:
+        tuple[pd.DataFrame, dict[str, Any], list[str]]: (frame, reference description, notes); one row per target
+        row with run, checkpoint, quantizer, sample_id, split, member, n_tokens, h_ref_bits, h_target_bits,
+        h_joint_bits (the min of the two), mem_u_bits.
+    Raises:
+        MemorizationError: when a target sample has no reference loss.
+    """
     if SEQUENCE_BITS not in df.columns:  # a light table was validated file by file as it was read
         df = validate_loss_table(df)
     ref, description = resolve_reference(df, reference)
@@ -308,19 +339,30 @@ def memorization_from_table(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Memorization in bits per quantizer, at the final checkpoint of every run. JSON-ready dict.
+    """Measure memorization in bits per quantizer, at the final checkpoint of every run.
 
-    df: a loss table (`llmaudit.losstable`). Members are pool rows with member=True; non-members are
-    pool rows with member=False and every "val" row. For each (quantizer, run): totals and means of
-    mem_U over members and non-members, their mean difference, the members' excess over as many
-    non-members, and the members' bits per adapter / model parameter. Per quantizer: the mean over runs
-    with a percentile-bootstrap interval over runs (n_boot resamples, seed).
+    Members are pool rows with member=True; non-members are pool rows with member=False and every "val" row. For
+    each (quantizer, run): totals and means of mem_U over members and non-members, their mean difference, the
+    members' excess over as many non-members, and the members' bits per adapter / model parameter. Per quantizer:
+    the mean over runs with a percentile-bootstrap interval over runs.
 
-    reference: "base" (run -1 rows, default), {"run": R, "quantizer": Q[, "checkpoint": C]} naming
-    other rows of the table, or a DataFrame (a loss table scored by the reference model).
-    capacity_bits_per_param: for the capacity view (model capacity = params x bits per param).
-    scaling_law: None, or {"c1", "c2", "c3"[, "dataset_size": "samples" | "tokens"]}: the constants
-    of `membership_f1_sigmoid_law`; its output is reported only under "extrapolation"."""
+    Args:
+        df (pd.DataFrame): a loss table (`llmaudit.losstable`).
+        reference (Reference): "base" (run -1 rows), {"run": R, "quantizer": Q[, "checkpoint": C]} naming other rows
+            of the table, or a DataFrame (a loss table scored by the reference model).
+        adapter_params (int | None): the adapter's parameters (positive), for bits per parameter.
+        model_params (int | None): the model's parameters (positive).
+        capacity_bits_per_param (float): for the capacity view (capacity = params x bits per param), > 0.
+        scaling_law (Mapping[str, Any] | None): None, or {"c1", "c2", "c3"[, "dataset_size": "samples" | "tokens"]}:
+            the constants of `membership_f1_sigmoid_law`; its output is reported only under "extrapolation".
+        n_boot (int): bootstrap resamples over runs.
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: definition, reference, per_quantizer, per_run, capacity and notes, strict JSON.
+    Raises:
+        UserError: on a non-positive parameter count or capacity, or a malformed scaling law.
+        MemorizationError: when the table cannot give the view (no reference rows, no fine-tuned run).
+    """
     adapter_params = _check_count("adapter_params", adapter_params)
     model_params = _check_count("model_params", model_params)
     if not capacity_bits_per_param > 0:
@@ -348,125 +390,18 @@ def memorization_from_table(
     return _clean(result)
 
 
-def capacity_view(
-    samples: pd.DataFrame,
-    *,
-    adapter_params: int | None,
-    model_params: int | None,
-    capacity_bits_per_param: float = DEFAULT_BITS_PER_PARAM,
-    scaling_law: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Membership vs capacity: each run's training set against the model's capacity estimate.
-
-    samples: the frame of `per_sample_memorization`. The training set's information is estimated as
-    the sum of H(x | ref) over its members (the bits a perfect memorizer would have to store beyond
-    the reference); membership is the same under every quantizer, so each (run, sample) counts once."""
-    members = samples[samples["member"]].drop_duplicates(["run", "sample_id"])
-    model_capacity = model_params * capacity_bits_per_param if model_params else None
-    adapter_capacity = adapter_params * capacity_bits_per_param if adapter_params else None
-    runs = []
-    for run in sorted(samples["run"].unique()):
-        sub = members[members["run"] == run]
-        information = float(sub["h_ref_bits"].sum())
-        runs.append(
-            {
-                "run": int(run),
-                "n_member_samples": int(len(sub)),
-                "n_member_tokens": int(sub["n_tokens"].sum()),
-                "member_information_bits": information,
-                "model_capacity_over_information": model_capacity / information
-                if model_capacity and information > 0
-                else None,
-                "adapter_capacity_over_information": adapter_capacity / information
-                if adapter_capacity and information > 0
-                else None,
-            }
-        )
-    view: dict[str, Any] = {
-        "bits_per_param": float(capacity_bits_per_param),
-        "model_capacity_bits": model_capacity,
-        "adapter_capacity_bits": adapter_capacity,
-        "per_run": runs,
-        "note": (
-            f"capacity = parameters x {capacity_bits_per_param:g} bits (Morris et al. measured about "
-            "3.6 bits per parameter for GPT-style models trained from scratch on random data; a LoRA "
-            "adapter's capacity is not measured there). Membership inference on the average sample is "
-            "expected near chance once the training set's information exceeds the capacity."
-        ),
-    }
-    if scaling_law is not None:
-        view["extrapolation"] = _scaling_law_view(runs, model_capacity, adapter_capacity, scaling_law)
-    return view
-
-
-def _scaling_law_view(
-    runs: list[dict[str, Any]],
-    model_capacity: float | None,
-    adapter_capacity: float | None,
-    scaling_law: Mapping[str, Any],
-) -> dict[str, Any]:
-    law = dict(scaling_law)
-    unit = law.pop("dataset_size", "samples")
-    if unit not in ("samples", "tokens"):
-        raise UserError(f"scaling_law dataset_size={unit!r}: allowed 'samples' or 'tokens'.")
-    if set(law) != {"c1", "c2", "c3"}:
-        raise UserError(
-            f"scaling_law needs exactly the constants c1, c2, c3 (and optionally dataset_size); got "
-            f"{sorted(law)}. There are no default constants: supply ones you checked against data."
-        )
-    capacity, source = (model_capacity, "model") if model_capacity else (adapter_capacity, "adapter")
-    if not capacity:
-        raise UserError("scaling_law needs model_params (or adapter_params) to compute a capacity.")
-    key = "n_member_samples" if unit == "samples" else "n_member_tokens"
-    sizes = np.array([max(r[key], 1) for r in runs], dtype=np.float64)
-    constants = {k: float(v) for k, v in law.items()}
-    predicted = membership_f1_sigmoid_law(capacity, sizes, **constants)
-    return {
-        "label": "extrapolation",
-        "warning": (
-            "EXTRAPOLATION, not a measurement: a sigmoid law of membership F1 against capacity / "
-            "dataset size, fitted on models trained from scratch, evaluated with caller-supplied "
-            "constants. Check it against measured attacks before relying on it."
-        ),
-        "formula": "F1 = 1/2 * (1 + c1 * sigmoid(c2 * (capacity_bits / dataset_size + c3)))",
-        "constants": constants,
-        "capacity_source": source,
-        "dataset_size_unit": unit,
-        "per_run": [
-            {"run": r["run"], "dataset_size": float(s), "predicted_membership_f1": float(p)}
-            for r, s, p in zip(runs, sizes, predicted)
-        ],
-    }
-
-
-def parse_scaling_law(text: str) -> dict[str, Any]:
-    """Command-line form "c1=..,c2=..,c3=..[,dataset_size=samples|tokens]"."""
-    law: dict[str, Any] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise UserError(f"scaling law {text!r}: expected c1=..,c2=..,c3=..[,dataset_size=samples].")
-        key, value = key.strip(), value.strip()
-        law[key] = value if key == "dataset_size" else float(value)
-    return law
-
-
 __all__ = [
     "AGGREGATED_METRICS",
-    "DEFAULT_BITS_PER_PARAM",
     "DEFINITION",
     "LN2",
     "MemorizationError",
     "SEQUENCE_BITS",
     "Reference",
-    "capacity_view",
     "final_checkpoint_rows",
     "interval_over_runs",
     "mem_u_bits",
-    "membership_f1_sigmoid_law",
     "memorization_from_table",
     "parse_reference",
-    "parse_scaling_law",
     "per_sample_memorization",
     "resolve_reference",
     "rows_bits",

@@ -27,7 +27,8 @@ def memorization_command(
     loss table scored by the reference model. scaling_law: "c1=..,c2=..,c3=..[,dataset_size=samples|tokens]".
     options: what `memorization_from_table` takes (adapter_params, model_params, capacity_bits_per_param, n_boot,
     seed)."""
-    from llmaudit.analyze.memorization import memorization_from_table, parse_reference, parse_scaling_law
+    from llmaudit.analyze.memorization import memorization_from_table, parse_reference
+    from llmaudit.analyze.memorization_capacity import parse_scaling_law
     from llmaudit.report.memorization_md import markdown_section
     from llmaudit.store.losstable import read_loss_table
 

@@ -34,7 +34,7 @@ MAX_JSONL_BYTES = 16 * 2**30
 MAX_ROWS = 10_000_000
 """Records in one data file, rows in one loss table: above SMolInstruct's 3.3M training samples."""
 MAX_YAML_BYTES = 2**20
-"""A recipe (the shipped ones are 1-3 KB) or one `key=value` override."""
+"""A recipe (the shipped ones are a few KB) or one `key=value` override."""
 
 
 LFS_POINTER = b"version https://git-lfs"
@@ -138,7 +138,7 @@ class _PlainDataLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-# Dates and times (2024-01-01) are read as the strings they are written as, not as datetime objects.
+# Dates and times (YYYY-MM-DD ...) are read as the strings they are written as, not as datetime objects.
 _PlainDataLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()

@@ -3,8 +3,8 @@
 A long-lived process that frees large tensors does not always shrink: glibc's allocator keeps freed blocks below
 its mmap threshold (which grows up to 32 MiB as large blocks are freed) in its heaps for reuse. After a stage that
 allocated gigabytes (a fine-tuning run's activations, a scoring unit's quantized copy) the process would hold them
-while it waits, or while other processes work (`llmaudit audit`'s parent while two scoring processes run: 5.2 GiB
-measured on the verdict recipe). `release_memory` frees what Python no longer references and asks the allocator
+while it waits, or while other processes work (`llmaudit audit`'s parent while two scoring processes run;
+docs/results.md, "The verdict audit's memory and time, process by process"). `release_memory` frees what Python no longer references and asks the allocator
 to return its free pages (`malloc_trim(0)`); it is a no-op where the C library has no such call.
 """
 
@@ -36,11 +36,9 @@ __all__ = [
 MMAP_THRESHOLD = 4 << 20
 """Blocks of at least this many bytes get their own mapping, returned to the system when freed. glibc's default
 threshold starts at 128 KiB and rises to the largest block freed so far (up to 32 MiB, DYNAMIC_CEILING), after
-which a forward pass's float32 temporaries (4.5 and 12 MiB for 2048 tokens x 576 or 1536 on SmolLM2-135M) live in
-the heap and fragment it: scoring one bnb-int8 unit of the verdict recipe grew the process from 2.5 to 6.2 GiB; with
-the threshold fixed at 4 MiB from the process's start, 3.4 GiB (at 8 MiB from the unit's start, 5.2 GiB: the 4.5 MiB
-blocks fragment too). Mapping costs page faults: the bf16 scoring engine (stock layers, whose heap grows far less)
-ran 10% slower at 8 MiB, so only the units of real quantized layers are scored under it (`bounded_heap`)."""
+which a forward pass's float32 temporaries (a few MiB each on a small model) live in the heap and fragment it.
+Mapping costs page faults, so only the units of real quantized layers are scored under it (`bounded_heap`); the
+measurements behind the value: docs/results.md, "The verdict audit's memory and time, process by process"."""
 
 DYNAMIC_CEILING = 32 << 20
 """The value glibc's dynamic mmap threshold rises to on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX)."""
@@ -98,10 +96,8 @@ ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 TRAINING_PRIMITIVE_CACHE = 64
 """Primitives oneDNN keeps for reuse in a fine-tuning process (its default: 1024). A CPU's bf16 autocast makes a
 primitive, with its packed weights, for every distinct shape of matrix product, and the padded lengths of the
-training batches vary: on the verdict recipe the process grew by about 170 MiB per run (3.1 GiB at the first run's
-peak, 3.7 at the fourth), all of it in that cache. At 64 the peaks stayed at 3.0-3.2 GiB over four runs, at 46.9 s
-per run against 43.7 (one repetition against two; runs of one configuration vary by 10-20% on that box); at 16,
-2.9-3.1 GiB at 48.9 s (docs/results.md section 5)."""
+training batches vary, so without a bound the process grows run after run, all of it in that cache. The bound was
+chosen from the primitive-cache measurements of docs/results.md, section 5."""
 
 
 @contextlib.contextmanager

@@ -63,9 +63,17 @@ def torch_threads(n: int | None) -> Iterator[None]:
 
 
 def configure_threads(tiny_model: bool = False) -> int:
-    """CPU threads of a command: $LLMAUDIT_THREADS if set; 1 for a tiny model (its matrices are too small
-    for intra-op parallelism to pay: measured 3x faster on 1 thread than on 2 on a loaded 2-core machine);
-    otherwise torch's default."""
+    """CPU threads of a command: $LLMAUDIT_THREADS if set; 1 for a tiny model; otherwise torch's default.
+
+    A tiny model's matrices are too small for intra-op parallelism to pay: its ops are shorter than the thread
+    pool's hand-offs, so one thread is faster than several.
+
+    Args:
+        tiny_model (bool): the command runs a tiny model.
+
+    Returns:
+        int: the threads set.
+    """
     return set_threads(env_threads() or (1 if tiny_model else None))
 
 
@@ -201,7 +209,7 @@ def choose_compute_dtype(
 
 
 def legacy_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The rule of run stores made before the compute dtype was recorded: auto = float32 on a CPU, bfloat16 on a GPU."""
+    """The rule of run stores whose manifest records no compute dtype: auto = float32 on a CPU, bfloat16 on a GPU."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPE_NAMES[name]

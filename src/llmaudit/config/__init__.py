@@ -27,7 +27,7 @@ from llmaudit.config.fields import (
     SHARDS_WHY,
     UPPER_BOUND_WHY,
     RecipeError,
-    Section,
+    RecipeSection,
     size_field,
     without_runner_settings,
 )
@@ -88,7 +88,7 @@ __all__ = [
     "ReportConfig",
     "SHARDS_WHY",
     "ScoreConfig",
-    "Section",
+    "RecipeSection",
     "TrainConfig",
     "UPPER_BOUND_WHY",
     "UTILITY_METRICS",

@@ -11,12 +11,12 @@ from llmaudit.common.sbatch import option_problem, path_problem, value_problem
 from llmaudit.config.fields import (
     NODE_WHY,
     SHARDS_WHY,
-    Section,
+    RecipeSection,
     size_field,
 )
 
 
-class ClusterConfig(Section):
+class ClusterConfig(RecipeSection):
     """Batch settings of `llmaudit submit`: where the shard jobs run and what each one asks for.
 
     Not part of the experiment identity: moving an experiment between a laptop and a cluster, or

@@ -100,10 +100,11 @@ class RecipeError(UserError):
     """A recipe (or an override) is invalid. The message names the key, the value and the fix."""
 
 
-class Section(BaseModel):
-    """A config section: unknown keys refused, assignments and defaults validated, every float finite (NaN and
-    +-inf are refused when the recipe, an override or a store's recorded config loads: a limit of inf would
-    disable a criterion, a learning rate of inf trains to NaN, and JSON cannot write either back)."""
+class RecipeSection(BaseModel):
+    """The base of a recipe's sections (model, data, train, ...): unknown keys refused, assignments and defaults
+    validated, every float finite (NaN and +-inf are refused when the recipe, an override or a store's recorded
+    config loads: a limit of inf would disable a criterion, a learning rate of inf trains to NaN, and JSON cannot
+    write either back)."""
 
     model_config = ConfigDict(
         extra="forbid",

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
-from llmaudit.config.fields import CORES_WHY, MAX_QUANTIZERS, MAX_RUNS, RUNS_WHY, Section, size_field
+from llmaudit.config.fields import CORES_WHY, MAX_QUANTIZERS, MAX_RUNS, RUNS_WHY, RecipeSection, size_field
 from llmaudit.config.release_sets import MAX_SETS, check_set_shapes
 
 UTILITY_METRICS = (
@@ -26,7 +26,7 @@ UTILITY_METRICS = (
 """Values of report.utility_metric: the validation-loss ratio, the divergence from full precision, a task metric."""
 
 
-class ReportConfig(Section):
+class ReportConfig(RecipeSection):
     """Release checklist thresholds, and how the report stage runs."""
 
     processes: int | None = size_field(None, ge=1, le=256, why=CORES_WHY)

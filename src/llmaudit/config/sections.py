@@ -30,14 +30,14 @@ from llmaudit.config.fields import (
     RECEIVED,
     RUNS_WHY,
     SETS_FOLLOW_QUANTIZERS,
-    Section,
+    RecipeSection,
     size_field,
 )
 from llmaudit.config.release_sets import unknown_set_names
 from llmaudit.config.report_section import ReportConfig
 
 
-class BuiltinModelConfig(Section):
+class BuiltinModelConfig(RecipeSection):
     """Architecture of the tiny built-in model (`model.name: builtin:tiny-qwen2`) used by the CPU demo."""
 
     hidden_size: int = size_field(96, ge=8, le=4096, why=BUILTIN_WHY)
@@ -72,7 +72,7 @@ class BuiltinModelConfig(Section):
         return self
 
 
-class ModelConfig(Section):
+class ModelConfig(RecipeSection):
     """The base causal LM that every run fine-tunes."""
 
     name: str = "builtin:tiny-qwen2"
@@ -90,7 +90,7 @@ class ModelConfig(Section):
     """Settings of the built-in tiny model (ignored for hub or local models)."""
 
 
-class DataConfig(Section):
+class DataConfig(RecipeSection):
     """Where the SMolInstruct records come from and how the audited pool is drawn."""
 
     source: Literal["synthetic", "hub", "local"] = "synthetic"
@@ -131,7 +131,7 @@ class DataConfig(Section):
         return self
 
 
-class LoraSettings(Section):
+class LoraSettings(RecipeSection):
     """LoRA adapter settings (peft)."""
 
     r: int = size_field(
@@ -149,7 +149,7 @@ class LoraSettings(Section):
     """Module names that receive an adapter."""
 
 
-class TrainConfig(Section):
+class TrainConfig(RecipeSection):
     """Fine-tuning runs: how many, on what subset, and the optimisation."""
 
     runs: int = size_field(8, ge=1, le=MAX_RUNS, why=RUNS_WHY)
@@ -193,7 +193,7 @@ class TrainConfig(Section):
         return self
 
 
-class ScoreConfig(Section):
+class ScoreConfig(RecipeSection):
     """Scoring: which quantizers, on which device, with which batching."""
 
     quantizers: list[str] = Field(
@@ -329,10 +329,10 @@ LEGACY_ATTACK_NAMES = (
     "lira_offline",
     "lira_online",
 )
-"""Every attack before the attacks of 2024-2026: a recorded config listing exactly these asked for every attack."""
+"""A recorded config whose attack list is exactly these is read as asking for every registered attack."""
 
 
-class AttackConfig(Section):
+class AttackConfig(RecipeSection):
     """Membership inference attacks run on every quantizer's final checkpoint."""
 
     attacks: list[str] = Field(default_factory=lambda: ["all"], min_length=1, max_length=64, validate_default=True)
@@ -393,7 +393,7 @@ class AttackConfig(Section):
     """Seed of the bootstraps."""
 
 
-class ExperimentConfig(Section):
+class ExperimentConfig(RecipeSection):
     """A whole audit: model, data, runs, scoring, attacks and report."""
 
     name: str = "audit"
@@ -447,7 +447,8 @@ class ExperimentConfig(Section):
     def identity(self) -> dict[str, Any]:
         """The part of the config that defines the fine-tuned models: changing it makes a new experiment.
         (`model.trust_remote_code` is a permission given by whoever runs a command, not part of it.)"""
-        same = {"membership"} if self.train.membership == "fixed_fraction" else set()  # as stores made before it
+        # the default membership design leaves the identity as that of a config without the key
+        same = {"membership"} if self.train.membership == "fixed_fraction" else set()
         return {
             "model": self.model.model_dump(exclude={"trust_remote_code"}),
             "data": self.data.model_dump(),

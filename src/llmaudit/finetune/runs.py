@@ -107,8 +107,7 @@ def lora_on_base(base: Any, cfg: ExperimentConfig, run: int, device: torch.devic
     """The run's LoRA model. in_place (one process on a CPU): `base` itself is wrapped, and unwrapped on the way
     out whatever happens (peft's `unload`: its LoRA layers removed, its own layers back, its parameters' gradient
     flags and its modules' train/eval modes as they were); LoRA never writes the base's weights (they are frozen,
-    and nothing is merged), so the next run starts from the same base without the copy of the model (0.54 GB for
-    SmolLM2-135M in float32) each run made. Otherwise a copy is wrapped and moved to `device`."""
+    and nothing is merged), so the next run starts from the same base without a copy of the model per run. Otherwise a copy is wrapped and moved to `device`."""
     if not in_place:
         yield _lora_model(copy.deepcopy(base), cfg, run).to(device)
         return

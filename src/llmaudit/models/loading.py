@@ -57,7 +57,8 @@ def import_gptqmodel_quietly() -> None:
 
     The import runs in a thread of its own: gptqmodel keeps an exception's traceback from its import, which holds
     every frame that was on the stack then, with their locals, for the life of the process (imported inside the
-    first LoRA wrap of a fine-tuning job, it held that caller's model for good: 0.5 GiB for SmolLM2-135M)."""
+    first LoRA wrap of a fine-tuning job, it held that caller's model for good; docs/results.md, "The verdict
+    audit's memory and time, process by process")."""
     if "gptqmodel" in sys.modules or os.environ.get("LLMAUDIT_LOG") or importlib.util.find_spec("gptqmodel") is None:
         return
     captured = io.StringIO()

@@ -79,9 +79,8 @@ def autocast_to(device: torch.device | str, dtype: torch.dtype | None) -> Any:
 
 CPU_ACTIVATION_BYTES = 3 * 2**29
 """On a CPU, the activations one forward/backward pass of fine-tuning may hold (1.5 GiB): train.token_budget's
-default is this over `activation_bytes_per_token`. Measured on SmolLM2-135M under bf16 autocast: a batch of 8 x
-192 tokens held 2.4 GiB whole (1.56 MB per token; the estimate says 1.66) and the process peaked at 4.7 GiB; in
-two slices of 4 rows, 3.2 GiB."""
+default is this over `activation_bytes_per_token` (the measurements behind it: docs/results.md, "The verdict
+audit's memory and time, process by process")."""
 
 
 def activation_bytes_per_token(config: Any) -> int | None:
@@ -141,8 +140,8 @@ class TrainSettings:
     """How `train_epochs` optimises: one typed object passed down whole (never unpacked into argument lists).
 
     autocast: run the forward passes under torch.autocast to this dtype (bf16 matmuls over float32 weights, the
-    loss in float32): what a bf16 store trains in on a CPU (measured there 2x faster than bf16 weights with
-    float32 adapters, and several times faster than float32 on a CPU with AVX512-BF16)."""
+    loss in float32): what a bf16 store trains in on a CPU (faster there than bf16 weights with float32
+    adapters, and than float32 on a CPU with AVX512-BF16)."""
 
     epochs: int
     batch_size: int

@@ -50,39 +50,76 @@ class AnswerLine:
     utility: str
 
     def segments(self) -> list[str]:
-        """The line's parts after the verdict, in order, none empty."""
+        """The line's parts after the verdict, in order.
+
+        Returns:
+            The deciding criterion, the leakage, the comparison with full precision and the utility, none empty.
+        """
         parts = [self.deciding, self.leakage, self.comparison, self.utility]
         return [p for p in parts if p]
 
     def text(self) -> str:
-        """The whole line: `quantizer  VERDICT  segment; segment; ...`."""
+        """The whole line: `quantizer  VERDICT  segment; segment; ...`.
+
+        Returns:
+            The line's text.
+        """
         return f"{self.quantizer}  {self.status}  " + "; ".join(self.segments())
 
 
 def interval_text(low: float | None, high: float | None, *, signed: bool = False) -> str:
-    """ " [low, high]" as every rendering writes an interval ('' when a side is missing)."""
+    """An interval as every rendering writes it: " [low, high]".
+
+    Args:
+        low: the lower end, or None.
+        high: the upper end, or None.
+        signed: write each end with its sign and three decimals (a difference).
+
+    Returns:
+        The text with its leading space; '' when a side is missing.
+    """
     if low is None or high is None:
         return ""
     return f" [{low:+.3f}, {high:+.3f}]" if signed else f" [{fmt_num(low)}, {fmt_num(high)}]"
 
 
 def proportion_bounds(e: Estimate) -> tuple[float | None, float | None]:
-    """A TPR's interval with a one-sided bound's open side closed at the proportion's own limit (0 or 1): a
-    one-sided lower bound L reads [L, 1]. (None, None) when neither side was computed."""
+    """A TPR's interval with a one-sided bound's open side closed at the proportion's own limit (0 or 1).
+
+    Args:
+        e: the estimate; a one-sided lower bound L reads [L, 1].
+
+    Returns:
+        (low, high); (None, None) when neither side was computed.
+    """
     if e.low is None and e.high is None:
         return None, None
     return (0.0 if e.low is None else e.low), (1.0 if e.high is None else e.high)
 
 
 def headline_text(e: Estimate | None) -> str:
-    """THE leakage number with its interval: "TPR 0.140 [0.074, 0.248]" ("TPR n/a" when not measured)."""
+    """The headline leakage with its interval: "TPR 0.140 [0.074, 0.248]".
+
+    Args:
+        e: the headline estimate, or None.
+
+    Returns:
+        The text; "TPR n/a" when not measured.
+    """
     if e is None or e.value is None:
         return "TPR n/a"
     return f"TPR {fmt_num(e.value)}{interval_text(*proportion_bounds(e))}"
 
 
 def level(confidence: float | None) -> str:
-    """An interval's confidence as a percentage ("90%"), read from the numbers; '' where none was recorded."""
+    """An interval's confidence as a percentage ("90%").
+
+    Args:
+        confidence: the confidence as a fraction, or None.
+
+    Returns:
+        The percentage; '' where none was recorded.
+    """
     return "" if confidence is None else f"{100 * confidence:.3g}%"
 
 
@@ -94,7 +131,15 @@ def _status_words(c: Criterion, name: str, value: str, limit: str) -> str:
 
 
 def criterion_words(c: Criterion, row: GridRow) -> str:
-    """One criterion in words with its estimate, interval and limit: "validation loss +663.0% [...] > +10%"."""
+    """One criterion in words with its estimate, interval and limit: "validation loss +663.0% [...] > +10%".
+
+    Args:
+        c: the checklist criterion.
+        row: its quantizer's grid row (the headline leakage).
+
+    Returns:
+        The words.
+    """
     if c.id == "attack_tpr":
         head = headline_of(row)
         value = "" if head is None or head.value is None else headline_text(head)
@@ -114,14 +159,28 @@ def criterion_words(c: Criterion, row: GridRow) -> str:
 
 
 def deciding_criterion(report: ReportJson, q: str) -> Criterion | None:
-    """The criterion that keeps quantizer q from PASS: the worst-judged one, the first in checklist order among
-    equals; None when every criterion PASSes (or is DISABLED)."""
+    """The criterion that keeps a quantizer from PASS: the worst-judged one, the first in checklist order among equals.
+
+    Args:
+        report: the typed report.
+        q: the quantizer.
+
+    Returns:
+        The criterion; None when every criterion PASSes (or is DISABLED).
+    """
     bad = [c for c in report.checklist.per_quantizer[q].criteria if c.status in SEVERITY and c.status != PASS]
     return max(bad, key=lambda c: SEVERITY[c.status]) if bad else None
 
 
 def comparison_text(row: GridRow) -> str:
-    """MORE / SAME / LESS than full precision with the paired difference and its interval ('' for the reference)."""
+    """MORE / SAME / LESS than full precision with the paired difference and its interval.
+
+    Args:
+        row: the quantizer's grid row.
+
+    Returns:
+        The words; '' for the reference, "not measured" without a comparison.
+    """
     if row.is_reference:
         return ""
     d = decision_of(row)
@@ -135,14 +194,29 @@ def comparison_text(row: GridRow) -> str:
 
 
 def utility_text(c: Criterion) -> str:
-    """The utility the quantizer keeps, with its interval: "val loss +1.2% [+0.8%, +1.6%]"."""
+    """The utility the quantizer keeps, with its interval: "val loss +1.2% [+0.8%, +1.6%]".
+
+    Args:
+        c: the utility criterion.
+
+    Returns:
+        The words, on the metric the criterion reads.
+    """
     if (c.metric or "loss") == "loss":
         return "val loss n/a" if c.value is None else f"val loss {fmt_pct(c.value)}{fmt_pct_ci(c.ci)}"
     return f"{c.metric} {fmt_num(c.value)}{fmt_ci(c.ci)}"
 
 
 def answer_line(report: ReportJson, q: str) -> AnswerLine:
-    """Quantizer q's line of the answer."""
+    """A quantizer's line of the answer.
+
+    Args:
+        report: the typed report.
+        q: the quantizer.
+
+    Returns:
+        Its verdict with the deciding criterion, leakage, comparison with full precision and utility.
+    """
     row, crit = report.row(q), report.criteria(q)
     decided = deciding_criterion(report, q)
     leakage = criterion_words(crit["attack_tpr"], row)
@@ -164,7 +238,14 @@ def answer_line(report: ReportJson, q: str) -> AnswerLine:
 
 
 def candidate_lines(report: ReportJson) -> list[AnswerLine]:
-    """One line per candidate quantizer (every quantizer but the full-precision reference), in grid order."""
+    """One line per candidate quantizer (every quantizer but the full-precision reference), in grid order.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The lines.
+    """
     return [answer_line(report, r.quantizer) for r in report.grid if not r.is_reference]
 
 
@@ -172,8 +253,16 @@ NOT_AUDITED = "NOT AUDITED"
 
 
 def left_out(report: ReportJson) -> list[tuple[str, str]]:
-    """(quantizer, why) for each quantizer the recipe asked for only where it can run (score.if_available) that
-    could not run where the store was scored: shown in the answer beside the candidates, never skipped silently."""
+    """The quantizers the recipe asked for only where they can run (score.if_available) that could not run.
+
+    Shown in the answer beside the candidates, never skipped silently.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        (quantizer, why) for each one left out where the store was scored.
+    """
     return [
         (q, f"left out on the machine that scored it: {why}")
         for q, why in report.provenance.left_out_quantizers.items()
@@ -181,6 +270,14 @@ def left_out(report: ReportJson) -> list[tuple[str, str]]:
 
 
 def reference_row(report: ReportJson) -> GridRow | None:
+    """The full-precision reference's grid row.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The row, or None when no reference was audited.
+    """
     return next((r for r in report.grid if r.is_reference), None)
 
 
@@ -209,7 +306,14 @@ def _consequence(report: ReportJson, leaks: bool) -> str:
 
 
 def baseline_sentence(report: ReportJson) -> str:
-    """The first sentence of the answer: does the fine-tune itself leak at full precision?"""
+    """The first sentence of the answer: does the fine-tune itself leak at full precision?
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The sentence, with the reference's headline leakage, its interval and the limit.
+    """
     ref = reference_row(report)
     if ref is None:
         return "No full-precision reference was audited, so the audit cannot say whether the fine-tune itself leaks."
@@ -244,8 +348,15 @@ def _fpr_words(report: ReportJson) -> str:
 
 
 def recommendation_of(report: ReportJson) -> Recommendation:
-    """The report's recommendation; ranked again from its own rows where report.json was written by an llmaudit
-    that offered the full-precision reference as a candidate, or before the explanation existed."""
+    """The report's recommendation, ranked again from its own rows where report.json's names the full-precision
+    reference or carries no explanation.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The recommendation with its explanation.
+    """
     rec = report.recommendation
     if rec.explanation is not None and (rec.quantizer is None or rec.quantizer != report.reference_quantizer):
         return rec
@@ -256,8 +367,16 @@ def recommendation_of(report: ReportJson) -> Recommendation:
 
 
 def conclusion(report: ReportJson) -> str:
-    """What may be released, in one sentence (the last line of the answer). The full-precision reference is the
-    baseline every quantizer is compared with, never a candidate."""
+    """What may be released, in one sentence (the last line of the answer).
+
+    The full-precision reference is the baseline every quantizer is compared with, never a candidate.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The sentence.
+    """
     rec = recommendation_of(report)
     q = rec.quantizer
     if q is not None and rec.cleared_for_release:
@@ -274,15 +393,32 @@ def conclusion(report: ReportJson) -> str:
 
 
 def cleared_kind(report: ReportJson) -> str:
-    """cleared (a quantization may be released), notcleared (none is), none (none keeps the model)."""
+    """Whether the answer clears a quantization.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        "cleared" (a quantization may be released), "notcleared" (none is) or "none" (none keeps the model).
+    """
     rec = recommendation_of(report)
     return "none" if rec.quantizer is None else "cleared" if rec.cleared_for_release else "notcleared"
 
 
 def wrap_segments(head: str, segments: list[str], width: int, indent: int) -> list[str]:
-    """`head` (ending in a space) followed by `segments` joined with "; ", wrapped at `width` columns between
-    segments; a segment longer than a line is wrapped between words, never inside an interval "[low, high]".
-    Continuation lines are indented by `indent` spaces."""
+    """`head` followed by `segments` joined with "; ", wrapped between segments.
+
+    A segment longer than a line is wrapped between words, never inside an interval "[low, high]".
+
+    Args:
+        head: the start of the first line, ending in a space.
+        segments: the parts.
+        width: the most columns of a line.
+        indent: spaces before each continuation line.
+
+    Returns:
+        The lines.
+    """
     pieces = [seg + (";" if i < len(segments) - 1 else "") for i, seg in enumerate(segments)]
     lines, current, fresh, pad = [], head, True, " " * indent
     for piece in pieces:
@@ -318,7 +454,14 @@ def _held_out(report: ReportJson) -> int | None:
 
 
 def design_sentence(report: ReportJson) -> str:
-    """The membership design in words: a recipe's random draws from a pool, or an import's own split."""
+    """The membership design in words: a recipe's random draws from a pool, or an import's own split.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The sentence.
+    """
     mem = report.provenance.membership
     runs = None if mem is None else mem.runs
     pool = None if mem is None else mem.pool_size

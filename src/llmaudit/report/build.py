@@ -13,6 +13,7 @@ from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
 from llmaudit.report.model_base import dig
 from llmaudit.report.policy import checklist_tpr, release_checklist, thresholds_of
 from llmaudit.report.recommend import explain_recommendation, recommend
+from llmaudit.report.section_registry import built_section_data
 from llmaudit.report.utility import utility_summary
 
 REPORT_SCHEMA_VERSION = 4
@@ -333,4 +334,5 @@ def build_report(
         "plots": {},
         "result": result,
     }
+    report |= built_section_data(result, report)  # the registered sections' own data (section_registry)
     return to_strict_json(report)

@@ -30,24 +30,52 @@ def _unmark(value: Any) -> str:
 
 
 def lit(value: Any) -> str:
-    """Data (a name, a path, a reason) inside prose: shown verbatim, never read as Markdown or HTML."""
+    """Mark data (a name, a path, a reason) inside prose: shown verbatim, never read as Markdown or HTML.
+
+    Args:
+        value: the data.
+
+    Returns:
+        The marked text, control characters blanked.
+    """
     return f"{LIT[0]}{_clean(value)}{LIT[1]}"
 
 
 def code(value: Any) -> str:
-    """Data shown in code style, verbatim."""
+    """Mark data shown in code style, verbatim.
+
+    Args:
+        value: the data.
+
+    Returns:
+        The marked text, control characters blanked.
+    """
     return f"{CODE[0]}{_clean(value)}{CODE[1]}"
 
 
 def md_escape(text: str) -> str:
-    """Text that CommonMark renders exactly as written (no emphasis, links, HTML or table breaks), on one line:
-    line breaks and control characters become spaces. The one escaping of data in report.md and model_card.md."""
+    """Text that CommonMark renders exactly as written (no emphasis, links, HTML or table breaks), on one line.
+
+    The one escaping of data in report.md and model_card.md.
+
+    Args:
+        text: the text.
+
+    Returns:
+        The escaped text; line breaks and control characters become spaces.
+    """
     return _MD_SPECIAL.sub(r"\\\1", _clean(text))
 
 
 def md_code(text: str) -> str:
-    """A Markdown code span holding `text` verbatim (fenced with more backticks than it contains), on one line:
-    a line break inside a span could end the paragraph and start a block of its own."""
+    """A Markdown code span holding `text` verbatim, on one line (a line break inside a span could end the paragraph).
+
+    Args:
+        text: the text.
+
+    Returns:
+        The span, fenced with more backticks than the text contains, its pipes escaped for a table.
+    """
     text = _clean(text)
     longest = max((len(m) for m in re.findall("`+", text)), default=0)
     fence = "`" * (longest + 1)
@@ -56,7 +84,14 @@ def md_code(text: str) -> str:
 
 
 def to_markdown(text: str) -> str:
-    """View text (Markdown-lite written by llmaudit, with marked data) as Markdown."""
+    """View text (Markdown-lite written by llmaudit, with marked data) as Markdown.
+
+    Args:
+        text: the view text.
+
+    Returns:
+        Markdown, its marked data escaped (`md_escape`) or in code spans (`md_code`).
+    """
     out = []
     for part in _SEGMENTS.split(text):
         if part.startswith(LIT[0]):
@@ -69,8 +104,14 @@ def to_markdown(text: str) -> str:
 
 
 def to_html(text: str) -> str:
-    """View text as HTML: llmaudit's own `code` and **bold** become tags (bold may span marked data); marked data
-    is only escaped, never read as markup."""
+    """View text as HTML: llmaudit's own `code` and **bold** become tags (bold may span marked data).
+
+    Args:
+        text: the view text.
+
+    Returns:
+        HTML; marked data is only escaped, never read as markup.
+    """
     data: list[str] = []
     own = []
     for part in _SEGMENTS.split(text):
@@ -97,6 +138,11 @@ class Cell:
         self.text, self.sub, self.status, self.code, self.unreliable = text, sub, status, code, unreliable
 
     def md(self) -> str:
+        """The cell in a Markdown table.
+
+        Returns:
+            Its text (bold with a status, a code span in code style), the unreliable mark and the interval.
+        """
         if self.code:
             text = md_code(_unmark(self.text))
         else:
@@ -107,6 +153,11 @@ class Cell:
         return text + mark + sub
 
     def html(self) -> str:
+        """The cell in an HTML table.
+
+        Returns:
+            Its text (a badge with a status), the unreliable mark, and the interval on a second line.
+        """
         text = _whole_intervals(html.escape(_unmark(self.text)))
         if self.code:
             text = f"<code>{text}</code>"
@@ -135,7 +186,17 @@ def _status_class(status: str) -> str:
 
 
 def value_cell(value: Any, ci: Any = None, digits: int = 3, *, unreliable: bool = False) -> Cell:
-    """A number with its interval (brackets in Markdown, a second line in HTML)."""
+    """A number with its interval (brackets in Markdown, a second line in HTML).
+
+    Args:
+        value: the number, or None.
+        ci: its interval [low, high], or None.
+        digits: significant digits.
+        unreliable: mark the estimate as unreliable.
+
+    Returns:
+        The cell.
+    """
     return Cell(fmt_num(value, digits), fmt_ci(ci, digits).strip(), unreliable=unreliable)
 
 

@@ -116,14 +116,28 @@ class GateSummary(_Model):
 
 
 def gate_schema() -> dict[str, Any]:
-    """gate.json's JSON Schema (draft 2020-12), generated from GateSummary."""
+    """gate.json's JSON Schema (draft 2020-12), generated from GateSummary.
+
+    Returns:
+        dict[str, Any]: the schema.
+    """
     schema = GateSummary.model_json_schema(ref_template="#/$defs/{model}")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "llmaudit/gate_schema/v1"} | schema
 
 
 def released(report: ReportJson, release: str | None) -> str | None:
-    """The quantizer the gate judges: `release`, or the recommended one. An unknown name is bad input
-    (UnknownQuantizerError, exit 2) with the closest name."""
+    """The quantizer the gate judges: `release`, or the recommended one.
+
+    Args:
+        report (ReportJson): the report.
+        release (str | None): the quantizer named by --release, None for the recommended one.
+
+    Returns:
+        str | None: the quantizer's name; None when `release` is None and no quantizer is recommended.
+
+    Raises:
+        UnknownQuantizerError: `release` is not in the report (bad input, exit 2); the message names the closest name.
+    """
     if release is not None:
         if release not in report.quantizers:
             raise UnknownQuantizerError(
@@ -135,8 +149,18 @@ def released(report: ReportJson, release: str | None) -> str | None:
 
 
 def gate_decision(report: dict[str, Any] | ReportJson, release: str | None) -> tuple[bool, str]:
-    """(cleared, the reason line) for the quantizer a release ships (`release`, default the recommended one):
-    cleared only when its overall verdict is PASS. Raises UnknownQuantizerError for a `release` not in the report."""
+    """Whether the quantizer a release ships is cleared: only when its overall verdict is PASS.
+
+    Args:
+        report (dict[str, Any] | ReportJson): report.json's content, or the typed report.
+        release (str | None): the quantizer shipped, None for the recommended one.
+
+    Returns:
+        tuple[bool, str]: (cleared, the reason line).
+
+    Raises:
+        UnknownQuantizerError: `release` is not in the report.
+    """
     report = as_report(report)
     q = released(report, release)
     if q is None:
@@ -185,7 +209,18 @@ def _quantizer(report: ReportJson, q: str, release: str | None) -> GateQuantizer
 
 
 def gate_summary(report: dict[str, Any] | ReportJson, release: str | None) -> GateSummary:
-    """gate.json's content: the gate's answer for the quantizer released and every quantizer's verdict."""
+    """gate.json's content: the gate's answer for the quantizer released and every quantizer's verdict.
+
+    Args:
+        report (dict[str, Any] | ReportJson): report.json's content, or the typed report.
+        release (str | None): the quantizer shipped, None for the recommended one.
+
+    Returns:
+        GateSummary: the content.
+
+    Raises:
+        UnknownQuantizerError: `release` is not in the report.
+    """
     report = as_report(report)
     q = released(report, release)
     cleared, reason = gate_decision(report, release)
@@ -208,8 +243,15 @@ def gate_summary(report: dict[str, Any] | ReportJson, release: str | None) -> Ga
 
 
 def junit_xml(summary: GateSummary) -> str:
-    """JUnit XML: one testcase per quantizer, a failure for each one not PASS (its message: the deciding
-    criterion), the released quantizer and the gate's answer as the suite's properties."""
+    """The gate's answer as JUnit XML.
+
+    Args:
+        summary (GateSummary): gate.json's content.
+
+    Returns:
+        str: one testcase per quantizer, a failure for each one not PASS (its message: the deciding criterion), the
+            released quantizer and the gate's answer as the suite's properties.
+    """
     failures = sum(1 for q in summary.quantizers if q.verdict != "PASS")
     attrs = {"name": f"llmaudit release gate: {summary.experiment}", "tests": str(len(summary.quantizers))}
     attrs |= {"failures": str(failures), "errors": "0", "skipped": "0"}
@@ -234,8 +276,14 @@ def junit_xml(summary: GateSummary) -> str:
 
 
 def step_summary(summary: GateSummary) -> str:
-    """The gate's answer as GitHub-flavoured Markdown (a job's step summary): the answer, then one table row per
-    quantizer."""
+    """The gate's answer as GitHub-flavoured Markdown (a job's step summary).
+
+    Args:
+        summary (GateSummary): gate.json's content.
+
+    Returns:
+        str: the answer, then one table row per quantizer.
+    """
     head = "cleared" if summary.cleared else "BLOCKED"
     lines = [
         f"### llmaudit release gate: {md_escape(str(summary.experiment))}",
@@ -257,8 +305,21 @@ def step_summary(summary: GateSummary) -> str:
 
 
 def write_gate_outputs(report: dict[str, Any] | ReportJson, release: str | None, out_dir: Path) -> dict[str, Path]:
-    """gate.json (validated against its schema), gate.schema.json and gate-junit.xml in `out_dir`, and the step
-    summary appended to $GITHUB_STEP_SUMMARY when it is set. Returns {kind: path}."""
+    """Write gate.json (validated against its schema), gate.schema.json and gate-junit.xml in `out_dir`.
+
+    The step summary is appended to $GITHUB_STEP_SUMMARY when it is set.
+
+    Args:
+        report (dict[str, Any] | ReportJson): report.json's content, or the typed report.
+        release (str | None): the quantizer shipped, None for the recommended one.
+        out_dir (Path): where the files go.
+
+    Returns:
+        dict[str, Path]: {kind: path} of every file written (and the step summary's).
+
+    Raises:
+        UnknownQuantizerError: `release` is not in the report.
+    """
     summary = gate_summary(report, release)
     content = summary.model_dump(mode="json")
     schema = gate_schema()

@@ -8,11 +8,10 @@ import base64
 import html
 from typing import Any
 
-from llmaudit.report.answer import cleared_kind
 from llmaudit.report.cells import Section, Table, to_html
 from llmaudit.report.models import ReportJson, as_report
 from llmaudit.report.plots import FIGURES, WIDE_FIGURES
-from llmaudit.report.view import sections
+from llmaudit.report.view import shown_sections
 
 _CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;color:#1d1d1f;background:#fafafa;font-size:14px;line-height:1.45}
@@ -52,17 +51,6 @@ footer{color:#777;font-size:11.5px;margin-top:30px}
 def _row_class(t: Table, i: int) -> str:
     classes = (["rec"] if t.marked_row == i else []) + (["ref"] if i == 0 and t.highlight_first else [])
     return f' class="{" ".join(classes)}"' if classes else ""
-
-
-def _banner(report: ReportJson, answer: Section) -> str:
-    """The answer at the top of the page (`llmaudit.report.answer`): the full-precision baseline, one line per
-    candidate, what may be released; green when a quantization is cleared, amber when none is, red when none
-    keeps enough utility."""
-    body = "".join(f"<p>{to_html(p)}</p>" for p in answer.paras)
-    if answer.bullets:
-        body += "<ul>" + "".join(f"<li>{to_html(b)}</li>" for b in answer.bullets) + "</ul>"
-    body += "".join(f'<p class="conclusion">{to_html(p)}</p>' for p in answer.closing)
-    return f'<div class="banner {cleared_kind(report)}" role="status" id="answer">{body}</div>'
 
 
 def _html_table(t: Table) -> str:
@@ -126,12 +114,19 @@ def _section_html(s: Section, figures: dict[str, bytes]) -> list[str]:
 
 
 def render_html(report: dict[str, Any] | ReportJson, figures: dict[str, bytes]) -> str:
-    """One self-contained HTML file: inline CSS, figures as data: URIs, no scripts, no external resources. The
-    answer is the banner at the top; the diagnostics are folded (<details>) under their titles."""
+    """The report as one self-contained HTML file: inline CSS, figures as data: URIs, no scripts, no external
+    resources; every registered section this report shows, in order (the shipped answer as the banner at the top,
+    the diagnostics folded under their titles).
+
+    Args:
+        report: the report, typed or as read from report.json.
+        figures: the PNG bytes of each drawn figure by name; a figure not drawn is left out.
+
+    Returns:
+        report.html's text.
+    """
     report = as_report(report)
-    secs = sections(report)
-    answer = next(s for s in secs if s.anchor == "answer")
-    rest = [s for s in secs if s.anchor != "answer"]
+    shown = shown_sections(report)
     name = html.escape(str(report.provenance.experiment_name))
     parts = [
         "<!DOCTYPE html>",
@@ -140,11 +135,10 @@ def render_html(report: dict[str, Any] | ReportJson, figures: dict[str, bytes]) 
         f"<title>llmaudit report: {name}</title>",
         f"<style>{_CSS}</style></head><body><main>",
         f"<h1>llmaudit report: {name}</h1>",
-        "<nav>" + "".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in rest) + "</nav>",
-        _banner(report, answer),
+        "<nav>" + "".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for c, s in shown if c.nav) + "</nav>",
     ]
-    for s in rest:
-        parts += _section_html(s, figures)
+    for section, s in shown:
+        parts += [section.html(report, s)] if section.html is not None else _section_html(s, figures)
     parts.append(
         f"<footer>Generated {html.escape(str(report.generated_utc))} by llmaudit {html.escape(str(report.llmaudit_version))}; "
         f"report schema v{report.report_schema_version}. Self-contained: no scripts, no external resources.</footer>"

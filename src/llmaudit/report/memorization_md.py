@@ -106,8 +106,16 @@ def _capacity_lines(cap: Mapping[str, Any], h: str) -> list[str]:
 
 
 def markdown_section(result: Mapping[str, Any], *, heading_level: int = 2) -> str:
-    """The report section: a summary table with one row per quantizer (mean over runs [95% interval]),
-    a per-run table for each quantizer, and the capacity view."""
+    """The memorization command's Markdown: a summary table with one row per quantizer (mean over runs [95%
+    interval]), a per-run table for each quantizer, and the capacity view.
+
+    Args:
+        result: the memorization result (`llmaudit.analyze.memorization`).
+        heading_level: the level of the section's headings (2 writes "##").
+
+    Returns:
+        The Markdown text, ending in a newline.
+    """
     h = "#" * heading_level
     lines = _summary_lines(result, h) + _per_run_lines(result, h) + _capacity_lines(result["capacity"], h)
     if result.get("notes"):

@@ -59,8 +59,15 @@ def _e(value: Any) -> str:
 
 
 def public(value: Any) -> str:
-    """A value as the public card may show it: an absolute path (a local model, data file or cache) becomes its
-    file name; anything else as it is."""
+    """A value as the public card may show it: an absolute path (a local model, data file or cache) becomes its file
+    name.
+
+    Args:
+        value (Any): a value from the report.
+
+    Returns:
+        str: the file name of an absolute path; anything else as it is.
+    """
     text = str(value)
     if text.startswith(("/", "~")) or (len(text) > 2 and text[1] == ":" and text[2] in "\\/"):
         return PurePath(text.replace("\\", "/")).name or "a local path"
@@ -73,17 +80,34 @@ _ABSOLUTE = re.compile(r"(?<![\w.])(?:/[\w.@+-]+){2,}/?")
 
 
 def scrub(text: str) -> str:
-    """A sentence from report.json (a criterion's reason) as the public card may say it: no reference to
-    llmaudit's documents, no configuration key (`score.matched_base=true` becomes "a setting of the audit"), no
-    absolute path (its file name instead)."""
+    """A sentence from report.json (a criterion's reason) as the public card may say it.
+
+    Args:
+        text (str): the sentence.
+
+    Returns:
+        str: the sentence with no reference to llmaudit's documents, no configuration key (`score.matched_base=true`
+            becomes "a setting of the audit") and no absolute path (its file name instead).
+    """
     text = _DOC_REFERENCE.sub("", text)
     text = _CONFIG_KEY.sub("a setting of the audit", text)
     return _ABSOLUTE.sub(lambda m: PurePath(m.group(0)).name, text)
 
 
 def released_quantizer(report: dict[str, Any] | ReportJson, quantizer: str | None) -> str:
-    """The quantizer the card is about: `quantizer` if the report holds it, else the recommended one, else (no
-    quantization within the utility budget) the full-precision reference, the model a team would ship unquantized."""
+    """The quantizer the card is about.
+
+    Args:
+        report (dict[str, Any] | ReportJson): report.json's content, or the typed report.
+        quantizer (str | None): the quantizer asked for, None for the recommended one.
+
+    Returns:
+        str: `quantizer` if the report holds it, else the recommended one, else (no quantization within the utility
+            budget) the full-precision reference, the model a team would ship unquantized.
+
+    Raises:
+        UnknownQuantizerError: `quantizer` is not in the report; the message names the closest name.
+    """
     report = as_report(report)
     names = list(report.quantizers)
     if quantizer is not None:
@@ -308,12 +332,21 @@ def _limits(report: ReportJson, q: str) -> list[str]:
 
 
 def render_model_card(report: dict[str, Any] | ReportJson, *, quantizer: str | None = None) -> str:
-    """The model card (YAML metadata and privacy section, Markdown) for the quantizer released (default: the
-    recommended one). Every string from the report goes through the escaping report.md uses (`md_escape`,
-    `md_code`).
+    """The model card (YAML metadata and privacy section, Markdown) for the quantizer released.
 
-    Raises UnknownQuantizerError when `quantizer` is not in the report, MalformedReportError when the report
-    lacks what the card reads (an edited or foreign report.json)."""
+    Every string from the report goes through the escaping report.md uses (`md_escape`, `md_code`).
+
+    Args:
+        report (dict[str, Any] | ReportJson): report.json's content, or the typed report.
+        quantizer (str | None): the quantizer released, None for the recommended one.
+
+    Returns:
+        str: the card's Markdown.
+
+    Raises:
+        UnknownQuantizerError: `quantizer` is not in the report.
+        MalformedReportError: the report lacks what the card reads (an edited or foreign report.json).
+    """
     try:
         typed = as_report(report)
         return _render(typed, released_quantizer(typed, quantizer))

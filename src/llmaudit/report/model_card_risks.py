@@ -23,7 +23,15 @@ def _est(e: Estimate | None) -> str:
 
 
 def extraction_line(report: ReportJson, q: str) -> str | None:
-    """'Extraction (q): greedy members ..., non-members ...; (n, p) ...; against full precision: ...'."""
+    """The card's line on extraction: greedy members and non-members, (n, p), and the comparison with full precision.
+
+    Args:
+        report (ReportJson): the typed report.
+        q (str): the quantizer released.
+
+    Returns:
+        str | None: the Markdown line; None where extraction was not measured for `q`.
+    """
     ex = report.extraction
     block = ex.risk.per_quantizer.get(q) if ex is not None else None
     if block is None:
@@ -43,7 +51,15 @@ def extraction_line(report: ReportJson, q: str) -> str | None:
 
 
 def epsilon_line(report: ReportJson, q: str) -> str | None:
-    """'Privacy-loss lower bound (q): epsilon >= x ...' or why the audit could not compute one."""
+    """The card's line on the privacy-loss lower bound (epsilon >= x ...), or why the audit could not compute one.
+
+    Args:
+        report (ReportJson): the typed report.
+        q (str): the quantizer released.
+
+    Returns:
+        str | None: the Markdown line; None where the report has no epsilon block, or no measured bound for `q`.
+    """
     eps = report.epsilon
     if eps is None:
         return None
@@ -61,8 +77,16 @@ def epsilon_line(report: ReportJson, q: str) -> str | None:
 
 
 def release_set_lines(report: ReportJson, q: str) -> list[str]:
-    """One line per release set that holds the released quantization: its verdict and the comparison with its
-    best single file."""
+    """One line per release set that holds the released quantization: its verdict and the comparison with its best
+    single file.
+
+    Args:
+        report (ReportJson): the typed report.
+        q (str): the quantizer released.
+
+    Returns:
+        list[str]: the Markdown lines (empty without such a set).
+    """
     out = []
     for s in report.release_sets:
         if q not in s.files:
@@ -78,6 +102,14 @@ def release_set_lines(report: ReportJson, q: str) -> list[str]:
 
 
 def risk_lines(report: ReportJson, q: str) -> list[str]:
-    """The card's lines on extraction, release sets and the privacy-loss bound (empty when none applies)."""
+    """The card's lines on extraction, release sets and the privacy-loss bound.
+
+    Args:
+        report (ReportJson): the typed report.
+        q (str): the quantizer released.
+
+    Returns:
+        list[str]: the Markdown lines (empty when none applies).
+    """
     lines = [extraction_line(report, q), *release_set_lines(report, q), epsilon_line(report, q)]
     return [line for line in lines if line]

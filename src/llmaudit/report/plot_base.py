@@ -26,10 +26,26 @@ LABEL_GID = "point-label"
 
 
 def finite(x: Any) -> bool:
+    """Whether a value is a finite number (not a bool).
+
+    Args:
+        x: the value.
+
+    Returns:
+        True for a finite int or float.
+    """
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def png(fig: Figure) -> bytes:
+    """A figure as PNG bytes, the same bytes for the same figure (no version or date in the metadata).
+
+    Args:
+        fig: the figure.
+
+    Returns:
+        The PNG.
+    """
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     # metadata=None entries drop the matplotlib version/date so the same report gives the same bytes
@@ -38,7 +54,14 @@ def png(fig: Figure) -> bytes:
 
 
 def quantizer_colors(report: ReportLike) -> dict[str, Any]:
-    """One color per quantizer, the same in every figure; the full-precision reference is black."""
+    """One color per quantizer, the same in every figure; the full-precision reference is black.
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        {quantizer: color}.
+    """
     import matplotlib
 
     cmap = matplotlib.colormaps["tab10"]
@@ -53,18 +76,42 @@ def quantizer_colors(report: ReportLike) -> dict[str, Any]:
 
 
 def yerr(value: float, ci: list | None) -> list[list[float]] | None:
+    """A point's error bar for matplotlib from its interval.
+
+    Args:
+        value: the point.
+        ci: its interval [low, high], or None.
+
+    Returns:
+        [[below], [above]], or None without a finite interval.
+    """
     if not ci or not finite(ci[0]) or not finite(ci[1]):
         return None
     return [[max(value - ci[0], 0.0)], [max(ci[1] - value, 0.0)]]
 
 
 def positive_log_ok(values: list[float]) -> bool:
+    """Whether values suit a log axis: all finite ones positive and spread over more than a factor of 20.
+
+    Args:
+        values: the values.
+
+    Returns:
+        True when a log axis shows them better.
+    """
     vals = [v for v in values if finite(v)]
     return bool(vals) and min(vals) > 0 and max(vals) / min(vals) > 20
 
 
 def headline_point(row: GridRow) -> tuple[float, list[float] | None] | None:
-    """THE leakage of a quantizer as a point: (value, [low, high] or None); None where it was not measured."""
+    """The headline leakage of a quantizer as a point.
+
+    Args:
+        row: the quantizer's grid row.
+
+    Returns:
+        (value, [low, high] or None); None where it was not measured.
+    """
     e = headline_of(row)
     if e is None or not finite(e.value):
         return None
@@ -73,7 +120,15 @@ def headline_point(row: GridRow) -> tuple[float, list[float] | None] | None:
 
 
 def headline_label(report: ReportJson, fpr: str = "1%") -> str:
-    """The axis label of the headline leakage, with its interval's confidence as recorded."""
+    """The axis label of the headline leakage, with its interval's confidence as recorded.
+
+    Args:
+        report: the typed report.
+        fpr: the false positive rate in words.
+
+    Returns:
+        The label, on two lines.
+    """
     levels = sorted({level(e.confidence) for e in (headline_of(r) for r in report.grid) if e and e.confidence})
     ci = f", {'/'.join(levels)} interval" if levels else ""
     return f"leakage: strongest attack's TPR at {fpr} FPR\n(cross-fitted{ci})"
@@ -125,10 +180,17 @@ def _clash(box: Any, area: Any, placed: list, markers: list) -> float:
 
 
 def label_points(ax, points: list[tuple[float, float, str]]) -> None:
-    """Name each point at the first place around it (`_DIRECTIONS` at each of `_DISTANCES`) where its text box
-    lies inside the axes, overlaps no label placed before it and covers no other point (display coordinates
-    measured by the renderer, so it works on log and symlog axes; call after the scales and limits are set);
-    where no place is free, the least crowded one. A label away from its point gets a thin line to it."""
+    """Name each point at the first free place around it.
+
+    The places are `_DIRECTIONS` at each of `_DISTANCES`; a place is free when the text box lies inside the axes,
+    overlaps no label placed before it and covers no other point (display coordinates measured by the renderer, so it
+    works on log and symlog axes; call after the scales and limits are set); where no place is free, the least crowded
+    one. A label away from its point gets a thin line to it.
+
+    Args:
+        ax: the matplotlib axes.
+        points: (x, y, name) of each point.
+    """
     renderer = _renderer(ax.figure)
     ax.get_xlim(), ax.get_ylim()  # the limits autoscaled now: transData is stale until they are read
     area = ax.get_window_extent(renderer)
@@ -156,7 +218,14 @@ def label_points(ax, points: list[tuple[float, float, str]]) -> None:
 
 
 def label_boxes(fig: Figure) -> list[Any]:
-    """The display boxes of every point label of a figure (`label_points`), as drawn."""
+    """The display boxes of every point label of a figure (`label_points`), as drawn.
+
+    Args:
+        fig: the figure.
+
+    Returns:
+        The boxes.
+    """
     renderer = _renderer(fig)
     fig.draw_without_rendering()
     return [_text_box(t, renderer) for ax in fig.axes for t in ax.texts if t.get_gid() == LABEL_GID]

@@ -12,8 +12,15 @@ from llmaudit.common.io import atomic_write_bytes
 
 
 def plot_roc_loglog(results: Mapping, path: str | Path) -> list[Path]:
-    """One log-log ROC PNG per quantizer: offline LiRA (calibrated) and the best other attack (naive and
-    calibrated), with the chance line. Files: PATH_STEM_<quantizer>.png next to `path`."""
+    """One log-log ROC PNG per quantizer: offline LiRA (calibrated) and the best other attack, with the chance line.
+
+    Args:
+        results: the attacks' result ("quantizers" with each one's curves).
+        path: where the files go: PATH_STEM_<quantizer>.png next to it.
+
+    Returns:
+        The paths written.
+    """
     import matplotlib
 
     matplotlib.use("Agg")

@@ -77,8 +77,16 @@ def _auroc_panel(ax, rows: list[GridRow], colors: dict[str, Any]) -> list:
 
 
 def r_q_vs_attack(report: ReportLike) -> Figure | None:
-    """r_Q (x, log scale when it spans decades) against the headline leakage and, as a diagnostic, the highest
-    AUROC, one point per quantizer with its intervals, Spearman rho in each title."""
+    """r_Q against the headline leakage and, as a diagnostic, the highest AUROC, one point per quantizer.
+
+    r_Q's axis is logarithmic when it spans decades; each point carries its intervals; each title Spearman's rho.
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        The figure, or None with fewer than two quantizers of finite r_Q.
+    """
     report = as_report(report)
     rows = [r for r in report.grid if finite(r.r_q.mean)]
     if len(rows) < 2:
@@ -116,7 +124,14 @@ def _lira_entry(result: dict[str, Any], quantizer: str) -> dict[str, Any] | None
 
 
 def lira_roc(report: ReportLike) -> Figure | None:
-    """Diagnostic: offline LiRA's ROC on log-log axes, one curve per quantizer (per-sample calibrated, pooled)."""
+    """Diagnostic: offline LiRA's ROC on log-log axes, one curve per quantizer (per-sample calibrated, pooled).
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        The figure, or None when no quantizer has LiRA's curves.
+    """
     report = as_report(report)
     colors = quantizer_colors(report)
     curves = []
@@ -151,7 +166,14 @@ def lira_roc(report: ReportLike) -> Figure | None:
 
 
 def r_q_intervals(report: ReportLike) -> Figure | None:
-    """r_Q per quantizer: mean over runs with its bootstrap interval, sorted by r_Q."""
+    """r_Q per quantizer: mean over runs with its bootstrap interval, sorted by r_Q.
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        The figure, or None without a finite r_Q.
+    """
     report = as_report(report)
     rows = [r for r in report.grid if finite(r.r_q.mean)]
     if not rows:
@@ -186,8 +208,17 @@ def _budget(ax, report: ReportJson, left: float) -> None:
 
 
 def utility_vs_privacy(report: ReportLike) -> Figure | None:
-    """Relative validation-loss change vs full precision (x) against the headline leakage (y), both with their
-    intervals; the utility budget and the limit drawn, the first-ranked quantizer circled ("recommended" only when it is cleared)."""
+    """Relative validation-loss change against full precision (x) and the headline leakage (y), with their intervals.
+
+    The utility budget and the leakage limit are drawn, the first-ranked quantizer circled ("recommended" only when
+    it is cleared).
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        The figure, or None without a quantizer measured on both axes.
+    """
     report = as_report(report)
     rows = [(r, headline_point(r)) for r in report.grid if finite(r.utility.relative_change)]
     rows = [(r, p) for r, p in rows if p is not None]
@@ -221,7 +252,14 @@ def utility_vs_privacy(report: ReportLike) -> Figure | None:
 
 
 def trajectory(report: ReportLike) -> Figure | None:
-    """Mean validation loss along the training trajectory (checkpoint step), one line per quantizer."""
+    """Mean validation loss along the training trajectory (checkpoint step), one line per quantizer.
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        The figure, or None without a trajectory in the result.
+    """
     report = as_report(report)
     traj = report.result.get("trajectory")
     if not traj:
@@ -319,9 +357,17 @@ def _task_points(report: ReportJson, task: str | None) -> list:
 
 
 def privacy_utility(report: ReportLike) -> Figure | None:
-    """The headline leakage (y, lower = more private) of every quantizer with its interval, against the mean KL
-    from full precision (left, lower = closer) and against a task metric (right, higher = better); the Pareto
-    front marked."""
+    """The headline leakage of every quantizer against the mean KL from full precision and against a task metric.
+
+    Lower leakage is more private, lower KL closer to full precision, a higher task metric better; each point carries
+    its interval, and the Pareto front is marked.
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        The figure, or None with fewer than two quantizers on either panel.
+    """
     report = as_report(report)
     task = _task_axis(report)
     kl_points, task_points = _kl_points(report), _task_points(report, task)
@@ -366,7 +412,14 @@ WIDE_FIGURES = ("r_q_vs_attack", "privacy_utility")
 
 
 def render_all(report: ReportLike) -> dict[str, bytes]:
-    """{figure name: PNG bytes} for every figure the report has data for, in FIGURES order."""
+    """Every figure the report has data for, in FIGURES order.
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        {figure name: PNG bytes}.
+    """
     report = as_report(report)
     out = {}
     for name, (fn, _caption) in FIGURES.items():

@@ -17,7 +17,14 @@ DIRECTION_ORDER = {"LESS": 0, "SAME": 1, "CANNOT TELL": 2, "NOT MEASURED": 3, "M
 
 
 def decision_of(row: dict[str, Any] | GridRow) -> QuantizerDecision | None:
-    """The typed decision of a grid row (built or read); None for a report.json written before the release rule."""
+    """The typed decision of a grid row (built or read).
+
+    Args:
+        row (dict[str, Any] | GridRow): one quantizer's row of the grid.
+
+    Returns:
+        QuantizerDecision | None: the decision; None for a report.json without a release decision.
+    """
     if isinstance(row, GridRow):
         return row.decided()
     raw = row.get("decision")
@@ -25,11 +32,19 @@ def decision_of(row: dict[str, Any] | GridRow) -> QuantizerDecision | None:
 
 
 def headline_of(row: dict[str, Any] | GridRow) -> Estimate | None:
-    """THE leakage of a quantizer, the one number every rendering names (docs/reading-a-report.md, "The headline"):
-    the release decision's strongest attack, its TPR at the decision's FPR chosen on other folds and measured on
-    each (`QuantizerDecision.strongest.tpr`), with its interval and the interval's confidence as recorded. A
-    report.json written before the release rule: its highest calibrated TPR (the attack criterion it was judged
-    on), without a recorded confidence. None where neither was measured."""
+    """THE leakage of a quantizer, the one number every rendering names (docs/reading-a-report.md, "The headline").
+
+    It is the release decision's strongest attack, its TPR at the decision's FPR chosen on other folds and measured
+    on each (`QuantizerDecision.strongest.tpr`), with its interval and the interval's confidence as recorded. A
+    report.json without a release decision gives its highest calibrated TPR (the attack criterion it was judged on),
+    without a recorded confidence.
+
+    Args:
+        row (dict[str, Any] | GridRow): one quantizer's row of the grid.
+
+    Returns:
+        Estimate | None: the headline; None where neither was measured.
+    """
     d = decision_of(row)
     if d is not None:
         return None if d.strongest is None else d.strongest.tpr
@@ -42,7 +57,14 @@ def headline_of(row: dict[str, Any] | GridRow) -> Estimate | None:
 
 
 def chosen_attack(d: QuantizerDecision) -> str | None:
-    """The attack the cross-fitting picked most often across folds (ties: the first picked)."""
+    """The attack the cross-fitting picked most often across folds (ties: the first picked).
+
+    Args:
+        d (QuantizerDecision): the quantizer's decision.
+
+    Returns:
+        str | None: the attack's name; None when no fold picked one (or no strongest attack).
+    """
     picked = [a for a in (d.strongest.selected if d.strongest else []) if a]
     return Counter(picked).most_common(1)[0][0] if picked else None
 
@@ -52,7 +74,15 @@ def _interval(low: float | None, high: float | None) -> list[float] | None:
 
 
 def attack_criterion(row: dict[str, Any], d: QuantizerDecision) -> dict[str, Any]:
-    """The attack criterion of one quantizer in the checklist's shape, from its decision."""
+    """The attack criterion of one quantizer in the checklist's shape, from its decision.
+
+    Args:
+        row (dict[str, Any]): the quantizer's row of the grid.
+        d (QuantizerDecision): its decision.
+
+    Returns:
+        dict[str, Any]: the criterion as the checklist reads it.
+    """
     s = d.strongest
     mode = (
         "per-sample calibrated, pooled over target models"
@@ -96,7 +126,14 @@ def attack_criterion(row: dict[str, Any], d: QuantizerDecision) -> dict[str, Any
 
 
 def direction_of(row: dict[str, Any] | GridRow) -> str:
-    """MORE / SAME / LESS / CANNOT TELL / NOT MEASURED against full precision; SAME for the reference itself."""
+    """How the quantizer's leakage compares with full precision.
+
+    Args:
+        row (dict[str, Any] | GridRow): one quantizer's row of the grid.
+
+    Returns:
+        str: MORE / SAME / LESS / CANNOT TELL / NOT MEASURED; SAME for the reference itself.
+    """
     if row.is_reference if isinstance(row, GridRow) else row.get("is_reference"):
         return "SAME"
     d = decision_of(row)
@@ -104,13 +141,29 @@ def direction_of(row: dict[str, Any] | GridRow) -> str:
 
 
 def comparison_sentence(row: dict[str, Any] | GridRow) -> str | None:
+    """The paired comparison with full precision in words.
+
+    Args:
+        row (dict[str, Any] | GridRow): one quantizer's row of the grid.
+
+    Returns:
+        str | None: the comparison's sentence; None without a decision or a comparison.
+    """
     d = decision_of(row)
     return None if d is None or d.comparison is None else d.comparison.sentence
 
 
 def size_phrase(size: dict[str, Any] | SizeNeeded | None, provenance: dict[str, Any] | Provenance) -> str:
-    """What would decide an open verdict in the store's own numbers: the pool (a recipe's data.pool_size) or the
-    imported records, scaled by the factor the decision computed."""
+    """What would decide an open verdict in the store's own numbers.
+
+    Args:
+        size (dict[str, Any] | SizeNeeded | None): the sample size the decision computed.
+        provenance (dict[str, Any] | Provenance): where the store's records come from.
+
+    Returns:
+        str: the size's sentence, with the pool (a recipe's data.pool_size) or the imported records scaled by the factor
+            the decision computed; '' without a size.
+    """
     if size is None:
         return ""
     size = size if isinstance(size, SizeNeeded) else SizeNeeded.model_validate(size)

@@ -10,6 +10,7 @@ from typing import Any
 from llmaudit.analyze.decision.models import QuantizerDecision
 from llmaudit.report.build import REPORT_SCHEMA_VERSION
 from llmaudit.report.models import ReportJson
+from llmaudit.report.section_registry import add_section_schemas, data_sections
 
 
 class ReportSchemaError(ValueError):
@@ -34,6 +35,7 @@ def report_schema() -> dict[str, Any]:
     schema["then"] = {
         "properties": {"vulnerable_samples": {"properties": {"samples": {"items": {"not": {"required": ["text"]}}}}}}
     }
+    add_section_schemas(schema)  # the registered sections' own data (section_registry)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"llmaudit/report_schema/v{REPORT_SCHEMA_VERSION}",
@@ -52,7 +54,8 @@ def validate_report(report: dict[str, Any]) -> None:
         json.dumps(report, allow_nan=False)
     except ValueError as exc:
         raise ReportSchemaError(f"report is not strict JSON: {exc}") from exc
-    validator = jsonschema.Draft202012Validator(REPORT_SCHEMA)
+    schema = report_schema() if data_sections() else REPORT_SCHEMA  # with the sections registered by now
+    validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(report), key=lambda e: list(e.absolute_path))
     if errors:
         lines = [f"  at {'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message[:300]}" for e in errors[:10]]

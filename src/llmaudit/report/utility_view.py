@@ -101,7 +101,14 @@ def _task_paragraphs(report: ReportJson) -> list[str]:
 
 
 def divergence_cells(utility: UtilityRow) -> list[Cell]:
-    """A grid row's KL and same-top cells (mean over runs, interval), or NOT MEASURED."""
+    """A grid row's KL and same-top cells (mean over runs, interval), or NOT MEASURED.
+
+    Args:
+        utility: the grid row's utility block.
+
+    Returns:
+        The two cells: KL divergence from the reference, share of tokens with the same top prediction.
+    """
     d = utility.divergence
     if not d.measured:
         return [Cell("NOT MEASURED"), Cell("NOT MEASURED")]
@@ -109,7 +116,14 @@ def divergence_cells(utility: UtilityRow) -> list[Cell]:
 
 
 def utility_limit_text(report: ReportJson) -> str:
-    """The utility criterion's limit in words, for the summary."""
+    """The utility criterion's limit in words, for the summary.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The limit on the metric the checklist reads (validation loss or a task metric).
+    """
     th = report.checklist.thresholds
     metric = th.utility_metric or "loss"
     if metric == "loss":
@@ -119,7 +133,14 @@ def utility_limit_text(report: ReportJson) -> str:
 
 
 def utility_section(report: ReportJson) -> Section | None:
-    """The section, or None for a report whose result has no divergence block (made before llmaudit measured it)."""
+    """Utility beside privacy: divergence from the reference and the task metrics per quantizer.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model, or None when the result carries no divergence block.
+    """
     if "divergence" not in report.result:
         return None
     grid = report.grid

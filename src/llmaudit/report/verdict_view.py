@@ -1,17 +1,10 @@
-"""The report's answer sections (docs/science.md section 12): the verdict first (headline, recommendation, one
-table of every quantizer), the comparison with full precision per attack, and the rule with what it controls.
+"""The report's verdict sections (docs/science.md section 12): the verdict (headline, recommendation, one table of
+every quantizer), the comparison with full precision per attack, and the rule with what it controls.
 """
 
 from __future__ import annotations
 
-from llmaudit.report.answer import (
-    NOT_AUDITED,
-    baseline_sentence,
-    candidate_lines,
-    conclusion,
-    left_out,
-    recommendation_of,
-)
+from llmaudit.report.answer import recommendation_of
 from llmaudit.report.cells import Cell, Section, Table, code, lit
 from llmaudit.report.models import GridRow, ReportJson
 from llmaudit.report.release import decision_of
@@ -30,7 +23,14 @@ SUMMARY_HEADER = [
 
 
 def summary_table(report: ReportJson) -> Table:
-    """Every quantizer on one table: verdict, leakage against full precision, the honest strongest attack, utility."""
+    """Every quantizer on one table: verdict, leakage against full precision, the strongest attack, utility.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The table, the reference row highlighted and the recommended (or first-ranked) row marked.
+    """
     rows, marked = [], None
     first = " (recommended)" if report.recommendation.cleared_for_release else " (ranks first, not cleared)"
     for i, s in enumerate(summary_rows(report)):
@@ -52,22 +52,15 @@ def summary_table(report: ReportJson) -> Table:
     return Table(SUMMARY_HEADER, rows, highlight_first=report.grid[0].is_reference, marked_row=marked)
 
 
-def answer_section(report: ReportJson) -> Section:
-    """The answer in the user's words (`llmaudit.report.answer`): the full-precision baseline, one line per
-    candidate quantizer, what may be released. report.html shows it as the banner at the top of the page."""
-    bullets = [f"{code(a.quantizer)} **{a.status}**: {lit('; '.join(a.segments()))}" for a in candidate_lines(report)]
-    bullets += [f"{code(q)} **{NOT_AUDITED}**: {lit(why)}" for q, why in left_out(report)]
-    return Section(
-        "Answer",
-        [lit(baseline_sentence(report))],
-        bullets=bullets,
-        anchor="answer",
-        closing=[f"**{lit(conclusion(report))}**"],
-    )
-
-
 def verdict_section(report: ReportJson) -> Section:
-    """The recommendation paragraph, the summary table and what its numbers are."""
+    """The recommendation paragraph, the summary table and what its numbers are.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model.
+    """
     paras = []
     explanation = recommendation_of(report).explanation
     if explanation:
@@ -101,7 +94,14 @@ def _levels(decisions: list) -> str:
 
 def comparison_section(report: ReportJson) -> Section | None:
     """Per quantizer, the comparison with full precision and, per attack, the paired differences of the TPR at 1% FPR
-    and of the AUROC (quantizer minus reference, intervals over the same resampled samples at the level recorded)."""
+    and of the AUROC (quantizer minus reference, intervals over the same resampled samples at the level recorded).
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model, or None when no quantizer carries a comparison.
+    """
     rows = [r for r in report.grid if not r.is_reference and decision_of(r) is not None]
     decisions = [decision_of(r) for r in rows]
     if not rows or all(d is None or d.comparison is None for d in decisions):
@@ -130,6 +130,13 @@ def comparison_section(report: ReportJson) -> Section | None:
 
 
 def rule_bullets(report: ReportJson) -> list[str]:
-    """The release rule's statements as recorded with the decision (what each verdict controls)."""
+    """The release rule's statements as recorded with the decision (what each verdict controls).
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        One bullet per statement; none when the report records no rule.
+    """
     rule = report.decision_rule
     return [lit(s) for s in rule.statements] if rule is not None else []

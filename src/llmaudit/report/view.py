@@ -1,6 +1,7 @@
-"""The report's view model: sections of paragraphs, tables of cells and figures, shared by the
-Markdown and HTML renderers so both show the same numbers. The sections read the typed report
-(`llmaudit.report.models.ReportJson`), parsed once by `sections`.
+"""The report's view model: sections of paragraphs, tables of cells and figures, shared by the Markdown and HTML
+renderers so both show the same numbers. The shipped sections are registered here (`SHIPPED_SECTIONS`, in the
+report's order) like any other (`llmaudit.report.section_registry`); they read the typed report
+(`llmaudit.report.models.ReportJson`), parsed once by `shown_sections`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from typing import Any
 
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct, fmt_pct_ci, fmt_size
 from llmaudit.report.answer import design_sentence
+from llmaudit.report.answer_view import answer_banner, answer_screen, answer_section
 from llmaudit.report.cells import Cell, Section, Table, code, lit
 from llmaudit.report.cells import value_cell as _v
 from llmaudit.report.models import BestAttack, Criterion, GridRow, ReportJson, as_report
 from llmaudit.report.plots import FIGURES
 from llmaudit.report.policy import DISABLED, FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
 from llmaudit.report.release import direction_of, headline_of
+from llmaudit.report.section_registry import SectionSpec, register, registered_sections
 from llmaudit.report.utility_view import divergence_cells, utility_limit_text, utility_section
-from llmaudit.report.verdict_view import answer_section, comparison_section, rule_bullets, verdict_section
+from llmaudit.report.verdict_view import comparison_section, rule_bullets, verdict_section
 from llmaudit.report.view_attacks import attacks_section, correlation_section, definitions_section
 from llmaudit.report.view_context import (
     DAMAGE_CAVEAT,
@@ -29,7 +32,7 @@ from llmaudit.report.view_context import (
 )
 from llmaudit.report.view_risks import epsilon_section, extraction_section, release_sets_section
 
-__all__ = ["DAMAGE_CAVEAT", "sections"]
+__all__ = ["DAMAGE_CAVEAT", "SHIPPED_SECTIONS", "ordered_sections", "shown_sections"]
 
 
 def _criterion_cell(c: Criterion) -> Cell:
@@ -223,41 +226,63 @@ def _grid_section(report: ReportJson) -> Section:
     )
 
 
-FOLDED = frozenset(
-    {"comparison", "rules", "grid", "utility", "attacks", "definitions", "correlation", "indicators"}
-    | {"memorization", "samples", "provenance", "reading", "extraction", "release-sets", "epsilon"}
+def _figures_section(report: ReportJson) -> Section:
+    return Section("Figures", figures=[n for n in FIGURES if n in report.plots], anchor="figures")
+
+
+SHIPPED_SECTIONS = (
+    SectionSpec("answer", 10, answer_section, nav=False, html=answer_banner, terminal=answer_screen),
+    SectionSpec("verdict", 20, verdict_section),
+    SectionSpec("summary", 30, _summary_section),
+    SectionSpec("checklist", 40, _checklist_section),
+    SectionSpec("figures", 50, _figures_section),
+    SectionSpec("comparison", 60, comparison_section, folded=True),
+    SectionSpec("rules", 70, _rules_section, folded=True),
+    SectionSpec("grid", 80, _grid_section, folded=True),
+    SectionSpec("extraction", 90, extraction_section, folded=True),
+    SectionSpec("release-sets", 100, release_sets_section, folded=True),
+    SectionSpec("epsilon", 110, epsilon_section, folded=True),
+    SectionSpec("utility", 120, utility_section, folded=True),
+    SectionSpec("attacks", 130, attacks_section, folded=True),
+    SectionSpec("definitions", 140, definitions_section, folded=True),
+    SectionSpec("correlation", 150, correlation_section, folded=True),
+    SectionSpec("indicators", 160, indicators_section, folded=True),
+    SectionSpec("memorization", 170, memorization_section, folded=True),
+    SectionSpec("samples", 180, samples_section, folded=True),
+    SectionSpec("provenance", 190, provenance_section, folded=True),
+    SectionSpec("reading", 200, reading_section, folded=True),
 )
-"""The sections of diagnostics and context, folded in report.html under their titles (open with a click)."""
+"""The shipped sections in the report's order: the answer, the verdict, the context and the checklist, the figures,
+then the diagnostics and the context, folded in report.html under their titles (open with a click)."""
+
+for _section in SHIPPED_SECTIONS:
+    register(_section)
 
 
-def sections(report: dict[str, Any] | ReportJson) -> list[Section]:
-    """Every section of report.md / report.html, in order (a section without data left out): the answer, the
-    verdict, the context and the checklist, the figures, then the diagnostics (FOLDED in the HTML)."""
+def ordered_sections() -> list[SectionSpec]:
+    """Every registered section in the report's order, the shipped ones included.
+
+    Returns:
+        The sections by ascending order (`llmaudit.report.section_registry.registered_sections`).
+    """
+    return registered_sections()
+
+
+def shown_sections(report: dict[str, Any] | ReportJson) -> list[tuple[SectionSpec, Section]]:
+    """The sections this report shows, each with its view model, in the report's order.
+
+    Args:
+        report: the report, typed or as read from report.json.
+
+    Returns:
+        (registered section, its view model) for each section whose view has data in this report; each view
+        model carries the section's key as its anchor and whether report.html folds it.
+    """
     report = as_report(report)
-    figs = Section("Figures", figures=[n for n in FIGURES if n in report.plots], anchor="figures")
-    out = [
-        answer_section(report),
-        verdict_section(report),
-        _summary_section(report),
-        _checklist_section(report),
-        figs,
-        comparison_section(report),
-        _rules_section(report),
-        _grid_section(report),
-        extraction_section(report),
-        release_sets_section(report),
-        epsilon_section(report),
-        utility_section(report),
-        attacks_section(report),
-        definitions_section(report),
-        correlation_section(report),
-        indicators_section(report),
-        memorization_section(report),
-        samples_section(report),
-        provenance_section(report),
-        reading_section(),
-    ]
-    shown = [s for s in out if s is not None]
-    for s in shown:
-        s.folded = s.anchor in FOLDED
-    return shown
+    out = []
+    for section in ordered_sections():
+        shown = section.view(report)
+        if shown is not None:
+            shown.anchor, shown.folded = section.key, section.folded
+            out.append((section, shown))
+    return out

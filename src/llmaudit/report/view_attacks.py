@@ -135,6 +135,14 @@ def _blind_baseline_paragraph(report: ReportJson) -> str | None:
 
 
 def attacks_section(report: ReportJson) -> Section:
+    """Every attack on every quantizer: the strongest in-sample, AUROC and TPR at 1% FPR per attack, LiRA's variants.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model (a diagnostic: the verdict reads the headline).
+    """
     grid = report.grid
     names = list(dict.fromkeys(n for r in grid for n in r.attacks))
     strongest = _strongest_table(grid)
@@ -160,7 +168,7 @@ def attacks_section(report: ReportJson) -> Section:
 
 
 def _summary(name: str) -> str:
-    """The registered attack's definition in words (an attack no longer registered: none)."""
+    """The registered attack's definition in words (an attack not registered in this process: none)."""
     try:
         return attack_spec(name).summary + "; "
     except ValueError:
@@ -168,6 +176,14 @@ def _summary(name: str) -> str:
 
 
 def definitions_section(report: ReportJson) -> Section:
+    """The attacks' recorded definitions (`version:parameters`), one bullet per attack.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model.
+    """
     defs = report.provenance.attack_definitions
     return Section(
         "Attack definitions",
@@ -183,6 +199,14 @@ def _spearman_cell(metrics: dict, m: str) -> Cell:
 
 
 def correlation_section(report: ReportJson) -> Section:
+    """Spearman's rho between the quantizers' mean r_Q and attack success, per metric and per attack.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model.
+    """
     paras = [
         "Spearman rho between the quantizers' mean r_Q and attack success; negative = higher r_Q went with weaker attacks, as the indicator claims."
     ]

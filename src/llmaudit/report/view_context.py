@@ -33,7 +33,14 @@ MEMORIZATION_KEYS = (
 
 
 def indicators_section(report: ReportJson) -> Section | None:
-    """The published r_Q and the candidate indicators side by side, with their validation status."""
+    """The published r_Q and the candidate indicators side by side, with their validation status.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model, or None when the report carries no candidate indicators.
+    """
     summary = report.indicators
     if not summary:
         return None
@@ -77,6 +84,14 @@ def indicators_section(report: ReportJson) -> Section | None:
 
 
 def memorization_section(report: ReportJson) -> Section | None:
+    """Unintended memorization in bits per quantizer (members, non-members, their difference), and the capacity view.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model, or None when the report carries no memorization block.
+    """
     mem = report.memorization
     if not mem:
         return None
@@ -109,6 +124,15 @@ def memorization_section(report: ReportJson) -> Section | None:
 
 
 def samples_section(report: ReportJson) -> Section:
+    """The most vulnerable samples of the reference quantizer by one attack's per-sample score.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model: ids and scores, their text only with --include-samples; the reason when no
+        sample is listed.
+    """
     vs = report.vulnerable_samples
     if not vs.available:
         return Section(
@@ -129,6 +153,14 @@ def samples_section(report: ReportJson) -> Section:
 
 
 def provenance_section(report: ReportJson) -> Section:
+    """Where the numbers come from: experiment, model and adapter, training, data, membership, seeds, versions.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model.
+    """
     p = report.provenance
     data, mem, adapter = p.data or DataSource(), p.membership or Membership(), p.adapter or Adapter()
     train, params = p.train or Training(), p.parameters or Parameters()
@@ -154,7 +186,15 @@ def provenance_section(report: ReportJson) -> Section:
     return Section("Provenance", [], bullets=bullets, anchor="provenance")
 
 
-def reading_section() -> Section:
+def reading_section(report: ReportJson) -> Section:
+    """How to read the report: strict JSON, interval levels, unreliable marks, no training text by default.
+
+    Args:
+        report: the typed report (the text is the same for every report).
+
+    Returns:
+        The section's view model.
+    """
     return Section(
         "Reading this report",
         bullets=[

@@ -13,7 +13,15 @@ MEASURES = {"greedy": "greedy", "sampled": "(n, p)"}
 
 
 def estimate_text(e: Estimate | None, digits: int = 3) -> str:
-    """'value [low, high]' of an estimate ('n/a' without a value; an unbounded side as n/a)."""
+    """An estimate as 'value [low, high]'.
+
+    Args:
+        e: the estimate, or None.
+        digits: significant digits of each number.
+
+    Returns:
+        The text; 'n/a' without a value, an unbounded side as n/a.
+    """
     if e is None or e.value is None:
         return "n/a"
     return f"{fmt_num(e.value, digits)} [{fmt_num(e.low, digits)}, {fmt_num(e.high, digits)}]"
@@ -57,8 +65,15 @@ def _greedy_check_bullets(ex: ExtractionSection) -> list[str]:
 
 
 def extraction_section(report: ReportJson) -> Section | None:
-    """Extraction rates of members and non-members per quantizer with their intervals, and the paired change of
-    the memorized part against full precision; None when the report has none."""
+    """Extraction rates of members and non-members per quantizer with their intervals, and the paired change of the
+    memorized part against full precision.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model, or None when the report carries no extraction block.
+    """
     ex = report.extraction
     if ex is None or not ex.risk.per_quantizer:
         return None
@@ -88,7 +103,14 @@ def extraction_section(report: ReportJson) -> Section | None:
 
 
 def release_sets_section(report: ReportJson) -> Section | None:
-    """Each release set's verdict under the release rule and its difference with its best single file."""
+    """Each release set's verdict under the release rule and its difference with its best single file.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model, or None when the report carries no release sets.
+    """
     if not report.release_sets:
         return None
     header = ["release set", "verdict", "strongest-attack TPR", "best single file", "set - best single file"]
@@ -118,7 +140,14 @@ def release_sets_section(report: ReportJson) -> Section | None:
 
 
 def epsilon_section(report: ReportJson) -> Section | None:
-    """The one-run epsilon lower bound per quantizer, or why the store's design gives none."""
+    """The one-run epsilon lower bound per quantizer, or why the store's design gives none.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The section's view model, or None when the report carries no epsilon block.
+    """
     eps = report.epsilon
     if eps is None:
         return None

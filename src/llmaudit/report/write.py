@@ -20,11 +20,26 @@ from llmaudit.store.run_store import RunStore
 def write_report(
     store: RunStore, result: dict[str, Any], include_samples: bool = False, release: str | None = None
 ) -> dict[str, str]:
-    """Write report/report.json (validated against REPORT_SCHEMA; raises ReportSchemaError on mismatch),
-    report.md, report.html, report/plots/*.png and model_card.md, the model card's privacy section for the
-    quantizer `release` (default: the recommended one), as one set (`replace_directory`: a report killed mid-write
-    leaves the previous set whole). Returns {kind: path}. An unknown `release` is refused (UnknownQuantizerError)
-    after the report is written without a card, so the analysis is never lost and no card of another run stays."""
+    """Write the report's files as one set.
+
+    report/report.json (validated against REPORT_SCHEMA), report.md, report.html, report/plots/*.png and model_card.md
+    (the model card's privacy section for the quantizer `release`) are written as one set (`replace_directory`: a
+    report killed mid-write leaves the previous set whole). An unknown `release` is refused after the report is
+    written without a card, so the analysis is never lost and no card of another run stays.
+
+    Args:
+        store (RunStore): the run store.
+        result (dict[str, Any]): the analysis' result.
+        include_samples (bool): also write the per-sample scores into report.json.
+        release (str | None): the quantizer of the model card, None for the recommended one.
+
+    Returns:
+        dict[str, str]: {kind: path} of the files written.
+
+    Raises:
+        ReportSchemaError: report.json does not match its schema.
+        UnknownQuantizerError: `release` is not in the report (the report is written, without a card).
+    """
 
     records = store.read_records("pool") if include_samples else None
     report = build_report(result, include_samples=include_samples, sample_records=records)
@@ -51,8 +66,20 @@ def write_report(
 
 
 def write_model_card(store: RunStore, release: str) -> str:
-    """model_card.md for the quantizer `release`, from the store's report.json alone (seconds: no analysis). An
-    unknown `release` or a report.json the card cannot read is refused before anything is written."""
+    """Write model_card.md for the quantizer `release`, from the store's report.json alone (no analysis).
+
+    An unknown `release` or a report.json the card cannot read is refused before anything is written.
+
+    Args:
+        store (RunStore): the run store (its report/report.json is read).
+        release (str): the quantizer of the card.
+
+    Returns:
+        str: the path of model_card.md.
+
+    Raises:
+        UnknownQuantizerError: `release` is not in the report.
+    """
     with directory_lock(store.report_dir):  # the set is not replaced while its card is written
         report = read_report(store.report_dir / "report.json")  # parsed and consistent, or refused naming the field
         card = render_model_card(report, quantizer=release)

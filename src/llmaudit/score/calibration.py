@@ -17,9 +17,20 @@ from llmaudit.store.units import Unit
 
 
 def calibration_texts(inputs: Any, quantizer: Quantizer, run: int) -> list[str]:
-    """The calibration text of a calibrated quantizer's unit, by its calibration_source (quantize.calibration): the
-    store's validation records (heldout), the run's own training records (members; the base: run 0's), or the
-    user's file (file)."""
+    """The calibration text of a calibrated quantizer's unit, chosen by its calibration_source (quantize.calibration).
+
+    Args:
+        inputs (Any): the scoring inputs of the store (its records and settings).
+        quantizer (Quantizer): the calibrated quantizer.
+        run (int): the run whose unit is scored (the base model takes run 0's records).
+
+    Returns:
+        list[str]: the store's validation records (heldout), the run's own training records (members), or the user's
+            file (file).
+
+    Raises:
+        UserError: calibration_source=file without score.calibration_file.
+    """
     source = quantizer.options["calibration_source"]
     if source == "members":
         return [record_text(inputs.pool_records[i]) for i in np.flatnonzero(inputs.masks[max(run, 0)])]
@@ -31,7 +42,16 @@ def calibration_texts(inputs: Any, quantizer: Quantizer, run: int) -> list[str]:
 
 
 def calibration_record(inputs: Any, quantizer: Quantizer) -> dict[str, Any] | None:
-    """What a calibrated quantizer's record says about its calibration text (None for the others)."""
+    """What a calibrated quantizer's record says about its calibration text.
+
+    Args:
+        inputs (Any): the scoring inputs of the store.
+        quantizer (Quantizer): the quantizer.
+
+    Returns:
+        dict[str, Any] | None: the calibration source (and the file's sha256); None for a quantizer that does not
+            calibrate.
+    """
     if not quantizer.calibrated:
         return None
     source = quantizer.options["calibration_source"]
@@ -42,8 +62,18 @@ def calibration_record(inputs: Any, quantizer: Quantizer) -> dict[str, Any] | No
 
 
 def check_recorded_calibration(store: RunStore, quantizers: dict[str, Quantizer], digest: str | None) -> None:
-    """A quantizer that calibrated on a file in this store calibrates on the same file (its recorded sha256): the
-    units of one quantizer are never calibrated on two texts. UserError naming the record and the fix."""
+    """Check that a quantizer that calibrated on a file in this store calibrates on the same file (its recorded sha256).
+
+    The units of one quantizer are never calibrated on two texts.
+
+    Args:
+        store (RunStore): the run store.
+        quantizers (dict[str, Quantizer]): the quantizers to score, by name.
+        digest (str | None): the sha256 of score.calibration_file, None without one.
+
+    Raises:
+        UserError: a quantizer's record names another file; the message names the record and the fix.
+    """
     for name, quantizer in quantizers.items():
         if not quantizer.calibrated or quantizer.options.get("calibration_source") != "file":
             continue
@@ -58,7 +88,15 @@ def check_recorded_calibration(store: RunStore, quantizers: dict[str, Quantizer]
 
 
 def given_file(store: RunStore, unit: Unit) -> GivenFile | None:
-    """The user's own quantized model of this unit (`llmaudit import --quantized`: a run's final checkpoint)."""
+    """The user's own quantized model of this unit (`llmaudit import --quantized`: a run's final checkpoint).
+
+    Args:
+        store (RunStore): the run store.
+        unit (Unit): the scoring unit.
+
+    Returns:
+        GivenFile | None: the imported model of the unit, None where there is none.
+    """
     imported = store.manifest().get("imported") or {}
     for record in imported.get("quantized") or []:
         given = GivenFile.from_dict(record)

@@ -15,12 +15,24 @@ HeadScores = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch
 def merge_tiles(
     stats: torch.Tensor, target_logit: torch.Tensor, tile_top: torch.Tensor, tile_width: int, *, vocab_stats: bool
 ) -> HeadScores:
-    """Per-tile statistics [2 or 4, tiles, C] (max, sum of exp(x - max), and with vocab_stats the
-    p-weighted mean and variance of x) merged over the tiles: log-sum-exp, and the law of total variance
-    (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once). tile_top [tiles, C]: each
-    tile's argmax (within the tile) of tiles `tile_width` columns wide. Returns the NLL of the targets, with
-    vocab_stats the mean and std of log p under the model's distribution, and the top-1 token id: the first
-    tile holding the overall max (argmax over tiles takes the first), so ties go to the lowest id."""
+    """Per-tile statistics merged over the tiles: log-sum-exp, and the law of total variance.
+
+    The variances are merged by the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once. The top-1
+    token is taken from the first tile holding the overall max (argmax over tiles takes the first), so ties go to the
+    lowest id.
+
+    Args:
+        stats (torch.Tensor): [2 or 4, tiles, C] max, sum of exp(x - max), and with vocab_stats the p-weighted mean and
+            variance of x.
+        target_logit (torch.Tensor): [C] the logit of each position's target token.
+        tile_top (torch.Tensor): [tiles, C] each tile's argmax within the tile.
+        tile_width (int): columns per tile.
+        vocab_stats (bool): also merge the mean and std of log p.
+
+    Returns:
+        HeadScores: the NLL of the targets, with vocab_stats the mean and std of log p under the model's distribution,
+            and the top-1 token id.
+    """
     top = stats[0].amax(0)
     best_tile = stats[0].argmax(0)  # [C]
     top1 = tile_top.gather(0, best_tile[None]).squeeze(0) + best_tile * tile_width
@@ -96,20 +108,27 @@ def _reduce_tile(x: torch.Tensor, t: int, tiles: _TileBuffers, *, vocab_stats: b
 def head_scores(
     head: torch.nn.Linear, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, vocab_tile: int
 ) -> HeadScores:
-    """NLL of `targets` [C] under softmax(head(h)) for h [C, H], optionally the mean and std of log p
-    under that distribution (all [C] float32), and the top-1 token id [C] (int64, the lowest id on ties, as
-    torch.argmax), without holding more than [C, vocab_tile] logits.
+    """NLL of `targets` under softmax(head(h)), without holding more than [C, vocab_tile] logits.
 
-    Each vocabulary tile's logits x are reduced in place, while they are still in cache, to their max m
-    (with its position: the tile's argmax), the sum of exp(x - m) and (vocab_stats) the p-weighted mean and centred variance of x within the
-    tile. The tiles are merged once at the end: logsumexp over the tiles, and the law of total variance
-    (the pairwise update of Chan, Golub & LeVeque 1979, for all tiles at once), so no variance is ever
-    formed as E[x^2] - E[x]^2. mean log p = E_p[x] - logsumexp(x) and var log p = var_p(x). The target's
-    logit is the dot product of its hidden state with its weight row, computed once.
+    Each vocabulary tile's logits x are reduced in place, while they are still in cache, to their max m (with its
+    position: the tile's argmax), the sum of exp(x - m) and (vocab_stats) the p-weighted mean and centred variance of
+    x within the tile. The tiles are merged once at the end (`merge_tiles`), so no variance is ever formed as E[x^2] -
+    E[x]^2. mean log p = E_p[x] - logsumexp(x) and var log p = var_p(x). The target's logit is the dot product of its
+    hidden state with its weight row, computed once. The tile buffers and the per-tile statistics are allocated once
+    per call and written in place: a fresh block per tile, interleaved with small long-lived ones, fragments the C
+    heap, and the process then grows with the number of tiles although the live tensors do not.
 
-    The tile buffers and the per-tile statistics are allocated once per call and written in place: a
-    fresh block per tile, interleaved with small long-lived ones, fragments the C heap, and the process
-    then grows with the number of tiles although the live tensors do not."""
+    Args:
+        head (torch.nn.Linear): the output head.
+        h (torch.Tensor): [C, H] final hidden states.
+        targets (torch.Tensor): [C] target token ids.
+        vocab_stats (bool): also compute the mean and std of log p under the model's distribution.
+        vocab_tile (int): vocabulary columns per tile.
+
+    Returns:
+        HeadScores: NLL, optionally mean and std of log p (all [C] float32), and the top-1 token id [C] (int64, the
+            lowest id on ties, as torch.argmax).
+    """
     weight, bias = head.weight, head.bias
     vocab, rows = weight.shape[0], h.shape[0]
     h = h.to(weight.dtype)  # a float32 head on half-precision hidden states computes in float32

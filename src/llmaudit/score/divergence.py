@@ -10,9 +10,9 @@ the vocabulary V, p = softmax(x), lse(x) = log sum_v exp(x_v). Then
 
 Both are computed in ONE pass over vocabulary tiles: each tile's logits of both models are reduced, while in
 cache, to their maxima (and argmaxes), their sums of exp(x - max), and sum_v exp(x_ref,v - max_ref) (x_ref,v -
-x_q,v), the sums accumulated in float64; the tiles are merged in float64 by the log-sum-exp rule (a KL of 2e-6
-comes out within 0.2% of a float64 computation from the same logits; with float32 sums, 2.4%). Nothing is truncated (llama.cpp keeps the base
-model's log-probabilities above max - 16 only, in 16 bits); no [positions, V] logits of all positions exist; a
+x_q,v), the sums accumulated in float64; the tiles are merged in float64 by the log-sum-exp rule (the KL of a
+near-lossless pair is a small difference of two log-sums, which float32 sums would blur). Nothing is truncated
+(llama.cpp keeps the base model's log-probabilities above max - 16 only, in 16 bits); no [positions, V] logits of all positions exist; a
 model against itself gives exactly 0 and True. The quantizers leave the output head alone (their scope is the
 transformer blocks), but each model's own head is used, so a scope that includes the head, or a natively cast
 bf16 model, is handled the same way.
@@ -61,12 +61,19 @@ def _tile_stats(
 def merge_divergence_tiles(
     stats: torch.Tensor, argmax: torch.Tensor, offsets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tile statistics merged into (KL [C] float64, same_top [C] bool).
+    """Tile statistics merged into the KL divergence and the top-token agreement per position.
 
-    stats [5, tiles, C]: max_ref, sumexp_ref, sum exp(x_ref - max_ref)(x_ref - x_q), max_q, sumexp_q;
-    argmax [2, tiles, C] within each tile; offsets [tiles] the tile's first vocabulary index. In float64:
-    Z = sum_t exp(m_t - M) s_t, E = sum_t exp(m_t - M) w_t / Z_ref, KL = E + (M_q - M_ref) + log Z_q - log Z_ref,
-    clamped at 0 (a float rounding of about -1e-9 where the two distributions agree; never a real value)."""
+    In float64: Z = sum_t exp(m_t - M) s_t, E = sum_t exp(m_t - M) w_t / Z_ref, KL = E + (M_q - M_ref) + log Z_q -
+    log Z_ref, clamped at 0 (a float rounding where the two distributions agree; never a real value).
+
+    Args:
+        stats (torch.Tensor): [5, tiles, C] max_ref, sumexp_ref, sum exp(x_ref - max_ref)(x_ref - x_q), max_q, sumexp_q.
+        argmax (torch.Tensor): [2, tiles, C] each model's argmax within each tile.
+        offsets (torch.Tensor): [tiles] each tile's first vocabulary index.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: (KL [C] float64, same_top [C] bool).
+    """
     s = stats.double()
     top_ref, tile_ref = torch.max(s[0], 0)  # first tile on ties = the lowest vocabulary index
     top_q, tile_q = torch.max(s[3], 0)
@@ -95,9 +102,18 @@ def _linear_logits(head: torch.nn.Linear, h: torch.Tensor, v0: int, v1: int, out
 
 
 def divergence_tile(rows: int, vocab: int, device: torch.device, max_bytes: int | None = None) -> int:
-    """Vocabulary columns per tile: the engine's cache-sized CPU tile, or on other devices as many columns as
-    keep the three float32 [rows, tile] buffers and the heads' own outputs within `max_bytes` (default
-    HEAD_LOGITS_BYTES)."""
+    """Vocabulary columns per tile of `divergence_scores`.
+
+    Args:
+        rows (int): positions per block.
+        vocab (int): vocabulary size.
+        device (torch.device): where the heads run.
+        max_bytes (int | None): memory for the three float32 [rows, tile] buffers and the heads' outputs (None:
+            HEAD_LOGITS_BYTES).
+
+    Returns:
+        int: the engine's cache-sized CPU tile on a CPU; elsewhere as many columns as fit within `max_bytes`.
+    """
     if device.type == "cpu" and max_bytes is None:
         return cpu_vocab_tile(rows, vocab)
     budget = HEAD_LOGITS_BYTES if max_bytes is None else int(max_bytes)
@@ -114,12 +130,25 @@ def divergence_scores(
     vocab_tile: int | None = None,
     max_bytes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL(p_ref || p_q) [C] float64 and same_top [C] bool at C positions with final hidden states h_ref, h_q
-    [C, H], p = softmax(head(h)) of each model's own head.
+    """KL(p_ref || p_q) and top-token agreement at C positions, p = softmax(head(h)) of each model's own head.
 
-    Memory: at most three float32 [C, vocab_tile] blocks at once (vocab_tile: `divergence_tile`). Heads that are
-    not a plain nn.Linear (a quantized head cannot be sliced by vocabulary) are applied to blocks of rows with the
-    whole vocabulary, within `max_bytes` (default HEAD_LOGITS_BYTES)."""
+    Memory: at most three float32 [C, vocab_tile] blocks at once. Heads that are not a plain nn.Linear (a quantized
+    head cannot be sliced by vocabulary) are applied to blocks of rows with the whole vocabulary, within `max_bytes`.
+
+    Args:
+        head_ref (Any): the reference model's output head.
+        head_q (Any): the quantized model's output head.
+        h_ref (torch.Tensor): [C, H] the reference model's final hidden states.
+        h_q (torch.Tensor): [C, H] the quantized model's final hidden states.
+        vocab_tile (int | None): vocabulary columns per tile (None: `divergence_tile`).
+        max_bytes (int | None): memory for one block of logits (None: HEAD_LOGITS_BYTES).
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: KL [C] float64 and same_top [C] bool.
+
+    Raises:
+        ValueError: the two heads have different vocabularies, or h_ref and h_q different positions.
+    """
     if h_ref.shape[0] != h_q.shape[0]:
         raise ValueError(f"divergence_scores needs the same positions: {h_ref.shape[0]} and {h_q.shape[0]} rows")
     rows = h_ref.shape[0]
@@ -175,8 +204,14 @@ def _row_blocks(
 
 
 def scored_counts(examples: Sequence[tuple[Sequence[int], Sequence[bool]]]) -> list[int]:
-    """Scored positions per example as the engine orders them: sum(loss_mask[1:]) (the first token is never
-    predicted)."""
+    """Scored positions per example as the engine orders them.
+
+    Args:
+        examples (Sequence[tuple[Sequence[int], Sequence[bool]]]): (token ids, loss mask) per example.
+
+    Returns:
+        list[int]: sum(loss_mask[1:]) per example (the first token is never predicted).
+    """
     return [int(sum(bool(m) for m in mask[1:])) for _, mask in examples]
 
 
@@ -189,14 +224,27 @@ class ReferenceStates:
         self.states: list[torch.Tensor | None] = [None] * len(examples)
 
     def hook(self, batch: list[int], h: torch.Tensor, targets: torch.Tensor) -> None:
+        """Keep one batch's final hidden states of the reference model (the scoring engine's hook).
+
+        Args:
+            batch (list[int]): the examples' indices in the batch.
+            h (torch.Tensor): [positions, H] their scored positions' final hidden states.
+            targets (torch.Tensor): [positions] the target tokens (unused).
+        """
         for i, part in zip(batch, torch.split(h, [self.counts[i] for i in batch])):
             self.states[i] = part.clone()
 
     @property
     def complete(self) -> bool:
+        """True once every example's hidden states are held."""
         return all(s is not None for s in self.states)
 
     def nbytes(self) -> int:
+        """Memory the held hidden states take.
+
+        Returns:
+            int: bytes of every held tensor.
+        """
         return sum(s.numel() * s.element_size() for s in self.states if s is not None)
 
 
@@ -212,6 +260,13 @@ class DivergenceCollector:
         self.results: list[TokenDivergence | None] = [None] * len(reference.states)
 
     def hook(self, batch: list[int], h: torch.Tensor, targets: torch.Tensor) -> None:
+        """Score one batch's divergence from the reference states (the scoring engine's hook).
+
+        Args:
+            batch (list[int]): the examples' indices in the batch.
+            h (torch.Tensor): [positions, H] the quantized model's final hidden states at their scored positions.
+            targets (torch.Tensor): [positions] the target tokens (unused).
+        """
         h_ref = torch.cat([self.reference.states[i] for i in batch]).to(h.device)
         kl, same = divergence_scores(self.head_ref, self.head_q, h_ref, h)
         kl_np = kl.float().cpu().numpy()
@@ -224,6 +279,14 @@ class DivergenceCollector:
 
 
 def identical_divergence(counts: Sequence[int]) -> list[TokenDivergence]:
-    """The divergence of the reference model from itself: 0 and True at every position, by definition (what
-    divergence_scores gives for two identical inputs, without the two head passes)."""
+    """The divergence of the reference model from itself: 0 and True at every position, by definition.
+
+    This is what divergence_scores gives for two identical inputs, without the two head passes.
+
+    Args:
+        counts (Sequence[int]): scored positions per example.
+
+    Returns:
+        list[TokenDivergence]: one per example.
+    """
     return [TokenDivergence(np.zeros(n, np.float32), np.ones(n, bool)) for n in counts]

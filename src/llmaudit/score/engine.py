@@ -18,13 +18,21 @@ import torch
 from llmaudit.common.runtime import cpu_parallelism, torch_threads
 from llmaudit.data.tokenize import collate
 from llmaudit.models.layers import decoder_and_head
-from llmaudit.score.cpu_head import HeadScores, head_scores, merge_tiles  # also imported from here (older path)
+from llmaudit.score.cpu_head import HeadScores, head_scores, merge_tiles  # re-exported: callers import them from here
 
 
 def length_sorted_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     """Indices grouped into batches of similar length whose padded size (B x max_len) fits the budget.
 
-    Longest first, so an out-of-memory error shows up on the first batch, not the last."""
+    Longest first, so an out-of-memory error shows up on the first batch, not the last.
+
+    Args:
+        lengths (Sequence[int]): tokens per example.
+        token_budget (int): the largest padded size of a batch (a longer example makes a batch of its own).
+
+    Returns:
+        list[list[int]]: the example indices of each batch.
+    """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     current: list[int] = []
@@ -52,6 +60,7 @@ class TokenScores:
 
     @property
     def loss(self) -> float:
+        """The mean token loss of the example (float64 mean of `token_losses`)."""
         return float(self.token_losses.astype(np.float64).mean())
 
 
@@ -64,17 +73,24 @@ CPU_HEAD_TILE_BYTES = 2 << 20
 def cpu_vocab_tile(rows: int, vocab: int) -> int:
     """Vocabulary columns per head tile on CPU (CPU_HEAD_TILE_BYTES per thread).
 
-    Measured on a 2-core box, whole runs of score_examples: the vocab_stats head 1.6-1.75x faster than
-    whole-vocabulary chunks with 1 or 2 threads. Caveat: every op ends in a barrier of the thread pool,
-    so on an oversubscribed CPU (load above the core count) with several threads the hundreds of small
-    ops stall; run such a box with one thread per process (torch.set_num_threads(1) / OMP_NUM_THREADS=1)."""
+    benchmarks/bench_scoring.py compares it with whole-vocabulary chunks. Every op ends in a barrier of the thread
+    pool, so on an oversubscribed CPU (load above the core count) with several threads the hundreds of small ops
+    stall; run such a box with one thread per process (torch.set_num_threads(1) / OMP_NUM_THREADS=1).
+
+    Args:
+        rows (int): positions per block.
+        vocab (int): vocabulary size.
+
+    Returns:
+        int: columns per tile, at most `vocab`.
+    """
     per_tile = CPU_HEAD_TILE_BYTES * max(1, torch.get_num_threads())
     return min(vocab, max(1, per_tile // (4 * rows)))
 
 
 # Bytes of logits, and of the same-sized temporaries made from them, that one head call may hold at once
 # wherever the CPU tiles above are not used: on GPU, and for any head that is not a plain nn.Linear (a quantized
-# one). Full-vocabulary float32 logits of a 1024-position chunk at Qwen2.5's 151,936 tokens are 0.6 GiB per copy.
+# one). Full-vocabulary float32 logits grow with positions x vocabulary, which a large vocabulary makes large.
 HEAD_LOGITS_BYTES = 256 << 20
 
 
@@ -101,8 +117,17 @@ on): logits and log-softmax / exp; with the statistics also p and one product th
 
 
 def head_block_bytes(rows: int, columns: int, out_dtype: torch.dtype, *, vocab_stats: bool) -> int:
-    """Bytes a [rows, columns] block of logits costs on the full or tiled head path: the head's output in
-    `out_dtype` (dropped once converted, unless it already is float32) and HEAD_COPIES float32 blocks."""
+    """Bytes a [rows, columns] block of logits costs on the full or tiled head path.
+
+    Args:
+        rows (int): positions in the block.
+        columns (int): vocabulary columns in the block.
+        out_dtype (torch.dtype): the head's output dtype (its output is dropped once converted, unless already float32).
+        vocab_stats (bool): whether the mean and std of log p are computed (more float32 copies).
+
+    Returns:
+        int: the head's output in `out_dtype` plus HEAD_COPIES float32 blocks.
+    """
     out = 0 if out_dtype == torch.float32 else torch.finfo(out_dtype).bits // 8
     return rows * columns * (4 * HEAD_COPIES[vocab_stats] + out)
 
@@ -121,16 +146,28 @@ def _head_out_features(head: Any, h: torch.Tensor) -> int:
 def bounded_head_scores(
     head: Any, h: torch.Tensor, targets: torch.Tensor, *, vocab_stats: bool, max_bytes: int | None = None
 ) -> HeadScores:
-    """head_scores' results for any head module on any device, holding at most `max_bytes` (default
-    HEAD_LOGITS_BYTES) of logits and their temporaries at once (head_block_bytes), one block below that at
+    """head_scores' results for any head module on any device, within a memory bound.
+
+    At most `max_bytes` of logits and their temporaries are held at once (head_block_bytes), one block below that at
     least: a single row, or a single vocabulary column.
 
     - All C rows x the whole vocabulary fit: the fused full path (_full_head_scores).
     - A plain nn.Linear head: vocabulary tiles of all C rows (one large matmul per tile, the weight read once),
-      reduced as head_scores reduces them; each tile's logits are computed in the head's dtype and rounded
-      exactly as head(h) would round them, and the target's logit is read from those rounded logits, as the
-      full path reads it, so the two paths differ by float rounding only.
-    - Any other head (quantized kernels cannot be sliced by vocabulary): blocks of rows through the full path."""
+      reduced as head_scores reduces them; each tile's logits are computed in the head's dtype and rounded exactly as
+      head(h) would round them, and the target's logit is read from those rounded logits, as the full path reads it,
+      so the two paths differ by float rounding only.
+    - Any other head (quantized kernels cannot be sliced by vocabulary): blocks of rows through the full path.
+
+    Args:
+        head (Any): the output head module.
+        h (torch.Tensor): [C, H] final hidden states.
+        targets (torch.Tensor): [C] target token ids.
+        vocab_stats (bool): also compute the mean and std of log p.
+        max_bytes (int | None): memory for logits and temporaries (None: HEAD_LOGITS_BYTES).
+
+    Returns:
+        HeadScores: as `head_scores` gives them.
+    """
     budget = HEAD_LOGITS_BYTES if max_bytes is None else int(max_bytes)
     rows = h.shape[0]
     vocab = _head_out_features(head, h)
@@ -190,10 +227,18 @@ def _vocab_tiled_head_scores(
 
 
 def plain_modules(model: Any) -> bool:
-    """True when every module that holds parameters is a stock torch.nn layer, a transformers layer (norms, rotary
-    tables) or a layer that declares `stateless_forward` (llmaudit's own, e.g. quantize.bnb_int8.Int8Linear), i.e.
-    its forward only reads its weights and is safe to call from several threads at once. Real quantized layers
-    of the libraries (bitsandbytes, HQQ, GPTQ kernels) keep mutable state."""
+    """Whether a model's forward is safe to call from several threads at once.
+
+    Real quantized layers of the libraries (bitsandbytes, HQQ, GPTQ kernels) keep mutable state.
+
+    Args:
+        model (Any): the model.
+
+    Returns:
+        bool: True when every module that holds parameters is a stock torch.nn layer, a transformers layer (norms,
+            rotary tables) or a layer that declares `stateless_forward` (llmaudit's own, e.g.
+            quantize.bnb_int8.Int8Linear).
+    """
     for module in model.modules():
         if next(module.parameters(recurse=False), None) is None and next(module.buffers(recurse=False), None) is None:
             continue
@@ -325,26 +370,34 @@ def score_examples(
     hidden_hook: Callable[[list[int], torch.Tensor, torch.Tensor], None] | None = None,
     **overrides: Any,
 ) -> list[TokenScores]:
-    """Per-token losses of each (input_ids, loss_mask) example, in input order, scored as `options` says
-    (`ScoringOptions`; overrides: any of its fields by keyword, applied over options, e.g. vocab_stats=True).
+    """Per-token losses of each (input_ids, loss_mask) example, in input order, scored as `options` says.
 
-    On CPU, `cpu_workers` threads (None: one per available core, at most one per batch) each score whole
-    batches, longest first, with the torch threads divided among them. A small model's ops are too short
-    for the thread pool inside each op to pay, and concurrent batches keep every core busy between ops
-    (benchmarks/bench_scoring.py). Each batch's numbers depend only on the batch and the threads per
-    worker, so a rerun with the same settings is bitwise identical. Models with non-stock layers (real
-    quantized kernels) are scored one batch at a time.
+    On CPU, `cpu_workers` threads (None: one per available core, at most one per batch) each score whole batches,
+    longest first, with the torch threads divided among them. A small model's ops are too short for the thread pool
+    inside each op to pay, and concurrent batches keep every core busy between ops (benchmarks/bench_scoring.py).
+    Each batch's numbers depend only on the batch and the threads per worker, so a rerun with the same settings is
+    bitwise identical. Models with non-stock layers (real quantized kernels) are scored one batch at a time.
 
-    Memory: per worker, the body's activations for one batch (<= token_budget tokens) plus logits for at
-    most `head_chunk` positions at a time, in float32: on CPU `head_chunk` x a vocabulary tile of
-    CPU_HEAD_TILE_BYTES per thread; on GPU (and for a head that is not a plain nn.Linear) at most
-    `head_logits_bytes` (None: HEAD_LOGITS_BYTES, 256 MiB) of logits and their temporaries, in vocabulary
-    tiles or blocks of rows (bounded_head_scores): independent of batch x length x vocab.
+    Memory: per worker, the body's activations for one batch (<= token_budget tokens) plus logits for at most
+    `head_chunk` positions at a time, in float32: on CPU `head_chunk` x a vocabulary tile of CPU_HEAD_TILE_BYTES per
+    thread; on GPU (and for a head that is not a plain nn.Linear) at most `head_logits_bytes` (None:
+    HEAD_LOGITS_BYTES) of logits and their temporaries, in vocabulary tiles or blocks of rows (bounded_head_scores):
+    independent of batch x length x vocab.
 
-    hidden_hook(batch, h, targets), if given, sees each batch's final hidden states at its scored positions
-    before the head: `batch` the example indices in batch order, h [P, H] the rows of those examples one after
-    the other (each example's sum(loss_mask[1:]) positions in order), targets [P] the tokens they predict. It
-    runs in the worker thread of that batch (llmaudit.score.divergence uses it)."""
+    Args:
+        model (Any): the causal LM.
+        examples (Sequence[tuple[Sequence[int], Sequence[bool]]]): (input_ids, loss_mask) per example.
+        pad_id (int): the padding token id.
+        options (ScoringOptions | None): how to score (None: the defaults).
+        hidden_hook (Callable | None): hidden_hook(batch, h, targets), if given, sees each batch's final hidden states
+            at its scored positions before the head: `batch` the example indices in batch order, h [P, H] the rows of
+            those examples one after the other (each example's sum(loss_mask[1:]) positions in order), targets [P] the
+            tokens they predict. It runs in the worker thread of that batch (llmaudit.score.divergence uses it).
+        **overrides (Any): any field of ScoringOptions by keyword, applied over `options` (e.g. vocab_stats=True).
+
+    Returns:
+        list[TokenScores]: one per example, in input order.
+    """
     options = dataclasses.replace(options or ScoringOptions(), **overrides)
     options = dataclasses.replace(options, device=torch.device(options.device))  # a torch.device from here on
     decoder, head = decoder_and_head(model)
@@ -368,7 +421,14 @@ def score_examples(
 
 
 def weights_digest(model: Any) -> str:
-    """Digest of all parameters and buffers: equal digests = the same (quantized) point."""
+    """Digest of all parameters and buffers: equal digests mean the same (quantized) point.
+
+    Args:
+        model (Any): the model.
+
+    Returns:
+        str: the hex digest.
+    """
     h = hashlib.sha1()
     for name, tensor in sorted(model.state_dict().items()):
         if not isinstance(tensor, torch.Tensor):

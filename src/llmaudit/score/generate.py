@@ -22,8 +22,8 @@ from llmaudit.data.tokenize import format_record
 from llmaudit.score.engine import length_sorted_batches
 
 GENERATION_TOKEN_BUDGET = 16384
-"""Prompt plus new tokens per generation batch (rows x longest row): bounds the key/value cache, e.g. 400 MB
-for Qwen2.5-0.5B in float32; decoding reads every weight once per step whatever the batch, so wide batches pay."""
+"""Prompt plus new tokens per generation batch (rows x longest row): bounds the key/value cache;
+decoding reads every weight once per step whatever the batch, so wide batches pay."""
 
 MAX_NEW_TOKENS_FACTOR = 1.5
 """max_new_tokens from the data: this times the longest reference response of the subset (in tokens, the
@@ -42,10 +42,18 @@ class GenerationPlan:
 
     @property
     def prompt_tokens(self) -> int:
+        """Tokens of all the prompts together."""
         return sum(len(p) for p in self.prompts)
 
     def settings(self, records: Sequence[dict]) -> dict[str, Any]:
-        """The recorded settings (scores/utility.json): the subset's sample ids and the decoding."""
+        """The recorded settings (scores/utility.json): the subset's sample ids and the decoding.
+
+        Args:
+            records (Sequence[dict]): the validation records the subset indexes.
+
+        Returns:
+            dict[str, Any]: the settings, as JSON data.
+        """
         return {
             "sample_ids": [records[i]["sample_id"] for i in self.indices],
             "max_new_tokens": self.max_new_tokens,
@@ -54,9 +62,18 @@ class GenerationPlan:
 
 
 def generation_subset(records: Sequence[dict], n: int) -> list[int]:
-    """Up to n validation records, deterministic: the tasks in turn (each task's records in file order), so a
-    subset smaller than the set still covers every task. Plain-text records (format "text") have no prompt
-    to answer and are never chosen."""
+    """Up to n validation records, chosen deterministically: the tasks in turn (each task's records in file order).
+
+    A subset smaller than the set still covers every task. Plain-text records (format "text") have no prompt to answer
+    and are never chosen.
+
+    Args:
+        records (Sequence[dict]): the validation records.
+        n (int): the most records to choose.
+
+    Returns:
+        list[int]: indices into `records`.
+    """
     by_task: dict[str, list[int]] = {}
     for i, rec in enumerate(records):
         if record_format(rec) != "text":
@@ -71,8 +88,15 @@ def generation_subset(records: Sequence[dict], n: int) -> list[int]:
 
 
 def prompt_and_response(tokenizer: Any, rec: dict) -> tuple[list[int], list[int]]:
-    """The prompt's token ids (up to where the answer starts) and the reference response's, as the record is
-    rendered for training and scoring."""
+    """The prompt's token ids (up to where the answer starts) and the reference response's.
+
+    Args:
+        tokenizer (Any): the model's tokenizer.
+        rec (dict): one chat record.
+
+    Returns:
+        tuple[list[int], list[int]]: (prompt ids, response ids), as the record is rendered for training and scoring.
+    """
     ids, mask, _ = format_record(tokenizer, rec, include_prompt=False)
     start = mask.index(True) if True in mask else len(ids)
     return list(ids[:start]), list(ids[start:])
@@ -81,8 +105,18 @@ def prompt_and_response(tokenizer: Any, rec: dict) -> tuple[list[int], list[int]
 def plan_generation(
     tokenizer: Any, records: Sequence[dict], n: int, max_new_tokens: int | None = None
 ) -> GenerationPlan | None:
-    """The subset, prompts and token limit of `n` generations (None when n is 0 or no record has a prompt).
-    max_new_tokens None: MAX_NEW_TOKENS_FACTOR x the subset's longest reference response."""
+    """The subset, prompts and token limit of `n` generations.
+
+    Args:
+        tokenizer (Any): the model's tokenizer.
+        records (Sequence[dict]): the validation records.
+        n (int): the number of generations.
+        max_new_tokens (int | None): the token limit (None: MAX_NEW_TOKENS_FACTOR x the subset's longest reference
+            response).
+
+    Returns:
+        GenerationPlan | None: the plan; None when n is 0 or no record has a prompt.
+    """
     indices = generation_subset(records, n) if n > 0 else []
     if not indices:
         return None
@@ -92,7 +126,14 @@ def plan_generation(
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
-    """End-of-sequence and end-of-turn ids (ChatML's <|im_end|> when the template uses it)."""
+    """End-of-sequence and end-of-turn ids (ChatML's <|im_end|> when the template uses it).
+
+    Args:
+        tokenizer (Any): the model's tokenizer.
+
+    Returns:
+        list[int]: the stop token ids.
+    """
     ids = []
     for token in (getattr(tokenizer, "eos_token", None), "<|im_end|>"):
         if token and token in tokenizer.get_vocab():
@@ -104,14 +145,20 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
 
 @contextlib.contextmanager
 def contiguous_head_input(model: Any) -> Iterator[None]:
-    """Within: the output head's input made contiguous before it is read (a forward pre-hook, removed after).
+    """Within the block, the output head's input is made contiguous before it is read (a forward pre-hook).
 
-    At the first step of a generation, a causal LM applies its head to the last position only,
-    ``hidden[:, -1:, :]``: a [batch, 1, hidden] view with the stride of the whole prompt. For a model whose
-    parameters do not require gradients (every checkpoint llmaudit merges, casts or quantizes), torch's matmul
-    cannot fold such a view into one matrix product and expands the head's weight over the batch instead: a
-    batch x hidden x vocabulary copy (864 MiB for 16 prompts on SmolLM2-135M in bfloat16) for one step. The
-    contiguous input holds the same values: the same logits from one matrix product."""
+    At the first step of a generation, a causal LM applies its head to the last position only, ``hidden[:, -1:, :]``:
+    a [batch, 1, hidden] view with the stride of the whole prompt. For a model whose parameters do not require
+    gradients (every checkpoint llmaudit merges, casts or quantizes), torch's matmul cannot fold such a view into one
+    matrix product and expands the head's weight over the batch instead: a batch x hidden x vocabulary copy for one
+    step. The contiguous input holds the same values: the same logits from one matrix product.
+
+    Args:
+        model (Any): the causal LM (its hook is removed on exit).
+
+    Yields:
+        None: while the hook is in place.
+    """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         yield
@@ -147,8 +194,22 @@ def greedy_generate(
     device: torch.device | str = "cpu",
     token_budget: int = GENERATION_TOKEN_BUDGET,
 ) -> list[list[int]]:
-    """The new tokens of each prompt, in input order, up to and including the first stop token (or
-    max_new_tokens of them). Batches: length-sorted, left-padded, at most `token_budget` prompt + new tokens."""
+    """The new tokens of each prompt, in input order, up to and including the first stop token.
+
+    Batches: length-sorted, left-padded, at most `token_budget` prompt + new tokens.
+
+    Args:
+        model (Any): the causal LM.
+        prompts (Sequence[Sequence[int]]): the prompts' token ids.
+        max_new_tokens (int): the most tokens generated per prompt.
+        stop_ids (Sequence[int]): tokens that end a generation.
+        pad_id (int): the padding token id.
+        device (torch.device | str): where the model runs.
+        token_budget (int): prompt plus new tokens per batch (rows x longest row).
+
+    Returns:
+        list[list[int]]: the new tokens of each prompt (at most max_new_tokens).
+    """
     from transformers import GenerationConfig
 
     device = torch.device(device)
@@ -178,5 +239,13 @@ def greedy_generate(
 
 
 def decode_answers(tokenizer: Any, generated: Sequence[Sequence[int]]) -> list[str]:
-    """The generated texts without special tokens, stripped."""
+    """The generated texts without special tokens, stripped.
+
+    Args:
+        tokenizer (Any): the model's tokenizer.
+        generated (Sequence[Sequence[int]]): the new tokens of each generation.
+
+    Returns:
+        list[str]: one text per generation.
+    """
     return [tokenizer.decode(list(g), skip_special_tokens=True).strip() for g in generated]

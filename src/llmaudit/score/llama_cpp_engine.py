@@ -53,11 +53,26 @@ TORCH, LLAMA_CPP = "torch", "llama.cpp"
 
 
 def engine_of(quantizer: Quantizer) -> str:
-    """The engine that scores a quantizer's units: its ``engine`` option (GGUF quantizers), else torch."""
+    """The engine that scores a quantizer's units: its ``engine`` option (GGUF quantizers), else torch.
+
+    Args:
+        quantizer (Quantizer): the quantizer.
+
+    Returns:
+        str: the engine's name.
+    """
     return str(quantizer.options.get("engine", TORCH))
 
 
 def engine_metadata(quantizer: Quantizer) -> dict[bytes, bytes]:
+    """The parquet metadata that records which engine scored a unit file.
+
+    Args:
+        quantizer (Quantizer): the unit's quantizer.
+
+    Returns:
+        dict[bytes, bytes]: {ENGINE_METADATA_KEY: the engine's name}.
+    """
     return {ENGINE_METADATA_KEY: engine_of(quantizer).encode()}
 
 
@@ -107,9 +122,16 @@ class EngineModel:
     def score(
         self, examples: Sequence[tuple[Sequence[int], Sequence[bool]]], hook: Callable | None = None
     ) -> list[TokenScores]:
-        """Scores of each (input_ids, loss_mask), in input order; `hook(batch, logits, targets)` sees each decode
-        group's logits at its scored positions (on the scoring device), as the torch engine's hidden_hook sees
-        hidden states."""
+        """Scores of each (input_ids, loss_mask) example, in input order.
+
+        Args:
+            examples (Sequence[tuple[Sequence[int], Sequence[bool]]]): (input_ids, loss_mask) per example.
+            hook (Callable | None): hook(batch, logits, targets) sees each decode group's logits at its scored positions
+                (on the scoring device), as the torch engine's hidden_hook sees hidden states.
+
+        Returns:
+            list[TokenScores]: one per example.
+        """
         counts = [int(sum(bool(m) for m in mask[1:])) for _, mask in examples]
         out: list[TokenScores | None] = [None] * len(examples)
         for group in _groups([len(ids) for ids, _ in examples], counts, self.budget, self.runtime.n_vocab):
@@ -125,7 +147,16 @@ class EngineModel:
         return out  # type: ignore[return-value]
 
     def greedy_answers(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stop_ids: Sequence[int]):
-        """llama.cpp's greedy continuations of the prompts (llmaudit.score.generate's rules)."""
+        """llama.cpp's greedy continuations of the prompts (llmaudit.score.generate's rules).
+
+        Args:
+            prompts (Sequence[Sequence[int]]): the prompts' token ids.
+            max_new_tokens (int): the most tokens generated per prompt.
+            stop_ids (Sequence[int]): tokens that end a generation.
+
+        Returns:
+            list[list[int]]: the new tokens of each prompt, up to and including the first stop token.
+        """
         return self.runtime.greedy(prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
 
 
@@ -154,8 +185,20 @@ def _unit_scores(inputs: ScoreInputs, unit: Unit, work: CheckpointWork, model: E
 
 def gguf_file(inputs: ScoreInputs, quantizer: Any, work: CheckpointWork, unit: Unit, given: GivenFile | None,
               directory: Path) -> Path:  # fmt: skip
-    """The unit's quantized GGUF: the user's own file (checked against the checkpoint first), or the checkpoint
-    quantized by llama.cpp into `directory` (an importance matrix computed first for an -imatrix quantizer)."""
+    """The unit's quantized GGUF file.
+
+    Args:
+        inputs (ScoreInputs): the store's scoring inputs.
+        quantizer (Any): the GGUF quantizer.
+        work (CheckpointWork): the unit's checkpoint, loaded.
+        unit (Unit): the scoring unit.
+        given (GivenFile | None): the user's own quantized file of the unit, if any.
+        directory (Path): where llama.cpp writes the file it quantizes.
+
+    Returns:
+        Path: the user's own file (checked against the checkpoint first), or the checkpoint quantized by llama.cpp into
+            `directory` (an importance matrix computed first for an -imatrix quantizer).
+    """
     if given is not None:
         load_given(given, copy.deepcopy(work.model), torch.device("cpu"))  # the same refusals as the torch engine
         return Path(given.path)
@@ -167,7 +210,14 @@ def gguf_file(inputs: ScoreInputs, quantizer: Any, work: CheckpointWork, unit: U
 
 
 def file_digest16(path: Path) -> str:
-    """The first 16 hex digits of the file's sha1: the unit's point_id (equal files, the same quantized point)."""
+    """The first 16 hex digits of the file's sha1: the unit's point_id (equal files, the same quantized point).
+
+    Args:
+        path (Path): the file.
+
+    Returns:
+        str: 16 hex digits.
+    """
     h = hashlib.sha1()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -189,8 +239,17 @@ def _check_finite(unit: Unit, examples: list, scores: list[TokenScores], extra: 
 
 
 def score_unit(inputs: ScoreInputs, unit: Unit, work: CheckpointWork) -> tuple[pd.DataFrame, UtilityWork | None]:
-    """The loss table of one GGUF unit scored by llama.cpp (module docstring); the same columns, rows and checks as
-    unit_scoring.score_unit's, point_id the quantized file's digest."""
+    """The loss table of one GGUF unit scored by llama.cpp (module docstring).
+
+    Args:
+        inputs (ScoreInputs): the store's scoring inputs.
+        unit (Unit): the scoring unit.
+        work (CheckpointWork): the unit's checkpoint, loaded.
+
+    Returns:
+        tuple[pd.DataFrame, UtilityWork | None]: the loss table (the same columns, rows and checks as
+            unit_scoring.score_unit's, point_id the quantized file's digest) and the utility work of a final unit.
+    """
     quantizer = inputs.quantizers[unit.quantizer]
     given = given_file(inputs.store, unit)
     examples = unit_examples(inputs.val, inputs.pool, unit)

@@ -63,9 +63,18 @@ log = logging.getLogger(__name__)
 
 
 def check_recorded_options(store: RunStore, quantizers: dict[str, Quantizer]) -> None:
-    """A quantizer name means one set of options in a store: its units scored earlier must not be mixed
-    with units scored under other options (the report would show them as one quantizer). A key that a record
-    lacks (written before the option existed) reads as the value that made its units (`legacy_options`)."""
+    """Check that a quantizer name means one set of options in a store.
+
+    A quantizer's units scored earlier must not be mixed with units scored under other options (the report would show
+    them as one quantizer). A key that a record lacks reads as the value that made its units (`legacy_options`).
+
+    Args:
+        store (RunStore): the run store.
+        quantizers (dict[str, Quantizer]): the quantizers to score, by name.
+
+    Raises:
+        StoreError: a quantizer's recorded options differ from the recipe's; the message says which.
+    """
     for name, q in quantizers.items():
         record = store.quantizer_record(name)  # parsed by its schema (a StoreError names the file and the field)
         if record is None:
@@ -76,7 +85,15 @@ def check_recorded_options(store: RunStore, quantizers: dict[str, Quantizer]) ->
 
 
 def check_quantizers(cfg: ExperimentConfig, device: torch.device) -> dict[str, Quantizer]:
-    """Build every quantizer and reject impossible requests before any work starts."""
+    """Build every quantizer and reject impossible requests before any work starts.
+
+    Args:
+        cfg (ExperimentConfig): the experiment's configuration.
+        device (torch.device): the device the units are scored on.
+
+    Returns:
+        dict[str, Quantizer]: the checked quantizers, by name.
+    """
     quantizers = {}
     for name in cfg.score.quantizers:
         opts = dict(cfg.score.quantizer_options.get(name, {}))
@@ -126,6 +143,14 @@ def _stale_units(cfg: ExperimentConfig, store: RunStore, mine: list[Unit], todo:
 
 
 def unit_name(unit: Unit) -> str:
+    """A unit's name in logs: base or run, step, quantizer.
+
+    Args:
+        unit (Unit): the scoring unit.
+
+    Returns:
+        str: e.g. "run 0/step 8/int8".
+    """
     return f"{'base' if unit.run < 0 else f'run {unit.run}'}/step {unit.step}/{unit.quantizer}"
 
 
@@ -175,7 +200,14 @@ def _memory_fields() -> dict[str, float]:
 
 
 def checkpoint_groups(units: list[Unit]) -> list[list[Unit]]:
-    """Units grouped by checkpoint (run, step), in the grid's order: what one process scores together."""
+    """Units grouped by checkpoint (run, step), in the grid's order: what one process scores together.
+
+    Args:
+        units (list[Unit]): the units to score.
+
+    Returns:
+        list[list[Unit]]: the units of each checkpoint.
+    """
     groups: dict[tuple[int, int], list[Unit]] = {}
     for unit in units:
         groups.setdefault((unit.run, unit.step), []).append(unit)
@@ -253,11 +285,21 @@ def score(
     deep_verify: bool = False,
     refresh_utility: bool = False,
 ) -> dict[str, Any]:
-    """Score every unit of this shard that is not done. Returns counts and timings:
-    {"units", "scored", "taken_by_others", "seconds", "dtype"}.
+    """Score every unit of this shard that is not done.
 
-    refresh_utility: also rescore the finished final units whose utility columns were made with other settings
-    than the recipe's, or without them (stores scored by an earlier llmaudit)."""
+    Args:
+        cfg (ExperimentConfig): the experiment's configuration.
+        store (RunStore): the run store.
+        shard (tuple[int, int] | None): (i, n): this process scores share i of n of the units; None: all of them.
+        progress (bool): show a progress bar.
+        echo (Callable): where progress lines go.
+        deep_verify (bool): verify the store in full (`verify_store(deep=True)`) before scoring.
+        refresh_utility (bool): also rescore the finished final units whose utility columns were made with other
+            settings than the recipe's, or without them.
+
+    Returns:
+        dict[str, Any]: counts and timings {"units", "scored", "taken_by_others", "seconds", "dtype"}.
+    """
     device = pick_device(cfg.score.device)
     check_quantizers(cfg.model_copy(update={"score": cfg.score.with_reference("fp32")}), device)  # before any file
     choice = store.scoring_choice(cfg.score.dtype, device)

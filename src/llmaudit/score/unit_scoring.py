@@ -54,7 +54,19 @@ def unit_rows(
     point_id: str,
     extra: dict[str, list] | None = None,
 ) -> pd.DataFrame:
-    """The loss table of one unit: a row per example (its scores, membership, utility columns where given)."""
+    """The loss table of one unit: a row per example (its scores, membership, utility columns where given).
+
+    Args:
+        unit (Unit): the scoring unit.
+        examples (list[Example]): the examples scored, in table order.
+        scores (list[TokenScores]): their scores, in the same order.
+        members (set[str]): the sample ids in the unit's run's training set.
+        point_id (str): the digest of the quantized point.
+        extra (dict[str, list] | None): utility columns, one entry per example (None where a column does not apply).
+
+    Returns:
+        pd.DataFrame: the unit's loss table (store.losstable's columns).
+    """
     rows = {
         "run": unit.run,
         "checkpoint": unit.step,
@@ -118,9 +130,15 @@ class ScoreInputs:
     """(texts, sha256) of score.calibration_file when a quantizer calibrates on it."""
 
     def take_base(self) -> Any:
-        """The base model for the caller to keep or modify (a checkpoint merges its adapter into it): the one held,
-        else loaded again from its files. No process keeps a base beside the checkpoint it scores: merging into a
-        copy held 0.54 GB more for SmolLM2-135M between units; loading it again takes 0.16 s once its files are cached."""
+        """The base model for the caller to keep or modify (a checkpoint merges its adapter into it).
+
+        No process keeps a base beside the checkpoint it scores: a merged copy beside it would hold a second model in
+        memory between units, while loading it again from its cached files is quick (docs/results.md, "A final
+        unit's memory by phase").
+
+        Returns:
+            Any: the base held, else one loaded again from its files.
+        """
         base, self.base = self.base, None
         if base is None:
             base = load_base_model(self.cfg.model, self.device, dtype=base_dtype(self.device, self.dtype))
@@ -128,15 +146,36 @@ class ScoreInputs:
 
 
 def base_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """The dtype the base is loaded in: float32 on a CPU, where checkpoints are merged and quantized in float32
-    whatever the scoring dtype (the quantizers' math is float32 there); on a GPU the scoring dtype, which its kernels
-    compute in."""
+    """The dtype the base is loaded in.
+
+    Args:
+        device (torch.device): the scoring device.
+        dtype (torch.dtype): the store's scoring dtype.
+
+    Returns:
+        torch.dtype: float32 on a CPU, where checkpoints are merged and quantized in float32 whatever the scoring dtype
+            (the quantizers' math is float32 there); on a GPU the scoring dtype, which its kernels compute in.
+    """
     return torch.float32 if device.type == "cpu" else dtype
 
 
 def load_inputs(
     cfg: ExperimentConfig, store: RunStore, device: torch.device, quantizers: dict, dtype: torch.dtype
 ) -> ScoreInputs:
+    """Everything a scoring process reads once: tokenizer, records, base model, utility plan, calibration file.
+
+    Each quantizer is checked against the base model's real layers before any unit is scored.
+
+    Args:
+        cfg (ExperimentConfig): the experiment's configuration.
+        store (RunStore): the run store.
+        device (torch.device): the scoring device.
+        quantizers (dict): the checked quantizers, by name.
+        dtype (torch.dtype): the store's scoring dtype.
+
+    Returns:
+        ScoreInputs: the process's scoring inputs.
+    """
     tok = load_tokenizer(cfg.model)
     pool_records = store.read_records("pool")
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
@@ -169,7 +208,17 @@ def load_inputs(
 
 
 def make_utility(cfg: ExperimentConfig, store: RunStore, tok: Any, val: list[Example] | None = None) -> UnitUtility:
-    """The utility columns' plan of this store (val: its tokenised validation records, tokenised here if None)."""
+    """The utility columns' plan of this store.
+
+    Args:
+        cfg (ExperimentConfig): the experiment's configuration.
+        store (RunStore): the run store.
+        tok (Any): the tokenizer.
+        val (list[Example] | None): the tokenised validation records (None: tokenised here).
+
+    Returns:
+        UnitUtility: the plan.
+    """
     records = store.read_records("val")
     if val is None:
         val = tokenize_records(tok, records, "val", include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
@@ -177,7 +226,19 @@ def make_utility(cfg: ExperimentConfig, store: RunStore, tok: Any, val: list[Exa
 
 
 def checkpoint_model(inputs: ScoreInputs, run: int, step: int) -> Any:
-    """The fine-tuned model of (run, step): the base with the LoRA adapter merged, or a full checkpoint."""
+    """The fine-tuned model of (run, step): the base with the LoRA adapter merged, or a full checkpoint.
+
+    Args:
+        inputs (ScoreInputs): the process's scoring inputs.
+        run (int): the run.
+        step (int): the checkpoint's step.
+
+    Returns:
+        Any: the model.
+
+    Raises:
+        StoreError: the checkpoint is missing or does not match its record; the message names the directory.
+    """
     store = inputs.store
     directory = store.checkpoint_dir(run, step)
     record = store.done_record(run) if store.manifest().get("imported") is None else None
@@ -204,6 +265,15 @@ class CheckpointWork:
     paid: float = 0.0
 
     def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        """Work shared by the units of this checkpoint (a calibration), made once and timed.
+
+        Args:
+            key (Any): what the work is.
+            make (Callable[[], Any]): makes it, the first time it is asked for.
+
+        Returns:
+            Any: the work.
+        """
         if key not in self.shared:
             t0 = time.time()
             self.shared[key] = make()
@@ -211,20 +281,41 @@ class CheckpointWork:
         return self.shared[key]
 
     def take_paid(self) -> float:
+        """The seconds of shared work made since the last call, for the unit that paid them; resets the count.
+
+        Returns:
+            float: seconds.
+        """
         paid, self.paid = self.paid, 0.0
         return paid
 
     def reference(self, dtype: torch.dtype) -> Any:
-        """The checkpoint itself in `dtype`: the store's full precision, and the model the KL divergence of every
-        quantizer of this checkpoint is measured against (a copy cast once when `dtype` is not the merged model's)."""
+        """The checkpoint itself in `dtype`: the model the KL divergence of every quantizer of this checkpoint is
+        measured against.
+
+        Args:
+            dtype (torch.dtype): the store's full precision (a copy is cast once when it is not the merged model's).
+
+        Returns:
+            Any: the model.
+        """
         if next(self.model.parameters()).dtype == dtype:
             return self.model
         return self.get(("reference", str(dtype)), lambda: cast_parameters(copy.deepcopy(self.model), dtype))
 
 
 def load_checkpoint(inputs: ScoreInputs, work: CheckpointWork, unit: Unit) -> CheckpointWork:
-    """`work` for the unit's checkpoint: the same object when it already holds it, else a new one (the previous
-    checkpoint's model and shared work are released first: one checkpoint in memory at a time)."""
+    """`work` for the unit's checkpoint.
+
+    Args:
+        inputs (ScoreInputs): the process's scoring inputs.
+        work (CheckpointWork): the checkpoint the previous unit used.
+        unit (Unit): the unit to score.
+
+    Returns:
+        CheckpointWork: the same object when it already holds the checkpoint, else a new one (the previous checkpoint's
+            model and shared work are released first: one checkpoint in memory at a time).
+    """
     key = (unit.run, unit.step)
     if work.key == key:
         return work
@@ -237,8 +328,16 @@ def load_checkpoint(inputs: ScoreInputs, work: CheckpointWork, unit: Unit) -> Ch
 
 
 def unit_dtype(quantizer: Quantizer, store_dtype: torch.dtype) -> torch.dtype:
-    """The dtype a unit is scored in: the store's, except `fp32`, which is float32 (full precision as named) in a
-    store that scores in a half-precision dtype."""
+    """The dtype a unit is scored in.
+
+    Args:
+        quantizer (Quantizer): the unit's quantizer.
+        store_dtype (torch.dtype): the store's scoring dtype.
+
+    Returns:
+        torch.dtype: the store's, except for `fp32`, which is float32 (full precision as named) in a store that scores
+            in a half-precision dtype.
+    """
     return torch.float32 if quantizer.family == "full" and quantizer.name == "fp32" else store_dtype
 
 
@@ -254,8 +353,17 @@ def _calibration_kwargs(inputs: ScoreInputs, quantizer: Quantizer, work: Checkpo
 
 
 def is_identity(quantizer: Quantizer, dtype: torch.dtype) -> bool:
-    """The quantizer that is the checkpoint itself in the unit's dtype (bf16 of a bf16 store, fp32 of a float32
-    one): no copy, and its own pass is the KL reference of the checkpoint's other units."""
+    """Whether the quantizer is the checkpoint itself in the unit's dtype (bf16 of a bf16 store, fp32 of a float32 one).
+
+    Such a unit makes no copy, and its own pass is the KL reference of the checkpoint's other units.
+
+    Args:
+        quantizer (Quantizer): the unit's quantizer.
+        dtype (torch.dtype): the unit's dtype.
+
+    Returns:
+        bool: True for the identity quantizer.
+    """
     return quantizer.family == "full" and getattr(quantizer, "dtype", None) == dtype
 
 
@@ -274,12 +382,29 @@ def _quantized(
 
 
 def unit_examples(val: list[Example], pool: list[Example], unit: Unit) -> list[Example]:
-    """What a unit scores: the validation samples, plus the pool at a run's final checkpoint (attacks)."""
+    """What a unit scores: the validation samples, plus the pool at a run's final checkpoint (attacks).
+
+    Args:
+        val (list[Example]): the validation examples.
+        pool (list[Example]): the pool examples.
+        unit (Unit): the unit.
+
+    Returns:
+        list[Example]: the examples, validation first.
+    """
     return val + (pool if unit.final else [])
 
 
 def token_budget(cfg: ExperimentConfig, device: torch.device) -> int:
-    """Padded tokens per batch: the recipe's, else 2048 on CPU (cache-sized batches), 16384 on GPU."""
+    """Padded tokens per batch.
+
+    Args:
+        cfg (ExperimentConfig): the experiment's configuration.
+        device (torch.device): the scoring device.
+
+    Returns:
+        int: the recipe's, else 2048 on CPU (cache-sized batches), 16384 on GPU.
+    """
     return cfg.score.token_budget or (16384 if device.type == "cuda" else 2048)
 
 
@@ -301,10 +426,23 @@ def _engine(inputs: ScoreInputs, model: Any, examples: list[Example], hidden_hoo
 
 
 def score_unit(inputs: ScoreInputs, unit: Unit, work: CheckpointWork) -> tuple[pd.DataFrame, UtilityWork | None]:
-    """The loss table of one unit: its checkpoint (`work.model`) quantized, scored on its samples; at a run's
-    final checkpoint with the utility columns of its validation rows (llmaudit.score.utility), measured against
-    the checkpoint in the store's dtype (`work.reference`), and what they cost. A model with real quantized layers
-    is scored with large blocks mapped (`bounded_heap`: their float32 temporaries would fragment the heap)."""
+    """The loss table of one unit: its checkpoint (`work.model`) quantized, scored on its samples.
+
+    At a run's final checkpoint the table has the utility columns of its validation rows (llmaudit.score.utility),
+    measured against the checkpoint in the store's dtype (`work.reference`). A model with real quantized layers is
+    scored with large blocks mapped (`bounded_heap`: their float32 temporaries would fragment the heap).
+
+    Args:
+        inputs (ScoreInputs): the process's scoring inputs.
+        unit (Unit): the unit.
+        work (CheckpointWork): the unit's checkpoint, loaded.
+
+    Returns:
+        tuple[pd.DataFrame, UtilityWork | None]: the loss table and what its utility columns cost (None without them).
+
+    Raises:
+        ScoringError: the quantized model's losses, or its KL divergence, are not finite (it diverges).
+    """
     quantizer = inputs.quantizers[unit.quantizer]
     given = given_file(inputs.store, unit)
     qmodel = _quantized(inputs, quantizer, work, unit, given)

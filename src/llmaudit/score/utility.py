@@ -4,16 +4,15 @@ llmaudit.score.generate), added to the validation rows of every final unit of a 
 
 The reference is the unquantized model of the SAME checkpoint (the LoRA adapter merged, before any quantizer).
 Its final hidden states at the validation set's scored positions are computed once per checkpoint and process and
-kept in memory (one checkpoint at a time: hidden x scored validation tokens in the model's dtype, e.g. 2.1 MB for
-SmolLM2-135M's 24 validation records (928 tokens), about 180 MB for 1000 records of Qwen2.5-0.5B in bf16 at 100
-scored tokens each): captured for free while the identity quantizer (fp32 of an fp32 checkpoint) scores its unit,
-otherwise by one extra validation pass of the unquantized model. Each quantized unit then compares its own hidden states with them batch by batch, in the
-same engine pass that computes its losses, so the divergence costs two vocabulary passes over the validation
+kept in memory (one checkpoint at a time: hidden x scored validation tokens in the model's dtype): captured for
+free while the identity quantizer (fp32 of an fp32 checkpoint) scores its unit, otherwise by one extra validation
+pass of the unquantized model. Each quantized unit then compares its own hidden states with them batch by batch,
+in the same engine pass that computes its losses, so the divergence costs two vocabulary passes over the validation
 positions and no extra forward pass of the quantized model.
 
 Each such unit file records the settings its utility columns were made with (`settings_of`) in its parquet
 metadata; `llmaudit score --refresh-utility` rescores the final units whose settings differ from the recipe's
-(older stores have none), and the report refuses to compare units made with different settings.
+(or that recorded none), and the report refuses to compare units made with different settings.
 """
 
 from __future__ import annotations
@@ -59,7 +58,16 @@ class UtilityWork:
 
 
 def settings_of(cfg: ExperimentConfig, plan: GenerationPlan | None, val_records: Sequence[dict]) -> dict[str, Any]:
-    """The utility settings a recipe asks for (what a unit file records and the report compares)."""
+    """The utility settings a recipe asks for (what a unit file records and the report compares).
+
+    Args:
+        cfg (ExperimentConfig): the experiment's configuration.
+        plan (GenerationPlan | None): the generation plan, None without generations.
+        val_records (Sequence[dict]): the validation records.
+
+    Returns:
+        dict[str, Any]: the settings, as JSON data.
+    """
     return {
         "divergence": bool(cfg.score.divergence),
         "generation": None if plan is None else plan.settings(val_records),
@@ -67,12 +75,27 @@ def settings_of(cfg: ExperimentConfig, plan: GenerationPlan | None, val_records:
 
 
 def encode_settings(settings: dict[str, Any]) -> bytes:
+    """The settings as a unit file's parquet metadata value.
+
+    Args:
+        settings (dict[str, Any]): what `settings_of` gives.
+
+    Returns:
+        bytes: canonical JSON (sorted keys).
+    """
     return json.dumps(settings, sort_keys=True).encode()
 
 
 def recorded_settings(path: str | Path) -> dict[str, Any] | None:
-    """The utility settings a unit file recorded, or None (no utility columns, an older llmaudit, or a record
-    that does not have the shape settings_of gives: a file from elsewhere is data, never trusted)."""
+    """The utility settings a unit file recorded.
+
+    Args:
+        path (str | Path): the unit file.
+
+    Returns:
+        dict[str, Any] | None: the settings; None without utility columns, from a store that did not record them, or for
+            a record that does not have the shape settings_of gives (a file from elsewhere is data, never trusted).
+    """
     raw = unit_metadata(path).get(UTILITY_METADATA_KEY)
     try:
         settings = json.loads(raw) if raw else None
@@ -116,10 +139,19 @@ class UnitUtility:
 
     @property
     def enabled(self) -> bool:
+        """True when any utility column is asked for."""
         return self.divergence or self.generation is not None
 
     def applies(self, unit: Unit) -> bool:
-        """A fine-tuning run's last checkpoint (never the base model), when any utility column is asked for."""
+        """Whether a unit carries the utility columns.
+
+        Args:
+            unit (Unit): the unit.
+
+        Returns:
+            bool: True for a fine-tuning run's last checkpoint (never the base model) when any utility column is asked
+                for.
+        """
         if not self.enabled or unit.run == REFERENCE_RUN:
             return False
         if unit.run not in self._last:
@@ -127,17 +159,41 @@ class UnitUtility:
         return unit.step == self._last[unit.run]
 
     def stale(self, unit: Unit, path: Path) -> bool:
-        """A finished final unit whose utility columns were made with other settings (or never)."""
+        """Whether a finished final unit's utility columns were made with other settings (or never).
+
+        Args:
+            unit (Unit): the unit.
+            path (Path): its unit file.
+
+        Returns:
+            bool: True when it must be rescored for its utility columns.
+        """
         return self.applies(unit) and recorded_settings(path) != self.settings
 
     def metadata(self) -> dict[bytes, bytes]:
+        """The parquet metadata a unit file with utility columns records.
+
+        Returns:
+            dict[bytes, bytes]: {UTILITY_METADATA_KEY: the encoded settings}.
+        """
         return {UTILITY_METADATA_KEY: encode_settings(self.settings)}
 
     def score_val(
         self, unit: Unit, model: Any, qmodel: Any, engine: Engine, device: Any
     ) -> tuple[list[TokenScores], dict[str, list], UtilityWork]:
-        """The validation scores of `qmodel` (the unit's checkpoint `model` quantized) and its utility columns,
-        one entry per validation example (None where a column does not apply)."""
+        """The validation scores of `qmodel` and its utility columns.
+
+        Args:
+            unit (Unit): the unit.
+            model (Any): the unit's checkpoint, unquantized.
+            qmodel (Any): the checkpoint quantized.
+            engine (Engine): the engine that scores the unit.
+            device (Any): the scoring device.
+
+        Returns:
+            tuple[list[TokenScores], dict[str, list], UtilityWork]: the scores and the utility columns, one entry per
+                validation example (None where a column does not apply), and what they cost.
+        """
         work = UtilityWork()
         columns: dict[str, list] = {}
         if self.divergence:
@@ -201,9 +257,24 @@ def _hook_head(qmodel: Any) -> Any:
 
 
 def nonfinite_divergence(columns: dict[str, list]) -> int:
-    """Validation rows whose per-token KL is not finite (a quantized model whose logits overflow)."""
+    """Validation rows whose per-token KL is not finite (a quantized model whose logits overflow).
+
+    Args:
+        columns (dict[str, list]): the utility columns.
+
+    Returns:
+        int: the number of such rows.
+    """
     return sum(1 for v in columns.get("token_kl") or [] if v is not None and not np.isfinite(v).all())
 
 
 def work_fields(work: UtilityWork | None) -> dict[str, int]:
+    """The cost of the utility columns as work-log fields.
+
+    Args:
+        work (UtilityWork | None): what the columns cost, None without them.
+
+    Returns:
+        dict[str, int]: the fields of `work` (empty without it).
+    """
     return {} if work is None else asdict(work)

@@ -9,7 +9,7 @@ DONE.json; `llmaudit import`: the manifest) and checked whenever the store is ve
 loaded (`check_digests`): the files must match, and none may have been added since (an adapter dropped into a
 full checkpoint's directory would be loaded instead of it).
 
-Records written before this rule (llmaudit 0.2: DONE.json with `adapter_sha256` only; imports without the
+Records without these digests (llmaudit 0.2's DONE.json with `adapter_sha256` only; imports without the
 tokenizer files) are checked as far as they go, and `legacy_files` names what they leave uncovered, so that
 `llmaudit status` and `llmaudit report` can say so; a record carrying `DIGEST_SCOPE` covers everything.
 """

@@ -37,7 +37,7 @@ import torch
 from llmaudit.common.bounded import InputLimitError, JsonLineError, read_jsonl
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text, read_json
-from llmaudit.common.io import file_digest as file_digest  # re-exported: its import path since 0.2
+from llmaudit.common.io import file_digest as file_digest  # re-exported: callers import it from here
 from llmaudit.common.names import check_safe_name
 from llmaudit.common.runtime import (
     DTYPE_NAMES,
@@ -229,7 +229,7 @@ class RunStore:
         """Write the manifest with a fresh content digest (only llmaudit's own writes go through here)."""
         manifest = dict(manifest)
         # llmaudit's own writes bring an older manifest to the current version (its digest then covers the
-        # compute records too; a store made before they existed has compute = None: see `train_dtype`).
+        # compute records too; a manifest without them has compute = None: see `train_dtype`).
         manifest["manifest_version"] = max(int(manifest.get("manifest_version") or 0), MANIFEST_VERSION)
         manifest.setdefault("compute", None)
         manifest.setdefault("score_compute", None)
@@ -256,8 +256,9 @@ class RunStore:
 
     # ---------------------------------------------------------------- compute dtype
     def train_dtype(self, requested: str, device: torch.device) -> torch.dtype:
-        """The dtype this store's runs train in: recorded when the store was created (`compute`). A store made
-        before llmaudit recorded it keeps the rule it was made under (auto = float32 on a CPU, bfloat16 on a GPU)."""
+        """The dtype this store's runs train in: recorded when the store was created (`compute`). A store whose
+        manifest has no compute record keeps the rule such stores were made under (auto = float32 on a CPU, bfloat16
+        on a GPU)."""
         record = self.manifest().get("compute")
         if record is None:
             return legacy_dtype(requested, device)
@@ -310,7 +311,7 @@ class RunStore:
         if requested != "auto":
             return ComputeChoice(DTYPE_NAMES[requested], f"score.dtype={requested}")
         record = manifest.get("compute")
-        if record is None:  # a store made before llmaudit recorded its dtype: the rule its units were scored under
+        if record is None:  # a manifest without a compute record: the rule its units were scored under
             dtype = legacy_dtype(manifest["config"].get("model", {}).get("dtype", "auto"), device)
             return ComputeChoice(dtype, f"{dtype_name(dtype)}: the rule of stores made before llmaudit 0.3")
         dtype = self._recorded_dtype(record, "compute")

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from llmaudit.analyze.memorization import DEFAULT_BITS_PER_PARAM, LN2, mem_u_bits
+from llmaudit.analyze.memorization import LN2, mem_u_bits
+from llmaudit.analyze.memorization_capacity import DEFAULT_BITS_PER_PARAM
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_json, atomic_write_text
 from llmaudit.common.runtime import torch_threads

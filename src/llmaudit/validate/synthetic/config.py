@@ -96,7 +96,8 @@ class SyntheticConfig(BaseModel):
     disc_train_fraction: float = Field(0.8, gt=0, lt=1)
     """Fraction of the runs whose rows train the discriminator; the other runs' rows test it."""
     disc_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Matmul precision of the discriminator (bfloat16 autocast measured 4x SLOWER on our 2-core CPU)."""
+    """Matmul precision of the discriminator (bfloat16 autocast is slower than float32 on a CPU without bf16
+    instructions)."""
     # comparison, stability and variants
     stability_k_runs: list[int] | None = Field(None, max_length=64)
     """Subsample sizes of the stability study (each in 2..n_runs); null = 5, 10, 15, 30, 50, 100, 150

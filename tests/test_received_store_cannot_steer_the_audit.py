@@ -1,4 +1,4 @@
-"""Received run stores, round four: a store cannot steer what is read, run or judged; the release gate verifies;
+"""Received run stores: a store cannot steer what is read, run or judged; the release gate verifies;
 escape codes from data never reach the terminal; every structure a store holds is parsed by a schema; two reports
 on one store leave a whole set.
 

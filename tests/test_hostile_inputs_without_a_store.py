@@ -1,4 +1,4 @@
-"""Round four of hostile inputs, without a store: every float setting is finite or refused when it loads; nothing a
+"""Hostile inputs, without a store: every float setting is finite or refused when it loads; nothing a
 store or `--quantized` names is loaded through a path that can unpickle; a user's GGUF header or quantized
 directory that does not parse is one line naming the file (QuantizationError / exit 2), never an IndexError; text
 from data reaches the terminal with its control characters escaped."""
