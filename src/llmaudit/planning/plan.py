@@ -59,7 +59,7 @@ from llmaudit.store.run_store import RunStore
 from llmaudit.store.units import grid_units
 
 REPORT_OVERHEAD_S = 5.0
-"""Report seconds beside the attack analysis (reading the store, tables, plots): measured at 3-6 s on the demo."""
+"""Report seconds beside the attack analysis (reading the store, tables, plots), a constant of the estimate."""
 
 
 @functools.lru_cache(maxsize=8)

@@ -410,8 +410,8 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
         train_tokens_per_s=peak * GPU_EFFICIENCY["train"] / (3 * flops_per_token),
         quantize_s=quantize_s,
         forward_slowdown=dict.fromkeys(cfg.score.quantizers, 1.0),
-        checkpoint_s=params * 2 / 20e9,  # a bf16 copy at ~20 GB/s
-        model_load_s=params * 2 / 1e9 + 5,  # ~1 GB/s from disk plus start-up
+        checkpoint_s=params * 2 / 20e9,  # a bf16 copy at an assumed memory bandwidth
+        model_load_s=params * 2 / 1e9 + 5,  # read from disk at an assumed rate, plus start-up
         source={
             "score": f"assumed: {GPU_EFFICIENCY['score']:.0%} of the published {peak / 1e12:.0f} TFLOP/s bf16 peak, 2 FLOP per parameter per token",
             "train": f"assumed: {GPU_EFFICIENCY['train']:.0%} of the peak, 6 FLOP per parameter per token (forward and backward)",
