@@ -32,18 +32,18 @@ from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.memorization import memorization_from_table
-from llmaudit.analyze.store_table import Unit, read_store_table
+from llmaudit.analyze.store_table import UnitFile, read_store_table
 from llmaudit.store.losstable import REFERENCE_RUN, read_loss_table, write_loss_table
 
 
-def write_units(root: Path, runs: int, records: int, quantizers: int) -> list[Unit]:
+def write_units(root: Path, runs: int, records: int, quantizers: int) -> list[UnitFile]:
     """The synthetic table written as one file per (run, quantizer) (one checkpoint each); the units, sorted."""
     table = synthetic_loss_table(runs, records, quantizers, seed=5)
     units = []
     for (run, step, q), rows in table.groupby(["run", "checkpoint", "quantizer"], sort=True):
         name = "base" if run == REFERENCE_RUN else f"run-{int(run):03d}"
         path = write_loss_table(rows.reset_index(drop=True), root / name / f"{q}.parquet")
-        units.append(Unit(int(run), int(step), str(q), path))
+        units.append(UnitFile(int(run), int(step), str(q), path))
     return units
 
 
@@ -58,7 +58,7 @@ def _peak_mib() -> float:
 def child(mode: str, units_file: Path, resamples: int) -> dict:
     """One path in this process: the peak memory of its imports, then of the analysis; seconds; results' digest."""
     imports = _peak_mib()
-    units = [Unit(run, step, q, Path(p)) for run, step, q, p in json.loads(units_file.read_text())]
+    units = [UnitFile(run, step, q, Path(p)) for run, step, q, p in json.loads(units_file.read_text())]
     start = time.perf_counter()
     if mode == "whole":
         table, rows_of = read_loss_table(units_file.parent, files=[u.path for u in units]), None

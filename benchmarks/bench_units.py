@@ -38,7 +38,7 @@ def score_units(store: Path, run: int, quantizers: list[str]) -> dict[str, Any]:
 
     from llmaudit.common.memory import peak_rss_mib
     from llmaudit.common.runtime import SHORT_DTYPE_NAMES, env_threads, pick_device, set_threads
-    from llmaudit.jobs.targets import resolve_target
+    from llmaudit.planning.targets import resolve_target
     from llmaudit.score import stage
     from llmaudit.store.units import plan_units
 

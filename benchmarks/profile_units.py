@@ -99,7 +99,7 @@ def profile(store: Path, run: int, checkpoints: int) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from llmaudit.common.runtime import SHORT_DTYPE_NAMES, env_threads, pick_device, set_threads
-    from llmaudit.jobs.targets import resolve_target
+    from llmaudit.planning.targets import resolve_target
     from llmaudit.score import stage
     from llmaudit.store.units import plan_units
 

@@ -9,7 +9,7 @@ from tests.conftest import run_cli
 
 
 def test_an_unknown_plan_device_is_one_line_before_any_work(monkeypatch):
-    monkeypatch.setattr("llmaudit.jobs.plan.draw_experiment", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr("llmaudit.planning.plan.draw_experiment", lambda *a, **k: pytest.fail("work started"))
     code, _, err = run_cli(["plan", "demo-cpu", "--device", "rtx4090"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "--device 'rtx4090' is not known" in err and "h100" in err

@@ -81,6 +81,42 @@ def test_help_version_and_argument_errors_import_neither_torch_nor_the_analysis(
     assert result["loaded"] == []
 
 
+BAD_ARGUMENTS = """
+import json, os, sys, tempfile
+from llmaudit import cli
+os.chdir(tempfile.mkdtemp())  # nothing may be written: a command that started its work would write here
+calls = [
+    ["score"], ["score", "--no-such-option"], ["score", "demo-cpu", "--shard", "abc"], ["score", "no-such-recipe"],
+    ["score", "demo-cpu", "no.such.key=1"], ["finetune", "no-such-recipe"], ["finetune", "demo-cpu", "--shard", "3/2"],
+    ["audit", "no-such-recipe"], ["audit", "no.such.key=1"], ["audit", "train.runs=abc"], ["plan", "no-such-recipe"],
+    ["plan", "--jobs", "0"], ["submit"], ["submit", "no-such-stage"], ["submit", "all", "no-such-recipe"],
+    ["report"], ["report", "no-such-dir"], ["status", "no-such-dir"], ["import", "x"], ["kld"], ["attack"],
+]
+result = []
+for args in calls:
+    sys.argv = ["llmaudit", *args]
+    try:
+        cli.main()
+        code = None
+    except SystemExit as exc:
+        code = exc.code
+    result.append([args, code, [m for m in HEAVY if m in sys.modules], os.listdir(".")])
+print(json.dumps(result))
+"""
+
+
+def test_argument_errors_refuse_before_the_work_is_imported():
+    """A missing target, an unknown option, a missing argument and a bad value (a recipe or run directory that is
+    not there, an unknown key, a value of the wrong kind, a shard out of range, an unknown stage) exit with code 2,
+    with neither torch nor transformers (nor the analysis) imported and nothing written."""
+    result = json.loads(run_python(BAD_ARGUMENTS))
+    assert len(result) == 21
+    for args, code, loaded, written in result:
+        assert code == 2, (args, code)
+        assert loaded == [], (args, loaded)
+        assert written == [], (args, written)
+
+
 def test_the_deferred_imports_keep_the_settings_of_the_start():
     """With no torch at the start, $LLMAUDIT_THREADS still reaches torch, and transformers imported after the start
     (by a command) still shows no progress bars on a stderr that is not a terminal."""

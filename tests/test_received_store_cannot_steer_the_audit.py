@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-from llmaudit.jobs.targets import config_from_run_dir
+from llmaudit.planning.targets import config_from_run_dir
 from tests import test_received_store_links_bounds_and_disk as round_two
 from tests.conftest import run_cli
 from tests.test_received_store_links_bounds_and_disk import Received

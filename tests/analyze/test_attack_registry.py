@@ -17,7 +17,7 @@ from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.attacks import AttackRunSettings, AttackSpec, register, registered_attacks
 from llmaudit.cli import app
 from llmaudit.config import RecipeError
-from llmaudit.jobs.targets import config_from_recipe
+from llmaudit.planning.targets import config_from_recipe
 
 
 def _largest_token_loss(ctx: AttackContext) -> np.ndarray:

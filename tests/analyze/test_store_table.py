@@ -20,7 +20,7 @@ from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import SEQUENCE_BITS, memorization_from_table, sequences_bits
 from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.analyze.store_analysis import load_store_table
-from llmaudit.analyze.store_table import TOKEN_LISTS, Unit, read_store_table
+from llmaudit.analyze.store_table import TOKEN_LISTS, UnitFile, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import trajectory_from_table, utility_from_table
 from llmaudit.store.losstable import REFERENCE_RUN, read_loss_table, write_loss_table
@@ -45,7 +45,7 @@ def units(tmp_path_factory):
     out = []
     for (run, step, q), rows in table.groupby(["run", "checkpoint", "quantizer"], sort=True):
         path = write_loss_table(rows.reset_index(drop=True), root / f"{run}-{step}-{q}.parquet")
-        out.append(Unit(int(run), int(step), str(q), path))
+        out.append(UnitFile(int(run), int(step), str(q), path))
     return out, read_loss_table(root, files=[u.path for u in out])
 
 

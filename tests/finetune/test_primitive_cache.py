@@ -91,7 +91,7 @@ def test_the_commands_hold_the_bound_before_they_read_the_recipe(command, tmp_pa
         seen.append(os.environ.get(ONEDNN_CACHE_ENV))
         raise SystemExit(3)
 
-    monkeypatch.setattr("llmaudit.jobs.targets.config_from_recipe", stop)  # the commands import it when they run
+    monkeypatch.setattr("llmaudit.planning.targets.config_from_recipe", stop)  # the commands import it when they run
     code, _, _ = run_cli([command, "demo-cpu", "--out", tmp_path / "exp"])
     assert code == 3 and seen == [str(TRAINING_PRIMITIVE_CACHE)]
     assert ONEDNN_CACHE_ENV not in os.environ

@@ -20,8 +20,8 @@ from llmaudit.common.io import atomic_write_json
 from llmaudit.config import load_recipe
 from llmaudit.finetune.checkpoints import load_trainer_state
 from llmaudit.finetune.runs import finetune
-from llmaudit.jobs.status import stage_status
 from llmaudit.jobs.submit import slurm_parameters, submit
+from llmaudit.planning.status import stage_status
 from llmaudit.score.stage import score
 from llmaudit.store.markers import clear_stale_markers, marker_state, run_marker_path, running_marker
 from llmaudit.store.run_store import RunStore

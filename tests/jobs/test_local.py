@@ -2,7 +2,7 @@
 
 from llmaudit.finetune.runs import finetune
 from llmaudit.jobs.local import score_in_processes
-from llmaudit.jobs.status import stage_status
+from llmaudit.planning.status import stage_status
 from llmaudit.store.units import plan_units
 from llmaudit.store.worklog import read_work
 

@@ -15,7 +15,7 @@ from llmaudit.common.sbatch import check_script_parameters
 from llmaudit.config import ClusterConfig, load_recipe
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.jobs.submit import slurm_parameters, submit
-from llmaudit.jobs.targets import config_from_run_dir
+from llmaudit.planning.targets import config_from_run_dir
 from llmaudit.store.run_store import RunStore
 from tests.conftest import TINY_OVERRIDES, run_cli
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from llmaudit.jobs import slurm
-from llmaudit.jobs.status import _format_jobs, format_status, stage_status
+from llmaudit.planning.status import _format_jobs, format_status, stage_status
 from llmaudit.store.run_store import RunStore
 from llmaudit.store.units import plan_units
 from llmaudit.store.worklog import read_work

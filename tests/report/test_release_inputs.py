@@ -11,7 +11,7 @@ import re
 import pytest
 
 from llmaudit.config import RecipeError, load_recipe
-from llmaudit.jobs.targets import check_quantizer_requests, config_from_recipe, with_available
+from llmaudit.planning.targets import check_quantizer_requests, config_from_recipe, with_available
 from llmaudit.quantize import QUANTIZER_NAMES, gguf_backend, llama_cpp_lib
 from llmaudit.report.answer import left_out
 from llmaudit.report.gate import gate_summary

@@ -28,7 +28,7 @@ from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import memorization_from_table
 from llmaudit.analyze.release_risks import check_release_sets, epsilon_block, extraction_block, release_sets_block
 from llmaudit.analyze.rq_aggregate import indicator_from_table
-from llmaudit.analyze.store_table import StoreTable, Unit, read_store_table
+from llmaudit.analyze.store_table import StoreTable, UnitFile, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
@@ -86,7 +86,7 @@ def load_store_table(
             f"[analyze] not completely scored yet, left out of this report (`llmaudit score` finishes them): {left_out}"
         )
     units = [
-        Unit(u.run, u.step, u.quantizer, store.unit_path(u.run, u.step, u.quantizer))
+        UnitFile(u.run, u.step, u.quantizer, store.unit_path(u.run, u.step, u.quantizer))
         for u in sorted(verdict.units)
         if u.quantizer in complete or u.run == REFERENCE_RUN
     ]

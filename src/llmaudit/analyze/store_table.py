@@ -32,8 +32,15 @@ TOKEN_LISTS = tuple(
 
 
 @dataclass(frozen=True)
-class Unit:
-    """One scoring unit of a store and its file."""
+class UnitFile:
+    """A scoring unit's loss table: the unit's (run, step, quantizer) key (`store.units.Unit`) and its file.
+
+    Attributes:
+        run: the fine-tuning run (`REFERENCE_RUN` for the base model).
+        step: the checkpoint's training step.
+        quantizer: the quantizer's registered name.
+        path: the unit's parquet loss table.
+    """
 
     run: int
     step: int
@@ -41,11 +48,11 @@ class Unit:
     path: Path
 
 
-def final_steps(units: list[Unit]) -> dict[tuple[int, str], int]:
+def final_steps(units: list[UnitFile]) -> dict[tuple[int, str], int]:
     """Find each run's final checkpoint under each quantizer: the step of its last unit.
 
     Args:
-        units (list[Unit]): the store's units.
+        units (list[UnitFile]): the store's units.
     Returns:
         dict[tuple[int, str], int]: {(run, quantizer): final step}.
     """
@@ -89,7 +96,7 @@ class StoreTable:
     directory, what errors about the units together name)."""
 
     light: pd.DataFrame
-    units: tuple[Unit, ...]
+    units: tuple[UnitFile, ...]
     source: Path
 
     def rows_of(self, quantizer: str, base_quantizer: str | None) -> pd.DataFrame:
@@ -115,12 +122,12 @@ class StoreTable:
         return read_loss_table(self.source, files=files)
 
 
-def read_store_table(source: Path, units: list[Unit]) -> StoreTable:
+def read_store_table(source: Path, units: list[UnitFile]) -> StoreTable:
     """Read the light table of these units, in this order.
 
     Args:
         source (Path): the store's scores directory.
-        units (list[Unit]): the units to read.
+        units (list[UnitFile]): the units to read.
     Returns:
         StoreTable: the light table, the units and the source.
     Raises:

@@ -1,9 +1,10 @@
 """The command line, one module per command: each holds its argument handling and what it prints, and calls the
-library (`llmaudit.jobs`, `llmaudit.report`, `llmaudit.validate`, ...) for the work. `app` (commands/base.py) is
-the Typer application; importing this package registers every command on it, in the order `llmaudit --help`
-lists them. `llmaudit.cli.main` runs it. A command module imports its work (torch, transformers, the analysis, the
-report's models) inside the command's body, never at the top: `--help`, `--version` and an argument error answer
-from the definitions alone (tests/test_first_minutes.py checks that torch is not imported).
+library (`llmaudit.planning`, `llmaudit.jobs`, `llmaudit.report`, `llmaudit.validate`, ...) for the work. `app`
+(commands/base.py) is the Typer application; importing this package registers every command on it, in the order
+`llmaudit --help` lists them. `llmaudit.cli.main` runs it. A command module imports its work (torch, transformers,
+the analysis, the report's models) inside the command's body, never at the top, and after its arguments are
+checked (`llmaudit.planning.arguments`): `--help`, `--version` and an argument error answer without them
+(tests/test_first_minutes.py checks that torch is not imported).
 """
 # isort: skip_file
 

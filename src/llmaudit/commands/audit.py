@@ -29,16 +29,20 @@ def audit(
 ) -> None:
     """finetune, score and report in order, then print the verdict. `llmaudit audit` alone runs the CPU demo (a
     few minutes)."""
+    from llmaudit.planning.arguments import check_target, split_recipe_args
+
+    t0 = time.time()
+    recipe, overrides = split_recipe_args(list(args or []))
+    check_target(recipe, overrides)  # argument errors answer before the work is imported
+
     from llmaudit.analyze.store_analysis import analyze
     from llmaudit.finetune.runs import finetune as do_finetune
     from llmaudit.jobs.local import score_in_processes
-    from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
+    from llmaudit.planning.targets import config_from_recipe
     from llmaudit.report.write import write_report
     from llmaudit.score.stage import score as do_score
 
-    t0 = time.time()
     with bounded_primitive_cache():  # from the start: any oneDNN work fixes the process's cache size
-        recipe, overrides = split_recipe_args(list(args or []))
         cfg = config_from_recipe(recipe, overrides, out)
         show_progress = progress(no_progress)
         store = do_finetune(cfg, progress=show_progress)

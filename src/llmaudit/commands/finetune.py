@@ -27,12 +27,17 @@ def finetune(
 ) -> None:
     """LoRA fine-tuning runs, each on a random subset of the sample pool (membership recorded), with adapter
     checkpoints along each trajectory. Rerunning skips finished runs and resumes interrupted ones."""
+    from llmaudit.planning.arguments import check_target, split_recipe_args
+
+    recipe, overrides = split_recipe_args(list(args or []))
+    check_target(recipe, overrides)
+    shard_spec = parse_shard(shard)  # argument errors answer before the work is imported
+
     from llmaudit.finetune.runs import finetune as do_finetune
-    from llmaudit.jobs.targets import config_from_recipe, split_recipe_args
+    from llmaudit.planning.targets import config_from_recipe
 
     with bounded_primitive_cache():  # from the start: any oneDNN work fixes the process's cache size
-        recipe, overrides = split_recipe_args(list(args or []))
         cfg = config_from_recipe(recipe, overrides, out)
-        store = do_finetune(cfg, shard=parse_shard(shard), progress=progress(no_progress))
+        store = do_finetune(cfg, shard=shard_spec, progress=progress(no_progress))
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate/torchrun only the main process reports
         typer.echo(f"[finetune] done: {store.root}")

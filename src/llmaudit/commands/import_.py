@@ -50,7 +50,7 @@ def import_(
     a run store that references the checkpoints (digests recorded, nothing copied), takes membership from
     the training and held-out files, and measures the blind baseline (a text-only classifier of train vs
     held-out). Then `llmaudit score RUN_DIR` and `llmaudit report RUN_DIR` work as for `llmaudit finetune`."""
-    from llmaudit.jobs.importing import run_import
+    from llmaudit.importing.pipeline import run_import
 
     progress(no_progress)
     rest = list(args or [])

@@ -105,10 +105,11 @@ def kld(
     ),  # fmt: skip
 ) -> None:
     """llama.cpp's KL statistics (llama-perplexity --kl-divergence) of quantized GGUF files, computed by llmaudit."""
+    source = BaseSource(base_logits, base, text, save_base_logits, ctx, chunks)
+    records = kld_command(list(quantized or []), source, batch=batch, threads=threads)  # argument errors first
+
     from llmaudit.analyze.llama_kld import format_summary
 
-    source = BaseSource(base_logits, base, text, save_base_logits, ctx, chunks)
-    records = kld_command(list(quantized or []), source, batch=batch, threads=threads)
     if save_base_logits is not None:
         typer.echo(f"wrote the base log-probabilities to {save_base_logits}")
     for record in records:

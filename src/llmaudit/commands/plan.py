@@ -36,12 +36,16 @@ def plan(
     and to score, GPTQ calibrations, disk, and the wall time per stage, from a few-second calibration on
     this machine or a named GPU's published peak; and whether its design (a recipe's, or a run directory's own
     membership) can reach a PASS or a FAIL. Nothing is written."""
-    from llmaudit.jobs.plan import format_plan, make_plan
-    from llmaudit.jobs.sizing import sizing_report
-    from llmaudit.jobs.targets import config_from_recipe, config_from_run_dir, is_run_dir, split_recipe_args
-    from llmaudit.store.run_store import RunStore
+    from llmaudit.planning.arguments import check_target, is_run_dir, split_recipe_args
 
     recipe, overrides = split_recipe_args(list(args or []))
+    check_target(recipe, overrides)  # argument errors answer before the work is imported
+
+    from llmaudit.planning.plan import format_plan, make_plan
+    from llmaudit.planning.sizing import sizing_report
+    from llmaudit.planning.targets import config_from_recipe, config_from_run_dir
+    from llmaudit.store.run_store import RunStore
+
     store = RunStore(recipe) if is_run_dir(recipe) else None
     cfg = config_from_run_dir(recipe, overrides) if store else config_from_recipe(recipe, overrides)
     reach, lines = sizing_report(cfg, store)

@@ -40,20 +40,24 @@ def report(
     released model's card); print the verdict. An inconsistent store is refused. --gate always analyses the loss
     tables again (never report.json's word); --release alone writes the card from report.json when it is verified
     (`report.verify.verified_report`)."""
-    from llmaudit.analyze.store_analysis import analyze
     from llmaudit.config import RecipeError
-    from llmaudit.jobs.status import report_is_current
-    from llmaudit.jobs.targets import config_from_run_dir
+    from llmaudit.planning.arguments import check_run_dir
+
+    check_run_dir(run_dir)  # argument errors answer before the work is imported
+    overrides = list(overrides or [])
+    outside = [o for o in overrides if not o.strip().startswith("report.")]
+    if outside:
+        raise RecipeError(f"{outside[0]!r}: `llmaudit report` takes overrides of the report section only (report.*)")
+
+    from llmaudit.analyze.store_analysis import analyze
+    from llmaudit.planning.status import report_is_current
+    from llmaudit.planning.targets import config_from_run_dir
     from llmaudit.report.model_card import UnknownQuantizerError
     from llmaudit.report.verify import verified_report
     from llmaudit.report.write import write_model_card, write_report
     from llmaudit.store.run_store import RunStore
 
     store = RunStore(run_dir)
-    overrides = list(overrides or [])
-    outside = [o for o in overrides if not o.strip().startswith("report.")]
-    if outside:
-        raise RecipeError(f"{outside[0]!r}: `llmaudit report` takes overrides of the report section only (report.*)")
     cfg = config_from_run_dir(run_dir, overrides)
     chosen = [q.strip() for q in quantizers.split(",") if q.strip()] if quantizers else None
     if release is not None and chosen is None and not include_samples and not gate and not overrides:

@@ -12,7 +12,6 @@ from llmaudit.commands.base import (
     app,
     progress,
 )
-from llmaudit.common.errors import UserError
 from llmaudit.store.shards import parse_shard
 
 
@@ -38,17 +37,18 @@ def score(
     """Per-sample token losses of every (run, checkpoint, quantizer) unit, one parquet loss table per unit.
     Impossible quantizer requests are rejected before any work; finished units are skipped, failed ones
     moved aside and scored again; several processes may score one store at once (units are locked)."""
-    from llmaudit.jobs.local import score_in_processes
-    from llmaudit.jobs.sizing import sizing_report
-    from llmaudit.jobs.targets import resolve_target, split_recipe_args
-    from llmaudit.score.stage import score as do_score
+    from llmaudit.planning.arguments import check_target, require_target, split_recipe_args
 
     target, overrides = split_recipe_args(list(args or []))
-    if target is None:  # never silently the demo's store
-        raise UserError(
-            "llmaudit score needs a target: a run directory (llmaudit score llmaudit-out/NAME) or a recipe "
-            "(llmaudit score demo-cpu), then key=value overrides"
-        )
+    target = require_target(target, "score")  # never silently the demo's store
+    check_target(target, overrides)
+    shard_spec = parse_shard(shard)  # argument errors answer before the work is imported
+
+    from llmaudit.jobs.local import score_in_processes
+    from llmaudit.planning.sizing import sizing_report
+    from llmaudit.planning.targets import resolve_target
+    from llmaudit.score.stage import score as do_score
+
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
     reach, lines = sizing_report(cfg, store)
     if not reach.verdict_reachable:  # said before the first unit is scored, not after the compute (stdout: stderr
@@ -61,7 +61,7 @@ def score(
         do_score(
             cfg,
             store,
-            shard=parse_shard(shard),
+            shard=shard_spec,
             progress=progress(no_progress),
             deep_verify=deep_verify,
             refresh_utility=refresh_utility,

@@ -21,7 +21,11 @@ def status(
     """What is done, running and missing: runs and their checkpoints, scoring units per quantizer, the report.
     A unit whose job was killed shows as missing (rerunning the stage resumes it). Names from the store (files,
     quantizers, job errors) are shown with their control characters escaped; --json escapes them as JSON does."""
-    from llmaudit.jobs.status import format_status, stage_status
+    from llmaudit.planning.arguments import check_run_dir
+
+    check_run_dir(run_dir)  # argument errors answer before the work is imported
+
+    from llmaudit.planning.status import format_status, stage_status
     from llmaudit.store.run_store import RunStore
 
     result = stage_status(RunStore(run_dir))

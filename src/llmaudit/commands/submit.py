@@ -28,12 +28,20 @@ def submit(
     a SLURM array job per stage with `cluster.cluster: slurm` (later stages wait for earlier ones), or local
     processes with `cluster.cluster: local` (waits until they finish). Every stage resumes from disk, so
     submitting again after a crash or preemption redoes nothing that is finished."""
-    from llmaudit.jobs.submit import submit as do_submit
-    from llmaudit.jobs.targets import resolve_target, split_recipe_args
+    from llmaudit.planning.arguments import check_target, split_recipe_args
 
     if stage not in ("finetune", "score", "report", "all"):
         raise typer.BadParameter(f"{stage!r} is not one of finetune, score, report, all", param_hint="STAGE")
     target, overrides = split_recipe_args(list(args or []))
+    check_target(target, overrides)  # argument errors answer before the work is imported
+
+    from llmaudit.jobs.submit import submit as do_submit
+    from llmaudit.planning.plan import format_plan, make_plan
+    from llmaudit.planning.targets import resolve_target
+
     cfg, store = resolve_target(target, overrides, out, trust_remote_code=trust_remote_code)
-    jobs = do_submit(cfg, stage, echo=typer.echo, show_plan=not no_plan)  # type: ignore[arg-type]
+    if not no_plan:  # the plan of the whole audit (`llmaudit plan`) on the cluster's devices
+        device = cfg.cluster.gpu_model or ("h100" if cfg.cluster.gpus_per_job else "cpu")
+        typer.echo(format_plan(make_plan(cfg, device=device, jobs=cfg.cluster.shards, echo=typer.echo)))
+    jobs = do_submit(cfg, stage, echo=typer.echo)  # type: ignore[arg-type]
     typer.echo(f"[submit] {len(jobs)} job(s); `llmaudit status {store.root}` shows progress")

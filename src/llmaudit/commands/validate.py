@@ -17,7 +17,7 @@ def validate_synthetic(
     out: Path | None = typer.Option(None, "--out", help="Output directory (default ./synthetic-validation)."),
 ) -> None:
     """The indicator paper's synthetic validation: r_Q ranking vs baseline MIS ranking of 8 simple quantizers."""
-    from llmaudit.jobs.targets import split_recipe_args
+    from llmaudit.planning.arguments import split_recipe_args
     from llmaudit.validate.synthetic.outputs import validate_synthetic_command
 
     recipe, overrides = split_recipe_args(list(args or []))
@@ -44,7 +44,7 @@ def validate_indicators(
 ) -> None:
     """Every candidate attack-free indicator, the published r_Q included, on the synthetic protocol (against
     the baseline MIS) and on run stores (against their attacks), with each one's validation status."""
-    from llmaudit.jobs.targets import split_recipe_args
+    from llmaudit.planning.arguments import split_recipe_args
     from llmaudit.validate.candidate_validation import markdown_table, validate_indicators_command
 
     recipe, overrides = split_recipe_args(list(args or []))

@@ -227,7 +227,7 @@ class ScoreConfig(RecipeSection):
     """Per-quantizer options, e.g. {hqq-4: {group_size: 32}}."""
     if_available: list[str] = Field(default_factory=list, max_length=MAX_QUANTIZERS)
     """Quantizers scored only where their library is installed: when a recipe loads, each that can run here joins
-    score.quantizers, each that cannot is left out, with the reason, there and in the report (jobs.targets)."""
+    score.quantizers, each that cannot is left out, with the reason, there and in the report (planning.targets)."""
 
     calibration_source: Literal["heldout", "members", "file"] = "heldout"
     """Where the calibrated quantizers (GPTQ, AWQ, the GGUF -imatrix ones) take their calibration text: heldout = the

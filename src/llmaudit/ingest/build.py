@@ -92,7 +92,7 @@ class ImportRequest:
     quantized: Sequence[str] = ()
     attack_names: tuple[str, ...] | None = None
     """The registered attacks, which an `attack.attacks` override must name (given by the caller that knows the
-    registry, `jobs.importing.run_import`; None: unchecked here, checked when the store is reported)."""
+    registry, `importing.pipeline.run_import`; None: unchecked here, checked when the store is reported)."""
 
     def resolved(self) -> ImportRequest:
         """The request with its paths expanded (the files resolved), checked (`_check_arguments`), and one training

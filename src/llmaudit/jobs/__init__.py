@@ -1,3 +1,2 @@
-"""Batch jobs: `llmaudit status` (what is done, running, missing) and `llmaudit submit` (shard jobs on
-SLURM through submitit, or as local processes).
-"""
+"""Batch jobs: `llmaudit submit`'s shard jobs on SLURM through submitit (`submit`, `slurm`) or as local
+processes (`submit`, `local`: `score.processes`)."""

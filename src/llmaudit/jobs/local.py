@@ -20,8 +20,23 @@ def score_in_processes(
     cfg: ExperimentConfig, store: RunStore, *, echo=print, deep_verify: bool = False, refresh_utility: bool = False
 ) -> dict[str, Any]:
     """Run `cfg.score.processes` `llmaudit score RUN_DIR --shard 0/1` processes at once and wait for them all.
+
     Each child scores the whole grid (shard 0 of 1; the unit locks share it out) with the same settings,
-    `score.processes` included, so the store keeps recording the setting the user chose."""
+    `score.processes` included, so the store keeps recording the setting the user chose.
+
+    Args:
+        cfg: the experiment's config.
+        store: its run store.
+        echo: where progress lines go.
+        deep_verify: each child reads every finished unit in full (`llmaudit score --deep-verify`).
+        refresh_utility: each child rescores stale utility columns (`llmaudit score --refresh-utility`).
+
+    Returns:
+        {"processes": how many ran, "seconds": the wall time}.
+
+    Raises:
+        UserError: a child process failed (the exit codes named; its error is printed above).
+    """
     n = cfg.score.processes
     threads = max(1, (env_threads() or available_cores()) // n)
     # the same score settings in every child (JSON is YAML); --shard keeps a child from starting processes

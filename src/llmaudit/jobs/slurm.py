@@ -54,11 +54,24 @@ class SlurmError(UserError):
 
 
 def record_path(root: str | Path) -> Path:
+    """The record of a run directory's SLURM submissions (`jobs/slurm.jsonl`).
+
+    Args:
+        root: the run directory.
+
+    Returns:
+        The record's path (it may not exist yet).
+    """
     return Path(root) / RECORD
 
 
 def record_submission(root: str | Path, stages: list[dict[str, Any]]) -> None:
-    """Append one submission (its stages, in order) to the run directory's record."""
+    """Append one submission (its stages, in order) to the run directory's record.
+
+    Args:
+        root: the run directory.
+        stages: each submitted stage: its name, job id, whether it is an array, its tasks, shards and log directory.
+    """
     path = record_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = {"utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": stages}
@@ -67,7 +80,14 @@ def record_submission(root: str | Path, stages: list[dict[str, Any]]) -> None:
 
 
 def read_submissions(root: str | Path) -> list[dict[str, Any]]:
-    """Every recorded submission, oldest first (a torn last line is skipped)."""
+    """Every recorded submission of a run directory, oldest first (a torn last line is skipped).
+
+    Args:
+        root: the run directory.
+
+    Returns:
+        The submissions ({"utc", "stages"}); empty when none was recorded.
+    """
     path = record_path(root)
     if not path.exists():
         return []
@@ -81,14 +101,29 @@ def read_submissions(root: str | Path) -> list[dict[str, Any]]:
 
 
 def task_ids(stage: dict[str, Any]) -> list[str]:
-    """The SLURM ids of a recorded stage's tasks: `12_0`, `12_1`, ... for an array, `13` for a single job."""
+    """The SLURM ids of a recorded stage's tasks.
+
+    Args:
+        stage: one recorded stage.
+
+    Returns:
+        `12_0`, `12_1`, ... for an array job, [`13`] for a single job.
+    """
     if stage["array"]:
         return [f"{stage['job_id']}_{i}" for i in range(stage["tasks"])]
     return [str(stage["job_id"])]
 
 
 def task_log(stage: dict[str, Any], task: str) -> Path:
-    """The stderr log submitit writes for a task (task 0 of the job step)."""
+    """The stderr log submitit writes for a task (task 0 of the job step).
+
+    Args:
+        stage: the recorded stage (its log directory).
+        task: the task's SLURM id.
+
+    Returns:
+        The log's path.
+    """
     return Path(stage["log_dir"]) / f"{task}_0_log.err"
 
 
@@ -101,11 +136,20 @@ class TaskState:
 
     @property
     def never_starts(self) -> bool:
+        """Pending on a dependency that can never be satisfied.
+
+        Returns:
+            True when the task waits with squeue's reason DependencyNeverSatisfied.
+        """
         return self.state == "PENDING" and self.reason == NEVER_STARTS
 
     @property
     def alive(self) -> bool:
-        """Running, or pending with a chance to run."""
+        """Running, or pending with a chance to run.
+
+        Returns:
+            False for a final state, an unknown one, or a task that can never start.
+        """
         return self.state not in FINAL_STATES and self.state != UNKNOWN and not self.never_starts
 
 
@@ -129,9 +173,16 @@ def _run(command: list[str]) -> subprocess.CompletedProcess | None:
 
 
 def query_states(job_ids: list[str]) -> dict[str, TaskState] | None:
-    """The state of every task of `job_ids` (job or array ids), keyed like `task_ids`; None when no
-    scheduler answers here. sacct gives every task's last state; squeue overrides it for live tasks
-    and adds the reason a pending one waits."""
+    """The state of every task of some jobs, as the scheduler reports it now.
+
+    sacct gives every task's last state; squeue overrides it for live tasks and adds the reason a pending one waits.
+
+    Args:
+        job_ids: job or array ids.
+
+    Returns:
+        {task id (as `task_ids` spells it): its state}; None when no scheduler answers here.
+    """
     if not job_ids:
         return {}
     ids = ",".join(sorted(set(job_ids)))
@@ -156,7 +207,14 @@ def query_states(job_ids: list[str]) -> dict[str, TaskState] | None:
 
 
 def cancel(job_ids: list[str]) -> None:
-    """scancel these jobs (array ids cancel every task)."""
+    """scancel these jobs (an array id cancels every task).
+
+    Args:
+        job_ids: job or task ids.
+
+    Raises:
+        SlurmError: scancel failed or is not available (the fix named).
+    """
     done = _run(["scancel", *sorted(set(job_ids))])
     if done is None or done.returncode != 0:
         why = done.stderr.strip() if done is not None else "scancel is not available here"
@@ -169,7 +227,14 @@ _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
 
 
 def error_line(log: Path) -> str | None:
-    """The last exception a task's log ends with, as `QuantizationError: hqq-4: ...` (None if none)."""
+    """The last exception a task's log ends with.
+
+    Args:
+        log: the task's stderr log.
+
+    Returns:
+        The exception as `QuantizationError: hqq-4: ...`; None when the log holds none or cannot be read.
+    """
     try:
         lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
@@ -182,8 +247,16 @@ def error_line(log: Path) -> str | None:
 
 
 def stage_jobs(stage: dict[str, Any], states: dict[str, TaskState]) -> dict[str, Any]:
-    """One recorded stage with its tasks' states: counts per state, failed tasks (shard, log, error),
-    and whether its pending tasks can never start."""
+    """One recorded stage with its tasks' states.
+
+    Args:
+        stage: the recorded stage.
+        states: every task's state (`query_states`).
+
+    Returns:
+        {"stage", "job_id", "array", "tasks", "states" (count per state), "failed" (task, shard, state, log,
+        error), "never_start", "alive"}.
+    """
     counts: dict[str, int] = {}
     failed, waiting = [], []
     for i, task in enumerate(task_ids(stage)):
@@ -216,9 +289,16 @@ def stage_jobs(stage: dict[str, Any], states: dict[str, TaskState]) -> dict[str,
 
 
 def jobs_status(root: str | Path) -> dict[str, Any] | None:
-    """The latest submission of a run directory as SLURM sees it now (None if it has none): per stage,
-    `stage_jobs`; `reachable` False when no scheduler answers here; `broken` when a task failed or a job
-    can never start, i.e. when `llmaudit submit all RUN_DIR` has to repair the chain."""
+    """The latest submission of a run directory as SLURM sees it now.
+
+    Args:
+        root: the run directory.
+
+    Returns:
+        None when it has no submission; else {"submitted", "submissions", "reachable" (False when no scheduler
+        answers here), "stages" (`stage_jobs` each), "broken" (a task failed or a job can never start: `llmaudit
+        submit all RUN_DIR` has to repair the chain)}.
+    """
     submissions = read_submissions(root)
     if not submissions:
         return None
@@ -238,8 +318,14 @@ def jobs_status(root: str | Path) -> dict[str, Any] | None:
 
 
 def earlier_jobs(root: str | Path) -> tuple[list[str], list[str]]:
-    """(live, never_start): the tasks of every earlier submission of this run directory that are still
-    alive, and those that wait for a failed job and can never start."""
+    """The tasks of every earlier submission of a run directory that are alive or can never start.
+
+    Args:
+        root: the run directory.
+
+    Returns:
+        (live tasks, tasks that wait for a failed job and can never start).
+    """
     stages = [stage for submission in read_submissions(root) for stage in submission["stages"]]
     if not stages:
         return [], []

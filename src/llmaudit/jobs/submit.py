@@ -36,7 +36,6 @@ from llmaudit.common.sbatch import check_script_parameters
 from llmaudit.config import ExperimentConfig, config_from_dict
 from llmaudit.finetune.experiment import prepare_experiment
 from llmaudit.finetune.runs import finetune
-from llmaudit.jobs.plan import format_plan, make_plan
 from llmaudit.jobs.slurm import SlurmError, cancel, earlier_jobs, record_submission
 from llmaudit.score.stage import score
 from llmaudit.store.run_store import RunStore
@@ -49,9 +48,15 @@ STAGES: tuple[Stage, ...] = ("finetune", "score", "report")
 
 
 def job_threads(cfg: ExperimentConfig) -> int | None:
-    """CPU threads of one shard job: $LLMAUDIT_THREADS if set; on SLURM cluster.cpus_per_job; as a local
-    process, this machine's cores divided among the jobs that run at once (they share the machine);
-    None = torch's default."""
+    """The CPU threads of one shard job.
+
+    Args:
+        cfg: the experiment's config (its cluster section).
+
+    Returns:
+        $LLMAUDIT_THREADS if set; on SLURM cluster.cpus_per_job; as a local process, this machine's cores divided
+        among the jobs that run at once (they share the machine); None elsewhere (torch's default).
+    """
     if env_threads():
         return env_threads()
     if os.environ.get("SLURM_JOB_ID"):
@@ -71,9 +76,23 @@ def _set_threads(cfg: ExperimentConfig) -> None:
 def run_shard(
     stage: Stage, config: dict[str, Any], out: str, shard: tuple[int, int] | None, *, progress: bool = False
 ) -> dict[str, Any]:
-    """Do shard `shard` of `stage` in this process: what `llmaudit STAGE ... --shard I/N` does.
+    """Do one shard of a stage in this process: what `llmaudit STAGE ... --shard I/N` does.
 
-    Takes the config as plain data so that it pickles for submitit; safe to run again after any crash."""
+    Takes the config as plain data so that it pickles for submitit; safe to run again after any crash.
+
+    Args:
+        stage: finetune, score or report.
+        config: the experiment's config as plain data.
+        out: the run directory.
+        shard: (I, N), or None for the whole stage.
+        progress: show progress bars.
+
+    Returns:
+        {"stage", "shard"} and what the stage did (runs done, units scored, the report's paths).
+
+    Raises:
+        ValueError: an unknown stage.
+    """
     cfg = config_from_dict(config, source="(submitted job)")
     _set_threads(cfg)
     store = RunStore(out)
@@ -100,13 +119,30 @@ class ShardJob:
         return run_shard(stage, config, out, shard)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """The same call, requeued by submitit on timeout or preemption (the stage resumes from what is on disk).
+
+        Args:
+            *args: the job's positional arguments.
+            **kwargs: its keyword arguments.
+
+        Returns:
+            submitit's `DelayedSubmission` of this job.
+        """
         from submitit.helpers import DelayedSubmission
 
         return DelayedSubmission(self, *args, **kwargs)
 
 
 def stage_shards(stage: Stage, cfg: ExperimentConfig) -> list[tuple[int, int] | None]:
-    """The shard arguments of one stage's jobs: finetune never gets more shards than runs; report is one job."""
+    """The shard arguments of one stage's jobs.
+
+    Args:
+        stage: finetune, score or report.
+        cfg: the experiment's config (cluster.shards, train.runs).
+
+    Returns:
+        [(I, N), ...]: finetune never gets more shards than runs; report is one job ([None]).
+    """
     if stage == "report":
         return [None]
     n = min(cfg.cluster.shards, cfg.train.runs) if stage == "finetune" else cfg.cluster.shards
@@ -114,7 +150,18 @@ def stage_shards(stage: Stage, cfg: ExperimentConfig) -> list[tuple[int, int] | 
 
 
 def shard_has_work(stage: Stage, cfg: ExperimentConfig, store: RunStore, shard: tuple[int, int] | None) -> bool:
-    """Whether a shard has anything left to do (the report is always redone: it is cheap and reads every score)."""
+    """Whether a shard has anything left to do.
+
+    Args:
+        stage: finetune, score or report.
+        cfg: the experiment's config.
+        store: its run store.
+        shard: (I, N), or None.
+
+    Returns:
+        True when a run or a unit of the shard is not done; always True for the report (it is cheap and reads
+        every score).
+    """
 
     if stage == "finetune":
         return any(not store.run_done(r) for r in shard_items(list(range(cfg.train.runs)), shard))
@@ -126,7 +173,16 @@ def shard_has_work(stage: Stage, cfg: ExperimentConfig, store: RunStore, shard: 
 
 
 def slurm_parameters(cfg: ExperimentConfig, stage: Stage, dependency: str | None = None) -> dict[str, Any]:
-    """submitit AutoExecutor parameters of one stage's array job, from the recipe's cluster section."""
+    """The submitit AutoExecutor parameters of one stage's array job, from the recipe's cluster section.
+
+    Args:
+        cfg: the experiment's config.
+        stage: finetune, score or report.
+        dependency: the SLURM dependency on the previous stage (`afterok:ID`), or None.
+
+    Returns:
+        The parameters (name, time, resources, the additional SLURM parameters).
+    """
     c = cfg.cluster
     extra = dict(c.slurm_additional_parameters)
     if dependency:
@@ -226,8 +282,25 @@ def submit_slurm(
     executor_factory: Callable[..., Any] | None = None,
     echo=print,
 ) -> list[Any]:
-    """One SLURM array job per stage that has work, each waiting (afterok) for the previous one; the
-    submission is recorded in RUN_DIR/jobs/slurm.jsonl (`llmaudit status` reads it). Returns without waiting."""
+    """One SLURM array job per stage that has work, each waiting (afterok) for the previous one.
+
+    The submission is recorded in RUN_DIR/jobs/slurm.jsonl (`llmaudit status` reads it), even when a later stage
+    is refused. Returns without waiting.
+
+    Args:
+        cfg: the experiment's config.
+        stages: the stages, in order.
+        out: the run directory.
+        executor_factory: builds the submitit executor (tests pass a fake one); None: submitit's AutoExecutor.
+        echo: where progress lines go.
+
+    Returns:
+        The submitted jobs.
+
+    Raises:
+        SlurmError: an earlier chain is alive, sbatch refused a job (the cluster.* setting to fix named), or a
+            job that can never start could not be cancelled.
+    """
     if executor_factory is None:
         import submitit
 
@@ -327,9 +400,23 @@ def submit_local(
 ) -> list[dict[str, Any]]:
     """Run every stage's shard jobs as local processes through submitit's LocalExecutor, stage after stage.
 
-    At most cluster.array_parallelism jobs run at once; with gpus_per_job > 0 each concurrent job gets its
-    own GPUs (CUDA_VISIBLE_DEVICES), so one node with G GPUs trains G runs side by side. Blocks until done:
-    local jobs are children of this process. Raises if a job fails (its log is in the log directory)."""
+    At most cluster.array_parallelism jobs run at once; with gpus_per_job > 0 each concurrent job gets its own GPUs
+    (CUDA_VISIBLE_DEVICES), so one node with G GPUs trains G runs side by side. Blocks until done: local jobs are
+    children of this process.
+
+    Args:
+        cfg: the experiment's config.
+        stages: the stages, in order.
+        out: the run directory.
+        echo: where progress lines go.
+        poll_s: seconds between looks at the running jobs.
+
+    Returns:
+        Every finished job's result (`run_shard`).
+
+    Raises:
+        RuntimeError: a job failed (its log named), or more GPUs per job are asked for than this machine has.
+    """
     import submitit  # noqa: F401  (fails here, before any stage, when submitit is missing)
 
     slots = _local_slots(cfg, echo)
@@ -355,17 +442,27 @@ def submit(
     *,
     echo=print,
     executor_factory: Callable[..., Any] | None = None,
-    show_plan: bool = False,
 ) -> list[Any]:
-    """Send a stage (or all three, in order) to the cluster the recipe names. Prepares the run directory
-    first (data draw, manifest) so that the shard jobs never race to create it; with `show_plan`, prints
-    the plan of the whole audit (`llmaudit plan`) on the cluster's devices first."""
+    """Send a stage (or all three, in order) to the cluster the recipe names.
+
+    The run directory is prepared first (data draw, manifest), so that the shard jobs never race to create it.
+
+    Args:
+        cfg: the experiment's config; its `cluster` section says where and how many shards.
+        stage: `finetune`, `score`, `report`, or `all` (the three in order).
+        echo: where progress lines go.
+        executor_factory: builds the submitit executor (tests pass a fake one); None: submitit's.
+
+    Returns:
+        The submitted jobs (SLURM), or the finished local jobs' results (`cluster.cluster: local`).
+
+    Raises:
+        UserError: the run directory belongs to another experiment, or an earlier chain is still alive.
+        RuntimeError: a local job failed (its log is named).
+    """
     out = cfg.resolved_output_dir().resolve()
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     stages: list[Stage] = list(STAGES) if stage == "all" else [stage]
-    if show_plan:
-        device = cfg.cluster.gpu_model or ("h100" if cfg.cluster.gpus_per_job else "cpu")
-        echo(format_plan(make_plan(cfg, device=device, jobs=cfg.cluster.shards, echo=echo)))
     if stages[0] == "finetune":
         prepare_experiment(cfg, RunStore(out), echo=echo)
     else:

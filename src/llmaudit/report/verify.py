@@ -77,8 +77,8 @@ def verified_report(store: RunStore, cfg: ExperimentConfig, *, up_to_date: bool)
 
     Args:
         store: the run store.
-        cfg: its config (`jobs.targets.config_from_run_dir`).
-        up_to_date: whether report.json is newer than every loss table (`jobs.status.report_is_current`).
+        cfg: its config (`planning.targets.config_from_run_dir`).
+        up_to_date: whether report.json is newer than every loss table (`planning.status.report_is_current`).
 
     Returns:
         The verified report, or None.

@@ -35,7 +35,7 @@ from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.base import Quantizer
 from llmaudit.score import llama_cpp_engine
 
-# is_identity and token_budget: also imported from here (llmaudit.jobs.plan, the benchmarks)
+# is_identity and token_budget: also imported from here (llmaudit.planning.plan, the benchmarks)
 from llmaudit.score.unit_scoring import (
     CheckpointWork,
     ScoreInputs,

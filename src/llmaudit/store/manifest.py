@@ -227,3 +227,18 @@ def mask_rows(masks: Any, where: str) -> list[np.ndarray]:
 def jsonable(obj: Any) -> Any:
     """The value as JSON would read it back (tuples to lists, numpy to Python)."""
     return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+def no_manifest(root: Path) -> StoreError:
+    """The refusal of a directory that holds no manifest.json (not a run store).
+
+    Args:
+        root: the directory given as a run directory.
+
+    Returns:
+        The error to raise, naming the directory and the commands that make a run directory.
+    """
+    return StoreError(
+        f"{root} holds no manifest.json: not an llmaudit run directory. "
+        "Run `llmaudit finetune RECIPE` (or `llmaudit import`) first, or point to the directory it printed."
+    )

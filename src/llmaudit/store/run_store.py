@@ -51,7 +51,15 @@ from llmaudit.common.schema import parse_or_refuse
 from llmaudit.config import ExperimentConfig, RecipeError, config_from_dict, dump_config, without_runner_settings
 from llmaudit.store.confine import check_store_tree
 from llmaudit.store.digests import DIGEST_SCOPE, parse_record
-from llmaudit.store.manifest import MANIFEST_VERSION, REPAIR, check_manifest, jsonable, mask_rows, new_manifest
+from llmaudit.store.manifest import (
+    MANIFEST_VERSION,
+    REPAIR,
+    check_manifest,
+    jsonable,
+    mask_rows,
+    new_manifest,
+    no_manifest,
+)
 from llmaudit.store.manifest import StoreError as StoreError  # re-exported: imported from here across llmaudit
 from llmaudit.store.manifest import content_digest as content_digest  # re-exported, as StoreError
 from llmaudit.store.records import DoneRecord, QuantizerRecord
@@ -139,10 +147,7 @@ class RunStore:
     def manifest(self) -> dict[str, Any]:
         """The manifest, checked: valid JSON, every required key, its digest and identity hash, membership."""
         if not self.exists():
-            raise StoreError(
-                f"{self.root} holds no manifest.json: not an llmaudit run directory. "
-                "Run `llmaudit finetune RECIPE` (or `llmaudit import`) first, or point to the directory it printed."
-            )
+            raise no_manifest(self.root)
         manifest = read_json(self.manifest_path, what="run-store manifest", fix=REPAIR + ".")
         return check_manifest(manifest, self.manifest_path)
 

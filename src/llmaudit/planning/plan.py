@@ -6,7 +6,7 @@ the scoring grid (`plan_units`: validation samples at every checkpoint, the pool
 one, the base model once) and the scorer's batches (`length_sorted_batches` under the token budget).
 A test checks the unit and token counts against what `llmaudit score` then records in its work log.
 
-Time is estimated from throughput (`jobs/throughput.py`):
+Time is estimated from throughput (`planning/throughput.py`):
 - on this machine (device cpu, or cuda when one is visible): measured by a few-second calibration on a
   model of the recipe's shape (random weights, its real vocabulary): scoring tokens/s with the scoring
   engine on the recipe's own token lengths, LoRA training tokens/s, each quantizer's time on a 2-layer
@@ -39,7 +39,8 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
 from llmaudit.finetune.runs import checkpoint_steps
-from llmaudit.jobs.throughput import (
+from llmaudit.models.training import epoch_batches
+from llmaudit.planning.throughput import (
     GPU_BF16_PEAK,
     Throughput,
     count_params,
@@ -49,7 +50,6 @@ from llmaudit.jobs.throughput import (
     standin_draw,
     with_lora,
 )
-from llmaudit.models.training import epoch_batches
 from llmaudit.quantize import get_quantizer, quantizer_class
 from llmaudit.score.engine import length_sorted_batches
 from llmaudit.score.generate import GENERATION_TOKEN_BUDGET, plan_generation
@@ -59,7 +59,7 @@ from llmaudit.store.run_store import RunStore
 from llmaudit.store.units import grid_units
 
 REPORT_OVERHEAD_S = 5.0
-"""Report seconds beside the attack analysis (reading the store, tables, plots): measured at 3-6 s on the demo."""
+"""Report seconds beside the attack analysis (reading the store, tables, plots), a constant of the estimate."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -130,9 +130,20 @@ def _train_counts(cfg: ExperimentConfig, members: list[Example], run: int) -> tu
 
 
 def gptq_calibrations(cfg: ExperimentConfig, units: list, *, device: str = "cpu") -> int:
-    """The GPTQ calibration passes the stage runs on `device`: one per GPTQ unit in GPTQ's sequential convention
-    (each bit width calibrates on its own partly quantized model), one per checkpoint and calibration key for the
-    quantizers whose Hessians are shared (`calibration: shared`, llmaudit's solver)."""
+    """The GPTQ calibration passes the score stage runs on a device.
+
+    One per GPTQ unit in GPTQ's sequential convention (each bit width calibrates on its own partly quantized model);
+    one per checkpoint and calibration key for the quantizers whose Hessians are shared (`calibration: shared`,
+    llmaudit's solver).
+
+    Args:
+        cfg: the experiment's config (its quantizer options).
+        units: the scoring grid.
+        device: where GPTQ runs (the solver, hence the convention, depends on it).
+
+    Returns:
+        The number of calibration passes.
+    """
     quantizers: dict[str, Any] = {}
     shared, sequential = set(), 0
     for u in units:
@@ -152,9 +163,20 @@ def gptq_calibrations(cfg: ExperimentConfig, units: list, *, device: str = "cpu"
 def count_workload(
     cfg: ExperimentConfig, draw: Draw, *, budget: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> Workload:
-    """The exact workload of `cfg` on the drawn samples (see the module docstring); dtype: the models' compute
-    dtype (fp32 of a float32 model is the identity, whose own pass is the KL reference); device: where GPTQ runs
-    (its convention, hence how many calibration passes, depends on the solver the device gets)."""
+    """The exact workload of a config on the drawn samples (see the module docstring).
+
+    Args:
+        cfg: the experiment's config.
+        draw: its drawn pool, validation set and membership masks.
+        budget: the scoring engine's token budget per batch.
+        dtype: the models' compute dtype (fp32 of a float32 model is the identity, whose own pass is the KL
+            reference).
+        device: where GPTQ runs (its convention, hence how many calibration passes, depends on the solver the device
+            gets).
+
+    Returns:
+        The workload: runs, steps, units, tokens to train and to score, calibrations, loss-table bytes, utility work.
+    """
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     pool = tokenize_records(draw.tokenizer, draw.pool, "pool", **kw)
     val = tokenize_records(draw.tokenizer, draw.val, "val", **kw)
@@ -229,8 +251,18 @@ def _utility_counts(cfg: ExperimentConfig, draw: Draw, units: list, val: list[Ex
 
 
 def utility_seconds(work: Workload, speed: Throughput) -> float:
-    """The utility columns' share of scoring: the reference passes, the KL passes, and generation at most (every
-    answer running to max_new_tokens: prefill at the scoring rate, then one step per new token per batch)."""
+    """The utility columns' share of scoring.
+
+    The reference passes, the KL passes, and generation at most (every answer running to max_new_tokens: prefill at
+    the scoring rate, then one step per new token per batch).
+
+    Args:
+        work: the workload.
+        speed: the throughput.
+
+    Returns:
+        Seconds.
+    """
     prefill = (work.reference_tokens + work.generation_prompt_tokens) / speed.score_tokens_per_s
     decode = work.generation_units * work.generation_batches_per_unit * work.generation_max_new_tokens
     return prefill + work.divergence_positions * speed.divergence_s_per_position + decode * speed.generation_step_s
@@ -239,8 +271,21 @@ def utility_seconds(work: Workload, speed: Throughput) -> float:
 def estimate(
     cfg: ExperimentConfig, work: Workload, speed: Throughput, analysis: AnalysisCost, *, jobs: int = 1
 ) -> dict[str, Any]:
-    """Seconds per stage and in total, on one device, and with `jobs` devices in parallel (shards); the report
-    from the analysis's cost measured on this CPU (`analyze.cost.analysis_seconds`)."""
+    """Seconds per stage and in total, on one device and with several devices in parallel (shards).
+
+    The report's time comes from the analysis's cost measured on this CPU (`analyze.cost.analysis_seconds`).
+
+    Args:
+        cfg: the experiment's config.
+        work: the workload.
+        speed: the throughput.
+        analysis: the analysis's measured cost.
+        jobs: devices in parallel.
+
+    Returns:
+        {"finetune_s", "score_s", "utility_s", "report_s", "report_processes", "total_s", "jobs",
+        "parallel_total_s"}.
+    """
     checkpoints = sum(len(s) for s in work.steps_per_run)
     finetune_s = (
         speed.model_load_s + work.train_padded_tokens / speed.train_tokens_per_s + checkpoints * speed.checkpoint_s
@@ -287,7 +332,24 @@ def estimate(
 
 
 def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, echo=print) -> dict[str, Any]:
-    """The plan of `cfg`: workload, throughput (measured here or assumed for a named GPU), times."""
+    """The plan of a config: its workload, the throughput (measured here or assumed for a named GPU), the times.
+
+    Nothing is written.
+
+    Args:
+        cfg: the experiment's config.
+        device: auto, cpu or cuda (measured here), or a GPU of `throughput.GPU_BF16_PEAK` (priced from its peak).
+        jobs: devices in parallel.
+        echo: where progress lines go.
+
+    Returns:
+        {"experiment", "model", "device", "token_budget", "workload", "throughput", "analysis", "estimate",
+        "assumptions"}.
+
+    Raises:
+        UserError: an unknown device (with the closest name).
+        DataError: the experiment's data cannot be drawn again (an imported store).
+    """
     devices = ("auto", "cpu", "cuda", *GPU_BF16_PEAK)
     if device.lower() not in devices:  # before any work: the draw alone can take seconds
         raise UserError(
@@ -383,6 +445,14 @@ def _bytes(n: float) -> str:
 
 
 def format_plan(plan: dict[str, Any]) -> str:
+    """The plan as `llmaudit plan` prints it.
+
+    Args:
+        plan: `make_plan`'s result.
+
+    Returns:
+        The text, lines joined by newlines.
+    """
     w, t, e = plan["workload"], plan["throughput"], plan["estimate"]
     steps = w["steps_per_run"]
     lines = [

@@ -12,14 +12,26 @@ from llmaudit.analyze.attacks.registry import registered_attacks
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.common.io import atomic_write_json, read_json
 from llmaudit.ingest.build import ImportRequest, ImportResult, describe_import, import_training
-from llmaudit.jobs.sizing import sizing_report
+from llmaudit.planning.sizing import sizing_report
 
 
 def run_import(
     request: ImportRequest | Sequence[str | Path], *, echo: Callable[[str], Any] = print, **options: Any
 ) -> ImportResult:
-    """`import_training(request)`, then the blind baseline, reporting each step. request: an `ImportRequest`, or
-    (the command line's call) the training directories with the request's other fields as keywords (`options`)."""
+    """`import_training(request)`, then what its records can decide and the blind baseline, reporting each step.
+
+    Args:
+        request: an `ImportRequest`, or (the command line's call) the training directories, with the request's
+            other fields as keywords (`options`).
+        echo: where the lines go.
+        **options: the `ImportRequest` fields besides `training_dirs`, when `request` is a list of directories.
+
+    Returns:
+        The import's result (its store, config and sizes).
+
+    Raises:
+        UserError: an input is refused (named, with its fix), before the store is written.
+    """
     if not isinstance(request, ImportRequest):
         request = ImportRequest(training_dirs=list(request), **options)
     if request.attack_names is None:

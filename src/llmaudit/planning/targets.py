@@ -20,30 +20,30 @@ from llmaudit.config import (
     load_recipe,
 )
 from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.planning.arguments import is_run_dir
 from llmaudit.quantize import QUANTIZER_NAMES, QuantizationError, get_quantizer, missing_reference
 from llmaudit.store.run_store import RunStore
 
 log = logging.getLogger(__name__)
 
 
-def is_run_dir(target: str | Path | None) -> bool:
-    return bool(target) and Path(target).is_dir() and (Path(target) / "manifest.json").exists()
-
-
-def split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """The first argument is a recipe (or run directory) unless it looks like key=value."""
-    if args and "=" not in args[0]:
-        return args[0], args[1:]
-    return None, args
-
-
 def check_quantizer_requests(cfg: ExperimentConfig, overrides: list[str], scored: list[str] | None = None) -> None:
-    """Every quantizer name and its options as the registry allows them, when the recipe loads (before any
-    training): an unknown name (with the closest one), an option a quantizer does not have or a value it does not
-    support (bits, group sizes), options for a name that is no quantizer, options given on the command line
-    for a quantizer that is not in score.quantizers (a recipe's options for quantizers left out are kept unused),
-    and a grid without a full-precision reference among them and the store's `scored` quantizers.
-    What needs the model's layers (a group size that divides them) is checked before the first unit is scored."""
+    """Every quantizer name and its options as the registry allows them, when the recipe loads (before any training).
+
+    Refused: an unknown name (with the closest one), an option a quantizer does not have or a value it does not
+    support (bits, group sizes), options for a name that is no quantizer, options given on the command line for a
+    quantizer that is not in score.quantizers (a recipe's options for quantizers left out are kept unused), and a
+    grid without a full-precision reference among its quantizers and the store's `scored` ones. What needs the
+    model's layers (a group size that divides them) is checked before the first unit is scored.
+
+    Args:
+        cfg: the loaded config.
+        overrides: the command line's key=value overrides.
+        scored: the quantizers the store already holds, or None.
+
+    Raises:
+        RecipeError: the first request refused, with its key and the fix.
+    """
     missing = missing_reference([*cfg.score.quantizers, *(scored or [])])
     if missing:
         raise RecipeError(missing)
@@ -79,9 +79,17 @@ def _check_names(key: str, names: list[str]) -> None:
 
 
 def with_available(cfg: ExperimentConfig) -> tuple[ExperimentConfig, dict[str, str]]:
-    """`cfg` with every quantizer of score.if_available that can run here added to score.quantizers, and
-    {name: why not} for those that cannot (the report says so: `left_out_quantizers`). An unknown name is
-    refused (RecipeError) with the closest one."""
+    """The config with every quantizer of score.if_available that can run here added to score.quantizers.
+
+    Args:
+        cfg: the loaded config.
+
+    Returns:
+        (the config, {name: why not} for the quantizers left out; the report says so: `left_out_quantizers`).
+
+    Raises:
+        RecipeError: an unknown name (with the closest one).
+    """
     _check_names("score.if_available", cfg.score.if_available)
     add, left = [], {}
     for name in cfg.score.if_available:
@@ -106,7 +114,19 @@ def _scored(store: RunStore) -> list[str] | None:
 
 
 def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | None = None) -> ExperimentConfig:
-    """A recipe with overrides (`--out` replaces output_dir); sets this process's CPU threads."""
+    """A recipe with its overrides, checked against the registries; sets this process's CPU threads.
+
+    Args:
+        recipe: a shipped recipe's name, a YAML file, or None (the default recipe).
+        overrides: key=value overrides.
+        out: replaces the recipe's output_dir, or None.
+
+    Returns:
+        The config.
+
+    Raises:
+        RecipeError: the recipe, an override or a quantizer request is refused.
+    """
     cfg, left = with_available(load_recipe(recipe, overrides, attack_names=registered_attacks()))
     for name, why in left.items():
         log.warning("score.if_available: %s is left out on this machine: %s", name, why)
@@ -120,9 +140,24 @@ def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | Non
 def config_from_run_dir(
     run_dir: str | Path, overrides: list[str], *, trust_remote_code: bool = False
 ) -> ExperimentConfig:
-    """The run directory's recorded config plus overrides. `model.trust_remote_code` comes from the command
-    line only (the flag, or an explicit `model.trust_remote_code=true` override), never from the manifest, and
-    so does the whole cluster section (`RunStore.config`: a received manifest cannot write a batch script)."""
+    """The run directory's recorded config plus overrides.
+
+    `model.trust_remote_code` comes from the command line only (the flag, or an explicit
+    `model.trust_remote_code=true` override), never from the manifest, and so does the whole cluster section
+    (`RunStore.config`: a received manifest cannot write a batch script).
+
+    Args:
+        run_dir: the run directory.
+        overrides: key=value overrides.
+        trust_remote_code: the command line's --trust-remote-code.
+
+    Returns:
+        The config, its output_dir the run directory.
+
+    Raises:
+        StoreError: the directory is not a run store or its manifest is refused.
+        RecipeError: an override or a quantizer request is refused.
+    """
     store = RunStore(run_dir)
     raw = json.loads(store.config(trust_remote_code=trust_remote_code).model_dump_json())
     raw = apply_overrides(raw, overrides)
@@ -142,8 +177,24 @@ def config_from_run_dir(
 def resolve_target(
     target: str | None, overrides: list[str], out: Path | None = None, *, trust_remote_code: bool = False
 ) -> tuple[ExperimentConfig, RunStore]:
-    """(config, store) of a run directory or a recipe; a recipe's store must hold the same experiment
-    (checked when the stage touches it: a different model, data or training is refused)."""
+    """The config and the store of a run directory or a recipe.
+
+    A recipe's store must hold the same experiment (checked when the stage touches it: a different model, data or
+    training is refused).
+
+    Args:
+        target: a run directory, a recipe, or None (the default recipe).
+        overrides: key=value overrides.
+        out: a recipe's output directory instead of its output_dir, or None.
+        trust_remote_code: the command line's --trust-remote-code.
+
+    Returns:
+        (config, store).
+
+    Raises:
+        StoreError: a run directory is refused.
+        RecipeError: the recipe, an override or a quantizer request is refused.
+    """
     if is_run_dir(target):
         return config_from_run_dir(target, overrides, trust_remote_code=trust_remote_code), RunStore(target)
     cfg = config_from_recipe(target, overrides, out)

@@ -83,14 +83,33 @@ def _report_status(store: RunStore) -> dict[str, Any]:
 
 
 def report_is_current(store: RunStore) -> bool:
-    """Whether report.json exists and shows every loss table (newer than all of them)."""
+    """Whether report.json exists and shows every loss table (is newer than all of them).
+
+    Args:
+        store: the run store.
+
+    Returns:
+        True when report.json is up to date.
+    """
     return bool(_report_status(store)["up_to_date"])
 
 
 def stage_status(store: RunStore) -> dict[str, Any]:
-    """What is done, running, missing and broken in a run directory, per stage (`llmaudit status`),
-    from `verify_store`'s shallow check: a unit whose file fails it counts as invalid, not done; and, when
-    `llmaudit submit` sent it to SLURM, what the scheduler says about those jobs (`jobs.slurm.jobs_status`)."""
+    """What is done, running, missing and broken in a run directory, per stage (`llmaudit status`).
+
+    Units are judged by `verify_store`'s shallow check (a unit whose file fails it counts as invalid, not done);
+    when `llmaudit submit` sent the stages to SLURM, the scheduler's word on those jobs is added
+    (`jobs.slurm.jobs_status`).
+
+    Args:
+        store: the run store.
+
+    Returns:
+        {"run_dir", "name", "problems", "notes", "finetune", "score", "report", "complete", "jobs"}.
+
+    Raises:
+        StoreError: the directory is not a run store, or its manifest is refused.
+    """
     cfg = store.config()
     verdict = verify_store(store, cfg)
     broken: dict[int, str] = {}
@@ -149,13 +168,24 @@ def _format_jobs(jobs: dict[str, Any] | None, run_dir: str) -> list[str]:
     return lines
 
 
+def _unit_name(u: dict) -> str:
+    return f"{'base' if u['run'] < 0 else 'run ' + str(u['run'])}/step {u['step']}/{u['quantizer']}"
+
+
 def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
+    """The status as `llmaudit status` prints it: one block per stage, each problem with its fix.
+
+    Args:
+        status: `stage_status`'s result.
+        max_listed: at most this many units or runs listed per line (then a count of the rest).
+
+    Returns:
+        The text, lines joined by newlines.
+    """
+
     def listed(items: list) -> str:
         text = ", ".join(str(i) for i in items[:max_listed])
         return text + (f", ... ({len(items) - max_listed} more)" if len(items) > max_listed else "")
-
-    def unit_name(u: dict) -> str:
-        return f"{'base' if u['run'] < 0 else 'run ' + str(u['run'])}/step {u['step']}/{u['quantizer']}"
 
     ft, sc, rp = status["finetune"], status["score"], status["report"]
     lines = [f"{status['name']}: {status['run_dir']}"]
@@ -185,11 +215,11 @@ def format_status(status: dict[str, Any], *, max_listed: int = 12) -> str:
             f"  {q:>14}: {counts['done']} done, {counts['running']} running, {counts['missing']} missing, {counts['invalid']} invalid"
         )
     if sc["running"]:
-        lines.append(f"  running: {listed([unit_name(u) for u in sc['running']])}")
+        lines.append(f"  running: {listed([_unit_name(u) for u in sc['running']])}")
     if sc["missing"]:
-        lines.append(f"  missing: {listed([unit_name(u) for u in sc['missing']])}")
+        lines.append(f"  missing: {listed([_unit_name(u) for u in sc['missing']])}")
     for u in sc["invalid"][:max_listed]:
-        lines.append(f"  invalid: {unit_name(u)}: {u['why']} (`llmaudit score` moves it aside and scores it again)")
+        lines.append(f"  invalid: {_unit_name(u)}: {u['why']} (`llmaudit score` moves it aside and scores it again)")
     state = "no" if not rp["report"] else ("yes" if rp["up_to_date"] else "yes, but older than some loss tables")
     lines.append(f"report    results: {listed(rp['results']) or 'none'}; report: {state}")
     lines += _format_jobs(status.get("jobs"), status["run_dir"])

@@ -7,7 +7,7 @@ import pytest
 from llmaudit.analyze.attacks.registry import resolve_attacks
 from llmaudit.common.io import read_json
 from llmaudit.finetune.runs import finetune
-from llmaudit.jobs.plan import format_plan, make_plan
+from llmaudit.planning.plan import format_plan, make_plan
 from llmaudit.score.stage import score
 from llmaudit.store.worklog import read_work
 from tests.conftest import TINY_OVERRIDES

@@ -1,4 +1,4 @@
-"""Throughput of the stages on one device, for `llmaudit plan` (jobs/plan.py): measured here on a model of the
+"""Throughput of the stages on one device, for `llmaudit plan` (planning/plan.py): measured here on a model of the
 recipe's shape (random weights, its real vocabulary), or, for a named GPU, its published bf16 peak times an
 assumed efficiency; every figure says where it comes from (`Throughput.source`)."""
 
@@ -109,6 +109,15 @@ class Throughput:
 
 
 def model_config(cfg: ExperimentConfig, draw: Draw) -> Any:
+    """The transformers config of the recipe's model: its published shape for a stand-in draw, else the model's own.
+
+    Args:
+        cfg: the experiment's config.
+        draw: the draw (a stand-in when the model could not be reached).
+
+    Returns:
+        A transformers `PretrainedConfig`.
+    """
     from transformers import AutoConfig
 
     if draw.source.kind == "standin":
@@ -118,8 +127,22 @@ def model_config(cfg: ExperimentConfig, draw: Draw) -> Any:
 
 
 def standin_draw(cfg: ExperimentConfig, why: Exception, echo) -> tuple[Draw, list[str]]:
-    """A draw for pricing only, when the recipe's model or data cannot be reached (offline): the offline
-    SMolInstruct-format records, a stand-in tokenizer, and the model's published shape (KNOWN_SHAPES)."""
+    """A draw for pricing only, when the recipe's model or data cannot be reached (offline).
+
+    It holds the offline SMolInstruct-format records, a stand-in tokenizer, and the model's published shape
+    (KNOWN_SHAPES).
+
+    Args:
+        cfg: the experiment's config.
+        why: the error that kept the model or the data out of reach.
+        echo: where progress lines go.
+
+    Returns:
+        (the draw, the assumptions the plan states because of it).
+
+    Raises:
+        UserError: `why` itself, when the model's shape is not known here.
+    """
     if cfg.model.name not in KNOWN_SHAPES:
         raise why
     tokenizer_model = "builtin:tiny-qwen2"  # trained in memory in seconds: a plan builds and writes nothing
@@ -155,7 +178,14 @@ def _random_model(config: Any, layers: int | None = None) -> Any:
 
 
 def count_params(config: Any) -> tuple[int, int]:
-    """(parameters, decoder layers) of a model config, built on the meta device (no memory)."""
+    """The parameters and decoder layers of a model config, built on the meta device (no memory).
+
+    Args:
+        config: a transformers config.
+
+    Returns:
+        (parameters, decoder layers).
+    """
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -172,6 +202,15 @@ def _timed(fn, repeats: int = 2) -> float:
 
 
 def with_lora(model: Any, cfg: ExperimentConfig) -> Any:
+    """The model with the recipe's LoRA adapters (peft), as finetune trains it.
+
+    Args:
+        model: a causal language model.
+        cfg: the experiment's config (its lora section).
+
+    Returns:
+        The peft model.
+    """
     from peft import LoraConfig, get_peft_model
 
     import_gptqmodel_quietly()  # peft's LoRA dispatch imports it
@@ -185,9 +224,22 @@ def with_lora(model: Any, cfg: ExperimentConfig) -> Any:
 def measure_throughput(
     cfg: ExperimentConfig, draw: Draw, *, device: torch.device, budget: int, dtype: torch.dtype = torch.float32
 ) -> Throughput:
-    """A few-second calibration on this machine with a random-weight model of the recipe's shape, in the compute
-    dtype a new store of the recipe gets here (`dtype`: bf16 where this CPU's bf16 matmuls are faster): scoring
-    with the parameters in that dtype, training as finetune trains (float32 weights under autocast on a CPU)."""
+    """A few-second calibration on this machine with a random-weight model of the recipe's shape.
+
+    It runs in the compute dtype a new store of the recipe gets here (bf16 where this CPU's bf16 matmuls are faster):
+    scoring with the parameters in that dtype, training as finetune trains (float32 weights under autocast on a
+    CPU).
+
+    Args:
+        cfg: the experiment's config.
+        draw: its draw (the validation records give the sample).
+        device: where to measure.
+        budget: the scoring engine's token budget per batch.
+        dtype: the compute dtype.
+
+    Returns:
+        The measured throughput.
+    """
     config = model_config(cfg, draw)
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     sample = tokenize_records(draw.tokenizer, draw.val[:16] or draw.pool[:16], "val", **kw)
@@ -252,11 +304,20 @@ def _train_step_cost(
 
 
 def unit_overhead_s(sample: list, repeats: int = 3) -> float:
-    """Seconds a scoring unit spends beside its arithmetic, on the CPU whatever the device: its claim and RUNNING
-    marker, its loss table of `sample`'s rows (the recipe's validation records, with scores of their lengths)
+    """Seconds a scoring unit spends beside its arithmetic, on the CPU whatever the device.
+
+    That is its claim and RUNNING marker, its loss table of the sample's rows (with scores of their lengths)
     validated and written atomically (parquet, fsync), its work-log line, and the memory handed back, all as the
     score stage does them (with the process's long-lived objects out of the garbage collection's way), in a
-    temporary directory removed after."""
+    temporary directory removed after.
+
+    Args:
+        sample: the recipe's validation records, tokenized.
+        repeats: units timed after a warm-up.
+
+    Returns:
+        Seconds per unit.
+    """
     rng = np.random.default_rng(0)
     scores = [
         TokenScores(*(rng.random(e.n_scored).astype(np.float32) for _ in range(3)), rng.random(e.n_scored) < 0.5)
@@ -346,8 +407,8 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
         train_tokens_per_s=peak * GPU_EFFICIENCY["train"] / (3 * flops_per_token),
         quantize_s=quantize_s,
         forward_slowdown=dict.fromkeys(cfg.score.quantizers, 1.0),
-        checkpoint_s=params * 2 / 20e9,  # a bf16 copy at ~20 GB/s
-        model_load_s=params * 2 / 1e9 + 5,  # ~1 GB/s from disk plus start-up
+        checkpoint_s=params * 2 / 20e9,  # a bf16 copy at an assumed memory bandwidth
+        model_load_s=params * 2 / 1e9 + 5,  # read from disk at an assumed rate, plus start-up
         source={
             "score": f"assumed: {GPU_EFFICIENCY['score']:.0%} of the published {peak / 1e12:.0f} TFLOP/s bf16 peak, 2 FLOP per parameter per token",
             "train": f"assumed: {GPU_EFFICIENCY['train']:.0%} of the peak, 6 FLOP per parameter per token (forward and backward)",
