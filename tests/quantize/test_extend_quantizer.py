@@ -10,8 +10,8 @@ import torch
 
 import llmaudit.quantize as quantize
 from llmaudit.config import load_recipe
-from llmaudit.jobs.plan import make_plan
-from llmaudit.jobs.throughput import count_params, model_config
+from llmaudit.planning.plan import make_plan
+from llmaudit.planning.throughput import count_params, model_config
 from llmaudit.quantize import QUANTIZER_NAMES, get_quantizer, list_quantizers
 from llmaudit.store.losstable import read_loss_table
 from tests.conftest import TINY_OVERRIDES
