@@ -89,7 +89,7 @@ calls = [
     ["score"], ["score", "--no-such-option"], ["score", "demo-cpu", "--shard", "abc"], ["score", "no-such-recipe"],
     ["score", "demo-cpu", "no.such.key=1"], ["finetune", "no-such-recipe"], ["finetune", "demo-cpu", "--shard", "3/2"],
     ["audit", "no-such-recipe"], ["audit", "no.such.key=1"], ["audit", "train.runs=abc"], ["plan", "no-such-recipe"],
-    ["plan", "--jobs", "0"], ["submit"], ["submit", "no-such-stage"], ["submit", "all", "no-such-recipe"],
+    ["plan", "--jobs", "0"], ["plan", "--device", "nosuchdev"], ["submit"], ["submit", "no-such-stage"], ["submit", "all", "no-such-recipe"],
     ["report"], ["report", "no-such-dir"], ["status", "no-such-dir"], ["import", "x"], ["kld"], ["attack"],
 ]
 result = []
@@ -110,7 +110,7 @@ def test_argument_errors_refuse_before_the_work_is_imported():
     not there, an unknown key, a value of the wrong kind, a shard out of range, an unknown stage) exit with code 2,
     with neither torch nor transformers (nor the analysis) imported and nothing written."""
     result = json.loads(run_python(BAD_ARGUMENTS))
-    assert len(result) == 21
+    assert len(result) == 22
     for args, code, loaded, written in result:
         assert code == 2, (args, code)
         assert loaded == [], (args, loaded)

@@ -36,10 +36,11 @@ def plan(
     and to score, GPTQ calibrations, disk, and the wall time per stage, from a few-second calibration on
     this machine or a named GPU's published peak; and whether its design (a recipe's, or a run directory's own
     membership) can reach a PASS or a FAIL. Nothing is written."""
-    from llmaudit.planning.arguments import check_target, is_run_dir, split_recipe_args
+    from llmaudit.planning.arguments import check_device, check_target, is_run_dir, split_recipe_args
 
     recipe, overrides = split_recipe_args(list(args or []))
     check_target(recipe, overrides)  # argument errors answer before the work is imported
+    check_device(device)
 
     from llmaudit.planning.plan import format_plan, make_plan
     from llmaudit.planning.sizing import sizing_report

@@ -11,12 +11,37 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llmaudit.common.errors import UserError
+from llmaudit.common.errors import UserError, did_you_mean
 from llmaudit.config import load_recipe
 from llmaudit.store.manifest import no_manifest
 
 MANIFEST_NAME = "manifest.json"
 """The file that makes a directory a run directory (`store.run_store.RunStore.manifest_path`)."""
+
+
+GPU_BF16_PEAK = {"h100": 989e12, "h200": 989e12, "a100": 312e12, "l40s": 362e12, "a6000": 155e12}
+"""Published dense bf16 tensor-core peaks in FLOP/s (NVIDIA data sheets; SXM parts for H100/H200/A100)."""
+
+
+def check_device(device: str) -> str:
+    """Refuse a `--device` that `llmaudit plan` cannot price, before any work is imported.
+
+    Args:
+        device: auto, cpu or cuda (measured here), or a GPU of `GPU_BF16_PEAK` (priced from its peak).
+
+    Returns:
+        The device name in lower case.
+
+    Raises:
+        UserError: an unknown device (with the closest name).
+    """
+    devices = ("auto", "cpu", "cuda", *GPU_BF16_PEAK)
+    if device.lower() not in devices:
+        raise UserError(
+            f"--device {device!r} is not known{did_you_mean(device.lower(), devices)}: use auto, cpu or cuda "
+            f"(measured here) or a GPU whose published peak prices the plan: {', '.join(GPU_BF16_PEAK)}"
+        )
+    return device.lower()
 
 
 def is_run_dir(target: str | Path | None) -> bool:

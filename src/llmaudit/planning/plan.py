@@ -33,15 +33,15 @@ import torch
 
 from llmaudit.analyze.attacks.registry import resolve_attacks
 from llmaudit.analyze.cost import AnalysisCost, analysis_seconds, measure_analysis_cost
-from llmaudit.common.errors import UserError, did_you_mean
+from llmaudit.common.errors import UserError
 from llmaudit.common.runtime import SHORT_DTYPE_NAMES, available_cores, choose_compute_dtype, pick_device
 from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
 from llmaudit.finetune.runs import checkpoint_steps
 from llmaudit.models.training import epoch_batches
+from llmaudit.planning.arguments import GPU_BF16_PEAK, check_device
 from llmaudit.planning.throughput import (
-    GPU_BF16_PEAK,
     Throughput,
     count_params,
     measure_throughput,
@@ -350,12 +350,7 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
         UserError: an unknown device (with the closest name).
         DataError: the experiment's data cannot be drawn again (an imported store).
     """
-    devices = ("auto", "cpu", "cuda", *GPU_BF16_PEAK)
-    if device.lower() not in devices:  # before any work: the draw alone can take seconds
-        raise UserError(
-            f"--device {device!r} is not known{did_you_mean(device.lower(), devices)}: use auto, cpu or cuda "
-            f"(measured here) or a GPU whose published peak prices the plan: {', '.join(GPU_BF16_PEAK)}"
-        )
+    check_device(device)  # before any work: the draw alone can take seconds
     store = RunStore(cfg.resolved_output_dir())
     assumptions: list[str] = []
     try:

@@ -27,6 +27,7 @@ from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly
 from llmaudit.models.sources import ModelSource
 from llmaudit.models.training import autocast_to, batch_mean_nll
+from llmaudit.planning.arguments import GPU_BF16_PEAK
 from llmaudit.quantize import get_quantizer, quantizer_class
 from llmaudit.score.divergence import divergence_scores
 from llmaudit.score.engine import ScoringOptions, TokenScores, score_examples
@@ -38,8 +39,6 @@ from llmaudit.store.markers import running_marker
 from llmaudit.store.units import Unit
 from llmaudit.store.worklog import append_work
 
-GPU_BF16_PEAK = {"h100": 989e12, "h200": 989e12, "a100": 312e12, "l40s": 362e12, "a6000": 155e12}
-"""Published dense bf16 tensor-core peaks in FLOP/s (NVIDIA data sheets; SXM parts for H100/H200/A100)."""
 GPU_EFFICIENCY = {"score": 0.40, "train": 0.30}
 """Share of the peak assumed: scoring = the goal of benchmarks/gpu_check.py (unmeasured), training = typical LoRA MFU."""
 KNOWN_SHAPES = {
