@@ -1,12 +1,14 @@
-"""The analysis of a run store: from its verified loss tables to one result object (r_Q, attacks,
-memorization, candidate indicators, blind baseline, utility), written to the store's results/*.json.
+"""The analysis of a run store: from its verified loss tables to one typed result
+(`llmaudit.analyze.result.AnalysisResult`: r_Q, attacks and the release decision, memorization, candidate indicators,
+blind baseline, utility), written to the store's results/*.json.
 
-`analyze(cfg, store)` is what `llmaudit analyze` runs; the result object is what every report rendering
-(JSON, Markdown, HTML) is made from.
+`analyze(cfg, store)` is what `llmaudit report` (and `llmaudit audit`) run before rendering; the typed result is what
+every report rendering (JSON, Markdown, HTML) is made from.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import textwrap
 import warnings
@@ -25,13 +27,14 @@ from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import memorization_from_table
+from llmaudit.analyze.result import AnalysisResult
 from llmaudit.analyze.release_risks import check_release_sets, epsilon_block, extraction_block, release_sets_block
 from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.analyze.store_table import StoreTable, Unit, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
-from llmaudit.common.io import atomic_write_json, read_json
+from llmaudit.common.io import atomic_write_json, read_json, to_json
 from llmaudit.common.runtime import available_cores
 from llmaudit.config import ExperimentConfig
 from llmaudit.config.fields import FULL_PLACEHOLDER
@@ -294,20 +297,42 @@ def _memorization(table: pd.DataFrame, manifest: dict, cfg: ExperimentConfig, n_
     )
 
 
-def _write_results(store: RunStore, result: dict[str, Any]) -> None:
+def _write_results(store: RunStore, result: AnalysisResult) -> None:
     """results/indicator.json, attacks.json, memorization.json (those computed) and result.json."""
-    for name in ("indicator", "attacks", "memorization"):
-        if result[name] is not None:
-            atomic_write_json(store.results_dir / f"{name}.json", result[name])
-    atomic_write_json(store.results_dir / "result.json", result)
+    blocks = {"indicator": result.r_q, "attacks": result.attacks, "memorization": result.memorization}
+    for name, block in blocks.items():
+        if block is not None:
+            atomic_write_json(store.results_dir / f"{name}.json", block.model_dump(mode="json", by_alias=True))
+    atomic_write_json(store.results_dir / "result.json", result.to_json())
+
+
+def _typed(result: dict[str, Any]) -> AnalysisResult:
+    """The typed result of the analysis' blocks: numpy numbers made Python numbers (NaN kept), the release decision
+    kept as the decision's own pydantic object."""
+    decision = result["attacks"].pop("decision", None)
+    typed = AnalysisResult.model_validate(json.loads(to_json(result)))
+    if decision is not None:
+        typed.attacks.decision = decision
+    return typed
 
 
 def analyze(
     cfg: ExperimentConfig, store: RunStore, *, quantizers: list[str] | None = None, echo=print
-) -> dict[str, Any]:
+) -> AnalysisResult:
     """Compute every result from the verified loss tables and write results/*.json.
 
-    quantizers: the quantizers to report (default: every quantizer scored in the store, add-only)."""
+    Args:
+        cfg: the store's experiment config.
+        store: the run store.
+        quantizers: the quantizers to report (default: every quantizer scored in the store, add-only).
+        echo: where progress lines go.
+
+    Returns:
+        The typed result (`AnalysisResult`), as written to results/result.json.
+
+    Raises:
+        AnalysisError: the store cannot be analysed as it is (the message names the files and the fix).
+    """
     manifest = store.manifest()
     release_sets_of(cfg, quantizers or store.scored_quantizers())  # refused before any work
     store_table, quantizers, not_scored = load_store_table(store, cfg, quantizers, echo=echo)
@@ -347,5 +372,6 @@ def analyze(
         **risks,
         "thresholds": cfg.report.model_dump(exclude={"processes"}),  # how the stage runs is not a threshold
     }
-    _write_results(store, result)
-    return result
+    typed = _typed(result)
+    _write_results(store, typed)
+    return typed

@@ -74,13 +74,3 @@ class Stat(_Open):
     mean: Num = None
     ci: Interval = None
     token_se: Num = None
-
-
-def dig(obj: Any, *keys: str, default: Any = None) -> Any:
-    """obj[k1][k2]... in the untyped result object the builder reads; `default` where a level is missing, null or
-    not a mapping (a result of an earlier llmaudit lacks later blocks)."""
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-        if obj is None:
-            return default
-    return obj

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmaudit.analyze.decision.models import QuantizerDecision
-from llmaudit.report.model_base import Interval, Num, Stat, Status, _Open, dig
+from llmaudit.report.model_base import Interval, Num, Stat, Status, _Open
 from llmaudit.report.models_context import (
     Adapter,
     AttackSettings,
@@ -50,7 +50,6 @@ __all__ = [
     "Provenance",
     "Stat",
     "Training",
-    "dig",
 ]
 
 # ------------------------------------------------------------------------------------------ grid row

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
-from llmaudit.report.model_base import dig
+from llmaudit.analyze.result import AnalysisResult
 from llmaudit.report.release import attack_criterion, decision_of
 from llmaudit.report.utility import metric_estimate
 
@@ -80,8 +80,16 @@ def worst(statuses: Iterable[str]) -> str:
     return max(counted, key=_SEVERITY.__getitem__) if counted else NOT_MEASURED
 
 
-def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
-    th = dict(dig(result, "thresholds", default=()))
+def thresholds_of(result: AnalysisResult) -> dict[str, Any]:
+    """The checklist's thresholds as the analysis recorded them, with the defaults of those it did not record.
+
+    Args:
+        result: the typed analysis result.
+
+    Returns:
+        The thresholds (report section of the recipe).
+    """
+    th = dict(result.thresholds or {})
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
     th.setdefault("min_indicator", None)
     th.setdefault("utility_metric", "loss")
@@ -132,7 +140,7 @@ def _legacy_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dic
     for name, att in row["attacks"].items():
         t = checklist_tpr(att)
         n_models = att.get("n_models") or 0
-        if dig(att, "not_measured", "pooled_calibrated"):
+        if (att.get("not_measured") or {}).get("pooled_calibrated"):
             measured, why = False, att["not_measured"]["pooled_calibrated"]
         elif n_models < min_runs:
             measured, why = False, f"{n_models} target models < min_runs {min_runs}"

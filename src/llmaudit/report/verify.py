@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmaudit import __version__
+from llmaudit.analyze.result import as_result
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import read_json
 from llmaudit.config import ExperimentConfig
@@ -53,8 +54,9 @@ def _derived(result: Any, report: ReportJson, store: RunStore) -> dict[str, Any]
     """The report.json content `result` gives (what `write_report` writes, its unchecked keys aside)."""
     if not isinstance(result, dict):
         raise TypeError("not a result object")
+    typed = as_result(result)  # a ValidationError (a ValueError) where it is not an analysis result
     records = store.read_records("pool") if report.include_samples else None
-    built = build_report(result, include_samples=report.include_samples, sample_records=records)
+    built = build_report(typed, include_samples=report.include_samples, sample_records=records)
     return {k: v for k, v in dump_report(read_built(built)).items() if k not in UNCHECKED}
 
 

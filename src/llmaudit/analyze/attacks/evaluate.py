@@ -434,8 +434,14 @@ def _attacked_quantizers(df: pd.DataFrame, asked: Sequence[str] | None, rows_of:
 
 
 def run_attacks(df: pd.DataFrame, **settings) -> dict:
-    """The JSON-ready result of `attacks_with_evidence` (the same keywords), without the evidence."""
-    return attacks_with_evidence(df, **settings)[0]
+    """The attacks' result of `attacks_with_evidence` (`df` and the same keywords) as JSON content, no evidence.
+
+    Returns:
+        The result, its release decision (with `decision` settings) dumped as JSON."""
+    out = attacks_with_evidence(df, **settings)[0]
+    if out.get("decision") is not None:
+        out["decision"] = out["decision"].model_dump(mode="json")
+    return out
 
 
 def attacks_with_evidence(
@@ -461,8 +467,9 @@ def attacks_with_evidence(
     `decision` settings, the release decision of every quantizer and its paired comparison with the reference
     (`llmaudit.analyze.decision`) are added as "decision". processes: the quantizers are attacked in this many
     worker processes (`attack_quantizers`; the same numbers). rows_of: with a light table (`store_table`: the pool
-    rows without token lists), reads each quantizer's rows whole for its attacks. Returns (a JSON-ready dict,
-    {quantizer: the `QuantizerEvidence` the decision read}, empty without `decision` settings)."""
+    rows without token lists), reads each quantizer's rows whole for its attacks. Returns (the attacks' result: JSON
+    content but for "decision", the typed `ReleaseDecision`; {quantizer: the `QuantizerEvidence` the decision read},
+    empty without `decision` settings)."""
     s = _settings(settings)
     quantizers = _attacked_quantizers(df, quantizers, rows_of)
     reference = _reference_name(quantizers, reference_quantizer)
@@ -486,5 +493,5 @@ def attacks_with_evidence(
     }
     out["spearman_vs_r_q"] = spearman_vs_indicator(out, r_q) if r_q else None
     if decision is not None:
-        out["decision"] = decide(evidence, reference, decision, own).model_dump(mode="json")
+        out["decision"] = decide(evidence, reference, decision, own)
     return out, evidence
