@@ -104,7 +104,7 @@ def test_an_old_report_without_later_keys_still_renders(landed):
             row.pop(key)
         row["utility"].pop("divergence")
     report = ReportJson.model_validate(old)
-    assert report.grid[0].decided() is None and report.decision_rule is None
+    assert report.grid[0].decision is None and report.decision_rule is None
     md = render_markdown(report)
     assert "## Verdict" in md and conclusion(report).split(" (")[0] in md
     assert "## Privacy" in render_model_card(old)

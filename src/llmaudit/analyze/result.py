@@ -111,8 +111,8 @@ class TaskMetricsResult(ResultBlock):
 
     measured: bool | None = None
     reason: str | None = None
-    metrics: dict[str, Any] | None = None
-    not_measured: dict[str, Any] | None = None
+    metrics: dict[str, Any] = {}
+    not_measured: dict[str, Any] = {}
     n_samples: Num = None
     settings: TaskSettings | None = None
 
@@ -144,7 +144,7 @@ class Experiment(ResultBlock):
     parameters: Any = None
     versions: Any = None
     seeds: Any = None
-    left_out_quantizers: dict[str, str] | None = None
+    left_out_quantizers: dict[str, str] = {}
 
 
 class RiskBlock(ResultBlock):
@@ -159,7 +159,7 @@ class AnalysisResult(ResultBlock):
     experiment: Experiment = Experiment()
     reference_quantizer: str | None = None
     quantizers: list[str] = []
-    not_scored: dict[str, Any] | None = None
+    not_scored: dict[str, Any] = {}
     quantizer_info: dict[str, QuantizerInfo] = {}
     utility: dict[str, UtilityEntry] = {}
     divergence: DivergenceResult | None = None
@@ -175,7 +175,7 @@ class AnalysisResult(ResultBlock):
     extraction: RiskBlock | None = None
     release_sets: list[RiskBlock] | None = None
     epsilon: RiskBlock | None = None
-    thresholds: dict[str, Any] | None = None
+    thresholds: dict[str, Any] = {}
 
     def to_json(self) -> dict[str, Any]:
         """The result as results/result.json holds it.

@@ -27,8 +27,8 @@ from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import memorization_from_table
-from llmaudit.analyze.result import AnalysisResult
 from llmaudit.analyze.release_risks import check_release_sets, epsilon_block, extraction_block, release_sets_block
+from llmaudit.analyze.result import AnalysisResult
 from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.analyze.store_table import StoreTable, Unit, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
@@ -255,10 +255,17 @@ def _blind_baseline(store: RunStore, manifest: dict, cfg: ExperimentConfig) -> d
 
 
 def _utility(
-    cfg: ExperimentConfig, store: RunStore, table: pd.DataFrame, quantizers: list[str], reference: str, n_boot: int
+    cfg: ExperimentConfig,
+    store: RunStore,
+    table: pd.DataFrame,
+    quantizers: list[str],
+    reference: str,
+    n_boot: int,
+    echo,
 ) -> dict[str, Any]:
     """The result's utility blocks: "utility" (validation loss, with each quantizer's divergence summary and task
     metrics), "divergence" (llama.cpp's statistics per run) and "task_metrics" (per run, and the settings)."""
+    echo("[analyze] divergence from full precision and task metrics ...")
     seed = cfg.attack.seed
     divergence = divergence_from_table(table, quantizers, reference, n_boot=n_boot, seed=seed)
     tasks = task_metrics_from_table(table, store.read_records("val"), quantizers, reference, n_boot=n_boot, seed=seed)
@@ -295,6 +302,13 @@ def _memorization(table: pd.DataFrame, manifest: dict, cfg: ExperimentConfig, n_
         n_boot=n_boot,
         seed=cfg.attack.seed,
     )
+
+
+def _r_q(cfg: ExperimentConfig, table: pd.DataFrame, quantizers: list[str], n_boot: int, echo) -> dict[str, Any]:
+    """The r_Q indicator of the quantizers reported, over runs (`indicator_from_table`)."""
+    echo("[analyze] r_Q indicator ...")
+    scored = table[table["quantizer"].isin(quantizers)]
+    return indicator_from_table(scored, split="val", n_boot=n_boot, seed=cfg.attack.seed)
 
 
 def _write_results(store: RunStore, result: AnalysisResult) -> None:
@@ -339,21 +353,14 @@ def analyze(
     reference = full_precision_reference(quantizers) or quantizers[0]
     table = _without_matched_base(store_table.light, reference)  # "base" everywhere else: the reference unit alone
     n_boot = max(cfg.attack.n_boot, 200)
-    echo("[analyze] r_Q indicator ...")
-    indicator = indicator_from_table(
-        table[table["quantizer"].isin(quantizers)], split="val", n_boot=n_boot, seed=cfg.attack.seed
-    )
-    r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
+    indicator = _r_q(cfg, table, quantizers, n_boot, echo)
     echo("[analyze] attacks ...")
+    r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
     attacks, evidence = _attacks(cfg, manifest, store_table, quantizers, reference, r_q_means)
     risks = _release_risks(cfg, store, table, evidence, quantizers, reference, echo)
     memorization = _memorization(table, manifest, cfg, n_boot, echo)
-    echo("[analyze] candidate indicators ...")
-    indicators = _indicators(cfg, table, quantizers, reference, n_boot)
-    echo("[analyze] blind baseline ...")
-    blind = _blind_baseline(store, manifest, cfg)
-    echo("[analyze] divergence from full precision and task metrics ...")
-    utility = _utility(cfg, store, table, quantizers, reference, n_boot)
+    echo("[analyze] candidate indicators and blind baseline ...")
+    candidates, blind = _indicators(cfg, table, quantizers, reference, n_boot), _blind_baseline(store, manifest, cfg)
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "llmaudit_version": __version__,
@@ -362,16 +369,15 @@ def analyze(
         "quantizers": quantizers,
         "not_scored": not_scored,
         "quantizer_info": _quantizer_info(store, quantizers),
-        **utility,
+        **_utility(cfg, store, table, quantizers, reference, n_boot, echo),
         "trajectory": trajectory_from_table(table),
         "indicator": indicator,
         "attacks": attacks,
         "memorization": memorization,
         "blind_baseline": blind,
-        "indicators": indicators,
+        "indicators": candidates,
         **risks,
         "thresholds": cfg.report.model_dump(exclude={"processes"}),  # how the stage runs is not a threshold
     }
-    typed = _typed(result)
-    _write_results(store, typed)
+    _write_results(store, typed := _typed(result))
     return typed

@@ -27,11 +27,10 @@ from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
+from llmaudit.report.models import REPORT_SCHEMA_VERSION
 from llmaudit.report.policy import checklist_tpr, release_checklist, thresholds_of
 from llmaudit.report.recommend import explain_recommendation, recommend
 from llmaudit.report.utility import utility_summary
-
-REPORT_SCHEMA_VERSION = 4
 
 VULNERABLE_TOP_K = 20
 
@@ -41,9 +40,7 @@ def _recorded_samples(
 ) -> tuple[str | None, list[SampleScore] | None, str | None]:
     """(attack, samples, score definition) recorded for the reference quantizer (block: its attacks in the result,
     row: its grid row): the samples of its best attack that recorded some, else the quantizer's own list."""
-    order = (
-        sorted(row["attacks"], key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0)) if row else []
-    )
+    order = sorted(row["attacks"], key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0)) if row else []
     for name in order:
         entry = block.attacks.get(name)
         if entry is not None and entry.vulnerable_samples:
@@ -147,7 +144,7 @@ def _provenance(result: AnalysisResult) -> dict[str, Any]:
         "indicator_protocol": result.r_q.protocol if result.r_q is not None else None,
         "model_source": exp.model_source,
         "origin": exp.origin,
-        "left_out_quantizers": dict(exp.left_out_quantizers or {}),
+        "left_out_quantizers": dict(exp.left_out_quantizers),
     }
 
 
@@ -171,9 +168,7 @@ def blind_summary(blind: BlindBaselineResult | None, grid: list[dict[str, Any]])
     not_beating = {}
     for row in grid:
         names = [
-            n
-            for n, a in row["attacks"].items()
-            if a["auroc"] is not None and bound is not None and a["auroc"] <= bound
+            n for n, a in row["attacks"].items() if a["auroc"] is not None and bound is not None and a["auroc"] <= bound
         ]
         if names:
             not_beating[row["quantizer"]] = names
@@ -237,6 +232,17 @@ def indicators_summary(result: AnalysisResult, grid: list[dict[str, Any]]) -> di
     return {"primary": ind.primary, "indicators": shown}
 
 
+def _agreement_verdict(rho: float, p: float | None, alpha: float) -> tuple[str, str]:
+    """(the observed sign of rho, the verdict against the expected negative sign at significance alpha)."""
+    observed = "negative" if rho < 0 else ("positive" if rho > 0 else "zero")
+    significant = p is not None and p < alpha
+    if observed == "negative":
+        return observed, "agrees" if significant else "leans the expected way (not significant)"
+    if observed == "positive":
+        return observed, "contradicts" if significant else "leans the opposite way (not significant)"
+    return observed, "no relation"
+
+
 def indicator_agreement(
     r_q_vs_best: dict[str, Any], per_attack: SpearmanVsRQ | None, *, alpha: float = 0.05, label: str = "r_Q"
 ) -> dict[str, Any]:
@@ -274,14 +280,7 @@ def indicator_agreement(
             "verdict": "not measurable",
             "sentence": f"r_Q cannot be compared with the attacks here ({head.get('reason') or 'too few quantizers'}).",
         }
-    observed = "negative" if rho < 0 else ("positive" if rho > 0 else "zero")
-    significant = p is not None and p < alpha
-    if observed == "negative":
-        verdict = "agrees" if significant else "leans the expected way (not significant)"
-    elif observed == "positive":
-        verdict = "contradicts" if significant else "leans the opposite way (not significant)"
-    else:
-        verdict = "no relation"
+    observed, verdict = _agreement_verdict(rho, p, alpha)
     consequence = {
         "agrees": " with the attacks",
         "contradicts": " the attacks: it ranks quantizers as MORE secure where the attacks are STRONGER",
@@ -317,7 +316,9 @@ def _memorization_summary(mem: MemorizationResult | None, order: list[str]) -> d
                 k: {"mean": finite_or_none(v.mean), "ci": interval_or_none(v.low, v.high)} for k, v in stats.items()
             }
     cap = mem.capacity or Capacity()
-    ratios = sorted(r for r in (finite_or_none(r.adapter_capacity_over_information) for r in cap.per_run) if r is not None)
+    ratios = sorted(
+        r for r in (finite_or_none(r.adapter_capacity_over_information) for r in cap.per_run) if r is not None
+    )
     return {
         "definition": mem.definition,
         "reference": mem.reference,
@@ -336,17 +337,29 @@ def _dumped(block: BaseModel | None) -> Any:
     return None if block is None else block.model_dump(mode="json", by_alias=True)
 
 
+def _sections(result: AnalysisResult, grid: list[dict[str, Any]], r_q_vs_best: dict[str, Any]) -> dict[str, Any]:
+    """The report's sections beside the grid: r_Q against the attacks, memorization, the blind baseline, the
+    candidate indicators, utility."""
+    spearman_vs_r_q = result.attacks.spearman_vs_r_q
+    return {
+        "indicator_agreement": indicator_agreement(r_q_vs_best, spearman_vs_r_q),
+        "spearman_r_q_vs_attacks": _dumped(spearman_vs_r_q),
+        "indicator_stability": result.r_q.stability if result.r_q is not None else None,
+        "memorization": _memorization_summary(result.memorization, [r["quantizer"] for r in grid]),
+        "not_scored": dict(result.not_scored),
+        "blind_baseline": blind_summary(result.blind_baseline, grid),
+        "indicators": indicators_summary(result, grid),
+        "utility": utility_summary(result),
+    }
+
+
 def build_report(
-    result: AnalysisResult | dict[str, Any],
-    *,
-    include_samples: bool = False,
-    sample_records: list[dict] | None = None,
+    result: AnalysisResult | dict[str, Any], *, include_samples: bool = False, sample_records: list[dict] | None = None
 ) -> dict[str, Any]:
     """The report object every rendering is made from.
 
     Args:
-        result: the analysis result (`llmaudit.analyze.result.AnalysisResult`; results/result.json's content is
-            parsed with it).
+        result: the analysis result (`AnalysisResult`, or results/result.json's content, parsed with it).
         include_samples: add the most vulnerable samples' text.
         sample_records: data/pool.jsonl's records (with include_samples).
 
@@ -364,8 +377,6 @@ def build_report(
     recommendation = recommend(grid, checklist)
     provenance = _provenance(result)
     recommendation["explanation"] = explain_recommendation(recommendation, checklist, grid, provenance)
-    decision = result.attacks.decision
-    spearman_vs_r_q = result.attacks.spearman_vs_r_q
     report = {
         "report_schema_version": REPORT_SCHEMA_VERSION,
         "llmaudit_version": result.llmaudit_version,
@@ -373,24 +384,18 @@ def build_report(
         "include_samples": bool(include_samples),
         "non_finite_policy": "NaN and +-inf are written as null (strict JSON); counts and reasons beside them say why",
         "provenance": provenance,
-        "decision_rule": None if decision is None else _dumped(decision.rule),
+        "decision_rule": None if result.attacks.decision is None else _dumped(result.attacks.decision.rule),
         "reference_quantizer": result.reference_quantizer,
         "quantizers": [r["quantizer"] for r in grid],
         "grid": grid,
         "checklist": checklist,
         "recommendation": recommendation,
         "r_q_vs_best_attack": r_q_vs_best,
-        "indicator_agreement": indicator_agreement(r_q_vs_best, spearman_vs_r_q),
-        "spearman_r_q_vs_attacks": _dumped(spearman_vs_r_q),
-        "indicator_stability": result.r_q.stability if result.r_q is not None else None,
-        "memorization": _memorization_summary(result.memorization, [r["quantizer"] for r in grid]),
-        "not_scored": dict(result.not_scored or {}),
-        "blind_baseline": blind_summary(result.blind_baseline, grid),
-        "indicators": indicators_summary(result, grid),
-        "utility": utility_summary(result),
-        "vulnerable_samples": vulnerable_samples_summary(
-            result, grid, include_samples=include_samples, records=sample_records
-        ),
+    } | _sections(result, grid, r_q_vs_best)
+    report["vulnerable_samples"] = vulnerable_samples_summary(
+        result, grid, include_samples=include_samples, records=sample_records
+    )
+    report |= {
         "extraction": _dumped(result.extraction),
         "release_sets": [_dumped(s) for s in result.release_sets or []],
         "epsilon": _dumped(result.epsilon),

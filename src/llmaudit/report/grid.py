@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
-from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.analyze.result import AnalysisResult, QuantizerInfo, UtilityEntry
 from llmaudit.analyze.result_blocks import (
     AttackResult,
@@ -15,6 +14,7 @@ from llmaudit.analyze.result_blocks import (
     QuantizerAttacks,
     RQEntry,
 )
+from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.stats import spearman
 from llmaudit.report.policy import checklist_tpr
 from llmaudit.report.utility import divergence_row, task_metric_row

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from llmaudit.analyze.decision.models import QuantizerDecision
-from llmaudit.report.model_base import Interval, Num, Stat, Status, _Open
+from llmaudit.analyze.decision.models import DecisionRule, QuantizerDecision, Verdict
 from llmaudit.report.models_context import (
     Adapter,
     AttackSettings,
@@ -38,6 +37,7 @@ from llmaudit.report.models_context import (
     VulnerableSamples,
 )
 from llmaudit.report.models_risks import EpsilonSection, ExtractionSection, ReleaseSetEntry
+from llmaudit.report.schema_base import CriterionStatus, Interval, Num, Stat, _Open, schema_required
 
 __all__ = [
     "Adapter",
@@ -209,11 +209,8 @@ class GridRow(_Open):
     best_attack: BestAttack | None = None
     best_attack_by_auroc: BestAttack | None = None
     strongest_vs_loss: StrongestVsLoss | None = None
-    decision: dict[str, Any] | None = None
-
-    def decided(self) -> QuantizerDecision | None:
-        """The release rule's typed decision (with the paired comparison); None before the rule existed."""
-        return None if self.decision is None else QuantizerDecision.model_validate(self.decision)
+    decision: QuantizerDecision | None = None
+    """The release rule's decision (with the paired comparison); None in a report.json without the rule."""
 
 
 # ------------------------------------------------------------------------------------------ checklist
@@ -234,7 +231,7 @@ class AttackVerdict(_Open):
     judged: bool | None = None
     reason: str | None = None
     realised_fpr: Num = None
-    status: Status | None = None
+    status: CriterionStatus | None = None
     ci: Interval = None
     reliable: bool | None = None
 
@@ -257,7 +254,7 @@ class Criterion(_Open):
     confidence: Num = None
     reliable: bool | None = None
     interval_over: str | None = None
-    status: Status
+    status: CriterionStatus
     reason: str
     mode: str | None = None
     in_sample_max: InSampleMax | None = None
@@ -268,7 +265,7 @@ class Criterion(_Open):
 
 
 class QuantizerChecklist(_Open):
-    overall: Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED"]
+    overall: Verdict
     criteria: list[Criterion] = Field(min_length=3)
 
     def criterion(self, cid: str) -> Criterion:
@@ -301,7 +298,7 @@ class Recommendation(_Open):
     optional_keys = frozenset({"comparison", "candidates", "ranking", "runner_up"})
     quantizer: str | None = None
     rule: str = ""
-    overall: Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED"] | None = None
+    overall: Verdict | None = None
     cleared_for_release: bool = False
     reason: str = ""
     comparison: str | None = None
@@ -311,22 +308,26 @@ class Recommendation(_Open):
     explanation: str | None = None
 
 
-class DecisionRule(_Open):
-    """The release rule as the analysis recorded it (limit, FPR, alpha, equivalence margin, mode, statements)."""
+REPORT_SCHEMA_VERSION = 4
+"""The version of report.json this llmaudit writes."""
 
-    optional_keys = frozenset({"limit", "fpr", "alpha", "margin", "mode", "statements"})
-    limit: Num = None
-    fpr: Num = None
-    alpha: Num = None
-    margin: Num = None
-    mode: str | None = None
-    statements: list[str] = []
+
+def _report_schema(schema: dict[str, Any], cls: type[_Open]) -> None:
+    """ReportJson's JSON Schema beyond its fields' own: the required keys, and the privacy of the report itself (a
+    report without include_samples carries no sample text)."""
+    schema_required(schema, cls)
+    schema["if"] = {"properties": {"include_samples": {"const": False}}}
+    schema["then"] = {
+        "properties": {"vulnerable_samples": {"properties": {"samples": {"items": {"not": {"required": ["text"]}}}}}}
+    }
 
 
 class ReportJson(_Open):
     """report.json: everything every rendering shows (`llmaudit.report.build.build_report`)."""
 
-    report_schema_version: int
+    model_config = ConfigDict(extra="allow", json_schema_extra=_report_schema, populate_by_name=True)
+    report_schema_version: int = Field(json_schema_extra={"const": REPORT_SCHEMA_VERSION})
+    """The version of report.json (any version parses; the schema is this llmaudit's)."""
     llmaudit_version: str | None = None
     generated_utc: str | None = None
     include_samples: bool = False

@@ -89,7 +89,7 @@ def thresholds_of(result: AnalysisResult) -> dict[str, Any]:
     Returns:
         The thresholds (report section of the recipe).
     """
-    th = dict(result.thresholds or {})
+    th = dict(result.thresholds)
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
     th.setdefault("min_indicator", None)
     th.setdefault("utility_metric", "loss")

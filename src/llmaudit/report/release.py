@@ -19,7 +19,7 @@ DIRECTION_ORDER = {"LESS": 0, "SAME": 1, "CANNOT TELL": 2, "NOT MEASURED": 3, "M
 def decision_of(row: dict[str, Any] | GridRow) -> QuantizerDecision | None:
     """The typed decision of a grid row (built or read); None for a report.json written before the release rule."""
     if isinstance(row, GridRow):
-        return row.decided()
+        return row.decision
     raw = row.get("decision")
     return None if raw is None else QuantizerDecision.model_validate(raw)
 

@@ -12,7 +12,6 @@ import math
 from typing import Any
 
 from llmaudit.analyze.fidelity import SUMMARY_KEYS
-from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.analyze.result import (
     AnalysisResult,
     DivergenceResult,
@@ -23,6 +22,7 @@ from llmaudit.analyze.result import (
     TaskMetricResult,
     TaskMetricsResult,
 )
+from llmaudit.common.formatting import finite_or_none, interval_or_none
 
 DIVERGENCE_KEYS = SUMMARY_KEYS
 """The divergence statistics of each quantizer's row: the per-run statistics the analysis averages over runs."""
@@ -181,8 +181,8 @@ def utility_summary(result: AnalysisResult) -> dict[str, Any]:
         "divergence_reference": divergence.reference_quantizer,
         "tasks_measured": bool(tasks.measured),
         "tasks_reason": tasks.reason,
-        "task_metrics": dict(tasks.metrics or {}),
-        "tasks_not_measured": dict(tasks.not_measured or {}),
+        "task_metrics": dict(tasks.metrics),
+        "tasks_not_measured": dict(tasks.not_measured),
         "generation_samples": tasks.n_samples or len(generation.sample_ids or []) or None,
         "generation_max_new_tokens": generation.max_new_tokens,
         "generation_decoding": generation.decoding,

@@ -454,7 +454,7 @@ def attacks_with_evidence(
     processes: int = 1,
     rows_of: QuantizerRows | None = None,
     **settings,
-) -> dict:
+) -> tuple[dict, dict[str, QuantizerEvidence]]:
     """Run every attack on a validated loss table, each run in turn as the target (leave-one-out).
 
     For each quantizer: each run's FINAL checkpoint (max checkpoint per run) on split "pool"; samples
@@ -467,9 +467,8 @@ def attacks_with_evidence(
     `decision` settings, the release decision of every quantizer and its paired comparison with the reference
     (`llmaudit.analyze.decision`) are added as "decision". processes: the quantizers are attacked in this many
     worker processes (`attack_quantizers`; the same numbers). rows_of: with a light table (`store_table`: the pool
-    rows without token lists), reads each quantizer's rows whole for its attacks. Returns (the attacks' result: JSON
-    content but for "decision", the typed `ReleaseDecision`; {quantizer: the `QuantizerEvidence` the decision read},
-    empty without `decision` settings)."""
+    rows without token lists), reads each quantizer's rows whole for its attacks. Returns (the result, JSON content
+    but "decision": a `ReleaseDecision`; {quantizer: the `QuantizerEvidence` the decision read}, empty without it)."""
     s = _settings(settings)
     quantizers = _attacked_quantizers(df, quantizers, rows_of)
     reference = _reference_name(quantizers, reference_quantizer)
