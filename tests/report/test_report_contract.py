@@ -22,7 +22,7 @@ from llmaudit.report.plots import render_all
 from llmaudit.report.schema import REPORT_SCHEMA, validate_report
 from llmaudit.report.terminal import summary_text
 
-LANDED = Path(__file__).parent / "fixtures" / "report_landed_ae578c7.json.gz"  # report.json of the landed ae578c7
+LANDED = Path(__file__).parent / "fixtures" / "report_schema_v4_untyped_writer.json.gz"  # v4, written from dicts
 
 
 @pytest.fixture(scope="module")

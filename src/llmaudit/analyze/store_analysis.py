@@ -40,7 +40,7 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.config.fields import FULL_PLACEHOLDER
 from llmaudit.quantize import full_precision_reference, get_quantizer
 from llmaudit.score.utility import recorded_settings
-from llmaudit.store.integrity import verify_store
+from llmaudit.store.integrity import StoreVerdict, verify_store
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError
 from llmaudit.store.run_store import RunStore, content_digest
 
@@ -53,13 +53,8 @@ class AnalysisError(UserError):
     """The store cannot be analysed as it is: the message names the files and the command that repairs them."""
 
 
-def load_store_table(
-    store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None, *, echo=print
-) -> tuple[StoreTable, list[str], dict[str, int]]:
-    """The verified loss tables of the quantizers whose every unit is done (a `StoreTable`: the attacks read the
-    token lists quantizer by quantizer), the quantizers read, and
-    {quantizer: units missing} for those left out. Refuses a store with any problem (`verify_store`):
-    an edited manifest, a missing checkpoint, a unit that fails its check, unfinished runs."""
+def _verified(store: RunStore, cfg: ExperimentConfig, echo) -> StoreVerdict:
+    """The store's verdict (`verify_store`), its notes echoed; refused with any problem or an unfinished run."""
     verdict = verify_store(store, cfg)
     if not verdict.ok:
         raise AnalysisError(verdict.message(store))
@@ -70,6 +65,30 @@ def load_store_table(
         raise AnalysisError(
             f"runs {unfinished} of {store.root} are not finished; `llmaudit finetune` finishes them first."
         )
+    return verdict
+
+
+def load_store_table(
+    store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None, *, echo=print
+) -> tuple[StoreTable, list[str], dict[str, int]]:
+    """The verified loss tables of the quantizers whose every unit is done.
+
+    Refuses a store with any problem (`verify_store`) or an unfinished run.
+
+    Args:
+        store: the run store.
+        cfg: its experiment config.
+        quantizers: the quantizers asked for (default: every one scored).
+        echo: where notes go.
+
+    Returns:
+        (the tables, a `StoreTable`: the attacks read the token lists quantizer by quantizer; the quantizers read;
+        {quantizer: units missing} for those left out).
+
+    Raises:
+        AnalysisError: the store has a problem, or no quantizer is completely scored.
+    """
+    verdict = _verified(store, cfg, echo)
     wanted = list(quantizers or store.scored_quantizers())
     unknown = [q for q in wanted if q not in store.scored_quantizers()]
     if unknown:
@@ -104,7 +123,7 @@ def load_store_table(
 def _attacks(
     cfg: ExperimentConfig, manifest: dict, store_table: StoreTable, quantizers: list[str], reference: str, r_q: dict
 ) -> tuple[dict, dict]:
-    """(the attacks' result block, {quantizer: the evidence the release decision read})."""
+    """(the attacks' result block, {quantizer: the evidence the release decision read}); r_q: the r_Q indicator."""
     membership = manifest["membership"]
     table = store_table.light
     with warnings.catch_warnings():
@@ -119,7 +138,7 @@ def _attacks(
             seed=cfg.attack.seed,
             n_pool=membership["pool_size"],
             n_train=float(np.mean(membership["n_train"])),
-            r_q=r_q,
+            r_q={q: e["r_q"]["mean"] for q, e in r_q["per_quantizer"].items()},
             reference_quantizer=reference,
             decision=decision_settings(cfg),
             processes=cfg.report.processes or available_cores(),
@@ -131,8 +150,18 @@ def _attacks(
 
 
 def release_sets_of(cfg: ExperimentConfig, scored: list[str]) -> list[list[str]]:
-    """report.release_sets with the placeholder `full` named for the store (its full-precision quantizer), each
-    name checked to be among `scored` (RecipeError, one line naming the set and the closest name)."""
+    """report.release_sets with the placeholder `full` named for the store (its full-precision quantizer).
+
+    Args:
+        cfg: the experiment config.
+        scored: the quantizers scored in the store.
+
+    Returns:
+        The release sets, each a list of quantizer names.
+
+    Raises:
+        RecipeError: a set names a quantizer not among `scored` (one line naming the set and the closest name).
+    """
     full = full_precision_reference(scored)
     sets = [
         [full if name == FULL_PLACEHOLDER and full else name for name in files] for files in cfg.report.release_sets
@@ -162,7 +191,14 @@ def _release_risks(
 
 
 def decision_settings(cfg: ExperimentConfig) -> DecisionSettings:
-    """The release rule's settings from a recipe's report section (docs/science.md section 12)."""
+    """The release rule's settings from a recipe's report section (docs/science.md section 12).
+
+    Args:
+        cfg: the experiment config.
+
+    Returns:
+        The settings.
+    """
     r = cfg.report
     return DecisionSettings(
         limit=r.max_tpr_at_1pct_fpr,
@@ -278,8 +314,15 @@ def _utility(
 
 
 def utility_settings(store: RunStore, quantizers: list[str]) -> dict[str, Any] | None:
-    """The utility settings recorded by the final units of the first run (docs/science.md section 11), None
-    when none recorded any (an earlier llmaudit)."""
+    """The utility settings recorded by the final units of the first run (docs/science.md section 11).
+
+    Args:
+        store: the run store.
+        quantizers: the quantizers reported.
+
+    Returns:
+        The settings, None when no unit recorded any.
+    """
     steps = store.checkpoints(0) if store.run_done(0) else []
     for q in quantizers:
         if steps and store.unit_path(0, steps[-1], q).exists():
@@ -345,8 +388,7 @@ def analyze(
         The typed result (`AnalysisResult`), as written to results/result.json.
 
     Raises:
-        AnalysisError: the store cannot be analysed as it is (the message names the files and the fix).
-    """
+        AnalysisError: the store cannot be analysed as it is (the message names the files and the fix)."""
     manifest = store.manifest()
     release_sets_of(cfg, quantizers or store.scored_quantizers())  # refused before any work
     store_table, quantizers, not_scored = load_store_table(store, cfg, quantizers, echo=echo)
@@ -355,8 +397,7 @@ def analyze(
     n_boot = max(cfg.attack.n_boot, 200)
     indicator = _r_q(cfg, table, quantizers, n_boot, echo)
     echo("[analyze] attacks ...")
-    r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
-    attacks, evidence = _attacks(cfg, manifest, store_table, quantizers, reference, r_q_means)
+    attacks, evidence = _attacks(cfg, manifest, store_table, quantizers, reference, indicator)
     risks = _release_risks(cfg, store, table, evidence, quantizers, reference, echo)
     memorization = _memorization(table, manifest, cfg, n_boot, echo)
     echo("[analyze] candidate indicators and blind baseline ...")

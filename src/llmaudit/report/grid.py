@@ -164,9 +164,15 @@ def _best_attacks(attacks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | 
 
 
 def strongest_vs_loss(attacks: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The strongest attack on one quantizer and how much stronger than LOSS it is: by calibrated TPR at 1%
-    FPR (the checklist's number; ties broken by AUROC) and by AUROC, each with LOSS's value and the
-    difference (strongest minus LOSS). None without a LOSS result."""
+    """The strongest attack on one quantizer and how much stronger than LOSS it is.
+
+    Args:
+        attacks: the grid row's attacks (`attack_summary`).
+
+    Returns:
+        By calibrated TPR at 1% FPR (the checklist's number; ties broken by AUROC) and by AUROC, the strongest
+        attack's value with LOSS's value and the difference (strongest minus LOSS); None without a LOSS result.
+    """
     loss = attacks.get("loss")
     if loss is None:
         return None
@@ -263,7 +269,14 @@ def grid_rows(result: AnalysisResult) -> list[dict[str, Any]]:
 
 
 def r_q_vs_best_attack(grid: list[dict[str, Any]]) -> dict[str, Any]:
-    """Spearman rho across quantizers between mean r_Q and the best attack's metric (expected negative)."""
+    """Spearman rho across quantizers between mean r_Q and the best attack's metric (expected negative).
+
+    Args:
+        grid: the report's grid rows.
+
+    Returns:
+        {metric: the correlation with its p-value and the number of quantizers}.
+    """
     out: dict[str, Any] = {}
     for metric, key in (("tpr_at_1pct_calibrated", "best_attack"), ("auroc", "best_attack_by_auroc")):
         pairs = [(r["r_q"]["mean"], (r[key] or {}).get("value")) for r in grid]

@@ -1,8 +1,9 @@
 """The typed contract of report.json: pydantic models of what the renderers read, from which report.json is
 written (`dump_report`) and its JSON Schema generated (`llmaudit.report.schema`).
 
-Reading: `as_report(report)` parses a report dict once (a fresh one or a report.json of an earlier llmaudit); a key
-an earlier report lacks takes the field's default. Writing: `dump_report(report)` validates the built report with
+Reading: `as_report(report)` parses a report dict once (a fresh one or a report.json of any version); a key a
+report.json lacks takes the field's default. The release decision of each grid row is the analysis' own model
+(`llmaudit.analyze.decision.models.QuantizerDecision`). Writing: `dump_report(report)` validates the built report with
 `current=True`: every field the current builder writes must be there (a renamed key fails loudly instead of
 reading as None), then serializes it key for key, in the order it was built (`_Open` keeps the order it read).
 Sections with open-ended keys (`extra="allow"`) keep the keys the model does not name.
@@ -81,7 +82,15 @@ class AttackEntry(_Open):
     low_fpr: dict[str, dict[str, TprAt]] = {}
 
     def tpr_at(self, evaluation: str, key: str) -> TprAt | None:
-        """The TPR at FPR `key` ("0.01") under `evaluation` ("pooled_calibrated"), None where not measured."""
+        """The TPR at one FPR under one evaluation.
+
+        Args:
+            evaluation: "pooled_naive", "pooled_calibrated" or "per_sample".
+            key: the FPR ("0.01").
+
+        Returns:
+            The TPR with its interval, None where not measured.
+        """
         return self.low_fpr.get(evaluation, {}).get(key)
 
 
@@ -269,6 +278,14 @@ class QuantizerChecklist(_Open):
     criteria: list[Criterion] = Field(min_length=3)
 
     def criterion(self, cid: str) -> Criterion:
+        """One criterion of the quantizer.
+
+        Args:
+            cid: its id ("attack_tpr", "r_q", "indicator", "utility").
+
+        Returns:
+            The criterion.
+        """
         return next(c for c in self.criteria if c.id == cid)
 
 
@@ -312,6 +329,12 @@ REPORT_SCHEMA_VERSION = 4
 """The version of report.json this llmaudit writes."""
 
 
+def _this_version(schema: dict[str, Any]) -> None:
+    """The schema of report_schema_version: the version this llmaudit writes."""
+    schema.clear()
+    schema["const"] = REPORT_SCHEMA_VERSION
+
+
 def _report_schema(schema: dict[str, Any], cls: type[_Open]) -> None:
     """ReportJson's JSON Schema beyond its fields' own: the required keys, and the privacy of the report itself (a
     report without include_samples carries no sample text)."""
@@ -326,7 +349,7 @@ class ReportJson(_Open):
     """report.json: everything every rendering shows (`llmaudit.report.build.build_report`)."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra=_report_schema, populate_by_name=True)
-    report_schema_version: int = Field(json_schema_extra={"const": REPORT_SCHEMA_VERSION})
+    report_schema_version: int = Field(json_schema_extra=_this_version)
     """The version of report.json (any version parses; the schema is this llmaudit's)."""
     llmaudit_version: str | None = None
     generated_utc: str | None = None
@@ -356,24 +379,64 @@ class ReportJson(_Open):
     result: dict[str, Any] = {}
 
     def row(self, quantizer: str) -> GridRow:
+        """The grid row of one quantizer.
+
+        Args:
+            quantizer: its name.
+
+        Returns:
+            The row.
+        """
         return next(r for r in self.grid if r.quantizer == quantizer)
 
     def criteria(self, quantizer: str) -> dict[str, Criterion]:
+        """The checklist's criteria of one quantizer.
+
+        Args:
+            quantizer: its name.
+
+        Returns:
+            {criterion id: criterion}.
+        """
         return {c.id: c for c in self.checklist.per_quantizer[quantizer].criteria}
 
 
 def as_report(report: dict[str, Any] | ReportJson) -> ReportJson:
-    """The typed report: `report` itself when already parsed, else parsed once (any report.json version)."""
+    """The typed report: `report` itself when already parsed, else parsed once (any report.json version).
+
+    Args:
+        report: report.json's content, or the typed report.
+
+    Returns:
+        The typed report.
+    """
     return report if isinstance(report, ReportJson) else ReportJson.model_validate(report)
 
 
 def read_built(report: dict[str, Any]) -> ReportJson:
-    """The report just built, typed: every key the current builder writes required (raises
-    pydantic.ValidationError naming the section and the key), so that a renamed key fails here, not as a None."""
+    """The report just built, typed, with every key the current builder writes required, so that a renamed key
+    fails here, not as a None.
+
+    Args:
+        report: the built report (`llmaudit.report.build.build_report`).
+
+    Returns:
+        The typed report.
+
+    Raises:
+        pydantic.ValidationError: naming the section and the key.
+    """
     return ReportJson.model_validate(report, context={"current": True})
 
 
 def dump_report(report: dict[str, Any] | ReportJson) -> dict[str, Any]:
-    """report.json's content: the built report typed (`read_built`), serialized key for key as it was built."""
+    """report.json's content: the built report typed (`read_built`), serialized key for key as it was built.
+
+    Args:
+        report: the built report, or the typed one.
+
+    Returns:
+        The JSON content.
+    """
     model = report if isinstance(report, ReportJson) else read_built(report)
     return model.model_dump(mode="json", exclude_unset=True, by_alias=True)

@@ -15,7 +15,8 @@ class ReportSchemaError(ValueError):
 
 
 def report_schema() -> dict[str, Any]:
-    """report.json's JSON Schema (draft 2020-12), generated from ReportJson, for the version this llmaudit writes.
+    """report.json's JSON Schema (the draft `jsonschema.Draft202012Validator` checks), generated from ReportJson,
+    for the version this llmaudit writes.
 
     Returns:
         The schema.
@@ -31,8 +32,15 @@ REPORT_SCHEMA: dict[str, Any] = report_schema()
 
 
 def validate_report(report: dict[str, Any]) -> None:
-    """Raise ReportSchemaError listing every place where `report` does not match REPORT_SCHEMA, or where it
-    is not strict JSON (a NaN or inf anywhere)."""
+    """Check a built report against REPORT_SCHEMA and strict JSON.
+
+    Args:
+        report: the built report.
+
+    Raises:
+        ReportSchemaError: listing every place where `report` does not match, or where it is not strict JSON (a NaN
+            or inf anywhere).
+    """
     import jsonschema
 
     try:

@@ -124,23 +124,37 @@ def metric_estimate(row: dict[str, Any], metric: str, limit: float | None) -> di
 
 
 def pareto_front(points: list[tuple[float, float]], *, lower_x_is_better: bool) -> list[bool]:
-    """Which points [(x, y)] are on the Pareto front when lower y is better and x is better lower (KL) or higher
-    (a task metric): a point is on it unless another is at least as good in both and better in one."""
+    """Which points are on the Pareto front: a point is on it unless another is at least as good in both
+    coordinates and better in one.
 
-    def better_or_equal(a, b):
+    Args:
+        points: [(x, y)], lower y better.
+        lower_x_is_better: x is better lower (KL) or higher (a task metric).
+
+    Returns:
+        Per point, whether it is on the front.
+    """
+
+    def _better_or_equal(a, b):
         ax, bx = (a[0], b[0]) if lower_x_is_better else (-a[0], -b[0])
         return ax <= bx and a[1] <= b[1]
 
     out = []
     for i, p in enumerate(points):
-        dominated = any(better_or_equal(q, p) and q != p for j, q in enumerate(points) if j != i)
+        dominated = any(_better_or_equal(q, p) and q != p for j, q in enumerate(points) if j != i)
         out.append(not dominated)
     return out
 
 
 def indistinguishable_by_kl(grid: list[dict[str, Any]]) -> list[list[str]]:
-    """Groups of quantizers (two or more, in KL order) whose mean KL intervals overlap a neighbour's: KL does not
-    order them (near-lossless quantizers typically)."""
+    """Groups of quantizers whose mean KL intervals overlap a neighbour's: KL does not order them.
+
+    Args:
+        grid: the report's grid rows.
+
+    Returns:
+        The groups (two quantizers or more each, in KL order).
+    """
     rows = []
     for r in grid:
         mean, ci = _at(r, "utility", "divergence", "kl_mean", "mean"), _at(r, "utility", "divergence", "kl_mean", "ci")

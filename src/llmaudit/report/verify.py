@@ -34,7 +34,16 @@ UNCHECKED = ("generated_utc", "plots")
 
 
 def first_difference(shown: Any, derived: Any, where: str = "") -> str | None:
-    """The dotted path of the first value where `shown` and `derived` (plain data) differ, or None when equal."""
+    """The dotted path of the first value where two reports (plain data) differ.
+
+    Args:
+        shown: report.json's content.
+        derived: what its analysis gives.
+        where: the path of `shown` within the whole report.
+
+    Returns:
+        The path, None when they are equal.
+    """
     if isinstance(shown, dict) and isinstance(derived, dict):
         for key in [*shown, *(k for k in derived if k not in shown)]:
             found = first_difference(shown.get(key), derived.get(key), f"{where}.{key}" if where else str(key))
