@@ -159,6 +159,7 @@ class AttackResult(ResultBlock):
     pooled_calibrated: Evaluation | None = None
     per_sample: Evaluation | None = None
     not_measured: dict[str, str] = {}
+    headline: dict[str, Num] = {}
     vulnerable_samples: list[SampleScore] | None = None
 
 
