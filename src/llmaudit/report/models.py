@@ -329,16 +329,11 @@ REPORT_SCHEMA_VERSION = 4
 """The version of report.json this llmaudit writes."""
 
 
-def _this_version(schema: dict[str, Any]) -> None:
-    """The schema of report_schema_version: the version this llmaudit writes."""
-    schema.clear()
-    schema["const"] = REPORT_SCHEMA_VERSION
-
-
 def _report_schema(schema: dict[str, Any], cls: type[_Open]) -> None:
-    """ReportJson's JSON Schema beyond its fields' own: the required keys, and the privacy of the report itself (a
-    report without include_samples carries no sample text)."""
+    """ReportJson's JSON Schema beyond its fields' own: the required keys, the version this llmaudit writes, and the
+    privacy of the report itself (a report without include_samples carries no sample text)."""
     schema_required(schema, cls)
+    schema["properties"]["report_schema_version"] = {"const": REPORT_SCHEMA_VERSION}
     schema["if"] = {"properties": {"include_samples": {"const": False}}}
     schema["then"] = {
         "properties": {"vulnerable_samples": {"properties": {"samples": {"items": {"not": {"required": ["text"]}}}}}}
@@ -349,7 +344,7 @@ class ReportJson(_Open):
     """report.json: everything every rendering shows (`llmaudit.report.build.build_report`)."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra=_report_schema, populate_by_name=True)
-    report_schema_version: int = Field(json_schema_extra=_this_version)
+    report_schema_version: int
     """The version of report.json (any version parses; the schema is this llmaudit's)."""
     llmaudit_version: str | None = None
     generated_utc: str | None = None
