@@ -169,12 +169,12 @@ def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
 
 def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     """The attack criterion: the release rule's decision (`llmaudit.report.release`); a result without one is judged
-    attack by attack (`_legacy_attack_tpr_criterion`)."""
+    attack by attack (`_per_attack_tpr_criterion`)."""
     decision = decision_of(row)
-    return _legacy_attack_tpr_criterion(row, th) if decision is None else attack_criterion(row, decision)
+    return _per_attack_tpr_criterion(row, th) if decision is None else attack_criterion(row, decision)
 
 
-def _legacy_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+def _per_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     """A result written without the release rule's decision: every attack judged on its own calibrated TPR and 95%
     interval (`judge`), at least min_runs runs; the worst verdict over the attacks."""
     limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
