@@ -434,14 +434,16 @@ def _attacked_quantizers(df: pd.DataFrame, asked: Sequence[str] | None, rows_of:
 
 
 def run_attacks(df: pd.DataFrame, **settings) -> dict:
-    """The attacks' result of `attacks_with_evidence` (`df` and the same keywords) as JSON content, no evidence.
+    """The attacks' result of `attacks_with_evidence` as JSON content, without the evidence.
+
+    Args:
+        df: the validated loss table.
+        **settings: the keywords of `attacks_with_evidence`.
 
     Returns:
         The result, its release decision (with `decision` settings) dumped as JSON."""
     out = attacks_with_evidence(df, **settings)[0]
-    if out.get("decision") is not None:
-        out["decision"] = out["decision"].model_dump(mode="json")
-    return out
+    return out | {"decision": out["decision"].model_dump(mode="json")} if out.get("decision") is not None else out
 
 
 def attacks_with_evidence(
