@@ -33,6 +33,7 @@ import importlib
 import importlib.util
 import json
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -46,10 +47,8 @@ from threadpoolctl import threadpool_limits
 from llmaudit.analyze import metrics, roc_kernel
 from llmaudit.analyze.attacks.catalog import ez_mia_attacks, single_model, wbc_attacks
 from llmaudit.analyze.attacks.evaluate import run_attacks
-from llmaudit.analyze.attacks.ez_mia import ez_mia_score_per_sample
 from llmaudit.analyze.attacks.registry import registered_attacks
-from llmaudit.analyze.attacks.text import min_k_plus_plus_score_per_sample, min_k_score_per_sample
-from llmaudit.analyze.attacks.wbc import wbc_score_per_sample
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.common.runtime import available_cores
@@ -60,15 +59,18 @@ PAPER = {"runs": 20, "records": 20_000, "quantizers": 12, "resamples": 1000}
 synthetic_table = synthetic_loss_table  # the table `llmaudit plan` times too (llmaudit.analyze.cost)
 
 
-def _landed_decision():
-    """benchmarks/landed_decision.py, loaded by its path (this file also runs outside benchmarks/: the tests)."""
-    spec = importlib.util.spec_from_file_location("landed_decision", Path(__file__).with_name("landed_decision.py"))
+def _load(name: str, path: Path):
+    """A module loaded by its path (this file also runs outside benchmarks/: the tests), registered under `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass of the module looks its module up while it is built
     spec.loader.exec_module(module)
     return module
 
 
-LANDED_DECISION = _landed_decision()
+LANDED_DECISION = _load("landed_decision", Path(__file__).with_name("landed_decision.py"))
+REFERENCE = _load("reference_impls", Path(__file__).resolve().parents[1] / "tests" / "analyze" / "reference_impls.py")
+"""tests/analyze/reference_impls.py: the text attacks one text at a time, the bootstrap over distinct-score groups."""
 decide = importlib.import_module("llmaudit.analyze.decision.decide")  # the module (the package exports its function)
 
 
@@ -87,19 +89,15 @@ def landed_calibrated_threshold(alpha: float, n_ref=None, t_cutoff: float = metr
 @contextlib.contextmanager
 def landed():
     """The analysis as it landed before issue 33: WBC, EZ-MIA, min-k% and Min-K%++ one text at a time, the
-    bootstrap over distinct-score groups (all still in the library: `*_per_sample`, `bootstrap_ci(resampling=
-    Resampling(engine="groups"))`), the calibrated threshold's quantile per entry (`landed_calibrated_threshold`),
+    bootstrap over distinct-score groups (tests/analyze/reference_impls.py: `*_per_sample`,
+    `group_bootstrap_stats`), the calibrated threshold's quantile per entry (`landed_calibrated_threshold`),
     the decision's counts and AUROCs over every row of every resample (benchmarks/landed_decision.py)."""
     with (
-        mock.patch.object(wbc_attacks, "wbc_score", wbc_score_per_sample),
-        mock.patch.object(ez_mia_attacks, "ez_mia_score", ez_mia_score_per_sample),
-        mock.patch.object(single_model, "min_k_score", min_k_score_per_sample),
-        mock.patch.object(single_model, "min_k_plus_plus_score", min_k_plus_plus_score_per_sample),
-        mock.patch.object(
-            metrics,
-            "bootstrap_ci",
-            functools.partial(metrics.bootstrap_ci, resampling=metrics.Resampling(engine="groups")),
-        ),
+        mock.patch.object(wbc_attacks, "wbc_score", REFERENCE.wbc_score_per_sample),
+        mock.patch.object(ez_mia_attacks, "ez_mia_score", REFERENCE.ez_mia_score_per_sample),
+        mock.patch.object(single_model, "min_k_score", REFERENCE.min_k_score_per_sample),
+        mock.patch.object(single_model, "min_k_plus_plus_score", REFERENCE.min_k_plus_plus_score_per_sample),
+        mock.patch.object(metrics, "bootstrap_stats", REFERENCE.group_bootstrap_stats),
         mock.patch.object(metrics, "calibrated_threshold", landed_calibrated_threshold),
         mock.patch.object(decide, "calibrated_counts", LANDED_DECISION.landed_calibrated_counts),
         mock.patch.object(decide, "weighted_auroc", LANDED_DECISION.landed_weighted_auroc),
@@ -149,7 +147,7 @@ def analyse(df: pd.DataFrame, n_boot: int, decision: bool = False, attacks=regis
     settings = DecisionSettings(seed=0) if decision else None
     with warnings.catch_warnings(), clock.install(), threadpool_limits(limits=1):
         warnings.simplefilter("ignore")  # the synthetic table's own oddities (e.g. LiRA's normality check)
-        out = run_attacks(df, n_boot=n_boot, seed=0, decision=settings, attacks=attacks)
+        out = run_attacks(df, AttackRunSettings(n_boot=n_boot, seed=0, attacks=attacks), decision=settings)
     total = time.process_time() - start
     boot, dec = clock.seconds["intervals"], clock.seconds["decision"]
     return {

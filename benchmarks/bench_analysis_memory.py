@@ -29,6 +29,7 @@ import numpy as np
 
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.matrices import base_quantizer
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.memorization import memorization_from_table
 from llmaudit.analyze.store_table import Unit, read_store_table
@@ -64,7 +65,7 @@ def child(mode: str, units_file: Path, resamples: int) -> dict:
     else:
         store_table = read_store_table(units_file.parent, units)
         table, rows_of = store_table.light, store_table.rows_of
-    attacks = run_attacks(table, n_boot=resamples, seed=1, rows_of=rows_of)
+    attacks = run_attacks(table, AttackRunSettings(n_boot=resamples, seed=1), rows_of=rows_of)
     base_q = base_quantizer(table, "fp32")  # memorization's reference: the base model's unit under it alone
     memorization = memorization_from_table(table[(table["run"] != REFERENCE_RUN) | (table["quantizer"] == base_q)])
     seconds = time.perf_counter() - start

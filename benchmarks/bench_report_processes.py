@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.common.runtime import available_cores
@@ -28,7 +29,9 @@ def timed(df, processes: int, n_boot: int) -> tuple[float, dict]:
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic table's own oddities (e.g. LiRA's normality check)
-        out = run_attacks(df, n_boot=n_boot, seed=0, decision=DecisionSettings(seed=0), processes=processes)
+        out = run_attacks(
+            df, AttackRunSettings(n_boot=n_boot, seed=0), decision=DecisionSettings(seed=0), processes=processes
+        )
     return time.perf_counter() - start, out
 
 

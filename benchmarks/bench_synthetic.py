@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import time
@@ -22,10 +23,19 @@ from pathlib import Path
 
 import torch
 
-from llmaudit.validate.synthetic.classifier import init_linear, train_batched, train_per_run
+from llmaudit.validate.synthetic.classifier import init_linear, train_batched
 from llmaudit.validate.synthetic.config import load_config
 from llmaudit.validate.synthetic.data import derive_seed, make_dataset
 from llmaudit.validate.synthetic.outputs import validate_synthetic_command
+
+
+def _reference_impls():
+    """tests/validate/reference_impls.py (the per-run loop `train_per_run`), loaded by its path."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "validate" / "reference_impls.py"
+    spec = importlib.util.spec_from_file_location("synthetic_reference_impls", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def bench_trainer(n_runs: int, batch_size: int, overrides: list[str]) -> dict:
@@ -39,7 +49,7 @@ def bench_trainer(n_runs: int, batch_size: int, overrides: list[str]) -> dict:
     wb, bb = train_batched(*args, lr=cfg.lr, batch_size=cfg.batch_size)
     t_batched = time.perf_counter() - t
     t = time.perf_counter()
-    wr, br = train_per_run(*args, lr=cfg.lr, batch_size=cfg.batch_size)
+    wr, br = _reference_impls().train_per_run(*args, lr=cfg.lr, batch_size=cfg.batch_size)
     t_loop = time.perf_counter() - t
     diff = max((wb - wr).abs().max().item(), (bb - br).abs().max().item())
     return {

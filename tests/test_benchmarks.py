@@ -397,7 +397,7 @@ def test_bench_analysis_quick_times_both_paths_with_the_same_numbers(tmp_path, c
     assert "ratio" in printed and "growth exponent" in printed and "paper grid" in printed
     # the table holds what every attack reads: only the full-precision quantizer's matched base is missing (its
     # match is the base itself)
-    res = mod.run_attacks(mod.synthetic_table(6, 40, 2), n_boot=0, seed=0)
+    res = mod.run_attacks(mod.synthetic_table(6, 40, 2), mod.AttackRunSettings(n_boot=0, seed=0))
     assert res["quantizers"]["q1"]["skipped"] == {}
     assert set(res["quantizers"]["fp32"]["skipped"]) == {"ez_mia_qbase", "wbc_qbase", "ref_qbase"}
 

@@ -30,3 +30,12 @@ def test_an_internal_error_is_not_bad_input(raised, monkeypatch):
 def test_a_bad_shard_is_bad_input():
     code, _, err = run_cli(["score", "demo-cpu", "--shard", "5/2"])
     assert code == 2 and err.startswith("error: --shard '5/2'")
+
+
+@pytest.mark.parametrize("fpc", ["sometimes", "1.5"])
+def test_a_bad_attack_fpc_is_one_line_before_the_table_is_read(fpc, monkeypatch, tmp_path):
+    monkeypatch.setattr("llmaudit.store.losstable.read_loss_table", lambda *a, **k: pytest.fail("work started"))
+    code, _, err = run_cli(["attack", str(tmp_path / "scores"), "--fpc", fpc, "--out", str(tmp_path / "a.json")])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("error: --fpc: fpc must") and f"got {fpc}." in err.replace("'", "")
+    assert "Fix: --fpc auto, --fpc off, or a number in (0, 1]" in err

@@ -1,6 +1,7 @@
 """The shape the code keeps (docs/architecture.md): modules under 500 lines, functions under 50 lines and at most 8
 parameters (a command's typer signature, one parameter per option, excepted), and the report reading typed results
-rather than chains of `.get(...) or {}`."""
+rather than chains of `.get(...) or {}`. A function's length is its code: the signature and body without the docstring
+(an `Args:`/`Returns:` docstring documents, it does not add logic); a module's length counts every line."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ def _functions(path: Path):
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield node
+
+
+def _length(node: ast.FunctionDef) -> int:
+    """Lines from the `def` to the end of the body, less the docstring's lines."""
+    total = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        total -= first.end_lineno - first.lineno + 1
+    return total
 
 
 def _parameters(node: ast.FunctionDef) -> int:
@@ -45,10 +55,10 @@ def test_no_module_is_over_500_lines():
 
 def test_no_function_is_over_50_lines():
     long = {
-        f"{_rel(p)}:{f.name}": f.end_lineno - f.lineno + 1
+        f"{_rel(p)}:{f.name}": _length(f)
         for p in SOURCES
         for f in _functions(p)
-        if f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES and not _is_command(p, f)
+        if _length(f) > MAX_FUNCTION_LINES and not _is_command(p, f)
     }
     assert long == {}
 

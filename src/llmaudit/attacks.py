@@ -1,6 +1,8 @@
 """Membership inference attacks: the stable public import path.
 
-    from llmaudit.attacks import lira_offline, loss_score, run_attacks
+    from llmaudit.attacks import AttackRunSettings, lira_offline, loss_score, run_attacks
+
+    result = run_attacks(loss_table, AttackRunSettings(attacks=("loss", "lira_offline"), n_boot=200))
 
 Add your own attack with `register(AttackSpec(...))` (docs/architecture.md, "Adding an attack").
 The implementations live in `llmaudit.analyze.attacks` (formulas, the registry and its catalog, evaluation;
@@ -18,6 +20,7 @@ from llmaudit.analyze.attacks.lira import (
     out_reference_counts,
 )
 from llmaudit.analyze.attacks.registry import AttackSpec, attack_definitions, register, registered_attacks
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.attacks.text import (
     TEXT_ATTACKS,
     combine_scores,
@@ -29,6 +32,7 @@ from llmaudit.analyze.attacks.text import (
 )
 
 __all__ = [
+    "AttackRunSettings",
     "AttackSpec",
     "TEXT_ATTACKS",
     "attack_definitions",

@@ -1,16 +1,18 @@
-"""`report.processes`: the quantizers attacked in worker processes give the numbers of one process, and a failure in
-a worker reaches the caller as itself."""
+"""`report.processes`: the quantizers attacked in worker processes give the numbers of one process, the workers
+inherit the table by fork instead of receiving it pickled, and a failure in a worker reaches the caller as itself."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import pickle
 
 import numpy as np
 import pytest
 
-from llmaudit.analyze.attacks import evaluate
+from llmaudit.analyze.attacks import evaluate, workers
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
 
@@ -25,11 +27,32 @@ def _json(result: dict) -> str:
 
 def test_worker_processes_give_the_numbers_of_one_process():
     df = synthetic_loss_table(4, 80, 3, seed=2)
-    kw = dict(n_boot=20, seed=3, decision=DecisionSettings(seed=3, resamples=50))
-    one = run_attacks(df, **kw)
-    two = run_attacks(df, processes=2, **kw)
+    s, decision = AttackRunSettings(n_boot=20, seed=3), DecisionSettings(seed=3, resamples=50)
+    one = run_attacks(df, s, decision=decision)
+    two = run_attacks(df, s, decision=decision, processes=2)
     assert list(two["quantizers"]) == list(one["quantizers"]) == ["fp32", "q1", "q2"]
     assert _json(two) == _json(one)
+
+
+class _NeverPickled:
+    """A value that refuses to be pickled (a deep copy is itself): a table holding it reaches the workers only by
+    fork."""
+
+    def __reduce__(self):
+        raise AssertionError("the table was pickled for a worker")
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def test_the_workers_inherit_the_table_by_fork_without_pickling_it():
+    df = synthetic_loss_table(3, 40, 3, seed=1)
+    df.attrs["guard"] = _NeverPickled()
+    with pytest.raises(AssertionError, match="pickled"):  # the guard works: pickling the table fails
+        pickle.dumps(df)
+    two = run_attacks(df, AttackRunSettings(n_boot=0, attacks=("loss", "min_k")), processes=2)
+    assert list(two["quantizers"]) == ["fp32", "q1", "q2"]
+    assert workers._ForkedWorker.job is None  # the parent keeps no job: only the workers' initializer sets it
 
 
 def test_a_failure_in_a_worker_is_raised_as_itself(monkeypatch):
@@ -41,5 +64,4 @@ def test_a_failure_in_a_worker_is_raised_as_itself(monkeypatch):
     real = evaluate.attack_quantizer
     monkeypatch.setattr(evaluate, "attack_quantizer", broken)
     with pytest.raises(ValueError, match="quantizer 'q1': planted"):
-        run_attacks(synthetic_loss_table(3, 40, 3, seed=1), n_boot=0, processes=2)
-    assert evaluate._FORKED is None  # nothing of the table kept after the workers
+        run_attacks(synthetic_loss_table(3, 40, 3, seed=1), AttackRunSettings(n_boot=0), processes=2)

@@ -14,7 +14,7 @@ from llmaudit.analyze.attacks.context import AttackContext
 from llmaudit.analyze.attacks.evaluate import run_attacks
 from llmaudit.analyze.attacks.registry import AttackUnavailable, resolve_attacks, unregister
 from llmaudit.analyze.cost import synthetic_loss_table
-from llmaudit.attacks import AttackSpec, register, registered_attacks
+from llmaudit.attacks import AttackRunSettings, AttackSpec, register, registered_attacks
 from llmaudit.cli import app
 from llmaudit.config import RecipeError
 from llmaudit.jobs.targets import config_from_recipe
@@ -62,7 +62,7 @@ def test_a_new_attack_added_through_the_registry_alone_appears_in_the_report(toy
 
 def test_a_registered_attack_scores_like_its_formula(toy_attack):
     df = synthetic_loss_table(4, 60, 1, seed=5)
-    res = run_attacks(df, attacks=["loss", toy_attack], n_boot=0)
+    res = run_attacks(df, AttackRunSettings(attacks=["loss", toy_attack], n_boot=0))
     block = res["quantizers"]["fp32"]
     assert set(block["attacks"]) == {"loss", toy_attack}
     rows = df[(df["run"] == 0) & (df["split"] == "pool")]
@@ -74,7 +74,9 @@ def test_an_attack_that_needs_a_missing_column_is_skipped_with_its_reason():
     spec = AttackSpec("needs_column", 1, lambda ctx: -ctx.target.loss, "x", "x", columns=("token_entropy",))
     register(spec)
     try:
-        res = run_attacks(synthetic_loss_table(3, 40, 1, seed=1), attacks=["loss", "needs_column"], n_boot=0)
+        res = run_attacks(
+            synthetic_loss_table(3, 40, 1, seed=1), AttackRunSettings(attacks=["loss", "needs_column"], n_boot=0)
+        )
     finally:
         unregister(spec.name)
     assert res["quantizers"]["fp32"]["skipped"]["needs_column"] == "loss table has no token_entropy column"
@@ -86,7 +88,9 @@ def test_a_builder_that_cannot_run_says_why():
 
     register(AttackSpec("refuses", 1, refuse, "x", "x"))
     try:
-        res = run_attacks(synthetic_loss_table(3, 40, 1, seed=1), attacks=["refuses", "loss"], n_boot=0)
+        res = run_attacks(
+            synthetic_loss_table(3, 40, 1, seed=1), AttackRunSettings(attacks=["refuses", "loss"], n_boot=0)
+        )
     finally:
         unregister("refuses")
     assert res["quantizers"]["fp32"]["skipped"] == {"refuses": "needs a second tokenizer"}

@@ -20,7 +20,7 @@ from llmaudit.analyze.attacks.lira import (
     normality_check,
     out_reference_counts,
 )
-from llmaudit.analyze.attacks.registry import LEGACY_ATTACKS
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.attacks.text import (
     combine_scores,
     loss_score,
@@ -32,6 +32,7 @@ from llmaudit.analyze.attacks.text import (
 )
 from llmaudit.analyze.metrics import calibrated_threshold, per_sample_fpr, pooled_calibrated, pooled_naive
 from llmaudit.commands.attack import attack_command
+from llmaudit.config import LEGACY_ATTACK_NAMES
 from llmaudit.store.losstable import validate_loss_table, write_loss_table
 
 TOKENS = [0.5, 1.0, 2.0, 0.1, 3.0]  # per-token NLLs; log p = -l
@@ -63,10 +64,11 @@ def test_min_k_by_hand_and_rounding():
 @pytest.mark.parametrize("budget", [1, 50, 1 << 22])
 def test_min_k_arrays_equal_the_per_sample_loop(budget):
     """All texts at once (sorted padded rows in blocks of similar length) against the per-text loop min-k% and
-    Min-K%++ were computed with before (kept callable): ragged texts of 1 to 80 tokens with ties, zero spreads;
+    Min-K%++ one text at a time (tests/analyze/reference_impls.py): ragged texts of 1 to 80 tokens with ties, zero spreads;
     blocks of one text, of a few, and all at once."""
-    from llmaudit.analyze.attacks.text import min_k_plus_plus_score_per_sample, min_k_score_per_sample
     from llmaudit.common import ragged
+
+    from .reference_impls import min_k_plus_plus_score_per_sample, min_k_score_per_sample
 
     rng = np.random.default_rng(9)
     lengths = np.r_[1, 1, 2, 5, rng.integers(1, 81, 300)]
@@ -320,7 +322,7 @@ def test_run_attacks_on_a_small_table():
     rng = np.random.default_rng(20)
     df = _table(rng)
     with pytest.warns(UserWarning, match="token_vocab_mean is -2 at every one"):  # the table's made-up means
-        res = run_attacks(df, attacks=LEGACY_ATTACKS, n_boot=20, seed=1)
+        res = run_attacks(df, AttackRunSettings(attacks=LEGACY_ATTACK_NAMES, n_boot=20, seed=1))
     assert res["reference_quantizer"] == "fp"
     assert res["attack_definitions"]["min_k"] == "2:k=0.2,floor(k*T)>=1,mean_logp_lowest"
     fp = res["quantizers"]["fp"]
@@ -363,10 +365,8 @@ def test_run_attacks_skips_missing_inputs_and_correlates_with_r_q(tmp_path):
     r_q = {"a": 3.0, "b": 2.0, "c": 1.0}  # higher r_Q = more secure: the least shifted quantizer
     res = run_attacks(
         df,
-        attacks=("loss", "zlib", "min_k_plus_plus", "lira_offline"),
-        n_boot=0,
+        AttackRunSettings(attacks=("loss", "zlib", "min_k_plus_plus", "lira_offline"), n_boot=0, fpc=None),
         r_q=r_q,
-        fpc=None,
         quantizers=["a", "b", "c"],
     )
     a = res["quantizers"]["a"]
@@ -381,7 +381,7 @@ def test_two_runs_skip_lira_with_a_reason_and_keep_the_other_attacks():
     skipped with the reason and the fix; the attacks that need no reference models are still scored."""
     rng = np.random.default_rng(22)
     df = _table(rng, n_runs=2)
-    res = run_attacks(df, n_boot=0, seed=1)
+    res = run_attacks(df, AttackRunSettings(n_boot=0, seed=1))
     fp = res["quantizers"]["fp"]
     assert "train more runs" in fp["skipped"]["lira_offline"]
     assert "too few reference models" in fp["skipped"]["lira_online"]
@@ -394,7 +394,7 @@ def test_attack_command_writes_json_and_plots(tmp_path):
     rng = np.random.default_rng(22)
     table = write_loss_table(_table(rng, n_runs=5, n_samples=30), tmp_path / "scores.parquet")
     out = tmp_path / "attack.json"
-    res = attack_command(table, out, n_boot=10, attacks=("loss", "lira_offline"))
+    res = attack_command(table, out, AttackRunSettings(n_boot=10, attacks=("loss", "lira_offline")))
     saved = json.loads(out.read_text())
     assert saved["attack_definitions"] == res["attack_definitions"]
     assert len(saved["plots"]) == 2

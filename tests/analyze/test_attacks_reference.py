@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from llmaudit.analyze.attacks.catalog.ez_mia_attacks import EZ_MIA_VARIANTS, PREDATES_TOP1
 from llmaudit.analyze.attacks.catalog.wbc_attacks import WBC_VARIANTS
 from llmaudit.analyze.attacks.evaluate import run_attacks
-from llmaudit.analyze.attacks.ez_mia import EZ_EDGES, error_zone_masses, ez_mia_score, ez_mia_score_per_sample
+from llmaudit.analyze.attacks.ez_mia import EZ_EDGES, error_zone_masses, ez_mia_score
 from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.attacks.registry import attack_definitions, registered_attacks, resolve_attacks
 from llmaudit.analyze.attacks.rmia import (
@@ -25,10 +25,13 @@ from llmaudit.analyze.attacks.rmia import (
     text_probability,
     tune_offline_a,
 )
-from llmaudit.analyze.attacks.wbc import WBC_GRIDS, geometric_windows, wbc_score, wbc_score_per_sample, window_vote
+from llmaudit.analyze.attacks.settings import AttackRunSettings
+from llmaudit.analyze.attacks.wbc import WBC_GRIDS, geometric_windows, wbc_score, window_vote
 from llmaudit.cli import app
 from llmaudit.config import ATTACK_NAMES, AttackConfig
 from llmaudit.store.losstable import validate_loss_table
+
+from .reference_impls import ez_mia_score_per_sample, wbc_score_per_sample
 
 REFERENCE_ATTACKS = (*EZ_MIA_VARIANTS, *WBC_VARIANTS, "ref_qbase", "rmia", "rmia_online")
 
@@ -86,7 +89,7 @@ def test_ez_mia_ranks_as_the_papers_ratio():
 @pytest.mark.parametrize("edge", EZ_EDGES)
 @pytest.mark.parametrize("skip_first", [False, True])
 def test_ez_mia_arrays_equal_the_per_sample_loop(edge, skip_first):
-    """All texts at once against the per-text loop EZ-MIA was computed with before (`ez_mia_score_per_sample`):
+    """All texts at once against the per-text loop (`ez_mia_score_per_sample`, tests/analyze/reference_impls.py):
     ragged texts of 1 to 60 tokens, empty and all-wrong error zones, exact zeros, N = 0 and P = 0 texts; the same
     numbers bit for bit."""
     rng = np.random.default_rng(8)
@@ -155,7 +158,7 @@ def test_wbc_equals_the_direct_window_loop():
 def test_wbc_arrays_equal_the_per_sample_loop(long, budget):
     """Ragged texts of 1 to 90 tokens (windows longer than many of them, length 1 included), shifts with exact
     zeros and ties, duplicate and unsorted sizes; blocks of one text, of a few, and all at once. The reference is
-    the per-sample loop WBC was computed with before (`wbc_score_per_sample`, kept callable)."""
+    the per-text loop (`wbc_score_per_sample`, tests/analyze/reference_impls.py)."""
     rng = np.random.default_rng(7)
     lengths = np.r_[1, 1, 2, 40, 41, rng.integers(1, 91, 300)]
     target = [rng.uniform(0, 3, n) for n in lengths]
@@ -274,7 +277,7 @@ def planted_table(seed=0, runs=6, n_pool=150, n_val=40, shift=0.6, quant_noise=0
 def planted():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return run_attacks(planted_table(), n_boot=10, attacks=("loss", "ref") + REFERENCE_ATTACKS)
+        return run_attacks(planted_table(), AttackRunSettings(n_boot=10, attacks=("loss", "ref") + REFERENCE_ATTACKS))
 
 
 def _auroc(result, q, attack):
@@ -306,7 +309,8 @@ def test_a_table_without_top1_reports_every_other_attack():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = run_attacks(
-            planted_table(runs=4, n_pool=60, with_top1=False), n_boot=0, attacks=("loss", "ref") + REFERENCE_ATTACKS
+            planted_table(runs=4, n_pool=60, with_top1=False),
+            AttackRunSettings(n_boot=0, attacks=("loss", "ref") + REFERENCE_ATTACKS),
         )
     block = res["quantizers"]["fp32"]
     for name in EZ_MIA_VARIANTS:

@@ -101,6 +101,7 @@ def test_runs_with_identical_losses_leak_nothing_whatever_their_membership():
     pool identically): per-sample calibration of ref-based combinations turned the rounding of means over a
     membership-dependent number of references into a 'TPR' of 0.06-0.09 at 1% FPR. Now no attack finds anything."""
     from llmaudit.analyze.attacks.evaluate import run_attacks
+    from llmaudit.analyze.attacks.settings import AttackRunSettings
     from llmaudit.store.losstable import validate_loss_table
 
     rng = np.random.default_rng(3)
@@ -115,7 +116,8 @@ def test_runs_with_identical_losses_leak_nothing_whatever_their_membership():
         for r in range(n_runs) for j in range(n_samples)
     ]  # fmt: skip
     res = run_attacks(
-        validate_loss_table(pd.DataFrame(rows)), attacks=("loss", "ref", "loss+ref", "lira_offline"), n_boot=0
+        validate_loss_table(pd.DataFrame(rows)),
+        AttackRunSettings(attacks=("loss", "ref", "loss+ref", "lira_offline"), n_boot=0),
     )
     for name, entry in res["quantizers"]["q"]["attacks"].items():
         calibrated = entry.get("pooled_calibrated")

@@ -53,7 +53,8 @@ def test_registry_is_complete_and_consistent():
         assert c.family in ind.FAMILIES
         assert c.checkpoints in ("trajectory", "final", "parameters")
         assert tuple(inspect.signature(c.function).parameters) == c.inputs
-        assert c.function.__doc__ and "->" in c.function.__doc__  # shapes documented
+        doc = c.function.__doc__ or ""
+        assert "Returns:" in doc and "[..." in doc  # shapes documented
         assert (c.family == ind.FAMILY_CONTROL) == (c.checkpoints == "parameters")
     assert {n for n, c in ind.CANDIDATES.items() if c.family == ind.FAMILY_CONTROL} == {
         "qdistortion_angle",

@@ -12,6 +12,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.decision import DecisionSettings
 from llmaudit.analyze.decision.bounds import effective_n, samples_factor, wilson
 from llmaudit.analyze.decision.counts import (
@@ -257,8 +258,7 @@ def test_a_planted_difference_in_a_store_is_found_as_more_and_an_unshifted_quant
     df = _store_table(np.random.default_rng(7))
     res = run_attacks(
         df,
-        attacks=("loss", "ref", "lira_offline"),
-        n_boot=0,
+        AttackRunSettings(attacks=("loss", "ref", "lira_offline"), n_boot=0),
         reference_quantizer="fp32",
         decision=DecisionSettings(resamples=300),
     )

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from llmaudit.analyze.bootstrap import weighted_roc_stats as _weighted_roc_stats
+from llmaudit.analyze import metrics
 from llmaudit.analyze.metrics import (
     Resampling,
     bootstrap_ci,
@@ -20,6 +20,14 @@ from llmaudit.analyze.metrics import (
     roc_curve_loglog,
     roc_metrics,
     tpr_at_fpr,
+)
+
+from .reference_impls import (
+    group_bootstrap_stats,
+    sort_rows,
+    sorted_bootstrap_stats,
+    sorted_roc_stats,
+    weighted_roc_stats,
 )
 
 # 10 points, 5 members. Walking the threshold down: 0.9 TP, 0.8 TP, 0.7 FP, 0.6 TP, 0.55 TP, 0.5 FP,
@@ -90,7 +98,7 @@ def test_weighted_stats_match_sklearn_with_ties():
     _, group = np.unique(-scores, return_inverse=True)
     pos = np.bincount(group, weights=labels)[None]
     neg = np.bincount(group, weights=~labels)[None]
-    got = _weighted_roc_stats(pos, neg, (0.1, 0.01))
+    got = weighted_roc_stats(pos, neg, (0.1, 0.01))
     assert got["auroc"][0] == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
     assert got["average_precision"][0] == pytest.approx(average_precision_score(labels, scores), abs=1e-12)
     assert got["tpr_at_fpr"]["0.01"][0] == pytest.approx(tpr_at_fpr(scores, labels, 0.01)[0])
@@ -194,9 +202,10 @@ def _ci_values(ci: dict) -> np.ndarray:
 
 @pytest.mark.parametrize("case", ["rows", "stratified", "groups", "ties", "few"])
 def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
-    """One sort and cumulative sums over the resamples' multiplicities give the landed path's intervals: the
-    same resamples (same generator, same blocks), AUROC and TPR exactly, average precision to rounding; with
-    ties between and within the classes, grouped rows, resamples that lose a class, every FPR level."""
+    """The package's bootstrap (one sort, one compiled pass per resample) gives the intervals of both reference
+    engines (numpy cumulative sums over the sorted rows; weights of the distinct-score groups): the same resamples
+    (same generator, same blocks), AUROC and TPR exactly, average precision to rounding; with ties between and
+    within the classes, grouped rows, resamples that lose a class, every FPR level."""
     rng = np.random.default_rng(11)
     n = {"few": 7}.get(case, 3000)
     labels = rng.random(n) < 0.35
@@ -213,23 +222,21 @@ def test_sorted_bootstrap_equals_the_landed_group_bootstrap(case):
     if case == "few":  # tiny unstratified resamples: some lose a class (NaN, ignored)
         stratified, kw["fprs"] = False, (0.2,)
         labels = np.array([1, 0, 0, 0, 0, 0, 1], bool)
-    landed = bootstrap_ci(scores, labels, resampling=Resampling(stratified, "groups"), **kw)
-    for engine in ("sorted", "compiled"):
-        got = bootstrap_ci(scores, labels, resampling=Resampling(stratified, engine), **kw)
-        a, b = _ci_values(got), _ci_values(landed)
+    got = bootstrap_ci(scores, labels, resampling=Resampling(stratified), **kw)
+    for engine in (group_bootstrap_stats, sorted_bootstrap_stats):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(metrics, "bootstrap_stats", engine)
+            want = bootstrap_ci(scores, labels, resampling=Resampling(stratified), **kw)
+        a, b = _ci_values(got), _ci_values(want)
         assert np.array_equal(np.delete(a, 1, axis=0), np.delete(b, 1, axis=0), equal_nan=True)
         assert np.allclose(a[1], b[1], rtol=0, atol=1e-12, equal_nan=True)
         assert {k: v for k, v in got.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")} == {
-            k: v for k, v in landed.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")
+            k: v for k, v in want.items() if k not in ("auroc", "average_precision", "tpr_at_fpr")
         }
-    with pytest.raises(ValueError, match="engine must be one of"):
-        bootstrap_ci(scores, labels, resampling=Resampling(stratified, "resort"), **kw)
 
 
 def test_sorted_roc_stats_equal_the_group_stats_per_resample():
     """Resample by resample (not only the percentiles): integer weights with zeros, ties across classes."""
-    from llmaudit.analyze.bootstrap import sort_rows, sorted_roc_stats
-
     rng = np.random.default_rng(12)
     labels = rng.random(800) < 0.4
     scores = np.round(rng.normal(size=800) + labels, 1)
@@ -239,7 +246,7 @@ def test_sorted_roc_stats_equal_the_group_stats_per_resample():
     _, group = np.unique(-scores, return_inverse=True)
     pos = np.stack([np.bincount(group, weights=c * labels) for c in counts])
     neg = np.stack([np.bincount(group, weights=c * ~labels) for c in counts])
-    want = _weighted_roc_stats(pos, neg, fprs)
+    want = weighted_roc_stats(pos, neg, fprs)
     assert np.array_equal(got["auroc"], want["auroc"])
     assert np.allclose(got["average_precision"], want["average_precision"], rtol=0, atol=1e-13)
     for key in want["tpr_at_fpr"]:
@@ -250,7 +257,6 @@ def test_sorted_roc_stats_equal_the_group_stats_per_resample():
 def test_compiled_roc_stats_equal_the_sorted_ones_per_resample(decimals):
     """The compiled pass (`roc_kernel`) resample by resample: AUROC and TPR exactly, AP to rounding, with and
     without ties, zero weights, several rows per unit, a resample without members (NaN), every level order."""
-    from llmaudit.analyze.bootstrap import sort_rows, sorted_roc_stats
     from llmaudit.analyze.roc_kernel import roc_rows, roc_stats
 
     rng = np.random.default_rng(14)
@@ -272,18 +278,12 @@ def test_compiled_roc_stats_equal_the_sorted_ones_per_resample(decimals):
 def test_calibrated_intervals_equal_the_landed_computation(monkeypatch):
     """pooled_calibrated's intervals: every level's counts re-summed in one product and the pooled z's ROC
     bootstrap on the sorted path give the landed numbers (levels one product each, the group bootstrap)."""
-    import functools
-
-    from llmaudit.analyze import metrics
-
     rng = np.random.default_rng(13)
     members = rng.random((8, 300)) < 0.5
     z = rng.normal(size=(8, 300)) + 0.8 * members
     z[0, :5] = np.nan
     got = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
-    monkeypatch.setattr(
-        metrics, "bootstrap_ci", functools.partial(metrics.bootstrap_ci, resampling=metrics.Resampling(engine="groups"))
-    )
+    monkeypatch.setattr(metrics, "bootstrap_stats", group_bootstrap_stats)
     landed = pooled_calibrated(z, members, (0.1, 0.01), n_ref=np.full(300, 7), n_boot=200, seed=4)
     assert got["ci"]["tpr_at_fpr"] == landed["ci"]["tpr_at_fpr"]
     assert got["ci"]["roc"]["auroc"] == landed["ci"]["roc"]["auroc"]

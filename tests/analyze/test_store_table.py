@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from llmaudit.analyze.attacks.evaluate import run_attacks
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.candidates_table import candidates_from_table
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
@@ -82,9 +83,10 @@ def test_attacks_on_the_light_table_give_the_whole_table_s_numbers(units, proces
         pytest.skip("worker processes need the fork start method")
     files, whole = units
     table = read_store_table(files[0].path.parent, files)
-    kw = dict(n_boot=20, seed=3, decision=DecisionSettings(seed=3, resamples=50), reference_quantizer="fp32")
-    expected = run_attacks(whole, **kw)
-    got = run_attacks(table.light, rows_of=table.rows_of, processes=processes, **kw)
+    s = AttackRunSettings(n_boot=20, seed=3)
+    kw = dict(decision=DecisionSettings(seed=3, resamples=50), reference_quantizer="fp32")
+    expected = run_attacks(whole, s, **kw)
+    got = run_attacks(table.light, s, rows_of=table.rows_of, processes=processes, **kw)
     assert _json(got) == _json(expected)
     assert "rmia" in got["quantizers"]["q1"]["attacks"]  # the attacks that read validation texts ran too
 
@@ -98,7 +100,7 @@ def test_each_quantizer_s_rows_are_read_once_by_its_attack(units):
         asked.append((quantizer, base_q))
         return table.rows_of(quantizer, base_q)
 
-    run_attacks(table.light, rows_of=rows_of, n_boot=0, attacks=["loss", "min_k"])
+    run_attacks(table.light, AttackRunSettings(n_boot=0, attacks=["loss", "min_k"]), rows_of=rows_of)
     assert asked == [("fp32", "fp32"), ("q1", "fp32"), ("q2", "fp32")]
 
 
@@ -108,7 +110,7 @@ def test_attacks_on_a_light_table_without_its_rows_are_refused(units):
     files, _ = units
     light = read_store_table(files[0].path.parent, files).light
     with pytest.raises(ValueError, match="light table .* rows_of"):
-        run_attacks(light, n_boot=0, attacks=["min_k"])
+        run_attacks(light, AttackRunSettings(n_boot=0, attacks=["min_k"]))
 
 
 def test_memorization_of_the_light_table_is_the_whole_table_s(units):

@@ -305,13 +305,13 @@ def test_an_attack_without_spread_is_told_apart_from_one_without_references():
     the reason says so instead of asking for more runs."""
     import numpy as np
 
-    from llmaudit.analyze.attacks.evaluate import CALIBRATION_NEEDS, ZERO_SPREAD, AttackSettings, _evaluate
+    from llmaudit.analyze.attacks.evaluate import CALIBRATION_NEEDS, ZERO_SPREAD, AttackRunSettings, _evaluate
     from llmaudit.analyze.attacks.lira import out_reference_counts
     from llmaudit.data.pool import membership_masks
 
     keep = membership_masks(40, 6, 0.5, seed=0)
     scores = np.tile(np.arange(40, dtype=float), (6, 1)) + 5.0 * keep  # OUT scores identical per sample
-    s = AttackSettings(n_boot=5)
+    s = AttackRunSettings(n_boot=5)
     entry, _, _ = _evaluate("loss", scores, keep, out_reference_counts(keep), None, s)
     assert entry["not_measured"]["pooled_calibrated"] == ZERO_SPREAD
     one = keep[:2]  # two models: no sample is OUT in two OTHER models

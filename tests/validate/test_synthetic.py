@@ -17,7 +17,6 @@ from llmaudit.validate.synthetic.classifier import (
     per_sample_losses,
     quantize_batched,
     train_batched,
-    train_per_run,
 )
 from llmaudit.validate.synthetic.config import QUANTIZER_NAMES, VARIANT_NAMES, SyntheticConfigError, load_config
 from llmaudit.validate.synthetic.data import derive_seed, make_dataset, make_mixture, sample_mixture
@@ -34,9 +33,10 @@ from llmaudit.validate.synthetic.mis import (
     split_runs,
     train_discriminators,
 )
-from llmaudit.validate.synthetic.mis_reference import train_discriminator_reference
 from llmaudit.validate.synthetic.outputs import validate_synthetic_command
 from llmaudit.validate.synthetic.protocol import spearman_rows
+
+from .reference_impls import train_discriminator_reference, train_per_run
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,6 +8,10 @@ fit inside each training fold only, and L2-regularised logistic regression), str
 cross-validation, AUROC of the pooled out-of-fold probabilities with a percentile bootstrap interval over
 samples. On llmaudit's own pools membership is a random subset per run, so the baseline must sit at 0.5.
 
+Over a store (`blind_baseline_for_pool`) a warning is given when a run's interval lies above 0.5 (below it is no
+shift the attacks could exploit: out-of-fold scores of a classifier on texts without signal are biased slightly
+below 0.5), and, with several runs, the note that llmaudit's random splits should give about 0.5.
+
 Pure functions: texts and labels in, a JSON-ready dict out; no I/O.
 """
 
@@ -97,9 +101,23 @@ def blind_baseline(
     n_boot: int = 200,
     confidence: float = 0.95,
 ) -> dict[str, Any]:
-    """Cross-validated AUROC of a text-only classifier of `labels` (True = member / training file) from
-    `texts`, with a percentile bootstrap interval. Fewer folds when a class is small (each test fold holds
-    at least 2 of each class); with fewer than 4 of a class, `auroc` is None and `reason` says why."""
+    """Measure the cross-validated AUROC of a text-only classifier of membership, with a bootstrap interval.
+
+    Fewer folds are used when a class is small (each test fold holds at least 2 of each class).
+
+    Args:
+        texts (Sequence[str]): the texts.
+        labels (Sequence[bool] | np.ndarray): True = member (training file), one per text.
+        folds (int): the most cross-validation folds.
+        seed (int): the seed of the folds and the bootstrap.
+        n_boot (int): bootstrap resamples.
+        confidence (float): the interval's confidence.
+    Returns:
+        dict[str, Any]: auroc with ci_low, ci_high, excludes_chance, the counts and the method; auroc None and
+        `reason` saying why with fewer than 4 of a class or a classifier that cannot be fit.
+    Raises:
+        ValueError: when texts and labels differ in length.
+    """
     labels = np.asarray(labels, dtype=bool).ravel()
     texts = np.asarray([str(t) for t in texts], dtype=object)
     if texts.size != labels.size:
@@ -170,13 +188,21 @@ def blind_baseline_for_pool(
     folds: int = 5,
     max_per_class: int = 5000,
 ) -> dict[str, Any]:
-    """The blind baseline of every run of a store: the run's members against its non-members within the
-    pool (`record_text` of each record; masks [runs, pool_size] as `RunStore.membership()`). A class larger
-    than `max_per_class` is subsampled (deterministically) to bound the cost. Returns per-run results,
-    their mean, the runs whose interval excludes 0.5 (either side), a warning when an interval lies above
-    0.5 (below it is no shift the attacks could exploit: out-of-fold scores of a classifier on texts without
-    signal are biased slightly below 0.5), and, with several runs, the note that llmaudit's random splits
-    should give ~0.5."""
+    """Measure the blind baseline of every run of a store: its members against its non-members in the pool.
+
+    Args:
+        pool_records (Sequence[dict]): the pool's records (`record_text` of each).
+        masks (np.ndarray | Sequence[Sequence[bool]]): [runs, pool_size] membership, as `RunStore.membership()`.
+        seed (int): the seed of the folds, bootstrap and subsampling.
+        n_boot (int): bootstrap resamples.
+        folds (int): the most cross-validation folds.
+        max_per_class (int): a larger class is subsampled (deterministically) to bound the cost.
+    Returns:
+        dict[str, Any]: per-run results, their mean, min and max, the runs whose interval excludes 0.5, the
+        warning and the note (module docstring).
+    Raises:
+        ValueError: when the masks do not match the pool.
+    """
     masks = np.asarray(masks, dtype=bool)
     if masks.ndim != 2 or masks.shape[1] != len(pool_records):
         raise ValueError(

@@ -57,12 +57,20 @@ def _f64(a: Any) -> np.ndarray:
 
 
 def r_q_runs(val: Any, *, ddof: int = DDOF) -> np.ndarray:
-    """The published r_Q (Algorithm 2, docs/science.md section 2) of each run: `llmaudit.analyze.rq.r_q`
-    applied run by run, so the numbers are exactly the published estimator's.
+    """Compute the published r_Q (Algorithm 2, docs/science.md section 2) of each run.
 
-    val [..., K, n] -> [...]: identical rows merged (exact equality), ddof 1; 0.0 when a distinct point has
-    the lowest mean, +inf when every sigma2 is 0, nan with fewer than 2 distinct points. ValueError on
-    non-finite losses."""
+    `llmaudit.analyze.rq.r_q` is applied run by run, so the numbers are exactly the published estimator's:
+    identical rows merged (exact equality); 0.0 when a distinct point has the lowest mean, +inf when every sigma2
+    is 0, NaN with fewer than 2 distinct points.
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints, in nats.
+        ddof (int): the variance convention.
+    Returns:
+        np.ndarray: [...] r_Q of each run.
+    Raises:
+        ValueError: on non-finite losses or fewer than 2 dimensions.
+    """
     arr = _f64(val)
     if arr.ndim < 2:
         raise ValueError(f"losses must be [..., K checkpoints, n samples]; got shape {arr.shape}.")
@@ -72,59 +80,111 @@ def r_q_runs(val: Any, *, ddof: int = DDOF) -> np.ndarray:
 
 
 def from_r_q_identity(r: np.ndarray) -> np.ndarray:
+    """Orient r_Q as published (large r_Q = secure).
+
+    Args:
+        r (np.ndarray): r_Q per run.
+    Returns:
+        np.ndarray: r as float64.
+    """
     return np.asarray(r, dtype=np.float64)
 
 
 def from_r_q_negate(r: np.ndarray) -> np.ndarray:
+    """Orient r_Q as the sign-corrected hypothesis, linear form: -r_Q.
+
+    Args:
+        r (np.ndarray): r_Q per run.
+    Returns:
+        np.ndarray: -r.
+    """
     return -np.asarray(r, dtype=np.float64)
 
 
 def from_r_q_neg_half_reciprocal(r: np.ndarray) -> np.ndarray:
+    """Map r_Q to -1/(2 r_Q), the negated reciprocal.
+
+    Args:
+        r (np.ndarray): r_Q per run.
+    Returns:
+        np.ndarray: -0.5 / r; r = 0 gives -inf (non-finite, counted), NaN stays NaN.
+    """
     r = np.asarray(r, dtype=np.float64)
     with np.errstate(divide="ignore"):
         return np.where(np.isnan(r), np.nan, -0.5 / r)  # r = 0 -> -inf (non-finite, counted)
 
 
 def from_r_q_half_reciprocal(r: np.ndarray) -> np.ndarray:
+    """Map r_Q to +1/(2 r_Q), the reciprocal read as security.
+
+    Args:
+        r (np.ndarray): r_Q per run.
+    Returns:
+        np.ndarray: 0.5 / r; r = 0 gives +inf (non-finite, counted), NaN stays NaN.
+    """
     r = np.asarray(r, dtype=np.float64)
     with np.errstate(divide="ignore"):
         return np.where(np.isnan(r), np.nan, 0.5 / r)  # r = 0 -> +inf (non-finite, counted)
 
 
 def rq_published(val: Any) -> np.ndarray:
-    """r_Q on the held-out losses of the quantized checkpoints, published orientation.
+    """Score r_Q on the held-out losses of the quantized checkpoints, published orientation.
 
-    val [..., K, n_val] -> [...]. Equal to `llmaudit.analyze.rq.r_q` per run."""
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints, in nats.
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure; equal to `llmaudit.analyze.rq.r_q` per run.
+    """
     return from_r_q_identity(r_q_runs(val))
 
 
 def rq_reciprocal_neg(val: Any) -> np.ndarray:
-    """-1/(2 r_Q) = -max_k sigma2_k / delta_k^2: the NEGATED reciprocal, same orientation as the theory
-    (large r_Q = secure) but a different average over runs than r_Q.
+    """Score -1/(2 r_Q) = -max_k sigma2_k / delta_k^2, the negated reciprocal.
 
-    val [..., K, n_val] -> [...]; r_Q = 0 gives -inf (non-finite, counted), undefined r_Q gives nan."""
+    Same orientation as the theory (large r_Q = secure) but a different average over runs than r_Q.
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints, in nats.
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure; r_Q = 0 gives
+        -inf (non-finite, counted), undefined r_Q NaN.
+    """
     return from_r_q_neg_half_reciprocal(r_q_runs(val))
 
 
 def rq_reciprocal_flip(val: Any) -> np.ndarray:
-    """+1/(2 r_Q) = max_k sigma2_k / delta_k^2 read as SECURITY: the sign-corrected hypothesis (small r_Q =
-    secure), reciprocal form.
+    """Score +1/(2 r_Q) = max_k sigma2_k / delta_k^2 read as security (small r_Q = secure).
 
-    val [..., K, n_val] -> [...]; r_Q = 0 gives +inf (non-finite, counted), undefined r_Q gives nan."""
+    The sign-corrected hypothesis, reciprocal form.
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints, in nats.
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure; r_Q = 0 gives
+        +inf (non-finite, counted), undefined r_Q NaN.
+    """
     return from_r_q_half_reciprocal(r_q_runs(val))
 
 
 def rq_negated(val: Any) -> np.ndarray:
-    """-r_Q: the sign-corrected hypothesis, linear form (its mean ranking is the published one reversed).
+    """Score -r_Q: the sign-corrected hypothesis, linear form (its mean ranking is the published one reversed).
 
-    val [..., K, n_val] -> [...]."""
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints, in nats.
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     return from_r_q_negate(r_q_runs(val))
 
 
 def rq_train(train: Any) -> np.ndarray:
-    """r_Q computed on the run's TRAINING-sample losses instead of held-out ones; published orientation.
+    """Score r_Q on the run's training-sample losses instead of held-out ones; published orientation.
 
-    train [..., K, n_train] -> [...]. Needs training-sample losses at every checkpoint."""
+    Args:
+        train (np.ndarray): [..., K, n_train] training-sample losses at every checkpoint, in nats.
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     return from_r_q_identity(r_q_runs(train))
 
 
@@ -132,10 +192,15 @@ def rq_train(train: Any) -> np.ndarray:
 
 
 def std_gap(val: Any, train: Any, *, ddof: int = DDOF) -> np.ndarray:
-    """Standardized gap d = (mean L_val - mean L_train) / pooled sd, per checkpoint.
+    """Compute the standardized gap d = (mean L_val - mean L_train) / pooled sd, per checkpoint.
 
-    val [..., K, n_val], train [..., K, n_train] -> [..., K]. Pooled sd 0: d = 0 if the means are equal,
-    else +-inf."""
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints, in nats.
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints, in nats.
+        ddof (int): the variance convention.
+    Returns:
+        np.ndarray: [..., K] d per checkpoint; with pooled sd 0, d = 0 if the means are equal, else +-inf.
+    """
     v, t = _f64(val), _f64(train)
     nv, nt = v.shape[-1], t.shape[-1]
     pooled = np.sqrt(((nv - ddof) * v.var(-1, ddof=ddof) + (nt - ddof) * t.var(-1, ddof=ddof)) / (nv + nt - 2 * ddof))
@@ -149,20 +214,33 @@ def std_gap(val: Any, train: Any, *, ddof: int = DDOF) -> np.ndarray:
 
 
 def gap_std_final(val: Any, train: Any) -> np.ndarray:
-    """-d_T: minus Cohen's d of held-out vs training losses of the released (final) model.
+    """Score -d_T: minus Cohen's d of held-out vs training losses of the released (final) model.
 
-    val [..., K, n_val], train [..., K, n_train] (only the last row is used) -> [...]."""
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints (the last row is used).
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints (the last row is used).
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     val, train = _f64(val), _f64(train)
     return -std_gap(val[..., -1:, :], train[..., -1:, :])[..., 0]
 
 
 def gap_std_ratio_fp(val: Any, train: Any, val_fp: Any, train_fp: Any) -> np.ndarray:
-    """-(d_T(Q) / d_T(FP)): the quantized final model's standardized gap relative to the full-precision
-    final model's of the same run; nan when d_T(FP) <= 0 (no full-precision gap to scale by).
+    """Score -(d_T(Q) / d_T(FP)): the quantized final model's gap relative to the full-precision one's.
 
-    val, train, val_fp, train_fp [..., K, n] (only the last rows are used) -> [...]. The DIFFERENCE
-    d_Q - d_FP is rank-equivalent to gap_std_final on a grid where all quantizers share the runs, so it is
-    not a separate candidate."""
+    The DIFFERENCE d_Q - d_FP is rank-equivalent to gap_std_final on a grid where all quantizers share the runs,
+    so it is not a separate candidate.
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints (the last row is used).
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints (the last row is used).
+        val_fp (np.ndarray): [..., K, n_val] the same for the full-precision checkpoints.
+        train_fp (np.ndarray): [..., K, n_train] the same for the full-precision checkpoints.
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure; NaN when d_T(FP) <= 0 (no
+        full-precision gap to scale by).
+    """
     val, train, val_fp, train_fp = (_f64(a) for a in (val, train, val_fp, train_fp))
     dq = std_gap(val[..., -1:, :], train[..., -1:, :])[..., 0]
     df = std_gap(val_fp[..., -1:, :], train_fp[..., -1:, :])[..., 0]
@@ -171,38 +249,62 @@ def gap_std_ratio_fp(val: Any, train: Any, val_fp: Any, train_fp: Any) -> np.nda
 
 
 def gap_std_traj(val: Any, train: Any) -> np.ndarray:
-    """-(1/K) sum_k d_k: the standardized gap averaged over ALL K checkpoints given.
+    """Score -(1/K) sum_k d_k: the standardized gap averaged over all K checkpoints given.
 
-    val [..., K, n_val], train [..., K, n_train] -> [...]. Needs training-sample losses at every
-    checkpoint."""
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints, in nats.
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints, in nats, at every
+            checkpoint.
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     return -std_gap(val, train).mean(-1)
 
 
 def yeom_01(val: Any, train: Any) -> np.ndarray:
-    """1 - (err_val - err_train) at the final checkpoint, err = mean 1[L > ln 2] [Yeom2018, Thm 2 with the
-    0-1 loss, B = 1: the bounded-loss adversary's advantage equals the generalisation gap].
+    """Score 1 - (err_val - err_train) at the final checkpoint, err = mean 1[L > ln 2].
 
-    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
+    [Yeom2018], Thm 2 with the 0-1 loss, B = 1: the bounded-loss adversary's advantage equals the generalisation
+    gap.
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints (the last row is used).
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints (the last row is used).
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
     return 1.0 - ((v > YEOM01_THRESHOLD).mean(-1) - (t > YEOM01_THRESHOLD).mean(-1))
 
 
 def yeom_ce_clip(val: Any, train: Any) -> np.ndarray:
-    """1 - (mean min(L_val, B) - mean min(L_train, B)) / B at the final checkpoint, B = ln 100 [Yeom2018,
-    Thm 2 with cross-entropy clipped to [0, B]].
+    """Score 1 - (mean min(L_val, B) - mean min(L_train, B)) / B at the final checkpoint, B = ln 100.
 
-    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
+    [Yeom2018], Thm 2 with cross-entropy clipped to [0, B].
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints (the last row is used).
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints (the last row is used).
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
     b = YEOM_CE_BOUND
     return 1.0 - (np.minimum(v, b).mean(-1) - np.minimum(t, b).mean(-1)) / b
 
 
 def ks_loss(val: Any, train: Any) -> np.ndarray:
-    """1 - KS(L_train, L_val) at the final checkpoint, KS = max_t |F_train(t) - F_val(t)| (ties exact).
+    """Score 1 - KS(L_train, L_val) at the final checkpoint, KS = max_t |F_train(t) - F_val(t)| (ties exact).
 
-    KS is the best balanced-accuracy advantage of a single loss threshold (in sample), so 1 - KS is the MIS of
-    the best loss-threshold attack (MIS = 2 - 2 acc). val [..., K, n_val], train [..., K, n_train] (last
-    rows) -> [...]."""
+    KS is the best balanced-accuracy advantage of a single loss threshold (in sample), so 1 - KS is the MIS of the
+    best loss-threshold attack (MIS = 2 - 2 acc).
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints (the last row is used).
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints (the last row is used).
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
     nv, nt = v.shape[-1], t.shape[-1]
     allv = np.concatenate([t, v], -1)
@@ -218,10 +320,17 @@ def ks_loss(val: Any, train: Any) -> np.ndarray:
 
 
 def auc_loss(val: Any, train: Any) -> np.ndarray:
-    """2 - 2 AUC at the final checkpoint, AUC = P(L_val > L_train) + P(L_val = L_train) / 2 (Mann-Whitney):
-    the in-sample AUROC of the LOSS attack's score [Yeom2018] between the run's members and held-out samples.
+    """Score 2 - 2 AUC at the final checkpoint, AUC = P(L_val > L_train) + P(L_val = L_train) / 2.
 
-    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
+    The AUC (Mann-Whitney) is the in-sample AUROC of the LOSS attack's score [Yeom2018] between the run's members
+    and held-out samples.
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints (the last row is used).
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints (the last row is used).
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     v, t = _f64(val)[..., -1, :], _f64(train)[..., -1, :]
     nv, nt = v.shape[-1], t.shape[-1]
     ranks = rankdata(np.concatenate([t, v], -1), axis=-1)  # ties averaged
@@ -236,8 +345,19 @@ def _margin(losses: np.ndarray) -> np.ndarray:
 
 
 def gauss_tv(m1: Any, s1: Any, m2: Any, s2: Any, grid: int = TV_GRID) -> np.ndarray:
-    """Total variation between N(m1, s1^2) and N(m2, s2^2), elementwise (broadcast), by the trapezoid rule
-    on [min mu - 10 s_max, max mu + 10 s_max] (absolute error about 1e-6)."""
+    """Compute the total variation between N(m1, s1^2) and N(m2, s2^2), elementwise (broadcast).
+
+    By the trapezoid rule on [min mu - 10 s_max, max mu + 10 s_max] (absolute error about 1e-6).
+
+    Args:
+        m1 (np.ndarray): means of the first law.
+        s1 (np.ndarray): standard deviations of the first law (> 0).
+        m2 (np.ndarray): means of the second law.
+        s2 (np.ndarray): standard deviations of the second law (> 0).
+        grid (int): grid points of the rule.
+    Returns:
+        np.ndarray: the total variations, in [0, 1], broadcast shape.
+    """
     m1, s1, m2, s2 = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (m1, s1, m2, s2)))
     smax = np.maximum(s1, s2)
     lo = np.minimum(m1, m2) - 10 * smax
@@ -252,12 +372,18 @@ def gauss_tv(m1: Any, s1: Any, m2: Any, s2: Any, grid: int = TV_GRID) -> np.ndar
 
 
 def tv_gauss_margin(val: Any, train: Any) -> np.ndarray:
-    """1 - TV(N(mu_train, s_train^2), N(mu_val, s_val^2)) of the logit-scaled confidence phi = -log(expm1(L))
-    (L clipped to [1e-6, 30]) at the final checkpoint: a parametric (Gaussian, LiRA-style) estimate of the
-    best attack on phi, a population version of the privacy risk score of [Song2021] averaged into an MIS.
-    sd ddof 1 with floor 1e-6 (1 + |mu|).
+    """Score 1 - TV(N(mu_train, s_train^2), N(mu_val, s_val^2)) of phi = -log(expm1(L)) at the final checkpoint.
 
-    val [..., K, n_val], train [..., K, n_train] (last rows) -> [...]."""
+    phi is the logit-scaled confidence (L clipped to [1e-6, 30]); the score is a parametric (Gaussian, LiRA-style)
+    estimate of the best attack on phi, a population version of the privacy risk score of [Song2021] averaged into
+    an MIS. sd ddof 1 with floor 1e-6 (1 + |mu|).
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints (the last row is used).
+        train (np.ndarray): [..., K, n_train] training-sample losses of the same checkpoints (the last row is used).
+    Returns:
+        np.ndarray: [...] one score per run, higher = more secure.
+    """
     v, t = _margin(_f64(val)[..., -1, :]), _margin(_f64(train)[..., -1, :])
     mv, mt = v.mean(-1), t.mean(-1)
     sv = np.maximum(v.std(-1, ddof=DDOF), 1e-6 * (1 + np.abs(mv)))
@@ -269,10 +395,16 @@ def tv_gauss_margin(val: Any, train: Any) -> np.ndarray:
 
 
 def qdistortion_angle(theta_q_final: Any, theta_final: Any) -> np.ndarray:
-    """CONTROL (data-free): 1 - cos(Q(theta_T), theta_T) over all flattened parameters of the final model,
-    how much of the released parameter direction the quantizer destroys. Uses no sample.
+    """Score the control 1 - cos(Q(theta_T), theta_T) over all flattened parameters of the final model.
 
-    theta_q_final, theta_final [..., P] -> [...]."""
+    Data-free: how much of the released parameter direction the quantizer destroys; uses no sample.
+
+    Args:
+        theta_q_final (np.ndarray): [..., P] flattened quantized final parameters.
+        theta_final (np.ndarray): [..., P] flattened unquantized final parameters.
+    Returns:
+        np.ndarray: [...] one value per run.
+    """
     a, b = np.asarray(theta_q_final, np.float64), np.asarray(theta_final, np.float64)
     na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -280,20 +412,31 @@ def qdistortion_angle(theta_q_final: Any, theta_final: Any) -> np.ndarray:
 
 
 def qflip_late(theta_q_traj: Any) -> np.ndarray:
-    """CONTROL (trajectory-only, no sample): minus the mean, over the last 10 consecutive checkpoint pairs,
-    of the fraction of parameters whose quantized value changes.
+    """Score the control: minus the mean share of parameters whose quantized value changes between checkpoints.
 
-    theta_q_traj [..., K, P] (quantized parameters) -> [...]; fewer than 11 checkpoints: all pairs."""
+    Trajectory-only, no sample: over the last 10 consecutive checkpoint pairs (fewer than 11 checkpoints: all
+    pairs).
+
+    Args:
+        theta_q_traj (np.ndarray): [..., K, P] quantized parameters along the trajectory.
+    Returns:
+        np.ndarray: [...] one value per run.
+    """
     q = np.asarray(theta_q_traj)
     changed = (q[..., 1:, :] != q[..., :-1, :]).mean(-1)
     return -changed[..., -QFLIP_LAST:].mean(-1)
 
 
 def heldout_loss_control(val: Any) -> np.ndarray:
-    """CONTROL (held-out losses only, no membership): the mean held-out loss at the final checkpoint, i.e.
-    how much the quantizer damages the model. Added after the first real-model run (not pre-registered) to
-    ask whether a candidate tracks the attacks beyond damage: a quantizer that destroys the model also
-    destroys every attack, so damage alone ranks quantizers by attack AUROC.
+    """Score the control: the mean held-out loss at the final checkpoint (how much the quantizer damages the model).
 
-    val [..., K, n_val] (last row) -> [...]."""
+    Held-out losses only, no membership; not pre-registered. It asks whether a candidate tracks the attacks beyond
+    damage: a quantizer that destroys the model also destroys every attack, so damage alone ranks quantizers by
+    attack AUROC.
+
+    Args:
+        val (np.ndarray): [..., K, n_val] held-out losses of the quantized checkpoints (the last row is used).
+    Returns:
+        np.ndarray: [...] one value per run.
+    """
     return _f64(val)[..., -1, :].mean(-1)

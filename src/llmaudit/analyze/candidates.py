@@ -115,6 +115,11 @@ class Candidate:
     `evaluate_candidates` compute r_Q once per input."""
 
     def describe(self) -> dict[str, Any]:
+        """Describe the candidate for results and reports.
+
+        Returns:
+            dict[str, Any]: name, version, family, inputs, checkpoints, formula and orientation.
+        """
         return {
             "name": self.name,
             "version": self.version,
@@ -286,10 +291,16 @@ CANDIDATES: dict[str, Candidate] = {
 
 
 def evaluate_candidates(inputs: Mapping[str, Any], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-    """Every candidate in `names` (default: all) on one set of inputs: {name: values [...]}.
+    """Evaluate candidates on one set of inputs.
 
-    inputs: arrays named as in `Candidate.inputs` (all with the same leading batch shape). Candidates of
-    the r_Q family share one `r_q_runs` per input array; the result equals calling each function (tested)."""
+    Candidates of the r_Q family share one `r_q_runs` per input array; the result equals calling each function.
+
+    Args:
+        inputs (Mapping[str, Any]): arrays named as in `Candidate.inputs`, all with the same leading batch shape.
+        names (Iterable[str] | None): the candidates (default: all of `CANDIDATES`).
+    Returns:
+        dict[str, np.ndarray]: {name: values [...]}, higher = more secure.
+    """
     names = list(CANDIDATES) if names is None else list(names)
     r_q_cache: dict[str, np.ndarray] = {}
     out: dict[str, np.ndarray] = {}
@@ -313,12 +324,24 @@ VALIDATION_FILE = Path(__file__).with_name("indicator_validation.json")
 
 
 def validation_registry() -> dict[str, Any]:
-    """The recorded validation of every candidate (status passed / failed / not validated, with the
-    numbers behind it), shipped with llmaudit and written from `llmaudit validate indicators`."""
+    """Read the recorded validation of every candidate, shipped with llmaudit.
+
+    The file is written by `llmaudit validate indicators`.
+
+    Returns:
+        dict[str, Any]: the status of each candidate (passed / failed / not validated) with the numbers behind it.
+    """
     return json.loads(VALIDATION_FILE.read_text(encoding="utf-8"))
 
 
 def validation_of(name: str) -> dict[str, Any]:
+    """Read the recorded validation of one candidate.
+
+    Args:
+        name (str): the candidate's name.
+    Returns:
+        dict[str, Any]: its entry, or {"status": "not validated", "why": ...} when none is recorded.
+    """
     entry = validation_registry()["candidates"].get(name)
     return entry or {"status": "not validated", "why": "no recorded validation"}
 

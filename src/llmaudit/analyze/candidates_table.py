@@ -4,6 +4,14 @@ every (run, quantizer), aggregated per quantizer (`candidates_from_table`, docs/
 Aggregation over runs: per quantizer, the mean over the runs with a finite value and a percentile
 bootstrap interval over those runs; non-finite runs are counted, never dropped silently. A candidate whose
 inputs the table lacks is nan with the reason, never approximated.
+
+Mapping of the table's rows to a candidate's inputs (fixed with the pre-registration): held-out = the rows of
+split "val" along the run's trajectory (checkpoints ascending, the last = the released model); training samples =
+the rows of split "pool" with member = True for that run, at every checkpoint where such rows exist; full
+precision = the reference quantizer of the same run. Rows of the base model (run = -1) are skipped; a checkpoint
+that misses a sample is dropped (counted). In llmaudit's run stores the pool is scored at each run's final
+checkpoint only, so the candidates that need training-sample losses at every checkpoint (rq_train, gap_std_traj)
+are nan there, and the parameter controls are nan in every table.
 """
 
 from __future__ import annotations
@@ -249,22 +257,27 @@ def candidates_from_table(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Every candidate for every (run, quantizer) of a loss table, aggregated per quantizer.
+    """Score every candidate for every (run, quantizer) of a loss table, aggregated per quantizer.
 
-    Mapping (fixed with the pre-registration): held-out = the rows of split "val" along the run's trajectory
-    (checkpoints ascending, the last = the released model); training samples = the rows of split "pool" with
-    member = True for that run, at every checkpoint where such rows exist; full precision = the
-    `reference_quantizer` (default: the table's full-precision quantizer, `full_precision_reference`) of
-    the same run. Rows of the base model (run = -1) are skipped; a checkpoint that misses a sample is
-    dropped (counted). A candidate that needs what the table lacks is nan with the reason, never
-    approximated: in llmaudit's run stores the pool is scored at each run's final checkpoint only, so the
-    candidates that need training-sample losses at every checkpoint (rq_train, gap_std_traj) are nan there,
-    and the parameter controls are nan in every table.
+    The table's rows map to a candidate's inputs as the module docstring says. Per quantizer and candidate: the
+    mean over the runs with a finite value, a percentile bootstrap interval of that mean over runs, and the counts
+    of finite and non-finite runs.
 
-    Per quantizer and candidate: mean over the runs with a finite value, percentile bootstrap interval of
-    that mean over runs (`n_boot`, `seed`), and the counts of finite and non-finite runs. Returns a
-    JSON-ready dict: protocol, reference_quantizer, runs, quantizers, candidates (description, computable,
-    reason, per_quantizer) and per_run (values and reasons)."""
+    Args:
+        df (pd.DataFrame): the loss table.
+        reference_quantizer (str | None): full precision (default: the table's full-precision quantizer,
+            `full_precision_reference`).
+        quantizers (Iterable[str] | None): the quantizers scored (default: all in the table).
+        names (Iterable[str] | None): the candidates (default: all of `CANDIDATES`).
+        n_boot (int): bootstrap resamples of each mean over runs.
+        confidence (float): the intervals' confidence.
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: protocol, reference_quantizer, runs, quantizers, candidates (description, computable,
+        reason, per_quantizer) and per_run (values and reasons), JSON-ready.
+    Raises:
+        ValueError: for an unknown candidate.
+    """
     names = list(CANDIDATES) if names is None else list(names)
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:

@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from ..store.losstable import validate_loss_table
 from .attacks.evaluate import run_attacks
+from .attacks.settings import AttackRunSettings
 from .decision import DecisionSettings
 from .roc_kernel import warm_up
 
@@ -43,10 +44,20 @@ counted in its per-resample cost, which errs on the side of a longer plan."""
 
 
 def synthetic_loss_table(runs: int, records: int, quantizers: int, seed: int = 0) -> pd.DataFrame:
-    """A loss table with what every attack reads: `records` pool texts (20 to 120 tokens) and records / 5
-    validation texts, the base model (run -1) and `runs` fine-tuned runs under each quantizer (the first is
-    fp32: no quantization change), each run training on half the pool; members' losses lowered on a third of
-    their tokens."""
+    """Make a loss table with what every attack reads, for timing the analysis.
+
+    The table holds `records` pool texts (20 to 120 tokens) and records / 5 validation texts, the base model (run -1)
+    and `runs` fine-tuned runs under each quantizer (the first is fp32: no quantization change), each run training
+    on half the pool; members' losses are lowered on a third of their tokens.
+
+    Args:
+        runs (int): fine-tuned runs.
+        records (int): pool records.
+        quantizers (int): quantizers, the first fp32.
+        seed (int): the generator's seed.
+    Returns:
+        pd.DataFrame: the validated loss table.
+    """
     rng = np.random.default_rng(seed)
     n_val = max(records // 5, 2)
     ids = [f"p{j}" for j in range(records)] + [f"v{j}" for j in range(n_val)]
@@ -92,13 +103,28 @@ class CostModel:
     per_record_s: float
 
     def at(self, n: float) -> float:
+        """Evaluate the cost at a number of pool records.
+
+        Args:
+            n (float): pool records.
+        Returns:
+            float: seconds per quantizer.
+        """
         return self.overhead_s + self.per_record_s * float(n)
 
 
 def fit_cost(n: Sequence[float], seconds: Sequence[float]) -> CostModel:
-    """The line a + b x n through (n[0], seconds[0]) and (n[-1], seconds[-1]) with a, b >= 0: a negative slope
-    (timing noise) becomes a constant at the larger size's seconds, a negative intercept a line through the
-    origin and the larger size."""
+    """Fit the line a + b x n through the first and the last point with a, b >= 0.
+
+    A negative slope (timing noise) becomes a constant at the larger size's seconds, a negative intercept a line
+    through the origin and the larger size.
+
+    Args:
+        n (Sequence[float]): the sizes measured, ascending.
+        seconds (Sequence[float]): the seconds at each size.
+    Returns:
+        CostModel: the fitted line.
+    """
     x0, x1, y0, y1 = float(n[0]), float(n[-1]), max(seconds[0], 0.0), max(seconds[-1], 0.0)
     slope = (y1 - y0) / (x1 - x0) if x1 > x0 else 0.0
     if slope <= 0:
@@ -121,6 +147,11 @@ class AnalysisCost:
     measured_in_s: float
 
     def as_dict(self) -> dict:
+        """Write the cost as a JSON-ready dict.
+
+        Returns:
+            dict: every field.
+        """
         return asdict(self)
 
 
@@ -131,18 +162,28 @@ def _seconds(df: pd.DataFrame, attacks: tuple[str, ...], n_boot: int, decision: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the synthetic table's own oddities (e.g. LiRA's normality check)
         settings = DecisionSettings(resamples=decision, seed=0) if decision else None
-        run_attacks(df, attacks=attacks, n_boot=n_boot, seed=0, decision=settings)
+        run_attacks(df, AttackRunSettings(attacks=attacks, n_boot=n_boot, seed=0), decision=settings)
     return time.process_time() - start
 
 
 def measure_analysis_cost(
     attacks: Sequence[str], *, runs: int, records: Sequence[int] = (200, 800), resamples: int = 200
 ) -> AnalysisCost:
-    """Time the analysis of `attacks` on synthetic tables of `runs` x each of `records` (2 quantizers), without
-    resamples, with `resamples` bootstrap resamples, and with DECISION_RESAMPLES decision resamples (CPU seconds
-    of this process, `_seconds`, with one BLAS/OpenMP thread as a report worker has on a machine it fills: idle
-    pool threads that spin between calls would count as work; the measurement takes 15 to 40 seconds at the
-    defaults, longer with more runs)."""
+    """Time the analysis of some attacks on synthetic tables and fit its three parts per quantizer.
+
+    Each table has `runs` runs, one of the `records` sizes and 2 quantizers; the analysis is timed without
+    resamples, with `resamples` bootstrap resamples and with DECISION_RESAMPLES decision resamples, in CPU seconds
+    of this process (`_seconds`) with one BLAS/OpenMP thread, as a report worker has on a machine it fills (idle
+    pool threads that spin between calls would count as work).
+
+    Args:
+        attacks (Sequence[str]): the attacks timed.
+        runs (int): the experiment's number of runs.
+        records (Sequence[int]): the two pool sizes measured.
+        resamples (int): bootstrap resamples of the timing.
+    Returns:
+        AnalysisCost: the fixed, per-bootstrap and per-decision cost models.
+    """
     started = time.perf_counter()
     warm_up()  # the compiled bootstrap pass, compiled before anything is timed
     attacks = tuple(attacks)
@@ -176,8 +217,21 @@ def _measure_size(runs: int, n_records: int, quantizers: int, attacks: tuple, re
 def analysis_seconds(
     cost: AnalysisCost, *, pool: int, quantizers: int, n_boot: int, decision_resamples: int, processes: int = 1
 ) -> float:
-    """ceil(Q / P) x [fixed(n) + B x per_boot(n) + D x per_decision(n)] at n = pool records, for the runs the cost was
-    measured at (module docstring): the quantizers are attacked P at a time (`report.processes`, on as many cores)."""
+    """Predict the analysis's seconds: ceil(Q / P) x [fixed(n) + B x per_boot(n) + D x per_decision(n)].
+
+    The quantizers are attacked P at a time (`report.processes`, on as many cores); the cost holds for the runs it
+    was measured at (module docstring).
+
+    Args:
+        cost (AnalysisCost): the measured cost.
+        pool (int): pool records n.
+        quantizers (int): quantizers Q.
+        n_boot (int): bootstrap resamples B.
+        decision_resamples (int): decision resamples D.
+        processes (int): worker processes P.
+    Returns:
+        float: the seconds.
+    """
     n = max(pool, 1)
     per_quantizer = (
         cost.fixed.at(n) + max(n_boot, 0) * cost.per_boot.at(n) + max(decision_resamples, 0) * cost.per_decision.at(n)

@@ -63,6 +63,11 @@ class EpsilonSettings:
     """Seed of the split and of the order among tied scores (never reads membership)."""
 
     def check(self) -> None:
+        """Check the settings.
+
+        Raises:
+            ValueError: when significance, delta, fractions or strategy is out of range.
+        """
         if not 0 < self.significance < 1 or not 0 <= self.delta < 1:
             raise ValueError(
                 f"significance in (0, 1) and delta in [0, 1) needed; got {self.significance}, {self.delta}"
@@ -98,14 +103,27 @@ class EpsilonBound(BaseModel):
 
 
 def outputs_only(references: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """The attacks whose scores read models only, never another run's membership: those whose references (the
-    registry's `AttackSpec.references`, given as {attack: references}) do not include "runs"."""
+    """Select the attacks whose scores read models only, never another run's membership.
+
+    Args:
+        references (Mapping[str, tuple[str, ...]]): {attack: its references} (the registry's
+            `AttackSpec.references`).
+    Returns:
+        list[str]: the attacks whose references do not include "runs".
+    """
     return [a for a, refs in references.items() if "runs" not in refs]
 
 
 def centred(scores: np.ndarray) -> np.ndarray:
-    """[M, N] each score minus its record's mean score over all M runs (NaN ignored): a per-record reference that
-    reads every released model and no membership."""
+    """Centre each score on its record's mean score over all M runs (NaN ignored).
+
+    The mean is a per-record reference that reads every released model and no membership.
+
+    Args:
+        scores (np.ndarray): [M, N] scores.
+    Returns:
+        np.ndarray: [M, N] centred scores; NaN for a record no run scored.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a record no run scored stays NaN
         return scores - np.nanmean(scores, axis=0, keepdims=True)
@@ -207,17 +225,20 @@ def epsilon_audit(
     design: InclusionDesign,
     s: EpsilonSettings | None = None,
 ) -> EpsilonBound:
-    """The one-run epsilon lower bound of one quantizer (module docstring), or NOT MEASURED with the reason.
+    """Bound epsilon from below for one quantizer (module docstring), or say why not.
 
     Args:
-        quantizer: the quantizer's name.
-        scores: {attack: [M, N] raw scores} of attacks that read models only (`outputs_only`), higher = member.
-        keep: [M, N] membership of each (run, record) pair.
-        design: the store's `inclusion_design`; a design that does not qualify gives NOT MEASURED with its reason.
-        s: the settings (default `EpsilonSettings()`).
-
+        quantizer (str): the quantizer's name.
+        scores (Mapping[str, np.ndarray]): {attack: [M, N] raw scores} of attacks that read models only
+            (`outputs_only`), higher = member.
+        keep (np.ndarray): [M, N] membership of each (run, record) pair.
+        design (InclusionDesign): the store's `inclusion_design`; one that does not qualify gives NOT MEASURED.
+        s (EpsilonSettings | None): the settings (default `EpsilonSettings()`).
     Returns:
-        The `EpsilonBound`, with the attack, k+, k-, guesses and correct guesses behind it.
+        EpsilonBound: the bound with the attack, k+, k-, guesses and correct guesses behind it, or NOT MEASURED
+        with the reason.
+    Raises:
+        ValueError: when the settings are out of range.
     """
     s = s or EpsilonSettings()
     s.check()

@@ -32,18 +32,17 @@ def _check_counts(m: int, r: int, v: int) -> None:
 
 
 def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float = 0.0) -> float:
-    """The p-value of v correct guesses out of r on m records under (epsilon, delta)-DP (module docstring).
+    """Compute the p-value of v correct guesses out of r on m records under (epsilon, delta)-DP (module docstring).
 
     Args:
-        m: records included independently with probability 1/2 (the delta term grows with it).
-        r: guesses made (the guesser abstains on the other m - r records).
-        v: correct guesses.
-        epsilon: the privacy loss tested (>= 0).
-        delta: the delta of the (epsilon, delta) claim tested, in [0, 1].
-
+        m (int): records included independently with probability 1/2 (the delta term grows with it).
+        r (int): guesses made (the guesser abstains on the other m - r records).
+        v (int): correct guesses.
+        epsilon (float): the privacy loss tested (>= 0).
+        delta (float): the delta of the (epsilon, delta) claim tested, in [0, 1].
     Returns:
-        min(1, beta + 2 m delta alpha): the probability, under the claim, of v or more correct guesses (bounded).
-
+        float: min(1, beta + 2 m delta alpha): the probability, under the claim, of v or more correct guesses
+        (bounded).
     Raises:
         ValueError: counts that contradict each other, a negative epsilon or a delta outside [0, 1].
     """
@@ -63,20 +62,21 @@ def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float = 0.0) 
 
 
 def epsilon_lower_bound(m: int, r: int, v: int, significance: float = 0.05, delta: float = 0.0) -> float:
-    """The largest epsilon that v correct guesses out of r on m records refute at `significance`: the root of
-    p(epsilon, delta) = significance (`one_run_p_value`), found by stepping epsilon up by 1 while p stays below
-    the level and then bisecting (Brent's method, to 1e-9); 0 when p(0, delta) is already above it.
+    """Find the largest epsilon that v correct guesses out of r on m records refute at `significance`.
+
+    It is the root of p(epsilon, delta) = significance (`one_run_p_value`), found by stepping epsilon up by 1 while
+    p stays below the level and then bisecting (Brent's method, to 1e-9).
 
     Args:
-        m: records included independently with probability 1/2.
-        r: guesses made.
-        v: correct guesses.
-        significance: the level s in (0, 1): with probability at least 1 - s the true epsilon is at least the bound.
-        delta: the delta of the claims refuted, in [0, 1].
-
+        m (int): records included independently with probability 1/2.
+        r (int): guesses made.
+        v (int): correct guesses.
+        significance (float): the level s in (0, 1): with probability at least 1 - s the true epsilon is at least
+            the bound.
+        delta (float): the delta of the claims refuted, in [0, 1].
     Returns:
-        epsilon_lb >= 0 (an upper end of 60 caps it: e^60 / (1 + e^60) is 1 in double precision).
-
+        float: epsilon_lb >= 0; 0 when p(0, delta) is already above the level; capped at 60 (e^60 / (1 + e^60) is 1
+        in double precision).
     Raises:
         ValueError: as `one_run_p_value`, or a significance outside (0, 1).
     """
@@ -115,17 +115,18 @@ RECREATE = "recreate the store with train.membership=independent and train.membe
 
 
 def inclusion_design(manifest: dict[str, Any]) -> InclusionDesign:
-    """The membership design recorded in a store's manifest, and whether it draws what the one-run epsilon bound
-    needs: every pool record in every run with probability 1/2, independently (`train.membership: independent`
-    with `train.member_fraction: 0.5`). A fixed-size subset per run (`fixed_fraction`, the default and every store
-    made before the design existed) makes the inclusions of one run dependent; an imported fine-tune's training
-    sets were chosen by whoever trained it.
+    """Read the membership design recorded in a store's manifest and whether the one-run bound applies.
+
+    The bound needs every pool record in every run with probability 1/2, independently (`train.membership:
+    independent` with `train.member_fraction: 0.5`). A fixed-size subset per run (`fixed_fraction`, the default,
+    and the design of a manifest that records none) makes the inclusions of one run dependent; an imported
+    fine-tune's training sets were chosen by whoever trained it.
 
     Args:
-        manifest: the store's manifest (`RunStore.manifest()`): its `origin` and `identity.train`.
-
+        manifest (dict[str, Any]): the store's manifest (`RunStore.manifest()`): its `origin` and `identity.train`.
     Returns:
-        The `InclusionDesign`, with the reason the report prints instead of a number where it does not qualify.
+        InclusionDesign: the design, with the reason the report prints instead of a number where it does not
+        qualify.
     """
     if manifest.get("origin") == "import":
         return InclusionDesign(

@@ -12,10 +12,20 @@ from llmaudit.analyze.attacks.lira import lira_offline, lira_statistic
 
 
 def vulnerable_samples(df: pd.DataFrame, quantizer: str, fpc_value: float | None, top: int = 20) -> dict[str, Any]:
-    """The samples offline LiRA finds most exposed: ids and scores only, never text.
+    """List the samples offline LiRA finds most exposed: ids and scores only, never text.
 
-    Score of a sample = mean over the runs that trained on it of its calibrated LiRA statistic when that
-    run is the target (leave-one-out; the other runs where it was OUT give its Gaussian)."""
+    The score of a sample is the mean, over the runs that trained on it, of its calibrated LiRA statistic when that
+    run is the target (leave-one-out; the other runs where it was out give its Gaussian).
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        quantizer (str): the quantizer's name.
+        fpc_value (float | None): LiRA's finite population correction.
+        top (int): the most samples listed.
+    Returns:
+        dict[str, Any]: the attack, the score's definition and the samples (sample_id, score, n_member_runs),
+        highest score first.
+    """
 
     rows, _ = final_pool(df, quantizer)
     loss = rows.pivot(index="run", columns="sample_id", values="loss").sort_index()

@@ -45,27 +45,56 @@ class ExtractionSettings:
     """Probability with which at least one of them must reproduce the response exactly."""
 
     def check(self) -> None:
+        """Check the settings.
+
+        Raises:
+            ValueError: unless n is an integer >= 1 and p lies in (0, 1).
+        """
         if not (isinstance(self.n, int) and self.n >= 1) or not 0 < self.p < 1:
             raise ValueError(f"extraction needs n >= 1 and p in (0, 1); got n={self.n}, p={self.p}")
 
 
 def exact_probability_threshold(n: int, p: float) -> float:
-    """p* = 1 - (1 - p)^(1 / n): the least probability of sampling the response exactly with which n samples at
-    temperature 1 reproduce it at least once with probability p (computed as -expm1(log1p(-p) / n))."""
+    """Compute p* = 1 - (1 - p)^(1 / n), the least exact-sampling probability that makes a record extractable.
+
+    With it, n samples at temperature 1 reproduce the response at least once with probability p (computed as
+    -expm1(log1p(-p) / n)).
+
+    Args:
+        n (int): samples the attacker draws, at least 1.
+        p (float): the probability of at least one reproduction, in (0, 1).
+    Returns:
+        float: p*.
+    Raises:
+        ValueError: when n or p is out of range.
+    """
     ExtractionSettings(n, p).check()
     return -math.expm1(math.log1p(-p) / n)
 
 
 def sampled_extractable(log_p_exact: np.ndarray, n: int, p: float) -> np.ndarray:
-    """1.0 where 1 - (1 - p_z)^n >= p (p_z = exp(log_p_exact)), 0.0 where not, NaN where log_p_exact is NaN."""
+    """Decide (n, p)-discoverable extraction: 1 - (1 - p_z)^n >= p, p_z = exp(log_p_exact).
+
+    Args:
+        log_p_exact (np.ndarray): log p_z of each record, in nats, any shape.
+        n (int): samples the attacker draws.
+        p (float): the probability of at least one reproduction.
+    Returns:
+        np.ndarray: 1.0 where extractable, 0.0 where not, NaN where log_p_exact is NaN; same shape.
+    """
     log_p = np.asarray(log_p_exact, dtype=np.float64)
     hit = (log_p >= math.log(exact_probability_threshold(n, p))).astype(np.float64)
     return np.where(np.isnan(log_p), np.nan, hit)
 
 
 def greedy_extracted(top1: Sequence[bool] | np.ndarray | None) -> float:
-    """1.0 when every scored token is the model's top-1 (greedy decoding reproduces the response), 0.0 when one is
-    not, NaN without flags or without a scored token."""
+    """Decide greedy extraction: every scored token is the model's top-1 (greedy decoding reproduces it).
+
+    Args:
+        top1 (Sequence[bool] | np.ndarray | None): the row's top-1 flags, one per scored token.
+    Returns:
+        float: 1.0 when every flag is set, 0.0 when one is not, NaN without flags or without a scored token.
+    """
     if top1 is None or (isinstance(top1, float) and math.isnan(top1)):
         return math.nan
     flags = np.asarray(top1, dtype=bool)
@@ -73,8 +102,16 @@ def greedy_extracted(top1: Sequence[bool] | np.ndarray | None) -> float:
 
 
 def rows_greedy(rows: pd.DataFrame) -> np.ndarray:
-    """[n] `greedy_extracted` of each loss-table row: the `GREEDY` column where the table carries it, else from its
-    `token_top1` list (NaN for every row of a table without the column, as loss tables of version 1)."""
+    """Compute `greedy_extracted` of each loss-table row.
+
+    Args:
+        rows (pd.DataFrame): loss-table rows; their `GREEDY` column where the table carries it, else their
+            `token_top1` lists (NaN for every row of a table without that column, as loss tables of version 1).
+    Returns:
+        np.ndarray: [n] 1.0, 0.0 or NaN per row.
+    Raises:
+        ValueError: for a light table (no token lists) without the `GREEDY` column.
+    """
     if GREEDY in rows.columns:
         return rows[GREEDY].to_numpy(dtype=np.float64)
     if SEQUENCE_BITS in rows.columns and "token_top1" in rows.columns:
@@ -89,7 +126,13 @@ def rows_greedy(rows: pd.DataFrame) -> np.ndarray:
 
 
 def rows_log_p_exact(rows: pd.DataFrame) -> np.ndarray:
-    """[n] log p_z = -(sum of the row's token losses) in nats (from the table's sequence bits where it has them)."""
+    """Compute log p_z = -(sum of the row's token losses) in nats (from its sequence bits where the table has them).
+
+    Args:
+        rows (pd.DataFrame): loss-table rows.
+    Returns:
+        np.ndarray: [n] log p_z per row.
+    """
     return -rows_bits(rows) * LN2
 
 
@@ -106,7 +149,13 @@ class ExtractionMatrices:
     log_p_exact: np.ndarray
 
     def restricted(self, sample_ids: Sequence[str]) -> ExtractionMatrices:
-        """The same matrices on a subset of the records, in the given order."""
+        """Restrict the matrices to a subset of the records, in the given order.
+
+        Args:
+            sample_ids (Sequence[str]): the records kept, each one of `self.sample_ids`.
+        Returns:
+            ExtractionMatrices: the same matrices on those records.
+        """
         pos = {s: i for i, s in enumerate(self.sample_ids)}
         idx = np.array([pos[s] for s in sample_ids], dtype=np.int64)
         greedy = None if self.greedy is None else self.greedy[:, idx]
@@ -116,9 +165,19 @@ class ExtractionMatrices:
 
 
 def extraction_matrices(df: pd.DataFrame, quantizer: str) -> ExtractionMatrices:
-    """The `ExtractionMatrices` of one quantizer: each run's final checkpoint on split "pool", the records scored by
-    every run (as the attacks take them, `llmaudit.analyze.attacks.matrices.target_matrices`). df: a loss table
-    (or a light table carrying `sequence_bits` and `GREEDY`). LossTableError when the quantizer has no pool rows."""
+    """Build the `ExtractionMatrices` of one quantizer's final checkpoints on split "pool".
+
+    The records are those scored by every run, as the attacks take them
+    (`llmaudit.analyze.attacks.matrices.target_matrices`).
+
+    Args:
+        df (pd.DataFrame): a loss table, or a light table carrying `sequence_bits` and `GREEDY`.
+        quantizer (str): the quantizer's name.
+    Returns:
+        ExtractionMatrices: membership, greedy extraction (None without top-1 flags) and log p_z, [M, N] each.
+    Raises:
+        LossTableError: when the quantizer has no pool rows.
+    """
     t = target_matrices(df, quantizer)
     rows = t.rows.assign(_greedy=rows_greedy(t.rows), _log_p=rows_log_p_exact(t.rows))
     greedy = pivot(rows, "_greedy", t.runs, t.samples).astype(np.float64)
@@ -155,14 +214,32 @@ class GreedyCheck(BaseModel):
 
 
 def text_reproduced(generated: str, reference_output: str) -> bool:
-    """The generated answer (decoded without special tokens and stripped, as the scorer stores it) equals the
-    record's reference response, stripped."""
+    """Say whether a generated answer equals the record's reference response, both stripped.
+
+    Args:
+        generated (str): the answer as the scorer stores it (decoded without special tokens, stripped).
+        reference_output (str): the record's reference response.
+    Returns:
+        bool: True when they are equal.
+    """
     return generated.strip() == reference_output.strip()
 
 
 def greedy_check(quantizer: str, top1: Sequence, generated: Sequence, reference_outputs: Sequence[str]) -> GreedyCheck:
-    """`GreedyCheck` of rows given as their top-1 flags, generated answers (None: not generated) and reference
-    responses (the records' `output`), all [n] in the same order."""
+    """Compare greedy extraction read from the top-1 flags with the greedy answers actually generated.
+
+    Rows without a generated answer or without flags are left out.
+
+    Args:
+        quantizer (str): the quantizer's name.
+        top1 (Sequence): [n] each row's top-1 flags.
+        generated (Sequence): [n] each row's generated answer (None: not generated).
+        reference_outputs (Sequence[str]): [n] the records' reference responses (`output`).
+    Returns:
+        GreedyCheck: the counts of rows where the two readings agree and differ.
+    Raises:
+        ValueError: when the three sequences differ in length.
+    """
     counts = {"both": 0, "top1_only": 0, "text_only": 0, "neither": 0}
     for flags, text, ref in zip(top1, generated, reference_outputs, strict=True):
         greedy = greedy_extracted(flags)
@@ -185,8 +262,15 @@ def greedy_check(quantizer: str, top1: Sequence, generated: Sequence, reference_
 
 
 def greedy_check_of_table(df: pd.DataFrame, quantizer: str, outputs: Mapping[str, str]) -> GreedyCheck:
-    """`greedy_check` on the validation rows of each run's final checkpoint under `quantizer` that hold a generated
-    answer. outputs: {sample_id: the record's reference response} (the store's validation records)."""
+    """Run `greedy_check` on the validation rows at each run's final checkpoint that hold a generated answer.
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        quantizer (str): the quantizer's name.
+        outputs (Mapping[str, str]): {sample_id: the record's reference response} (the store's validation records).
+    Returns:
+        GreedyCheck: the comparison (no rows when the table has no generations or no top-1 flags).
+    """
     val = df[(df["quantizer"] == quantizer) & (df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
     if "generated" not in val.columns or "token_top1" not in val.columns or val.empty:
         return greedy_check(quantizer, [], [], [])

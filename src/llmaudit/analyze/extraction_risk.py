@@ -95,10 +95,15 @@ class ExtractionResult(_Model):
 
 
 def resampled_rates(flags: np.ndarray, keep: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """[B + 1, 5] (members' rate, non-members' rate, their difference, member rows, non-member rows) under each row
-    of record multiplicities.
+    """Compute the extraction rates of members and non-members under each row of record multiplicities.
 
-    flags: [M, N] 1.0 extracted, 0.0 not, NaN not measured (left out); keep: [M, N]; weights: [B + 1, N]."""
+    Args:
+        flags (np.ndarray): [M, N] 1.0 extracted, 0.0 not, NaN not measured (left out).
+        keep (np.ndarray): [M, N] membership.
+        weights (np.ndarray): [B + 1, N] record multiplicities, row 0 the observed data.
+    Returns:
+        np.ndarray: [B + 1, 5] (members' rate, non-members' rate, their difference, member rows, non-member rows).
+    """
     ok = np.isfinite(flags)
     hit = np.where(ok, flags, 0.0)
     per_record = np.stack([(hit * keep).sum(0), (ok & keep).sum(0), (hit * ~keep).sum(0), (ok & ~keep).sum(0)])
@@ -130,7 +135,14 @@ def _difference(resampled: np.ndarray, low_q: float, high_q: float, method: str)
 
 
 def rates_of(measure: Measure, resampled: np.ndarray) -> ExtractionRates:
-    """`ExtractionRates` from `resampled_rates`' output."""
+    """Summarise one measure's resampled rates with their intervals.
+
+    Args:
+        measure (Measure): "greedy" or "sampled".
+        resampled (np.ndarray): [B + 1, 5] the output of `resampled_rates`.
+    Returns:
+        ExtractionRates: the rates with 95% Wilson intervals, the memorized part with its percentile interval.
+    """
     return ExtractionRates(
         measure=measure,
         members=_rate(resampled[:, 0], resampled[0, 3]),
@@ -142,8 +154,15 @@ def rates_of(measure: Measure, resampled: np.ndarray) -> ExtractionRates:
 
 
 def direction_of(d: Estimate, margin: float) -> Direction:
-    """MORE when the interval's low end is above 0, LESS when its high end is below 0, SAME when it lies within
-    (-margin, +margin), else CANNOT TELL; NOT MEASURED without an interval."""
+    """Read the direction of a paired difference from its interval.
+
+    Args:
+        d (Estimate): the difference quantizer - reference with its interval.
+        margin (float): the equivalence margin.
+    Returns:
+        Direction: MORE when the low end is above 0, LESS when the high end is below 0, SAME when the interval lies
+        within (-margin, +margin), else CANNOT TELL; NOT MEASURED without an interval.
+    """
     if d.value is None or d.low is None or d.high is None:
         return "NOT MEASURED"
     if d.low > 0:
@@ -167,7 +186,18 @@ def _change_sentence(measure: str, quantizer: str, reference: str, d: Estimate, 
 
 
 def change_of(measure: Measure, quantizer: str, reference: str, q: np.ndarray, ref: np.ndarray, s: DecisionSettings):
-    """`ExtractionChange` of two quantizers' `resampled_rates` made with the same multiplicities."""
+    """Compare two quantizers' resampled rates made with the same multiplicities.
+
+    Args:
+        measure (Measure): "greedy" or "sampled".
+        quantizer (str): the quantizer compared.
+        reference (str): the reference it is compared with.
+        q (np.ndarray): [B + 1, 5] the quantizer's `resampled_rates`.
+        ref (np.ndarray): [B + 1, 5] the reference's, on the same records and resamples.
+        s (DecisionSettings): the rule's settings (alpha, margin).
+    Returns:
+        ExtractionChange: the paired differences at 1 - 2 alpha and the direction of the memorized part.
+    """
     method = "paired percentile bootstrap (the same records and resamples)"
     parts = [_difference(q[:, j] - ref[:, j], s.alpha, 1 - s.alpha, method) for j in range(3)]
     direction = direction_of(parts[2], s.margin)
@@ -199,7 +229,15 @@ def _weights(m: ExtractionMatrices, s: DecisionSettings) -> np.ndarray:
 
 
 def quantizer_extraction(m: ExtractionMatrices, es: ExtractionSettings, s: DecisionSettings):
-    """(`QuantizerExtraction` without comparison, {measure: resampled rates [B + 1, 5]}) of one quantizer."""
+    """Measure the extraction risk of one quantizer (without the comparison).
+
+    Args:
+        m (ExtractionMatrices): the quantizer's matrices.
+        es (ExtractionSettings): the (n, p) of sampled extraction.
+        s (DecisionSettings): the decision's settings (resamples, seed).
+    Returns:
+        tuple[QuantizerExtraction, dict[str, np.ndarray]]: the result, and {measure: resampled rates [B + 1, 5]}.
+    """
     weights = _weights(m, s)
     resampled = {k: resampled_rates(f, m.keep, weights) for k, f in _flags(m, es).items()}
     result = QuantizerExtraction(
@@ -228,11 +266,20 @@ def extraction_risk(
     es: ExtractionSettings | None = None,
     s: DecisionSettings | None = None,
 ) -> ExtractionResult:
-    """The `ExtractionResult` of every quantizer in `matrices` ({quantizer: `extraction_matrices(df, quantizer)`}),
-    each compared with `reference` (the store's full precision) where it is among them and has the same runs.
+    """Measure the extraction risk of every quantizer, each compared with the reference where possible.
 
+    A quantizer is compared with `reference` (the store's full precision) where the reference is among them and has
+    the same runs.
+
+    Args:
+        matrices (dict[str, ExtractionMatrices]): {quantizer: `extraction_matrices(df, quantizer)`}.
+        reference (str | None): the reference quantizer.
+        es (ExtractionSettings | None): the (n, p) of sampled extraction (default `ExtractionSettings()`).
+        s (DecisionSettings | None): the decision's settings (default `DecisionSettings()`).
+    Returns:
+        ExtractionResult: the result of every quantizer and the settings behind it.
     Raises:
-        ValueError: settings out of range.
+        ValueError: when settings are out of range.
     """
     es, s = es or ExtractionSettings(), s or DecisionSettings()
     es.check()

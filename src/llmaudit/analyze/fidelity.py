@@ -82,7 +82,13 @@ DEFINITION = (
 
 
 def mean_and_error(values: np.ndarray) -> tuple[float, float]:
-    """(mean, standard error of the mean = sd(ddof=1) / sqrt(N)) of values [N]; se nan below 2 values."""
+    """Compute the mean and its standard error sd(ddof=1) / sqrt(N).
+
+    Args:
+        values (np.ndarray): [N] values.
+    Returns:
+        tuple[float, float]: (mean, se); se NaN below 2 values, both NaN without values.
+    """
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return math.nan, math.nan
@@ -92,7 +98,13 @@ def mean_and_error(values: np.ndarray) -> tuple[float, float]:
 
 
 def share_and_error(flags: np.ndarray) -> tuple[float, float]:
-    """(share of True, sqrt(p (1 - p) / (N - 1))) of flags [N] (llama.cpp's error of "same top p")."""
+    """Compute the share of True and llama.cpp's error of "same top p", sqrt(p (1 - p) / (N - 1)).
+
+    Args:
+        flags (np.ndarray): [N] booleans.
+    Returns:
+        tuple[float, float]: (share, error); error NaN below 2 flags, both NaN without flags.
+    """
     x = np.asarray(flags, dtype=bool)
     if x.size == 0:
         return math.nan, math.nan
@@ -101,7 +113,14 @@ def share_and_error(flags: np.ndarray) -> tuple[float, float]:
 
 
 def percentiles(values: np.ndarray, spec=KL_PERCENTILES) -> dict[str, float]:
-    """{name: value at fraction f} with linear interpolation between order statistics at f (N - 1)."""
+    """Compute percentiles with linear interpolation between order statistics at f (N - 1).
+
+    Args:
+        values (np.ndarray): [N] values.
+        spec (tuple[tuple[str, float], ...]): (name, fraction f) pairs, e.g. KL_PERCENTILES.
+    Returns:
+        dict[str, float]: {name: value at f}; NaN without values.
+    """
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return {name: math.nan for name, _ in spec}
@@ -111,7 +130,18 @@ def percentiles(values: np.ndarray, spec=KL_PERCENTILES) -> dict[str, float]:
 def divergence_statistics(
     token_kl: np.ndarray, same_top: np.ndarray, nll_q: np.ndarray, nll_ref: np.ndarray
 ) -> dict[str, Any]:
-    """llama.cpp's statistics (module docstring) of one run: all four arrays [N], one entry per scored token."""
+    """Compute llama.cpp's statistics (module docstring) of one run.
+
+    Args:
+        token_kl (np.ndarray): [N] KL(p_ref || p_q) per scored token.
+        same_top (np.ndarray): [N] whether both argmaxes agree.
+        nll_q (np.ndarray): [N] token NLLs of the quantized unit.
+        nll_ref (np.ndarray): [N] token NLLs of the reference unit.
+    Returns:
+        dict[str, Any]: n_tokens, the KL, same-top, delta p and PPL statistics with their errors.
+    Raises:
+        ValueError: when the four arrays differ in length.
+    """
     n = len(token_kl)
     if not (len(same_top) == len(nll_q) == len(nll_ref) == n):
         raise ValueError("divergence_statistics needs one value per token in each of its four inputs")
@@ -197,8 +227,17 @@ def _aggregate(per_run: list[dict], *, n_boot: int, seed: int) -> dict[str, Any]
 def divergence_from_table(
     df: pd.DataFrame, quantizers: list[str], reference: str, *, n_boot: int = 1000, seed: int = 0
 ) -> dict[str, Any]:
-    """Per quantizer: llama.cpp's statistics per run and their means over runs (module docstring), or why
-    they were not measured."""
+    """Compute llama.cpp's statistics per run and their means over runs for each quantizer (module docstring).
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        quantizers (list[str]): the quantizers to measure.
+        reference (str): the reference quantizer (delta p and the PPL ratio are against its units).
+        n_boot (int): bootstrap resamples over runs.
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: definition, reference_quantizer and per_quantizer (per run, summary, or why not measured).
+    """
     val = df[(df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
     ref_by_run = _final_rows(val, reference)
     per_q: dict[str, Any] = {}

@@ -24,11 +24,17 @@ DEFAULT_BATCH = 2048
 
 
 def compare_with_base(base: BaseLogits, quantized: str | Path, *, threads: int, batch: int = DEFAULT_BATCH) -> dict:
-    """The tool's statistics of the quantized GGUF against the base file (``llama_kld.kld_summary``), over all the
-    file's chunks.
+    """Compute the tool's statistics of a quantized GGUF against the base file, over all the file's chunks.
 
+    Args:
+        base (BaseLogits): the base model's log-probability file, read.
+        quantized (str | Path): the quantized GGUF.
+        threads (int): llama.cpp threads.
+        batch (int): tokens per decode call (llama-perplexity's -b).
+    Returns:
+        dict: ``llama_kld.kld_summary``'s statistics.
     Raises:
-        UserError: the GGUF's vocabulary is not the file's.
+        UserError: when the GGUF's vocabulary is not the file's.
     """
     with LlamaCppModel(quantized, threads=threads) as model:
         if model.n_vocab != base.n_vocab:
@@ -42,10 +48,16 @@ def compare_with_base(base: BaseLogits, quantized: str | Path, *, threads: int, 
 
 
 def chunk_tokens(tokens: np.ndarray, n_ctx: int, chunks: int | None = None) -> np.ndarray:
-    """The tool's chunks of a tokenized text: int32 [n_chunk, n_ctx], n_chunk = len // n_ctx (at most `chunks`).
+    """Cut a tokenized text into the tool's chunks.
 
+    Args:
+        tokens (np.ndarray): [N] token ids.
+        n_ctx (int): the context length.
+        chunks (int | None): the most chunks kept (None: all).
+    Returns:
+        np.ndarray: int32 [n_chunk, n_ctx], n_chunk = N // n_ctx (at most `chunks`).
     Raises:
-        UserError: fewer than 2 x n_ctx tokens (the tool's own minimum).
+        UserError: with fewer than 2 x n_ctx tokens (the tool's own minimum).
     """
     if len(tokens) < 2 * n_ctx:
         raise UserError(f"the text tokenizes to {len(tokens)} tokens; a context of {n_ctx} needs at least "
@@ -56,9 +68,25 @@ def chunk_tokens(tokens: np.ndarray, n_ctx: int, chunks: int | None = None) -> n
 
 def write_base(base_gguf: str | Path, out: str | Path, *, text: str | None = None, tokens: np.ndarray | None = None,
                n_ctx: int, chunks: int | None, threads: int, batch: int = DEFAULT_BATCH) -> BaseLogits:  # fmt: skip
-    """``llama-perplexity -m BASE -f TEXT -c n_ctx [--chunks N] --kl-divergence-base OUT``: the base GGUF's
-    log-probabilities of the text (tokenized by the file's own tokenizer, BOS added as it says), or of the token ids
-    ``tokens`` [N] as given, written to `out` and read back."""
+    """Write a base GGUF's log-probabilities of a text as ``llama-perplexity --kl-divergence-base`` does.
+
+    The command is ``llama-perplexity -m BASE -f TEXT -c n_ctx [--chunks N] --kl-divergence-base OUT``.
+
+    Args:
+        base_gguf (str | Path): the base model's GGUF.
+        out (str | Path): the file written.
+        text (str | None): the text, tokenized by the file's own tokenizer (BOS added as it says).
+        tokens (np.ndarray | None): [N] token ids as given, instead of a text.
+        n_ctx (int): the context length.
+        chunks (int | None): the most chunks (None: all).
+        threads (int): llama.cpp threads.
+        batch (int): tokens per decode call.
+    Returns:
+        BaseLogits: the file, read back.
+    Raises:
+        ValueError: unless exactly one of text and tokens is given.
+        UserError: when the text is too short for two chunks.
+    """
     if (text is None) == (tokens is None):
         raise ValueError("write_base takes a text or token ids")
     with LlamaCppModel(base_gguf, threads=threads) as model:
@@ -70,7 +98,15 @@ def write_base(base_gguf: str | Path, out: str | Path, *, text: str | None = Non
 
 
 def summary_record(name: str, summary: dict[str, Any], base: BaseLogits) -> dict[str, Any]:
-    """The JSON record of one comparison: the quantized file, the base file's protocol, the statistics."""
+    """Write the JSON record of one comparison: the quantized file, the base file's protocol, the statistics.
+
+    Args:
+        name (str): the quantized file's name.
+        summary (dict[str, Any]): the statistics (`compare_with_base`).
+        base (BaseLogits): the base file.
+    Returns:
+        dict[str, Any]: the record.
+    """
     return {
         "quantized": str(name),
         "base_logits": str(base.path),

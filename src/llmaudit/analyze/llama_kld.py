@@ -50,6 +50,13 @@ class TokenKLD:
 
     @staticmethod
     def concatenate(parts: list[TokenKLD]) -> TokenKLD:
+        """Concatenate the per-position values of several chunks, in order.
+
+        Args:
+            parts (list[TokenKLD]): the chunks' values.
+        Returns:
+            TokenKLD: every position of every part.
+        """
         return TokenKLD(*(np.concatenate([getattr(p, f) for p in parts]) for f in TokenKLD.__dataclass_fields__))
 
 
@@ -70,15 +77,16 @@ def _block(x: np.ndarray, rows: np.ndarray, targets: np.ndarray) -> TokenKLD:
 
 
 def chunk_statistics(logits: np.ndarray, base_rows: np.ndarray, targets: np.ndarray) -> TokenKLD:
-    """The tool's per-position values of one chunk.
+    """Compute the tool's per-position values of one chunk.
 
     Args:
-        logits: float32 [P, V], the quantized model's logits at the chunk's scored positions.
-        base_rows: uint16 [P, row_width(V)], the base file's rows of the same positions.
-        targets: [P] the next token at each position.
-
+        logits (np.ndarray): float32 [P, V], the quantized model's logits at the chunk's scored positions.
+        base_rows (np.ndarray): uint16 [P, row_width(V)], the base file's rows of the same positions.
+        targets (np.ndarray): [P] the next token at each position.
     Returns:
-        TokenKLD of the P positions.
+        TokenKLD: the values of the P positions.
+    Raises:
+        ValueError: when logits, base rows and targets do not hold one row per position.
     """
     x = np.asarray(logits, dtype=np.float32)
     if x.ndim != 2 or base_rows.shape[0] != x.shape[0] or len(targets) != x.shape[0]:
@@ -93,8 +101,16 @@ def chunk_statistics(logits: np.ndarray, base_rows: np.ndarray, targets: np.ndar
 
 
 def mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float, float]:
-    """The tool's (mean, sqrt((E[x^2] - E[x]^2) / (N - 1))), the error 0 when N <= 10 or the variance is not
-    positive."""
+    """Compute the tool's mean and error sqrt((E[x^2] - E[x]^2) / (N - 1)) from running sums.
+
+    Args:
+        total (float): the sum of the values.
+        total2 (float): the sum of their squares.
+        count (int): N.
+    Returns:
+        tuple[float, float]: (mean, error); the error is 0 when N <= 10 or the variance is not positive, both 0
+        when N < 1.
+    """
     if count < 1:
         return 0.0, 0.0
     f = total / count
@@ -103,16 +119,30 @@ def mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float
 
 
 def covariance(sum_a: float, sum_b: float, sum_ab: float, count: int) -> float:
-    """The tool's covariance of two per-token series (0 when N < 10), divided once more by N - 1 (the covariance of
-    their means)."""
+    """Compute the tool's covariance of two per-token series, divided once more by N - 1 (that of their means).
+
+    Args:
+        sum_a (float): the sum of the first series.
+        sum_b (float): the sum of the second series.
+        sum_ab (float): the sum of their products.
+        count (int): N.
+    Returns:
+        float: the covariance of the means, 0 when N < 10.
+    """
     if count < 10:
         return 0.0
     return (sum_ab / count - (sum_a / count) * (sum_b / count)) / (count - 1)
 
 
 def percentile(sorted_values: np.ndarray, fraction: float) -> float:
-    """The tool's percentile of float32 values sorted ascending: linear interpolation at fraction x (N - 1),
-    computed in float32."""
+    """Compute the tool's percentile: linear interpolation at fraction x (N - 1), in float32.
+
+    Args:
+        sorted_values (np.ndarray): float32 values sorted ascending.
+        fraction (float): the fraction, in [0, 1].
+    Returns:
+        float: the percentile.
+    """
     if fraction <= 0:
         return float(sorted_values[0])
     if fraction >= 1:
@@ -164,13 +194,18 @@ def _perplexity(t: TokenKLD, n: int) -> dict[str, float]:
 
 
 def kld_summary(t: TokenKLD) -> dict[str, Any]:
-    """Every statistic ``llama-perplexity --kl-divergence`` prints, from the per-position values of all chunks.
+    """Compute every statistic ``llama-perplexity --kl-divergence`` prints, from the values of all chunks.
 
+    The tool prints the final statistics only from 100 positions on.
+
+    Args:
+        t (TokenKLD): the per-position values of every chunk.
     Returns:
-        {"n_tokens", the PPL statistics (ppl_q, ppl_base, cor_ln_ppl, ln_ppl_ratio, ppl_ratio, ppl_diff, each with
-        its "_se"), "kl_mean", "kl_se", "kl_percentiles", "delta_p_mean", "delta_p_se", "delta_p_percentiles",
-        "delta_p_rms", "delta_p_rms_se", "same_top", "same_top_se"}: fractions, not percent. The tool prints the
-        final statistics only from 100 positions on.
+        dict[str, Any]: {"n_tokens", the PPL statistics (ppl_q, ppl_base, cor_ln_ppl, ln_ppl_ratio, ppl_ratio,
+        ppl_diff, each with its "_se"), "kl_mean", "kl_se", "kl_percentiles", "delta_p_mean", "delta_p_se",
+        "delta_p_percentiles", "delta_p_rms", "delta_p_rms_se", "same_top", "same_top_se"}: fractions, not percent.
+    Raises:
+        ValueError: with fewer than 2 scored positions.
     """
     n = len(t.kld)
     if n < 2:
@@ -209,7 +244,13 @@ def _percent_label(name: str) -> str:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    """The statistics as the tool prints them (its labels, its printf formats)."""
+    """Write the statistics as the tool prints them (its labels, its printf formats).
+
+    Args:
+        s (dict[str, Any]): the output of `kld_summary`.
+    Returns:
+        str: the three blocks of the tool's output.
+    """
     ppl = [f"{label:<30}: {s[key]:10.6f} ± {s[key + '_se']:10.6f}" for label, key in _PPL_LINES[:2]]
     ppl.append(f"Cor(ln(PPL(Q)), ln(PPL(base))): {100.0 * s['cor_ln_ppl']:6.2f}%")
     ppl += [f"{label:<30}: {s[key]:10.6f} ± {s[key + '_se']:10.6f}" for label, key in _PPL_LINES[2:]]
@@ -264,11 +305,14 @@ def _printed(text: str) -> Printed:
 
 
 def parse_perplexity_output(text: str) -> dict[str, Printed]:
-    """The final statistics in the tool's output, found by their labels (never by line position: the percentile
-    lines changed between llama.cpp versions).
+    """Read the final statistics from the tool's output, found by their labels.
 
+    Labels, never line positions, identify a statistic: the percentile lines differ between llama.cpp versions.
+
+    Args:
+        text (str): the tool's output.
     Returns:
-        {key: Printed}: keys "ppl_q", "ppl_q_se", ..., "kl_mean", "kl_se", "kl_99.9", "kl_median", "kl_max",
+        dict[str, Printed]: keys "ppl_q", "ppl_q_se", ..., "kl_mean", "kl_se", "kl_99.9", "kl_median", "kl_max",
         "delta_p_mean", "delta_p_se", "delta_p_75", ..., "delta_p_rms", "delta_p_rms_se", "same_top",
         "same_top_se", "cor_ln_ppl" (as printed: percent for Δp, same top p and the correlation).
     """
@@ -290,8 +334,14 @@ _PERCENT_KEYS = ("delta_p", "same_top", "cor_ln_ppl")
 
 
 def printed_values(s: dict[str, Any]) -> dict[str, float]:
-    """kld_summary's statistics under parse_perplexity_output's keys and in its units (percent where the tool
-    prints percent), unrounded: what to compare with the tool's printed numbers."""
+    """Express kld_summary's statistics under parse_perplexity_output's keys and units, unrounded.
+
+    Args:
+        s (dict[str, Any]): the output of `kld_summary`.
+    Returns:
+        dict[str, float]: {key: value}, in percent where the tool prints percent: what to compare with the tool's
+        printed numbers.
+    """
     flat: dict[str, float] = {}
     for key, value in s.items():
         if key in ("kl_percentiles", "delta_p_percentiles"):
@@ -303,10 +353,18 @@ def printed_values(s: dict[str, Any]) -> dict[str, float]:
 
 
 def differences(mine: dict[str, Any], printed: dict[str, Printed]) -> dict[str, tuple[float, float]]:
-    """{key: (llmaudit's value, the tool's printed value)} of every printed statistic that llmaudit's value does
-    not round to (|difference| above half a unit of the last printed digit, with 1e-9 relative slack for the
-    rounding of the last bit); empty when all agree. A statistic the tool printed that llmaudit lacks is listed
-    with nan."""
+    """List the printed statistics that llmaudit's values do not round to.
+
+    A value agrees when |difference| is at most half a unit of the last printed digit, with 1e-9 relative slack for
+    the rounding of the last bit.
+
+    Args:
+        mine (dict[str, Any]): the output of `kld_summary`.
+        printed (dict[str, Printed]): the output of `parse_perplexity_output`.
+    Returns:
+        dict[str, tuple[float, float]]: {key: (llmaudit's value, the tool's printed value)}; empty when all agree; a
+        statistic the tool printed that llmaudit lacks is listed with NaN.
+    """
     values = printed_values(mine)
     out = {}
     for key, shown in printed.items():

@@ -48,9 +48,15 @@ DEFINITION = (
 
 
 def sequence_bits(token_losses: Iterable[float] | np.ndarray) -> float:
-    """H(x | model) = -log2 p(x | model) of one scored sequence.
+    """Compute H(x | model) = -log2 p(x | model) of one scored sequence.
 
-    token_losses: [n_tokens] per-token negative log-likelihoods in nats. Returns their sum / ln 2."""
+    Args:
+        token_losses (np.ndarray): [n_tokens] per-token negative log-likelihoods in nats.
+    Returns:
+        float: their sum / ln 2, in bits.
+    Raises:
+        ValueError: when the losses are not one sequence.
+    """
     losses = np.asarray(token_losses, dtype=np.float64)
     if losses.ndim != 1:
         raise ValueError(f"token_losses must be one sequence, shape [n_tokens]; got shape {losses.shape}.")
@@ -58,7 +64,13 @@ def sequence_bits(token_losses: Iterable[float] | np.ndarray) -> float:
 
 
 def sequences_bits(token_losses: Iterable[Iterable[float] | np.ndarray]) -> np.ndarray:
-    """`sequence_bits` of each sequence. token_losses: n sequences of per-token nats -> bits [n]."""
+    """Compute `sequence_bits` of each sequence.
+
+    Args:
+        token_losses (Iterable[np.ndarray]): n sequences of per-token losses in nats.
+    Returns:
+        np.ndarray: [n] bits.
+    """
     return np.array([sequence_bits(t) for t in token_losses], dtype=np.float64)
 
 
@@ -68,20 +80,31 @@ from its token losses when its file was read and validated; the table's pool row
 
 
 def rows_bits(rows: pd.DataFrame) -> np.ndarray:
-    """H(x | model) in bits [n] of each row of a loss table: its `SEQUENCE_BITS` where the table carries them (a
-    light table), else `sequences_bits` of its token losses (the same numbers)."""
+    """Compute H(x | model) in bits of each row of a loss table.
+
+    Args:
+        rows (pd.DataFrame): loss-table rows; their `SEQUENCE_BITS` column is read where the table carries it (a
+            light table), else `sequences_bits` of their token losses (the same numbers).
+    Returns:
+        np.ndarray: [n] bits.
+    """
     if SEQUENCE_BITS in rows.columns:
         return rows[SEQUENCE_BITS].to_numpy(dtype=np.float64)
     return sequences_bits(rows["token_losses"])
 
 
 def mem_u_bits(h_ref: np.ndarray | float, h_target: np.ndarray | float) -> np.ndarray:
-    """Unintended memorization mem_U(x) = h_ref - min(h_ref, h_target), in bits.
+    """Compute the unintended memorization mem_U(x) = h_ref - min(h_ref, h_target), in bits.
 
-    h_ref, h_target: [n] (or broadcastable) H(x | ref) and H(x | target) in bits. The max of the two
-    probabilities is the min of the two code lengths, so the result is [n] and never negative: it is 0
-    where the target explains x no better than the reference, and h_ref where the target gives x
-    probability 1 (h_target = 0)."""
+    The max of the two probabilities is the min of the two code lengths, so the result is never negative: 0 where
+    the target explains x no better than the reference, h_ref where the target gives x probability 1.
+
+    Args:
+        h_ref (np.ndarray | float): [n] (or broadcastable) H(x | ref) in bits.
+        h_target (np.ndarray | float): [n] H(x | target) in bits.
+    Returns:
+        np.ndarray: [n] mem_U in bits.
+    """
     h_ref = np.asarray(h_ref, dtype=np.float64)
     h_target = np.asarray(h_target, dtype=np.float64)
     return h_ref - np.minimum(h_ref, h_target)

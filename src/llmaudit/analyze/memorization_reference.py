@@ -33,7 +33,15 @@ HOW_TO_SCORE = (
 
 
 def parse_reference(text: str) -> Reference:
-    """Command-line form of a reference: "base", "run=R,quantizer=Q[,checkpoint=C]" or a parquet path."""
+    """Read the command-line form of a reference.
+
+    Args:
+        text (str): "base", "run=R,quantizer=Q[,checkpoint=C]" or the path of a parquet loss table.
+    Returns:
+        Reference: "base", the mapping of run, quantizer (and checkpoint), or the loss table read.
+    Raises:
+        UserError: when the text is none of these, or the path does not exist.
+    """
     text = text.strip()
     if text == "base":
         return "base"
@@ -111,8 +119,18 @@ def _named_rows(df: pd.DataFrame, reference: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def select_reference_rows(df: pd.DataFrame, reference: Reference) -> tuple[pd.DataFrame, str]:
-    """The reference model's rows of one (run, quantizer, checkpoint) and their kind: "loss table" (a
-    separate DataFrame), "base" (run == REFERENCE_RUN of `df`) or "named" (a mapping naming rows of `df`)."""
+    """Select the reference model's rows of one (run, quantizer, checkpoint).
+
+    Args:
+        df (pd.DataFrame): the loss table of the targets.
+        reference (Reference): "base" (run == REFERENCE_RUN of `df`), a mapping naming rows of `df`, or a separate
+            loss table scored by the reference model.
+    Returns:
+        tuple[pd.DataFrame, str]: the rows, and their kind: "base", "named" or "loss table".
+    Raises:
+        MemorizationError: when no such rows exist.
+        TypeError: for a reference of another type.
+    """
     if isinstance(reference, pd.DataFrame):
         rows = validate_loss_table(reference, source="reference loss table")
         return _single_model(rows, "the reference loss table"), "loss table"

@@ -28,7 +28,7 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-from llmaudit.analyze.bootstrap import BOOTSTRAP_ENGINES, FPR_TOL, Resampling, fpr_key, resample_counts
+from llmaudit.analyze.bootstrap import FPR_TOL, Resampling, bootstrap_stats, fpr_key, resample_counts
 from llmaudit.common.stats import percentile_interval
 
 DEFAULT_FPRS: tuple[float, ...] = (0.2, 0.15, 0.1, 0.05, 0.03, 0.01, 0.001)
@@ -161,18 +161,16 @@ def bootstrap_ci(
 
     scores, labels: [n]. groups: optional [n] resampling unit of each row (e.g. the sample index when
     scores pool several models): a drawn unit brings all its rows. resampling: whether the numbers of members
-    and non-members stay fixed in every resample and how each resample is computed (`Resampling`).
+    and non-members stay fixed in every resample (`Resampling`).
     Resamples that lose one class give NaN and are ignored.
     Returns
     {"auroc": {"low", "high"}, "average_precision": {...}, "tpr_at_fpr": {key: {...}}, "n_boot", ...}."""
     scores, labels = _prepare(scores, labels)
-    stratified, engine = resampling.stratified, resampling.engine
+    stratified = resampling.stratified
     if stratified is None:
         stratified = groups is None
     unit_of_row, n_units, strata = _resampling_units(labels, groups, stratified, scores.size)
-    if engine not in BOOTSTRAP_ENGINES:
-        raise ValueError(f"engine must be one of {sorted(BOOTSTRAP_ENGINES)}; got {engine!r}.")
-    parts = BOOTSTRAP_ENGINES[engine](scores, labels, unit_of_row, n_units, strata, fprs, n_boot, seed)
+    parts = bootstrap_stats(scores, labels, unit_of_row, n_units, strata, fprs, n_boot, seed)
     joined = {
         "auroc": np.concatenate([p["auroc"] for p in parts]),
         "average_precision": np.concatenate([p["average_precision"] for p in parts]),

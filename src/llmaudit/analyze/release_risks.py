@@ -32,15 +32,21 @@ def extraction_block(
     val_records: Sequence[Mapping[str, Any]],
     s: DecisionSettings,
 ) -> dict[str, Any]:
-    """{"risk": the `ExtractionResult` of every quantizer (n = 100, p = 0.5; the release rule's resamples and
-    seed), "greedy_check": {quantizer: `GreedyCheck`}}: the greedy rate read from the top-1 flags against the
-    greedy answers generated at each run's final checkpoint, where the store generated them.
+    """Measure the extraction risk of every quantizer and check greedy extraction against generated answers.
+
+    The greedy rate read from the top-1 flags is checked against the greedy answers generated at each run's final
+    checkpoint, where the store generated them.
 
     Args:
-        table: the store's light table (its rows carry the greedy flag, `store_table.light_frame`).
-        quantizers: those analysed; reference: the store's full precision (the paired comparison's base).
-        val_records: the store's validation records (their reference responses, `output`).
-        s: the release rule's settings.
+        table (pd.DataFrame): the store's light table (its rows carry the greedy flag, `store_table.light_frame`).
+        quantizers (Sequence[str]): the quantizers analysed.
+        reference (str | None): the store's full precision (the paired comparison's base).
+        val_records (Sequence[Mapping[str, Any]]): the store's validation records (their reference responses,
+            `output`).
+        s (DecisionSettings): the release rule's settings (resamples and seed).
+    Returns:
+        dict[str, Any]: {"risk": the `ExtractionResult` (n = 100, p = 0.5), "greedy_check": {quantizer:
+        `GreedyCheck`}}, JSON-ready.
     """
     matrices = {q: extraction_matrices(table, q) for q in quantizers}
     risk = extraction_risk(matrices, reference, ExtractionSettings(), s)
@@ -53,9 +59,16 @@ def extraction_block(
 
 
 def epsilon_block(evidence: Mapping[str, QuantizerEvidence], manifest: dict[str, Any], seed: int) -> dict[str, Any]:
-    """{"design", "qualifies", "reason", "per_quantizer": {quantizer: `EpsilonBound`}}: the one-run lower bound
-    of every attacked quantizer from the raw scores of its attacks that read models only, or NOT MEASURED with
-    the reason where the store's membership design does not qualify (`inclusion_design`)."""
+    """Bound epsilon from below for every attacked quantizer, from its attacks that read models only.
+
+    Args:
+        evidence (Mapping[str, QuantizerEvidence]): {quantizer: its evidence} (raw scores in `raw`).
+        manifest (dict[str, Any]): the store's manifest (its membership design, `inclusion_design`).
+        seed (int): the seed of the split and of the order among tied scores.
+    Returns:
+        dict[str, Any]: {"design", "qualifies", "reason", "per_quantizer": {quantizer: `EpsilonBound`}}, JSON-ready;
+        each NOT MEASURED with the reason where the design does not qualify.
+    """
     design = inclusion_design(manifest)
     settings = EpsilonSettings(seed=seed)
     per_q = {}
@@ -69,9 +82,18 @@ def epsilon_block(evidence: Mapping[str, QuantizerEvidence], manifest: dict[str,
 def release_sets_block(
     evidence: Mapping[str, QuantizerEvidence], sets: Sequence[Sequence[str]], s: DecisionSettings
 ) -> list[dict[str, Any]]:
-    """Every release set judged by the release rule and compared with its best single file
-    (`decide_release_set`); a set with a file that was not attacked (left out of this analysis, not completely
-    scored), or whose files were attacked on other target models or in another mode, is NOT MEASURED with why."""
+    """Judge every release set by the release rule and compare it with its best single file.
+
+    A set with a file that was not attacked (left out of this analysis, not completely scored), or whose files were
+    attacked on other target models or in another mode, is NOT MEASURED with why.
+
+    Args:
+        evidence (Mapping[str, QuantizerEvidence]): {quantizer: its evidence}.
+        sets (Sequence[Sequence[str]]): the release sets (`report.release_sets`).
+        s (DecisionSettings): the release rule's settings.
+    Returns:
+        list[dict[str, Any]]: one JSON-ready `ReleaseSetDecision` (or not-measured entry) per set.
+    """
     out: list[dict[str, Any]] = []
     for files in sets:
         missing = [f for f in files if f not in evidence]

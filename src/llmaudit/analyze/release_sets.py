@@ -20,8 +20,8 @@ that model, so the decision's analytic threshold keeps its meaning:
                   its Sidak tail 1 - Phi(t)^k: exact for independent files and never below the true tail of the
                   maximum for positively correlated ones (Slepian's inequality; the files of one model are), so
                   the analytic threshold is conservative for it.
-Calibrating a combination of calibrated scores once more per sample was tried and discarded: the second Student-t
-correction cost most of a single file's power in simulation (docs/science.md section 14). Beside the combinations
+A combination of calibrated scores is not calibrated once more per sample: the second Student-t correction costs
+most of a single file's power in simulation (docs/science.md section 14). Beside the combinations
 the set keeps every file's own attacks (`<file>:<attack>`): an attacker holding the set may use any one file alone.
 
 The set is judged by the release rule itself (`llmaudit.analyze.decision.decide.decide_one`: the strongest attack
@@ -61,13 +61,22 @@ COMBINATIONS = {
 
 
 def set_name(files: Sequence[str]) -> str:
-    """The name a release set goes by in results: its files joined by '+'."""
+    """Name a release set in results: its files joined by '+'.
+
+    Args:
+        files (Sequence[str]): the set's quantizers.
+    Returns:
+        str: the name.
+    """
     return "+".join(files)
 
 
 def check_release_sets(sets: Sequence[Sequence[str]], scored: Sequence[str]) -> None:
     """Refuse a release set that names a quantizer the store has not scored (report.release_sets).
 
+    Args:
+        sets (Sequence[Sequence[str]]): the release sets, each a list of quantizers.
+        scored (Sequence[str]): the quantizers the store scored.
     Raises:
         RecipeError: naming the set, the name, the closest scored quantizer and the scored ones.
     """
@@ -81,8 +90,15 @@ def check_release_sets(sets: Sequence[Sequence[str]], scored: Sequence[str]) -> 
 
 
 def file_covariance(z: np.ndarray, nonmember: np.ndarray) -> np.ndarray:
-    """[k, k] covariance (ddof 1) of the files' scores z [k, M, N] over the non-member cells [M, N] where every file
-    is finite; the identity (the calibration's nominal N(0, 1), uncorrelated) with fewer than k + 2 such cells."""
+    """Estimate the covariance (ddof 1) of the files' scores over the non-member cells.
+
+    Args:
+        z (np.ndarray): [k, M, N] the files' scores.
+        nonmember (np.ndarray): [M, N] True on the non-member cells; only cells where every file is finite count.
+    Returns:
+        np.ndarray: [k, k] the covariance; the identity (the calibration's nominal N(0, 1), uncorrelated) with fewer
+        than k + 2 such cells.
+    """
     k = z.shape[0]
     ok = nonmember & np.isfinite(z).all(axis=0)
     if ok.sum() < k + 2:
@@ -91,7 +107,13 @@ def file_covariance(z: np.ndarray, nonmember: np.ndarray) -> np.ndarray:
 
 
 def joint_weights(cov: np.ndarray) -> np.ndarray:
-    """[k] weights w >= 0 summing to 1 that minimise w' cov w (SLSQP; a ridge of 1e-9 x trace keeps it defined)."""
+    """Find the weights w >= 0 summing to 1 that minimise w' cov w (SLSQP; a ridge of 1e-9 x trace keeps it defined).
+
+    Args:
+        cov (np.ndarray): [k, k] the files' covariance.
+    Returns:
+        np.ndarray: [k] the weights.
+    """
     k = cov.shape[0]
     if k == 1:
         return np.ones(1)
@@ -109,7 +131,13 @@ def joint_weights(cov: np.ndarray) -> np.ndarray:
 
 
 def standardised(raw: np.ndarray) -> np.ndarray:
-    """[M, N] each target's scores minus their mean over its finite records, over their sd (no membership read)."""
+    """Standardise each target's scores over its finite records (no membership read).
+
+    Args:
+        raw (np.ndarray): [M, N] raw scores, NaN where not scored.
+    Returns:
+        np.ndarray: [M, N] scores minus their target's mean, over its sd (sd 0: not divided).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         mu = np.nanmean(raw, axis=1, keepdims=True)
@@ -118,12 +146,19 @@ def standardised(raw: np.ndarray) -> np.ndarray:
 
 
 def rank_normal(scores: np.ndarray, nonmember: np.ndarray) -> np.ndarray:
-    """[M, N] the scores on the normal scale of their own non-member rows: each value's mid-rank among the finite
-    non-member values (ties share it), Phi^-1 of its share, linear between distinct values; beyond the lowest or
-    highest non-member value continued with slope 1 / sd of the non-members (monotone, never capped). A file
-    whose non-members are not N(0, 1) (a counting attack's calibrated scores have heavier tails) then is N(0, 1)
-    on its non-members exactly, which the combinations assume; with fewer than 2 distinct non-member values the
-    scores are returned as they are."""
+    """Put scores on the normal scale of their own non-member rows.
+
+    Each value's mid-rank among the finite non-member values (ties share it) maps to Phi^-1 of its share, linearly
+    between distinct values; beyond the lowest or highest non-member value the map continues with slope 1 / sd of
+    the non-members (monotone, never capped). A file whose non-members are not N(0, 1) (a counting attack's
+    calibrated scores have heavier tails) then is N(0, 1) on its non-members exactly, which the combinations assume.
+
+    Args:
+        scores (np.ndarray): [M, N] scores, NaN where not scored.
+        nonmember (np.ndarray): [M, N] True on the non-member cells.
+    Returns:
+        np.ndarray: [M, N] the scores on the normal scale; as they are with fewer than 2 distinct non-member values.
+    """
     values = scores[nonmember & np.isfinite(scores)]
     distinct, counts = np.unique(values, return_counts=True)
     if distinct.size < 2:
@@ -142,9 +177,17 @@ def _norm_of(cov: np.ndarray, w: np.ndarray) -> float:
 
 
 def sidak_log_tail(t: np.ndarray, k: int) -> np.ndarray:
-    """log(1 - Phi(t)^k), the tail of the largest of k independent standard normals, for every t: in logs of the
-    normal tail where it is tiny (log k + log P[N(0, 1) > t] within 1e-13 there, no underflow far out), and at
-    most log(1 - 1e-16) (a finite floor where every file lies far below 0)."""
+    """Compute log(1 - Phi(t)^k), the tail of the largest of k independent standard normals, for every t.
+
+    In logs of the normal tail where it is tiny (log k + log P[N(0, 1) > t] within 1e-13 there, no underflow far
+    out), and at most log(1 - 1e-16) (a finite floor where every file lies far below 0).
+
+    Args:
+        t (np.ndarray): the maxima, any shape.
+        k (int): the number of files.
+    Returns:
+        np.ndarray: the log tails, same shape.
+    """
     log_sf = stats.norm.logsf(t)
     with np.errstate(invalid="ignore", divide="ignore"):
         exact = np.log(-np.expm1(k * np.log1p(-np.exp(log_sf))))
@@ -152,8 +195,15 @@ def sidak_log_tail(t: np.ndarray, k: int) -> np.ndarray:
 
 
 def combined_scores(z: np.ndarray, keep: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """({combination: [M, N] on the normal scale}, the joint weights [k]) of one attack's per-file scores z [k, M, N]
-    and membership keep [M, N] (module docstring); NaN where a file did not score the cell."""
+    """Combine one attack's per-file scores into the set's mean, joint and max scores (module docstring).
+
+    Args:
+        z (np.ndarray): [k, M, N] the files' scores on the normal scale.
+        keep (np.ndarray): [M, N] membership.
+    Returns:
+        tuple[dict[str, np.ndarray], np.ndarray]: ({combination: [M, N] on the normal scale, NaN where a file did
+        not score the cell}, the joint weights [k]).
+    """
     cov = file_covariance(z, ~keep)
     ones, w = np.ones(z.shape[0]), joint_weights(cov)
     sd = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
@@ -189,15 +239,18 @@ def _common(evidence: Mapping[str, QuantizerEvidence], files: Sequence[str]) -> 
 def release_set_evidence(
     evidence: Mapping[str, QuantizerEvidence], files: Sequence[str]
 ) -> tuple[QuantizerEvidence, dict[str, dict[str, float]]]:
-    """(the set's `QuantizerEvidence`, {attack: {file: joint weight}}): the combined scores of every attack all the
-    files scored (module docstring) and every file's own attacks, on the records every file scored.
+    """Build a release set's evidence: the combined scores of every attack all its files scored, and each file's own.
+
+    The evidence is on the records every file scored (module docstring).
 
     Args:
-        evidence: {quantizer: its `QuantizerEvidence`} (from the attack evaluation).
-        files: the set's quantizers (at least two).
-
+        evidence (Mapping[str, QuantizerEvidence]): {quantizer: its evidence} (from the attack evaluation).
+        files (Sequence[str]): the set's quantizers (at least two, none repeated).
+    Returns:
+        tuple[QuantizerEvidence, dict[str, dict[str, float]]]: the set's evidence and {attack: {file: joint weight}}.
     Raises:
-        ValueError: fewer than two files, a file without evidence, files attacked on other targets or modes.
+        ValueError: fewer than two files, a file without evidence, files attacked on other targets or modes
+            (`SetNotComparable`).
     """
     if len(set(files)) < 2 or len(set(files)) != len(files):
         raise ValueError(f"a release set needs at least two different files, none repeated; got {list(files)}")
@@ -276,12 +329,17 @@ def _sentence(files: Sequence[str], d: Estimate, direction: str, best: str | Non
 def decide_release_set(
     evidence: Mapping[str, QuantizerEvidence], files: Sequence[str], s: DecisionSettings
 ) -> ReleaseSetDecision:
-    """The `ReleaseSetDecision` of one release set: its evidence (`release_set_evidence`) judged by the release rule,
-    and each file's decision on the same records, for the comparison with the best single file.
+    """Judge a release set by the release rule and compare it with its best single file.
+
+    Each file is decided on the set's records for the comparison (`release_set_evidence`, `decide_one`).
 
     Args:
-        evidence: {quantizer: its `QuantizerEvidence`}; files: the set; s: the release rule's settings.
-
+        evidence (Mapping[str, QuantizerEvidence]): {quantizer: its evidence}.
+        files (Sequence[str]): the set's quantizers.
+        s (DecisionSettings): the release rule's settings.
+    Returns:
+        ReleaseSetDecision: the set's decision, each file's strongest-attack TPR and the paired difference with the
+        best single file.
     Raises:
         ValueError: as `release_set_evidence`, or settings out of range.
     """

@@ -1,5 +1,5 @@
 """Weighted ROC statistics of many bootstrap resamples in one compiled pass over the sorted rows (docs/science.md
-section 4, "Bootstrap over samples"; the numbers of `bootstrap.sorted_roc_stats`, which stays as the reference).
+section 4, "Bootstrap over samples"; the numbers of the numpy reference `sorted_roc_stats` in the tests).
 
 The rows are sorted once by score, descending, and cut into tie groups (rows of equal score). A resample is a
 vector of unit multiplicities c [n_units]; a row weighs its unit's multiplicity. Walking the groups in order
@@ -39,7 +39,16 @@ class RocRows:
 
 
 def roc_rows(scores: np.ndarray, labels: np.ndarray, unit_of_row: np.ndarray, n_units: int) -> RocRows:
-    """The one sort: scores, labels, unit_of_row [n] -> `RocRows` (n_units: the length of a resample's counts)."""
+    """Sort the rows once, by descending score, and cut them into tie groups.
+
+    Args:
+        scores (np.ndarray): [n] scores.
+        labels (np.ndarray): [n] membership.
+        unit_of_row (np.ndarray): [n] resampling unit of each row.
+        n_units (int): the length of a resample's counts.
+    Returns:
+        RocRows: the sorted rows.
+    """
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
     s = np.asarray(scores, dtype=np.float64)[order]
     labels = np.asarray(labels, dtype=bool)
@@ -97,8 +106,16 @@ def _roc_block(counts, rows, levels, out):  # pragma: no cover
 
 
 def roc_stats(rows: RocRows, counts: np.ndarray, fprs: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(AUROC [B], AP [B], TPR [B, len(fprs)]) of the resamples counts [B, n_units] (integer multiplicities);
-    NaN for a resample that lost a class."""
+    """Compute AUROC, average precision and TPR at each FPR of every resample, in one compiled pass each.
+
+    Args:
+        rows (RocRows): the sorted rows (`roc_rows`).
+        counts (np.ndarray): [B, n_units] integer multiplicities of the units.
+        fprs (Sequence[float]): the FPR levels.
+    Returns:
+        tuple[np.ndarray, np.ndarray, np.ndarray]: (AUROC [B], AP [B], TPR [B, len(fprs)]), NaN for a resample that
+        lost a class.
+    """
     counts = np.ascontiguousarray(counts, dtype=np.float64)
     levels = np.asarray(list(fprs), dtype=np.float64) + FPR_TOL
     level_of = np.argsort(levels, kind="stable").astype(np.int64)
@@ -110,7 +127,9 @@ def roc_stats(rows: RocRows, counts: np.ndarray, fprs: Sequence[float]) -> tuple
 
 
 def warm_up() -> None:
-    """Compile the kernel now (a tiny call; from numba's on-disk cache after the first time on a machine), so that
-    a measurement that follows times the arithmetic, not the compiler."""
+    """Compile the kernel now with a tiny call (from numba's on-disk cache after the first time on a machine).
+
+    A measurement that follows then times the arithmetic, not the compiler.
+    """
     rows = roc_rows(np.array([0.0, 1.0]), np.array([False, True]), np.array([0, 1]), 2)
     roc_stats(rows, np.ones((1, 2)), (0.5,))

@@ -78,6 +78,11 @@ class RQResult:
     atol: float
 
     def to_dict(self) -> dict[str, Any]:
+        """Write the result as a JSON-ready dict (tuples as lists).
+
+        Returns:
+            dict[str, Any]: every field.
+        """
         out = asdict(self)
         out["groups"] = [list(g) for g in self.groups]
         for key in ("order", "means", "delta", "sigma2", "profile"):
@@ -106,11 +111,19 @@ def _check_losses(losses: Any) -> np.ndarray:
 
 
 def merge_identical_points(losses: Any, *, atol: float = 0.0) -> list[list[int]]:
-    """Group rows of `losses` [K, n] that are the same quantized point.
+    """Group the rows of `losses` that are the same quantized point.
 
-    Two rows are the same point when max_j |L[a, j] - L[b, j]| <= atol (atol = 0: exact equality).
-    Greedy in row order: a row joins the first group whose representative (its first row) is within
-    `atol`, so groups do not chain. Returns groups of original row indices, in order of first row."""
+    Two rows are the same point when max_j |L[a, j] - L[b, j]| <= atol. Greedy in row order: a row joins the first
+    group whose representative (its first row) is within `atol`, so groups do not chain.
+
+    Args:
+        losses (np.ndarray): [K, n] per-sample losses.
+        atol (float): the tolerance, >= 0 (0: exact equality).
+    Returns:
+        list[list[int]]: groups of original row indices, in order of first row.
+    Raises:
+        ValueError: on a wrong shape, non-finite losses or a negative atol.
+    """
     arr = _check_losses(losses)
     if atol < 0:
         raise ValueError(f"atol must be >= 0; got {atol}.")
@@ -197,11 +210,18 @@ def _profile(pts: _SortedPoints, ddof: int) -> _Profile:
 
 
 def r_q_details(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> RQResult:
-    """Algorithm 2 of the indicator paper (docs/science.md section 2, steps 2-4) with full diagnostics.
+    """Compute Algorithm 2 of the indicator paper (docs/science.md section 2, steps 2-4) with full diagnostics.
 
-    losses: [K, n] per-sample validation losses of the K quantized checkpoints of ONE training run
-    (rows in any order). ddof: variance convention for sigma2 (1 = unbiased). atol: merge tolerance
-    for identical quantized points (0 = exact equality)."""
+    Args:
+        losses (np.ndarray): [K, n] per-sample validation losses of the K quantized checkpoints of one run (rows in any
+            order).
+        ddof (int): variance convention for sigma2 (1 = unbiased).
+        atol (float): merge tolerance for identical quantized points (0 = exact equality).
+    Returns:
+        RQResult: r_Q with its status, the merged points, their means, delta, sigma2 and profile.
+    Raises:
+        ValueError: on non-finite losses or a wrong shape.
+    """
     arr = _check_losses(losses)
     pts = _sorted_points(arr, atol)
     n_points = len(pts.order)
@@ -227,22 +247,37 @@ def r_q_details(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> RQResult:
 
 
 def r_q(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
-    """The indicator r_Q of one training run: Algorithm 2, docs/science.md section 2 step 4.
+    """Compute the indicator r_Q of one training run: Algorithm 2, docs/science.md section 2 step 4.
 
-    losses: [K checkpoints, n samples] per-sample validation losses of the quantized checkpoints
-    (rows unsorted). Returns r_Q = 1/2 * [max_{k>=2} sigma2_k / (m[k] - m[1])^2]^{-1}, with
-    identical rows merged first; 0.0 if two distinct points share a mean; +inf if every sigma2 is 0;
-    nan if fewer than 2 distinct points (see `r_q_details` for the status). Raises ValueError on
-    non-finite losses or a wrong shape."""
+    r_Q = 1/2 * [max_{k>=2} sigma2_k / (m[k] - m[1])^2]^{-1}, with identical rows merged first.
+
+    Args:
+        losses (np.ndarray): [K, n] per-sample validation losses of the K quantized checkpoints of one run (rows in any
+            order).
+        ddof (int): variance convention for sigma2 (1 = unbiased).
+        atol (float): merge tolerance for identical quantized points (0 = exact equality).
+    Returns:
+        float: r_Q; 0.0 if two distinct points share a mean, +inf if every sigma2 is 0, NaN with fewer than 2
+        distinct points (`r_q_details` gives the status).
+    Raises:
+        ValueError: on non-finite losses or a wrong shape.
+    """
     return r_q_details(losses, ddof=ddof, atol=atol).r_q
 
 
 def r_q_min_ratio(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
-    """The theorem's form, docs/science.md section 2: r_Q = 1/2 * min_{k>1} delta_k^2 / sigma_k^2.
+    """Compute the theorem's form, docs/science.md section 2: r_Q = 1/2 * min_{k>1} delta_k^2 / sigma_k^2.
 
-    Mathematically the same number as `r_q` (1/max(x) = min(1/x) for x >= 0, with 1/0 = inf and
-    1/inf = 0); computed independently here, from the per-point profile, so tests can check that the
-    two written forms agree. losses: [K, n]. nan when undefined."""
+    Mathematically the same number as `r_q` (1/max(x) = min(1/x) for x >= 0, with 1/0 = inf and 1/inf = 0);
+    computed independently, from the per-point profile, so tests can check that the two written forms agree.
+
+    Args:
+        losses (np.ndarray): [K, n] per-sample validation losses.
+        ddof (int): variance convention for sigma2 (1 = unbiased).
+        atol (float): merge tolerance for identical quantized points (0 = exact equality).
+    Returns:
+        float: r_Q, NaN when undefined.
+    """
     res = r_q_details(losses, ddof=ddof, atol=atol)
     if res.n_points < 2 or math.isnan(res.r_q):
         return math.nan
@@ -250,12 +285,18 @@ def r_q_min_ratio(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
 
 
 def r_q_as_printed(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
-    """Algorithm 2 exactly as printed: r = 1/2 [max_k sigma2_k ((m[2]-m[1]) / (m[k]-m[1]))^2]^{-1},
-    returning r * (m[2] - m[1])^2.
+    """Compute Algorithm 2 exactly as printed: r = 1/2 [max_k sigma2_k ((m[2]-m[1]) / (m[k]-m[1]))^2]^{-1}.
 
-    Equal to `r_q` whenever m[2] > m[1]; the printed normalisation is 0/0 when the two lowest points
-    share a mean, so this form returns nan there while `r_q` returns the limit 0.0. Kept only to
-    verify the equivalence. losses: [K, n]."""
+    Equal to `r_q` whenever m[2] > m[1]; the printed normalisation is 0/0 when the two lowest points share a mean,
+    so this form returns NaN there while `r_q` returns the limit 0.0. It serves to verify the equivalence.
+
+    Args:
+        losses (np.ndarray): [K, n] per-sample validation losses.
+        ddof (int): variance convention for sigma2 (1 = unbiased).
+        atol (float): merge tolerance for identical quantized points (0 = exact equality).
+    Returns:
+        float: r * (m[2] - m[1])^2; NaN with fewer than 2 points or equal lowest means.
+    """
     res = r_q_details(losses, ddof=ddof, atol=atol)
     if res.n_points < 2:
         return math.nan
@@ -272,12 +313,19 @@ def r_q_as_printed(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
 
 
 def r_q_reciprocal(losses: Any, *, ddof: int = 1, atol: float = 0.0) -> float:
-    """VARIANT (not the published estimator): max_{k>=2} sigma_k^2 / delta_k^2 = 1 / (2 r_Q).
+    """Compute the variant max_{k>=2} sigma_k^2 / delta_k^2 = 1 / (2 r_Q) (not the published estimator).
 
-    docs/science.md section 5 reports that this reciprocal tracks the baseline MIS at about +0.80 Spearman
-    where the published r_Q gave about -0.80, "which is what a missing inversion would produce". It is
-    a strictly decreasing function of r_Q, so its rankings are exactly r_Q's reversed: it tests the
-    sign convention, nothing more. losses: [K, n]; nan when undefined, +inf when r_Q = 0, 0 when r_Q = inf."""
+    docs/science.md section 5 reports that this reciprocal tracks the baseline MIS at about +0.80 Spearman where the
+    published r_Q gave about -0.80, "which is what a missing inversion would produce". It is a strictly decreasing
+    function of r_Q, so its rankings are exactly r_Q's reversed: it tests the sign convention, nothing more.
+
+    Args:
+        losses (np.ndarray): [K, n] per-sample validation losses.
+        ddof (int): variance convention for sigma2 (1 = unbiased).
+        atol (float): merge tolerance for identical quantized points (0 = exact equality).
+    Returns:
+        float: 1 / (2 r_Q); NaN when undefined, +inf when r_Q = 0, 0 when r_Q = inf.
+    """
     value = r_q(losses, ddof=ddof, atol=atol)
     if math.isnan(value):
         return math.nan

@@ -32,12 +32,21 @@ def aggregate_r_q(
 ) -> dict[str, Any]:
     """Summarise r_Q over independent training runs (docs/science.md section 2 step 5).
 
-    values: [R] one r_Q per run; nan = undefined run, +inf = infinite r_Q.
-    Conventions: undefined runs are counted (n_undefined) and excluded from every statistic. `mean`,
-    `std` (ddof=1) and the bootstrap percentile CI of the mean are over the FINITE runs (a single
-    infinite run would make the mean +inf and the CI meaningless); infinite runs are counted in
-    n_infinite and enter `median`, which is over all defined runs (inf sorts on top), so a quantizer
-    with many infinite runs still shows as secure there. `mean_over` states this in the output."""
+    Undefined runs are counted (n_undefined) and excluded from every statistic. `mean`, `std` (ddof=1) and the
+    bootstrap percentile CI of the mean are over the FINITE runs (a single infinite run would make the mean +inf and
+    the CI meaningless); infinite runs are counted in n_infinite and enter `median`, which is over all defined runs
+    (inf sorts on top), so a quantizer with many infinite runs still shows as secure there.
+
+    Args:
+        values (Sequence[float] | np.ndarray): [R] one r_Q per run; NaN = undefined run, +inf = infinite r_Q.
+        n_boot (int): bootstrap resamples of the mean.
+        confidence (float): the interval's confidence, in (0, 1).
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: the counts, mean, std, median, ci_low, ci_high and `mean_over` (these conventions).
+    Raises:
+        ValueError: when confidence is outside (0, 1).
+    """
     arr = np.asarray(values, dtype=np.float64).ravel()
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1); got {confidence}.")
@@ -69,8 +78,12 @@ def aggregate_r_q(
 def rank_quantizers(mean_by_quantizer: Mapping[str, float]) -> dict[str, float]:
     """Rank quantizers by r_Q: rank 1 = most secure = highest r_Q; ties share the average rank.
 
-    mean_by_quantizer: {name: aggregated r_Q}. +inf ranks first. A nan value (every run undefined)
-    gets rank nan and is left out of the others' ranking. Ranks are floats because ties average."""
+    Args:
+        mean_by_quantizer (Mapping[str, float]): {name: aggregated r_Q}; +inf ranks first.
+    Returns:
+        dict[str, float]: {name: rank}, floats because ties average; NaN for a NaN value (every run undefined),
+        which is left out of the others' ranking.
+    """
     names = list(mean_by_quantizer)
     vals = np.array([mean_by_quantizer[q] for q in names], dtype=np.float64)
     ranks = dict.fromkeys(names, math.nan)
@@ -109,13 +122,23 @@ def ranking_stability(
     n_resamples: int = 50,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """How fast the quantizer ranking stabilises with the number of runs (docs/science.md sections 2, 5).
+    """Measure how fast the quantizer ranking stabilises with the number of runs (docs/science.md sections 2, 5).
 
-    per_run: {quantizer: [R] r_Q per run}; run i of every quantizer is the same training run, so runs
-    are subsampled jointly (without replacement). For each size k_runs, `n_resamples` random subsets
-    are drawn; the quantizers' means over the subset (finite runs, as in `aggregate_r_q`) are compared
-    with the means over all R runs by Spearman's rho (scipy.stats.spearmanr, ties averaged). A subset
-    where rho is undefined (constant means, fewer than 2 quantizers with a mean) is counted in n_nan."""
+    Run i of every quantizer is the same training run, so runs are subsampled jointly (without replacement). For
+    each size, the quantizers' means over a random subset (finite runs, as in `aggregate_r_q`) are compared with the
+    means over all R runs by Spearman's rho (ties averaged); a subset where rho is undefined (constant means, fewer
+    than 2 quantizers with a mean) is counted in n_nan.
+
+    Args:
+        per_run (Mapping[str, Sequence[float] | np.ndarray]): {quantizer: [R] r_Q per run}.
+        subset_sizes (Sequence[int]): the run counts k_runs, each in 1..R.
+        n_resamples (int): random subsets per size.
+        seed (int): the subsampling seed.
+    Returns:
+        dict[str, Any]: n_runs, full_mean, full_ranking, by_size (rho summary per size) and seed.
+    Raises:
+        ValueError: when the quantizers have different numbers of runs or a size is outside 1..R.
+    """
     names = list(per_run)
     rows = [np.asarray(per_run[q], dtype=np.float64).ravel() for q in names]
     lengths = {q: row.size for q, row in zip(names, rows)}
@@ -166,15 +189,23 @@ class RQSettings:
 
 
 def indicator_from_table(df: pd.DataFrame, settings: RQSettings | None = None, **options: Any) -> dict[str, Any]:
-    """r_Q for every (run, quantizer) of a validated loss table, aggregated per quantizer.
+    """Compute r_Q for every (run, quantizer) of a validated loss table, aggregated per quantizer.
 
-    df: a loss table (`llmaudit.losstable`). settings: `RQSettings` (default: its defaults); `options` are
-    keyword overrides of its fields (`indicator_from_table(df, split="pool", n_boot=200)`). Rows of run ==
-    REFERENCE_RUN (the base model) are skipped. For each (run, quantizer), `loss_matrix` gives losses
-    [K checkpoints, n samples] on `split`, fed to `r_q_details`. A (run, quantizer) pair with no rows on
-    `split` is reported with r_q = nan and a "missing: ..." status, and counts as undefined in the
-    aggregate. Non-finite losses raise ValueError naming the run and quantizer. Returns a JSON-ready dict
-    with `protocol`, `per_run`, `per_quantizer` (aggregate, rank, variant aggregates) and `stability`."""
+    Rows of run == REFERENCE_RUN (the base model) are skipped. For each (run, quantizer), `loss_matrix` gives losses
+    [K checkpoints, n samples] on the split, fed to `r_q_details`; a pair with no rows on the split is reported with
+    r_q = NaN and a "missing: ..." status, and counts as undefined in the aggregate.
+
+    Args:
+        df (pd.DataFrame): a loss table (`llmaudit.losstable`).
+        settings (RQSettings | None): the settings (default: `RQSettings()`).
+        **options (Any): keyword overrides of its fields (`indicator_from_table(df, split="pool", n_boot=200)`).
+    Returns:
+        dict[str, Any]: `protocol`, `runs`, `quantizers`, `per_run`, `per_quantizer` (aggregate, rank, variant
+        aggregates) and `stability`.
+    Raises:
+        ValueError: for an unknown variant.
+        LossTableError: without rows on the split, or on non-finite losses (naming the run and quantizer).
+    """
     s = replace(settings or RQSettings(), **options)
     unknown = [v for v in s.variants if v not in VARIANTS]
     if unknown:

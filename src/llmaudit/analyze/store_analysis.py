@@ -20,6 +20,7 @@ import pandas as pd
 from llmaudit import __version__
 from llmaudit.analyze.attacks.evaluate import attacks_with_evidence
 from llmaudit.analyze.attacks.matrices import base_quantizer
+from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.analyze.candidates import validation_of
 from llmaudit.analyze.candidates_table import candidates_from_table
@@ -130,14 +131,16 @@ def _attacks(
         warnings.simplefilter("ignore")
         attacks, evidence = attacks_with_evidence(
             table,
+            AttackRunSettings(
+                attacks=cfg.attack.attacks,
+                fpc=cfg.attack.fpc,
+                n_boot=cfg.attack.n_boot,
+                seed=cfg.attack.seed,
+                n_pool=membership["pool_size"],
+                n_train=float(np.mean(membership["n_train"])),
+            ),
             rows_of=store_table.rows_of,
             quantizers=quantizers,
-            attacks=cfg.attack.attacks,
-            fpc=cfg.attack.fpc,
-            n_boot=cfg.attack.n_boot,
-            seed=cfg.attack.seed,
-            n_pool=membership["pool_size"],
-            n_train=float(np.mean(membership["n_train"])),
             r_q={q: e["r_q"]["mean"] for q, e in r_q["per_quantizer"].items()},
             reference_quantizer=reference,
             decision=decision_settings(cfg),

@@ -42,7 +42,13 @@ class Unit:
 
 
 def final_steps(units: list[Unit]) -> dict[tuple[int, str], int]:
-    """{(run, quantizer): the step of its last unit}: the run's final checkpoint under that quantizer."""
+    """Find each run's final checkpoint under each quantizer: the step of its last unit.
+
+    Args:
+        units (list[Unit]): the store's units.
+    Returns:
+        dict[tuple[int, str], int]: {(run, quantizer): final step}.
+    """
     finals: dict[tuple[int, str], int] = {}
     for u in units:
         finals[(u.run, u.quantizer)] = max(u.step, finals.get((u.run, u.quantizer), u.step))
@@ -50,9 +56,18 @@ def final_steps(units: list[Unit]) -> dict[tuple[int, str], int]:
 
 
 def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.DataFrame:
-    """One validated file's frame as the light table keeps it: every row with its `SEQUENCE_BITS` and its greedy
-    extraction flag (`GREEDY`, what extraction risk reads), the token lists kept only on validation rows at their
-    run's final step (`finals`, by run and quantizer; None elsewhere), the rows in their order."""
+    """Reduce one validated file's frame to what the light table keeps.
+
+    Every row keeps its scalars, its `SEQUENCE_BITS` and its greedy extraction flag (`GREEDY`, what extraction risk
+    reads); the token lists are kept only on validation rows at their run's final step (None elsewhere); the rows
+    stay in their order.
+
+    Args:
+        frame (pd.DataFrame): one file's validated rows; modified in place.
+        finals (dict[tuple[int, str], int]): {(run, quantizer): final step} (`final_steps`).
+    Returns:
+        pd.DataFrame: `frame`.
+    """
     frame[GREEDY] = rows_greedy(frame).astype(
         np.float32
     )  # before SEQUENCE_BITS: a frame with it reads as a light table
@@ -78,9 +93,20 @@ class StoreTable:
     source: Path
 
     def rows_of(self, quantizer: str, base_quantizer: str | None) -> pd.DataFrame:
-        """The rows, token lists included, that the attacks on `quantizer` read: those of its own units (the
-        fine-tuned runs' pool and validation rows, its quantization-matched base model's) and the base model's under
-        `base_quantizer`, in the order of the whole table, so the attacks compute the same numbers."""
+        """Read the rows, token lists included, that the attacks on one quantizer read.
+
+        They are the rows of its own units (the fine-tuned runs' pool and validation rows, its quantization-matched base
+        model's) and the base model's under `base_quantizer`, in the order of the whole table, so the attacks compute
+        the same numbers.
+
+        Args:
+            quantizer (str): the quantizer attacked.
+            base_quantizer (str | None): the quantizer of the base-model rows "base" means.
+        Returns:
+            pd.DataFrame: the rows.
+        Raises:
+            LossTableError: naming the file at fault.
+        """
         files = [
             u.path
             for u in self.units
@@ -90,8 +116,16 @@ class StoreTable:
 
 
 def read_store_table(source: Path, units: list[Unit]) -> StoreTable:
-    """The `StoreTable` of these units, read in this order. LossTableError naming the file at fault, as
-    `read_loss_table`."""
+    """Read the light table of these units, in this order.
+
+    Args:
+        source (Path): the store's scores directory.
+        units (list[Unit]): the units to read.
+    Returns:
+        StoreTable: the light table, the units and the source.
+    Raises:
+        LossTableError: naming the file at fault, as `read_loss_table`.
+    """
     finals = final_steps(units)
     light = read_loss_table(source, files=[u.path for u in units], each=lambda frame: light_frame(frame, finals))
     return StoreTable(light, tuple(units), Path(source))

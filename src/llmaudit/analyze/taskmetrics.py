@@ -63,7 +63,13 @@ def _available(module: str) -> bool:
 
 
 def missing_library(metric: str) -> str | None:
-    """Why `metric` cannot be computed here (the install hint), or None."""
+    """Say why a task metric cannot be computed here.
+
+    Args:
+        metric (str): a key of TASK_METRICS.
+    Returns:
+        str | None: the missing library with its install hint, or None.
+    """
     family = TASK_METRICS[metric][0]
     if family == "smiles" and not _available("rdkit"):
         return f"RDKit is not installed ({INSTALL_HINTS['rdkit']})"
@@ -74,7 +80,13 @@ def missing_library(metric: str) -> str | None:
 
 
 def task_family(rec: dict) -> str:
-    """smiles, caption or text (module docstring)."""
+    """Classify a record by what its answer is: smiles, caption or text (module docstring).
+
+    Args:
+        rec (dict): the record (task, output, output_core_tag_left).
+    Returns:
+        str: "smiles", "caption" or "text".
+    """
     task = str(rec.get("task") or "")
     if (
         task in SMILES_TASKS
@@ -86,8 +98,15 @@ def task_family(rec: dict) -> str:
 
 
 def extract_answer(text: str, rec: dict) -> str:
-    """The answer inside the output's core tags (e.g. <SMILES> ... </SMILES>) when the record has them and the
-    text contains the left one, else the whole text; stripped."""
+    """Extract the answer from a generated text.
+
+    Args:
+        text (str): the generated text.
+        rec (dict): its record; its output's core tags (e.g. <SMILES> ... </SMILES>) delimit the answer.
+    Returns:
+        str: the text inside the core tags when the record has them and the text contains the left one, else the
+        whole text; stripped.
+    """
     left = str(rec.get("output_core_tag_left") or "")
     right = str(rec.get("output_core_tag_right") or "")
     if not left and "<SMILES>" in str(rec.get("output") or ""):
@@ -100,12 +119,24 @@ def extract_answer(text: str, rec: dict) -> str:
 
 
 def reference_answer(rec: dict) -> str:
-    """The reference answer: the record's output read the way an answer is read (its core tags removed)."""
+    """Read a record's reference answer the way an answer is read (its core tags removed).
+
+    Args:
+        rec (dict): the record.
+    Returns:
+        str: the reference answer.
+    """
     return extract_answer(str(rec.get("output") or ""), rec)
 
 
 def canonical_smiles(smiles: str) -> str | None:
-    """RDKit's canonical isomeric SMILES, or None for an empty or unparsable string (RDKit's log silenced)."""
+    """Canonicalise a SMILES string with RDKit (isomeric; RDKit's log silenced).
+
+    Args:
+        smiles (str): the SMILES; spaces are removed.
+    Returns:
+        str | None: the canonical SMILES, or None for an empty or unparsable string.
+    """
     from rdkit import Chem, rdBase
 
     text = smiles.replace(" ", "")
@@ -117,7 +148,14 @@ def canonical_smiles(smiles: str) -> str | None:
 
 
 def morgan_tanimoto(smiles_a: str, smiles_b: str) -> float:
-    """Tanimoto similarity of the radius-2 Morgan count fingerprints of two valid SMILES."""
+    """Compute the Tanimoto similarity of the radius-2 Morgan count fingerprints of two valid SMILES.
+
+    Args:
+        smiles_a (str): the first SMILES.
+        smiles_b (str): the second SMILES.
+    Returns:
+        float: the similarity, in [0, 1].
+    """
     from rdkit import Chem, DataStructs, rdBase
     from rdkit.Chem import rdFingerprintGenerator
 
@@ -128,8 +166,17 @@ def morgan_tanimoto(smiles_a: str, smiles_b: str) -> float:
 
 
 def smiles_metrics(answers: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """exact match, validity and Tanimoto (valid answers only; nan when none is valid) of SMILES answers [n]
-    against their references [n]; references RDKit cannot parse are left out (counted)."""
+    """Compute exact match, validity and Tanimoto of SMILES answers against their references.
+
+    References RDKit cannot parse are left out (counted); Tanimoto is over the valid answers only.
+
+    Args:
+        answers (Sequence[str]): the answers [n].
+        references (Sequence[str]): their reference answers [n].
+    Returns:
+        dict[str, float]: smiles_exact_match, smiles_validity, smiles_tanimoto (NaN when no answer is valid), n,
+        n_unparsable_references (all NaN and n = 0 when no reference parses).
+    """
     pairs = [(canonical_smiles(a), canonical_smiles(r)) for a, r in zip(answers, references)]
     kept = [(a, r) for a, r in pairs if r is not None]
     if not kept:
@@ -145,14 +192,29 @@ def smiles_metrics(answers: Sequence[str], references: Sequence[str]) -> dict[st
 
 
 def corpus_bleu(answers: Sequence[str], references: Sequence[str], order: int) -> float:
-    """sacrebleu's corpus BLEU with n-grams up to `order` (13a tokenization, exponential smoothing), 0-1."""
+    """Compute sacrebleu's corpus BLEU with n-grams up to `order` (13a tokenization, exponential smoothing).
+
+    Args:
+        answers (Sequence[str]): the answers [n].
+        references (Sequence[str]): their reference answers [n].
+        order (int): the largest n-gram order (2 or 4).
+    Returns:
+        float: BLEU on a 0-1 scale.
+    """
     from sacrebleu.metrics import BLEU
 
     return BLEU(max_ngram_order=order).corpus_score(list(answers), [list(references)]).score / 100.0
 
 
 def rouge_l(answers: Sequence[str], references: Sequence[str]) -> float:
-    """Mean ROUGE-L F-measure (rouge-score's LCS, default tokenizer, no stemming)."""
+    """Compute the mean ROUGE-L F-measure (rouge-score's LCS, default tokenizer, no stemming).
+
+    Args:
+        answers (Sequence[str]): the answers [n].
+        references (Sequence[str]): their reference answers [n].
+    Returns:
+        float: the mean F-measure.
+    """
     from rouge_score import rouge_scorer
 
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
@@ -160,7 +222,14 @@ def rouge_l(answers: Sequence[str], references: Sequence[str]) -> float:
 
 
 def normalised_match(answers: Sequence[str], references: Sequence[str]) -> float:
-    """Share of answers equal to their reference after collapsing whitespace."""
+    """Compute the share of answers equal to their reference after collapsing whitespace.
+
+    Args:
+        answers (Sequence[str]): the answers [n].
+        references (Sequence[str]): their reference answers [n].
+    Returns:
+        float: the share.
+    """
 
     def norm(s: str) -> str:
         return re.sub(r"\s+", " ", s).strip()
@@ -169,7 +238,15 @@ def normalised_match(answers: Sequence[str], references: Sequence[str]) -> float
 
 
 def family_metrics(family: str, answers: list[str], references: list[str]) -> dict[str, float]:
-    """Every metric of one family on one run's answers (those whose library is installed)."""
+    """Compute every metric of one family on one run's answers (those whose library is installed).
+
+    Args:
+        family (str): "smiles", "caption" or "text".
+        answers (list[str]): the answers.
+        references (list[str]): their reference answers.
+    Returns:
+        dict[str, float]: metric -> value.
+    """
     names = [m for m, (f, _) in TASK_METRICS.items() if f == family and missing_library(m) is None]
     out: dict[str, float] = {}
     if family == "smiles" and names:
@@ -233,8 +310,19 @@ def task_metrics_from_table(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Per quantizer, every measured task metric: mean over runs, interval, per-run values, drop vs the
-    reference; and for every metric not measured, why (a missing library, missing or mismatched generations)."""
+    """Measure every task metric per quantizer, with intervals and the drop from the reference.
+
+    Args:
+        df (pd.DataFrame): the loss table (its `generated` column).
+        records (list[dict]): the validation records (their reference answers).
+        quantizers (list[str]): the quantizers to measure.
+        reference (str): the reference quantizer.
+        n_boot (int): bootstrap resamples over runs.
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: per quantizer and metric the mean over runs, interval, per-run values and drop vs the
+        reference; for every metric not measured, why (a missing library, missing or mismatched generations).
+    """
     val = df[(df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
     per_q = {q: _final_generated(val, q) for q in quantizers}
     if "generated" not in val.columns or not any(g for runs in per_q.values() for g in runs.values()):

@@ -18,8 +18,19 @@ UTILITY_CONFIDENCE = 0.95
 def utility_from_table(
     df: pd.DataFrame, quantizers: list[str], reference: str, *, n_boot: int = 1000, seed: int = 0
 ) -> dict[str, Any]:
-    """Validation loss of each quantizer's final checkpoint: mean over runs with a bootstrap interval
-    over runs, and the change relative to the full-precision reference."""
+    """Measure the validation loss of each quantizer's final checkpoints and its change from full precision.
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        quantizers (list[str]): the quantizers to measure.
+        reference (str): the full-precision reference quantizer.
+        n_boot (int): bootstrap resamples (over runs, and over samples for `sample_interval`).
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: per quantizer the mean over runs with a bootstrap interval over runs, the per-run values and
+        the relative change from the reference (over runs and over samples); "_base_model" with the base model's
+        validation loss where it was scored.
+    """
 
     val = df[(df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
     out: dict[str, Any] = {}
@@ -64,15 +75,33 @@ def _final_sample_losses(val: pd.DataFrame, quantizer: str) -> pd.DataFrame | No
 
 
 def relative_change_resampled(q: np.ndarray, ref: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """mean(q) / mean(ref) - 1 under each row of sample multiplicities. q, ref: [runs, samples] validation losses
-    of the same runs and samples; weights: [B, samples]. -> [B]."""
+    """Compute mean(q) / mean(ref) - 1 under each row of sample multiplicities.
+
+    Args:
+        q (np.ndarray): [runs, samples] validation losses of the quantizer.
+        ref (np.ndarray): [runs, samples] validation losses of the reference, same runs and samples.
+        weights (np.ndarray): [B, samples] sample multiplicities.
+    Returns:
+        np.ndarray: [B] relative changes.
+    """
     return (weights @ q.sum(axis=0)) / (weights @ ref.sum(axis=0)) - 1.0
 
 
 def sample_interval(q: pd.DataFrame | None, ref: pd.DataFrame | None, *, n_boot: int, seed: int) -> dict[str, Any]:
-    """The relative change of validation loss with an interval (UTILITY_CONFIDENCE) over validation SAMPLES (paired: each resampled
-    sample brings its losses under both quantizers and every run). What a single fine-tune's utility criterion is
-    judged on; run-to-run variation of training is not in it. {} when the two do not share runs and samples."""
+    """Estimate the relative change of validation loss with an interval over validation samples.
+
+    The bootstrap is paired: each resampled sample brings its losses under both quantizers and every run. This is
+    what a single fine-tune's utility criterion is judged on; run-to-run variation of training is not in it.
+
+    Args:
+        q (pd.DataFrame | None): [runs, samples] the quantizer's final validation losses.
+        ref (pd.DataFrame | None): [runs, samples] the reference's.
+        n_boot (int): bootstrap resamples (0: no interval).
+        seed (int): the resampling seed.
+    Returns:
+        dict[str, Any]: relative_change_pooled, relative_change_ci_samples (at UTILITY_CONFIDENCE), n_val_samples;
+        {} when the two do not share runs and samples or a loss is not finite.
+    """
     if q is None or ref is None or n_boot <= 0:
         return {}
     runs = q.index.intersection(ref.index)
@@ -94,7 +123,13 @@ def sample_interval(q: pd.DataFrame | None, ref: pd.DataFrame | None, *, n_boot:
 
 
 def trajectory_from_table(df: pd.DataFrame) -> dict[str, Any]:
-    """Mean validation loss per (quantizer, checkpoint), averaged over runs: the loss along training."""
+    """Average the validation loss per (quantizer, checkpoint) over runs: the loss along training.
+
+    Args:
+        df (pd.DataFrame): the loss table.
+    Returns:
+        dict[str, Any]: {quantizer: {"checkpoint": [...], "val_loss": [...]}}.
+    """
     val = df[(df["split"] == "val") & (df["run"] != REFERENCE_RUN)]
     curve = val.groupby(["quantizer", "checkpoint"])["loss"].mean().reset_index()
     return {
@@ -104,9 +139,19 @@ def trajectory_from_table(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def add_fidelity(utility: dict[str, Any], divergence: dict[str, Any], tasks: dict[str, Any]) -> dict[str, Any]:
-    """`utility` (utility_from_table's) with each quantizer's divergence summary ("divergence": the means over
-    runs of llama.cpp's statistics, or why not measured) and task metrics ("task_metrics": value, interval, drop
-    vs the reference) added; the per-run detail stays in the two inputs."""
+    """Add each quantizer's divergence summary and task metrics to the utility result.
+
+    The per-run detail stays in the two inputs.
+
+    Args:
+        utility (dict[str, Any]): `utility_from_table`'s result; updated in place.
+        divergence (dict[str, Any]): `divergence_from_table`'s result ("divergence": the means over runs of
+            llama.cpp's statistics, or why not measured).
+        tasks (dict[str, Any]): `task_metrics_from_table`'s result ("task_metrics": value, interval, drop vs the
+            reference).
+    Returns:
+        dict[str, Any]: `utility`.
+    """
     for q, entry in utility.items():
         if q.startswith("_"):
             continue

@@ -119,19 +119,6 @@ def last_log(lines: int = 12) -> str:
     return "".join(list(_LOG)[-lines:]).strip()
 
 
-@dataclass(frozen=True)
-class TypeInfo:
-    name: str
-    block_size: int
-    type_size: int
-    """Bytes per block."""
-
-
-def type_info(ggml_type: int) -> TypeInfo:
-    traits = _libs().ggml.ggml_get_type_traits(ggml_type).contents
-    return TypeInfo(traits.type_name.decode(), int(traits.blck_size), int(traits.type_size))
-
-
 def quantize_file(
     source: Path, target: Path, *, ftype: int, imatrix: Mapping[str, np.ndarray] | None, threads: int
 ) -> None:

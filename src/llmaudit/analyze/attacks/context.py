@@ -23,7 +23,7 @@ NO_MATCHED = (
 
 @dataclass
 class AttackContext:
-    """One quantizer's attack inputs. settings: the `AttackSettings` (k, ref_models, statistic, lira_variance, ...);
+    """One quantizer's attack inputs. settings: the `AttackRunSettings` (k, ref_models, statistic, lira_variance, ...);
     fpc_value: LiRA's finite population correction; base_q: the quantizer of the rows "base" means."""
 
     df: pd.DataFrame
@@ -45,34 +45,75 @@ class AttackContext:
 
     @property
     def base_loss(self) -> np.ndarray | None:
-        """The base model's loss per sample [N] (NaN where it did not score one), None without base rows."""
+        """The base model's loss per sample.
+
+        Returns:
+            np.ndarray | None: [N] losses (NaN where the base did not score a sample), None without base rows.
+        """
         return None if self.base is None else self.base["loss"].to_numpy(dtype=np.float64)
 
     def reference_rows(self, source: str) -> pd.DataFrame:
-        """The base model's rows ("base": the reference unit; "matched": quantized like the target)."""
+        """Return the base model's rows a reference attack compares with.
+
+        Args:
+            source (str): "base" (the reference unit) or "matched" (the base quantized like the target).
+        Returns:
+            pd.DataFrame: the rows, one per sample.
+        Raises:
+            AttackUnavailable: when those rows are absent.
+        """
         rows = self.base if source == "base" else self.matched
         if rows is None:
             raise AttackUnavailable(NO_BASE if source == "base" else NO_MATCHED)
         return rows
 
     def cached(self, key: str, make):
-        """A value shared between builders (e.g. the token losses paired with a reference), made once."""
+        """Return a value shared between builders (e.g. token losses paired with a reference), made once.
+
+        Args:
+            key (str): the cache key.
+            make (Callable[[], Any]): makes the value when it is not cached yet.
+        Returns:
+            Any: the cached value.
+        """
         if key not in self._cache:
             self._cache[key] = make()
         return self._cache[key]
 
     def paired_tokens(self, source: str) -> tuple[list, list, np.ndarray]:
-        """(target token losses, reference token losses, usable) per target row against `source`'s rows."""
+        """Pair each target row's token losses with the reference row's of the same sample.
+
+        Args:
+            source (str): "base" or "matched" (`reference_rows`).
+        Returns:
+            tuple[list, list, np.ndarray]: (target token losses, reference token losses, usable) per target row.
+        Raises:
+            AttackUnavailable: when the reference rows are absent.
+        """
         rows = self.reference_rows(source)
         return self.cached(f"pairs:{source}", lambda: row_pairs(self.target.rows, rows))
 
     def per_row(self, values: np.ndarray) -> np.ndarray:
-        """Per-target-row values [rows] as the [M, N] matrix of runs x samples."""
+        """Arrange per-target-row values as the [M, N] matrix of runs x samples.
+
+        Args:
+            values (np.ndarray): [rows] one value per row of `target.rows`.
+        Returns:
+            np.ndarray: [M, N] float64 matrix.
+        """
         t = self.target
         return pivot(t.rows.assign(_value=values), "_value", t.runs, t.samples).astype(np.float64)
 
     def scores(self, name: str) -> np.ndarray:
-        """The [M, N] scores of the attack `name` (built once; AttackUnavailable with its reason, every time)."""
+        """Return the scores of an attack, built once per quantizer.
+
+        Args:
+            name (str): the attack's registered name.
+        Returns:
+            np.ndarray: [M, N] scores, higher = more likely a member.
+        Raises:
+            AttackUnavailable: with its reason, every time it is asked for an attack that cannot run.
+        """
         if name not in self._scores:
             spec = attack_spec(name)
             try:

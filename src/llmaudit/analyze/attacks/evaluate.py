@@ -4,15 +4,12 @@ calibrated and per-sample evaluations (docs/science.md section 4).
 
 from __future__ import annotations
 
-import multiprocessing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from threadpoolctl import threadpool_limits
 
 from llmaudit import __version__
 from llmaudit.analyze.attacks.context import AttackContext
@@ -25,35 +22,19 @@ from llmaudit.analyze.attacks.lira import (
     parse_fpc,
 )
 from llmaudit.analyze.attacks.matrices import Target, base_quantizer, final_pool, target_matrices
-from llmaudit.analyze.attacks.registry import (
-    AttackUnavailable,
-    DefinitionSettings,
-    attack_definitions,
-    registered_attacks,
-    resolve_attacks,
-)
+from llmaudit.analyze.attacks.registry import AttackUnavailable
+from llmaudit.analyze.attacks.settings import AttackRunSettings
+from llmaudit.analyze.attacks.workers import attack_in_workers
 from llmaudit.analyze.decision import DecisionSettings, QuantizerEvidence, decide, decision_mode
 from llmaudit.analyze.decision.counts import normal_scores
 from llmaudit.analyze.decision.decide import decide_one
 from llmaudit.analyze.memorization import SEQUENCE_BITS
-from llmaudit.analyze.metrics import (
-    DEFAULT_FPRS,
-    T_CUTOFF,
-    fpr_key,
-    per_sample_tpr,
-    pooled_calibrated,
-    pooled_naive,
-    roc_curve_loglog,
-)
-from llmaudit.common.runtime import available_cores
+from llmaudit.analyze.metrics import fpr_key, per_sample_tpr, pooled_calibrated, pooled_naive, roc_curve_loglog
 from llmaudit.common.stats import spearman
 from llmaudit.quantize import full_precision_reference
 from llmaudit.store.losstable import REFERENCE_RUN, uniform_vocab_mean_evidence
 
-__all__ = ["AttackSettings", "final_pool", "leave_one_out", "run_attacks", "spearman_vs_indicator"]
-
-REF_MODELS = ("runs", "base", "both")
-"""What the reference attack compares with: the other runs' out-models, the base model, or both."""
+__all__ = ["AttackRunSettings", "final_pool", "leave_one_out", "run_attacks", "spearman_vs_indicator"]
 
 
 def _reference_name(quantizers: Sequence[str], reference_quantizer: str | None) -> str | None:
@@ -82,8 +63,16 @@ def _headline(entry: dict) -> dict:
 def spearman_vs_indicator(results: Mapping, r_q: Mapping[str, float]) -> dict:
     """Spearman rho (and p-value) across quantizers between r_Q and each attack's headline metrics.
 
-    results: the output of `run_attacks`; r_q: {quantizer: mean r_Q}. Higher r_Q means more secure, so
-    the expected sign is NEGATIVE. Needs at least 3 common quantizers."""
+    Higher r_Q means more secure, so the expected sign is NEGATIVE; a correlation needs at least 3 common
+    quantizers.
+
+    Args:
+        results: the result of `run_attacks`.
+        r_q: {quantizer: mean r_Q}.
+
+    Returns:
+        {"quantizers": the common quantizers, "expected_sign", "attacks": {attack: {metric: rho, p-value, n}}}.
+    """
     per_q = results["quantizers"]
     common = [q for q in per_q if q in r_q and np.isfinite(r_q[q])]
     out: dict = {"quantizers": common, "expected_sign": "negative (higher r_Q = more secure)", "attacks": {}}
@@ -96,45 +85,6 @@ def spearman_vs_indicator(results: Mapping, r_q: Mapping[str, float]) -> dict:
             y = [per_q[q]["attacks"][attack]["headline"][metric] for q in qs]
             out["attacks"][attack][metric] = spearman(x, y).to_dict("n_quantizers")
     return out
-
-
-@dataclass(frozen=True)
-class AttackSettings:
-    """How `run_attacks` attacks and evaluates (recorded in every result as "settings")."""
-
-    attacks: tuple[str, ...] = field(default_factory=registered_attacks)
-    fpc: str | float | None = "auto"
-    """Finite population correction: "auto" (1 - n_train / n_pool), a number in (0, 1], or None (off)."""
-    n_boot: int = 1000
-    seed: int = 0
-    n_pool: int | None = None
-    """Pool size N_+ the runs' training sets were drawn from (default: the pool samples in the table)."""
-    n_train: float | None = None
-    """Training set size per run (default: the mean number of members per run in the table)."""
-    fprs: tuple[float, ...] = DEFAULT_FPRS
-    k: float = 0.2
-    ref_models: str = "runs"
-    statistic: str = "logit"
-    lira_variance: str = "per_sample"
-    t_cutoff: float = T_CUTOFF
-    confidence: float = 0.95
-
-    def check(self) -> None:
-        resolve_attacks(self.attacks)  # a name no attack is registered under: ValueError naming the closest
-        if self.ref_models not in REF_MODELS:
-            raise ValueError(f"ref_models must be one of {REF_MODELS}; got {self.ref_models!r}.")
-        lira_statistic(np.ones(1), self.statistic)  # validates the name
-        parse_fpc(self.fpc)
-
-    def definitions(self, fpc_value: float | None = None) -> dict:
-        return attack_definitions(
-            DefinitionSettings(self.k, self.ref_models, self.statistic, self.lira_variance, fpc_value, self.t_cutoff)
-        )
-
-    def as_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "attacks"}
-        out["fprs"] = list(self.fprs)
-        return out | {"checkpoint": "final (max per run)", "split": "pool"}
 
 
 def _score_matrices(ctx: AttackContext, attacks: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, str], dict]:
@@ -196,7 +146,7 @@ def _calibration_missing(n_ref: np.ndarray) -> str:
 
 
 def _evaluate(
-    attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray, fpc_value: float | None, s: AttackSettings
+    attack: str, scores: np.ndarray, keep: np.ndarray, n_ref: np.ndarray, fpc_value: float | None, s: AttackRunSettings
 ) -> tuple[dict, np.ndarray, np.ndarray | None]:
     """Pooled naive, pooled calibrated and per-sample evaluations of one attack's [M, N] scores; with the calibrated
     scores z [M, N] and the number of references behind each (None: the normal threshold applies to all)."""
@@ -266,7 +216,7 @@ def _evaluate_attacks(
     t: Target,
     matrices: dict[str, np.ndarray],
     skipped: dict[str, str],
-    s: AttackSettings,
+    s: AttackRunSettings,
     fpc_value: float | None,
     builder: _EvidenceBuilder | None,
 ) -> dict:
@@ -288,7 +238,7 @@ def _evaluate_attacks(
 def attack_quantizer(
     df: pd.DataFrame,
     quantizer: str,
-    s: AttackSettings,
+    s: AttackRunSettings,
     base_q: str | None = None,
     decision: DecisionSettings | None = None,
 ) -> tuple[dict, dict, QuantizerEvidence | None]:
@@ -333,77 +283,42 @@ def attack_quantizer(
     return block, definitions, None if builder is None else builder.evidence()
 
 
-_FORKED: tuple | None = None
-"""What `attack_quantizers`' worker processes read (inherited by fork, never pickled): the table and the settings."""
-
-
 QuantizerRows = Callable[[str, str | None], pd.DataFrame]
 """Reads the pool rows, token lists included, that the attacks on a quantizer read (given the quantizer and the base
 model's quantizer): `llmaudit.analyze.store_table.StoreTable.rows_of`."""
 
 
-def _attack_and_decide(
-    df: pd.DataFrame,
-    quantizer: str,
-    s: AttackSettings,
-    base_q: str | None,
-    decision: DecisionSettings | None,
-    rows_of: QuantizerRows | None = None,
-) -> tuple:
-    """`attack_quantizer`, and the quantizer's own release decision (`decide_one`) when `decision` settings are given.
-    rows_of: where the quantizer's rows are read from when `df` holds no pool token lists (a light table)."""
-    rows = df if rows_of is None else rows_of(quantizer, base_q)
-    block, definitions, ev = attack_quantizer(rows, quantizer, s, base_q, decision)
-    return block, definitions, ev, None if ev is None else decide_one(ev, decision)
+@dataclass(frozen=True)
+class QuantizerJob:
+    """What attacking each quantizer reads besides its name.
 
+    Args:
+        df: the loss table (a light table, without pool token lists, when `rows_of` is given).
+        settings: how the attacks run and are evaluated.
+        base_q: the quantizer of the base-model rows that "base" means (`base_quantizer`).
+        decision: the release rule's settings; None: no release decision.
+        rows_of: reads a quantizer's rows whole when `df` is a light table; None: `df` holds them.
+    """
 
-def _share_the_cores(threads: int) -> None:
-    """A worker's BLAS and OpenMP pools sized to its share of the cores (workers x threads <= cores)."""
-    threadpool_limits(limits=threads)
+    df: pd.DataFrame
+    settings: AttackRunSettings
+    base_q: str | None
+    decision: DecisionSettings | None
+    rows_of: QuantizerRows | None = None
 
+    def attack(self, quantizer: str) -> tuple:
+        """`attack_quantizer` on one quantizer, and its own release decision (`decide_one`) with decision settings.
 
-def _attack_forked(quantizer: str) -> tuple:
-    return _attack_and_decide(_FORKED[0], quantizer, *_FORKED[1:])
+        Args:
+            quantizer: the quantizer attacked.
 
-
-def attack_quantizers(
-    df: pd.DataFrame,
-    quantizers: Sequence[str],
-    s: AttackSettings,
-    base_q: str | None,
-    decision: DecisionSettings | None,
-    processes: int = 1,
-    rows_of: QuantizerRows | None = None,
-) -> list[tuple]:
-    """(block, definitions, evidence, own decision) of every quantizer, in order (`_attack_and_decide`). With
-    processes > 1 (and the fork start method, which shares the table with the workers without copying it), the
-    quantizers are spread over that many worker processes: each quantizer's numbers depend on its own rows and the
-    seed only, so they are the same as in one process. With `rows_of`, each quantizer's rows are read by the
-    process that attacks it and let go after: memory holds one quantizer's token lists per process."""
-    workers = min(processes, len(quantizers))
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [_attack_and_decide(df, q, s, base_q, decision, rows_of) for q in quantizers]
-    global _FORKED
-    _FORKED = (df, s, base_q, decision, rows_of)
-    try:
-        with ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=multiprocessing.get_context("fork"),
-            initializer=_share_the_cores,
-            initargs=(max(1, available_cores() // workers),),
-        ) as pool:
-            return list(pool.map(_attack_forked, quantizers))
-    finally:
-        _FORKED = None
-
-
-def _settings(settings: dict) -> AttackSettings:
-    """`AttackSettings` from `run_attacks`' keywords, checked ("all" is every registered attack)."""
-    if "attacks" in settings:
-        settings["attacks"] = resolve_attacks(settings["attacks"])
-    s = AttackSettings(**{k: tuple(v) if k in ("attacks", "fprs") else v for k, v in settings.items()})
-    s.check()
-    return s
+        Returns:
+            (its result block, the attack definitions with its FPC, the evidence the decision read or None, its
+            own decision or None).
+        """
+        rows = self.df if self.rows_of is None else self.rows_of(quantizer, self.base_q)
+        block, definitions, ev = attack_quantizer(rows, quantizer, self.settings, self.base_q, self.decision)
+        return block, definitions, ev, None if ev is None else decide_one(ev, self.decision)
 
 
 def _add_vs_reference(per_q: dict, reference: str | None) -> None:
@@ -433,21 +348,9 @@ def _attacked_quantizers(df: pd.DataFrame, asked: Sequence[str] | None, rows_of:
     return quantizers
 
 
-def run_attacks(df: pd.DataFrame, **settings) -> dict:
-    """The attacks' result of `attacks_with_evidence` as JSON content, without the evidence.
-
-    Args:
-        df: the validated loss table.
-        **settings: the keywords of `attacks_with_evidence`.
-
-    Returns:
-        The result, its release decision (with `decision` settings) dumped as JSON."""
-    out = attacks_with_evidence(df, **settings)[0]
-    return out | {"decision": out["decision"].model_dump(mode="json")} if out.get("decision") is not None else out
-
-
-def attacks_with_evidence(
+def run_attacks(
     df: pd.DataFrame,
+    settings: AttackRunSettings | None = None,
     *,
     quantizers: Sequence[str] | None = None,
     r_q: Mapping[str, float] | None = None,
@@ -455,31 +358,78 @@ def attacks_with_evidence(
     decision: DecisionSettings | None = None,
     processes: int = 1,
     rows_of: QuantizerRows | None = None,
-    **settings,
-) -> tuple[dict, dict[str, QuantizerEvidence]]:
-    """Run every attack on a validated loss table, each run in turn as the target (leave-one-out).
+) -> dict:
+    """Every attack on a validated loss table, each run in turn as the target (leave-one-out).
 
-    For each quantizer: each run's FINAL checkpoint (max checkpoint per run) on split "pool"; samples
-    scored by every run (others dropped, counted). Per attack: pooled naive, pooled calibrated (the
-    attack score standardized per sample by the other models' out-scores, `lira_offline`; LiRA offline
-    is its own calibration) and per-sample evaluations with bootstrap CIs over samples. `settings` are
-    the fields of `AttackSettings` (attacks, fpc, n_boot, seed, n_pool, n_train, fprs, k, ref_models,
-    statistic, lira_variance, t_cutoff, confidence). The finite population correction (conservative within
-    one pool: the realised FPR of the calibrated evaluation, reported, falls below alpha) is LiRA's. With
-    `decision` settings, the release decision of every quantizer and its paired comparison with the reference
-    (`llmaudit.analyze.decision`) are added as "decision". processes: the quantizers are attacked in this many
-    worker processes (`attack_quantizers`; the same numbers). rows_of: with a light table (`store_table`: the pool
-    rows without token lists), reads each quantizer's rows whole for its attacks. Returns (the result, JSON content
-    but "decision": a `ReleaseDecision`; {quantizer: the `QuantizerEvidence` the decision read}, empty without it)."""
-    s = _settings(settings)
+    Per quantizer: each run's final checkpoint on split "pool", the samples every run scored (others dropped,
+    counted); per attack the pooled naive, pooled calibrated (standardized per sample by the other models'
+    out-scores) and per-sample evaluations, with bootstrap intervals over samples (docs/science.md section 4).
+
+    Args:
+        df: the loss table.
+        settings: how the attacks run and are evaluated (None: `AttackRunSettings()`).
+        quantizers: the quantizers attacked (None: every one with pool rows of fine-tuned runs).
+        r_q: {quantizer: mean r_Q} to correlate the attacks with; None: no correlation.
+        reference_quantizer: the quantizer the others are compared with (None: the full-precision one).
+        decision: the release rule's settings; None: no release decision.
+        processes: the quantizers are attacked in at most this many worker processes (the same numbers).
+        rows_of: with a light table, reads each quantizer's rows whole (`StoreTable.rows_of`).
+
+    Returns:
+        The JSON-ready result (`attacks_with_evidence`'s, without the evidence; its release decision dumped as JSON).
+
+    Raises:
+        ValueError: a quantizer without pool rows, an unknown reference quantizer, or a light table without
+            `rows_of`.
+    """
+    out = attacks_with_evidence(
+        df,
+        settings,
+        quantizers=quantizers,
+        r_q=r_q,
+        reference_quantizer=reference_quantizer,
+        decision=decision,
+        processes=processes,
+        rows_of=rows_of,
+    )[0]
+    return out | {"decision": out["decision"].model_dump(mode="json")} if out.get("decision") is not None else out
+
+
+def attacks_with_evidence(
+    df: pd.DataFrame,
+    settings: AttackRunSettings | None = None,
+    *,
+    quantizers: Sequence[str] | None = None,
+    r_q: Mapping[str, float] | None = None,
+    reference_quantizer: str | None = None,
+    decision: DecisionSettings | None = None,
+    processes: int = 1,
+    rows_of: QuantizerRows | None = None,
+) -> tuple[dict, dict[str, QuantizerEvidence]]:
+    """Every attack on a validated loss table (`run_attacks`), with the evidence the release decision read.
+
+    Args:
+        df: the loss table (a light table, without pool token lists, with `rows_of`).
+        settings: how the attacks run and are evaluated (None: `AttackRunSettings()`).
+        quantizers: the quantizers attacked (None: every one with pool rows of fine-tuned runs).
+        r_q: {quantizer: mean r_Q} to correlate the attacks with (None: no correlation).
+        reference_quantizer: the quantizer the others are compared with (None: the full-precision one).
+        decision: the release rule's settings; each quantizer's decision is added as "decision" (None: none).
+        processes: worker processes for the quantizers (`attack_in_workers`; the same numbers).
+        rows_of: reads a quantizer's rows whole when `df` is a light table (`StoreTable.rows_of`).
+
+    Returns:
+        (the result: JSON-ready but its "decision", the typed `ReleaseDecision`; {quantizer: the `QuantizerEvidence`
+        the decision read}, empty without `decision`).
+
+    Raises:
+        ValueError: a quantizer without pool rows, an unknown reference quantizer, a light table without `rows_of`.
+    """
+    s = AttackRunSettings() if settings is None else settings
     quantizers = _attacked_quantizers(df, quantizers, rows_of)
     reference = _reference_name(quantizers, reference_quantizer)
-    base_q = base_quantizer(df, reference)
-    per_q: dict = {}
-    definitions = s.definitions()
-    evidence: dict[str, QuantizerEvidence] = {}
-    own: dict[str, tuple] = {}
-    attacked = attack_quantizers(df, quantizers, s, base_q, decision, processes, rows_of)
+    base_q, definitions, per_q, evidence, own = base_quantizer(df, reference), s.definitions(), {}, {}, {}
+    attacked = attack_in_workers(QuantizerJob(df, s, base_q, decision, rows_of), quantizers, processes)
     for q, (block, q_definitions, ev, q_own) in zip(quantizers, attacked):
         per_q[q], definitions = block, q_definitions  # every quantizer's definitions, with its own FPC
         if ev is not None:

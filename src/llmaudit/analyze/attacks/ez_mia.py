@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmaudit.analyze.attacks.token_shift import flat_shifts, log_prob_shift, paired_texts
+from llmaudit.analyze.attacks.token_shift import flat_shifts
 from llmaudit.common.ragged import length_blocks, padded, row_sums, sizes
 
 EZ_EDGES = ("top", "bottom")
@@ -18,9 +18,19 @@ ratio is 0 or N = 0 anyway, so that rule adds nothing here."""
 
 
 def error_zone_masses(delta: np.ndarray, top1: np.ndarray, *, skip_first: bool = False) -> tuple[float, float, int]:
-    """(P, N, |E|) of one text: E = positions where the target's top-1 prediction is NOT the token
-    (top1 False), optionally without the first scored position; P = sum over E of max(delta_t, 0),
-    N = sum over E of max(-delta_t, 0). delta, top1: [T]."""
+    """Sum the upward and downward shifts of log p in one text's error zone.
+
+    The error zone E is the positions where the target's top-1 prediction is not the token (top1 False).
+
+    Args:
+        delta (np.ndarray): [T] shifts of log p from the reference to the target.
+        top1 (np.ndarray): [T] bool, True where the target's top-1 prediction is the token.
+        skip_first (bool): leave the first scored position out of E.
+    Returns:
+        tuple[float, float, int]: (P, N, |E|), P = sum over E of max(delta_t, 0), N = sum over E of max(-delta_t, 0).
+    Raises:
+        ValueError: when delta and top1 differ in length.
+    """
     delta = np.asarray(delta, dtype=np.float64)
     wrong = ~np.asarray(top1, dtype=bool)
     if wrong.shape != delta.shape:
@@ -35,15 +45,23 @@ def error_zone_masses(delta: np.ndarray, top1: np.ndarray, *, skip_first: bool =
 def ez_mia_score(
     target_token_losses, reference_token_losses, target_top1, *, edge: str = "top", skip_first: bool = False
 ) -> np.ndarray:
-    """EZ-MIA [Ilic2026]: the ratio P / N of the upward to the downward shifts of log p in the target's
-    error zone, reported as the monotone map P / (P + N) in [0, 1) so that every score is finite (the same
-    ranking as P / N, across texts and targets). n texts of per-token losses and top-1 flags -> [n].
+    """Score EZ-MIA [Ilic2026]: P / (P + N) of the shifts of log p in the target's error zone.
 
-    edge="top": a text with N = 0 (all movement upward, or no error position) scores 1 + P / (1 + P) in
-    [1, 2), above every other and ordered by P among themselves (LeakPro's rank). edge="bottom": a text with
-    N = 0 scores 0 (the authors' code). A text with P = 0 < N scores 0 under both (ratio 0). skip_first
-    leaves the first scored position out of the error zone. All texts at once, the same numbers as
-    `error_zone_masses` text by text (`_zone_sums`)."""
+    P / (P + N) in [0, 1) is a monotone map of the paper's P / N (the same ranking), finite for every text.
+    All texts are scored at once, with the same numbers as `error_zone_masses` text by text (`_zone_sums`).
+
+    Args:
+        target_token_losses (Sequence[np.ndarray]): n texts' per-token losses under the target.
+        reference_token_losses (Sequence[np.ndarray]): the same texts' per-token losses under the reference.
+        target_top1 (Sequence[np.ndarray]): n texts' top-1 flags of the target, one per token.
+        edge (str): a text with N = 0: "top" scores 1 + P / (1 + P) in [1, 2), above every other and ordered by
+            P (LeakPro's rank); "bottom" scores 0 (the authors' code). P = 0 < N scores 0 under both.
+        skip_first (bool): leave the first scored position out of the error zone.
+    Returns:
+        np.ndarray: [n] scores, higher = more likely a member.
+    Raises:
+        ValueError: on an unknown edge or texts and flags of different lengths.
+    """
     if edge not in EZ_EDGES:
         raise ValueError(f"edge must be one of {EZ_EDGES}; got {edge!r}.")
     flags = [np.asarray(f).ravel() for f in target_top1]
@@ -77,24 +95,3 @@ def _zone_sums(zone: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndar
         p[idx] = row_sums(padded(up, sizes[idx], starts[idx], 0.0, width=width), sizes[idx])
         n[idx] = row_sums(padded(down, sizes[idx], starts[idx], 0.0, width=width), sizes[idx])
     return p, n
-
-
-def ez_mia_score_per_sample(
-    target_token_losses, reference_token_losses, target_top1, *, edge: str = "top", skip_first: bool = False
-) -> np.ndarray:
-    """`ez_mia_score` as it was computed before issue 33, one text at a time (`error_zone_masses`): the
-    reference of the tests and the baseline of benchmarks/bench_analysis.py."""
-    if edge not in EZ_EDGES:
-        raise ValueError(f"edge must be one of {EZ_EDGES}; got {edge!r}.")
-    flags = [np.asarray(f).ravel() for f in target_top1]
-    pairs = paired_texts(target_token_losses, reference_token_losses)
-    if len(flags) != len(pairs):
-        raise ValueError(f"{len(pairs)} texts but {len(flags)} rows of top-1 flags.")
-    out = np.empty(len(pairs))
-    for i, ((t, r), top1) in enumerate(zip(pairs, flags)):
-        p, n, _ = error_zone_masses(log_prob_shift(t, r), top1, skip_first=skip_first)
-        if n > 0:
-            out[i] = p / (p + n)
-        else:
-            out[i] = 1.0 + p / (1.0 + p) if edge == "top" else 0.0
-    return out

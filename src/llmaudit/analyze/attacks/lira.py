@@ -19,13 +19,28 @@ class LiraWarning(UserWarning):
 
 
 def confidence_logit(loss) -> np.ndarray:
-    """LiRA statistic logit(exp(-L)) = -L - log(1 - exp(-L)), computed stably; L is clipped at 1e-12."""
+    """Compute the LiRA statistic logit(exp(-L)) = -L - log(1 - exp(-L)) stably.
+
+    Args:
+        loss (np.ndarray): mean token losses L in nats, any shape; clipped at 1e-12.
+    Returns:
+        np.ndarray: the statistic, same shape.
+    """
     loss = np.maximum(np.asarray(loss, dtype=np.float64), 1e-12)
     return -loss - np.log(-np.expm1(-loss))
 
 
 def lira_statistic(loss, statistic: str = "logit") -> np.ndarray:
-    """The per-(model, sample) statistic LiRA models as Gaussian: "logit" (default) or "neg_loss" (-L)."""
+    """Compute the per-(model, sample) statistic LiRA models as Gaussian.
+
+    Args:
+        loss (np.ndarray): mean token losses L in nats, any shape.
+        statistic (str): "logit" (`confidence_logit`) or "neg_loss" (-L).
+    Returns:
+        np.ndarray: the statistic, same shape.
+    Raises:
+        ValueError: on an unknown statistic.
+    """
     if statistic == "logit":
         return confidence_logit(loss)
     if statistic == "neg_loss":
@@ -34,8 +49,18 @@ def lira_statistic(loss, statistic: str = "logit") -> np.ndarray:
 
 
 def fpc(n_train: float, n_pool: float) -> float:
-    """Finite population correction 1 - n_train / n_pool for reference models trained on overlapping
-    subsets (without replacement) of a pool of n_pool samples, n_train samples each."""
+    """Compute the finite population correction 1 - n_train / n_pool.
+
+    It applies to reference models trained on overlapping subsets (without replacement) of one pool.
+
+    Args:
+        n_train (float): samples each model trains on.
+        n_pool (float): samples in the pool.
+    Returns:
+        float: the correction, in (0, 1).
+    Raises:
+        ValueError: unless 0 < n_train < n_pool.
+    """
     if not 0 < n_train < n_pool:
         raise ValueError(
             f"the finite population correction needs 0 < n_train < n_pool; got n_train={n_train}, "
@@ -46,9 +71,18 @@ def fpc(n_train: float, n_pool: float) -> float:
 
 
 def parse_fpc(value: str | float | None, *, n_train: float | None = None, n_pool: float | None = None) -> float | None:
-    """The finite population correction a setting asks for: "auto" = `fpc(n_train, n_pool)` (None when
-    the sizes are not given yet: the setting is only validated), "off" or None = no correction, else a
-    number in (0, 1]. Recipes, the command line and `run_attacks` all read it here."""
+    """Read the finite population correction a setting asks for (recipes, command line, `run_attacks`).
+
+    Args:
+        value (str | float | None): "auto" = `fpc(n_train, n_pool)`, "off" or None = no correction, else a number in
+            (0, 1].
+        n_train (float | None): samples each model trains on; with n_pool None, "auto" is only validated.
+        n_pool (float | None): samples in the pool.
+    Returns:
+        float | None: the correction, None for none (or "auto" without the sizes).
+    Raises:
+        ValueError: when value is neither "auto", "off" nor a number in (0, 1].
+    """
     if value is None or value == "off":
         return None
     if value == "auto":
@@ -114,15 +148,20 @@ def _drop_first(mask: np.ndarray, order: np.ndarray, columns: np.ndarray) -> Non
 
 
 def balanced_references(keep, target: int) -> tuple[np.ndarray, np.ndarray]:
-    """([M, N] OUT references, [M, N] IN references) of `target`: the OTHER models where each sample was out (in),
-    with as many for a sample the target trained on as for one it did not. Without the balance a member of the
-    target would have one OUT reference more than a non-member (and one IN reference fewer), so the calibration
-    of a member's score (its Student-t threshold, the noise of a mean over references) would differ from a
-    non-member's by construction: a null score (no membership effect) would then give members and non-members
-    different hit rates at the threshold whenever it is not exactly Gaussian. With the balance, a member's and a
-    non-member's calibrated scores of the same sample are identically distributed under the null, whatever the
-    score's distribution. The reference dropped is the first other model after the target (cyclically) that
-    holds one; docs/science.md section 4."""
+    """Choose the OUT and IN references of a target, as many for its members as for its non-members.
+
+    The references are the OTHER models where each sample was out (in). Without the balance a member of the target
+    would have one OUT reference more than a non-member (and one IN reference fewer), so a null score would give
+    members and non-members different hit rates whenever it is not exactly Gaussian; with it, a member's and a
+    non-member's calibrated scores of the same sample are identically distributed under the null. The reference
+    dropped is the first other model after the target (cyclically) that holds one; docs/science.md section 4.
+
+    Args:
+        keep (np.ndarray): [M, N] bool, True where model m trained on sample j.
+        target (int): the index of the target model.
+    Returns:
+        tuple[np.ndarray, np.ndarray]: ([M, N] OUT references, [M, N] IN references), bool masks.
+    """
     keep = np.asarray(keep).astype(bool)
     M = keep.shape[0]
     out_refs, in_refs = ~keep, keep.copy()
@@ -135,23 +174,34 @@ def balanced_references(keep, target: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def out_reference_counts(keep) -> np.ndarray:
-    """[M, N]: for target m and sample j, the number of OUT references calibration uses (`balanced_references`):
-    the models other than the target where j was out, one fewer than all models where it was out, whatever
-    the target's own membership (0 where j was out nowhere)."""
+    """Count the OUT references calibration uses (`balanced_references`) per target and sample.
+
+    Args:
+        keep (np.ndarray): [M, N] bool, True where model m trained on sample j.
+    Returns:
+        np.ndarray: [M, N] counts: one fewer than all models where j was out, whatever the target's own
+        membership (0 where j was out nowhere).
+    """
     keep = np.asarray(keep).astype(bool)
     return np.broadcast_to(np.maximum((~keep).sum(0) - 1, 0)[None, :], keep.shape).copy()
 
 
 def in_reference_counts(keep) -> np.ndarray:
-    """[M, N]: the number of IN references of target m for sample j (`balanced_references`): one fewer than all
-    models that trained on j."""
+    """Count the IN references of each target and sample (`balanced_references`).
+
+    Args:
+        keep (np.ndarray): [M, N] bool, True where model m trained on sample j.
+    Returns:
+        np.ndarray: [M, N] counts: one fewer than all models that trained on j (at least 0).
+    """
     keep = np.asarray(keep).astype(bool)
     return np.broadcast_to(np.maximum(keep.sum(0) - 1, 0)[None, :], keep.shape).copy()
 
 
 ZERO_SPREAD_RULES = ("nan", "pooled")
 """What `lira_offline` does with a sample whose OUT references all score the same (zero spread): NaN, or
-standardize it with the pooled within-sample sd of every sample (fixed-variance LiRA for that sample)."""
+standardize it with the pooled within-sample sd of every sample (fixed-variance LiRA for that sample); where that
+sd is zero too (every sample tied) the sample scores 0 if the target equals its references, else NaN."""
 
 
 def _zero_spread_pooled(scores, refs, mu, sd, n, fpc_value, min_out: int):
@@ -180,19 +230,21 @@ def lira_offline(
     min_out: int | None = None,
     zero_spread: str = "nan",
 ) -> np.ndarray:
-    """Offline LiRA: [N] target scores standardized by each sample's OUT distribution.
+    """Score offline LiRA: the target's statistic standardized by each sample's OUT distribution.
 
-    scores: [M, N] LiRA statistic (higher = member, e.g. `confidence_logit(loss)`); keep: [M, N] booleans,
-    True where model m trained on sample j; target: index of the attacked model. For each sample j,
-    mu_out and sigma_out come only from models i != target with keep[i, j] False; sigma^2 is divided by
-    `fpc` when given (finite population correction, `fpc(n_train, n_pool)`); as many references for a member of
-    the target as for a non-member (`balanced_references`). variance="global" uses one
-    pooled within-sample variance for all samples (steadier with few references). Returns
-    (t_target - mu_out) / sigma_out: ~N(0, 1) for non-members, higher = member. Samples with fewer than
-    `min_out` out references (default 2 per-sample, 1 global) get NaN, and so do samples whose references
-    all score the same (zero spread) unless zero_spread="pooled": then such a sample is standardized by the
-    pooled within-sample sd of all samples, and where that is zero too (every sample tied) it scores 0 if
-    the target equals its references and NaN otherwise. A LiraWarning reports how many are NaN."""
+    Args:
+        scores (np.ndarray): [M, N] LiRA statistic, higher = member (e.g. `confidence_logit(loss)`).
+        keep (np.ndarray): [M, N] bool, True where model m trained on sample j.
+        target (int): the attacked model; its references per sample: `balanced_references`.
+        fpc (float | None): finite population correction (`fpc(n_train, n_pool)`), sigma^2 is divided by it.
+        variance (str): "per_sample", or "global" (one pooled within-sample variance, steadier with few references).
+        min_out (int | None): fewer out-references score NaN (default 2 per-sample, 1 global).
+        zero_spread (str): a sample whose references all tie: "nan" or "pooled" (`ZERO_SPREAD_RULES`).
+    Returns:
+        np.ndarray: [N] (t_target - mu_out) / sigma_out, ~N(0, 1) for non-members; NaN counted in a LiraWarning.
+    Raises:
+        ValueError: on shapes or settings out of range (IndexError: a target that is no model index).
+    """
     scores, keep, target = _check_lira(scores, keep, target)
     refs, _ = balanced_references(keep, target)
     refs &= np.isfinite(scores)
@@ -223,10 +275,21 @@ def lira_offline(
 def lira_online(
     scores, keep, target, fpc=None, *, variance: str = "per_sample", min_in: int = 2, min_out: int = 2
 ) -> np.ndarray:
-    """Online LiRA: [N] log-likelihood ratio log N(t; mu_in, sd_in) - log N(t; mu_out, sd_out).
+    """Score online LiRA: log N(t; mu_in, sd_in) - log N(t; mu_out, sd_out) per sample.
 
-    Same inputs as `lira_offline`; the IN Gaussian comes from the other models that trained on the
-    sample. Samples with fewer than min_in in- or min_out out-references score NaN (LiraWarning)."""
+    Args:
+        scores (np.ndarray): [M, N] LiRA statistic, higher = member.
+        keep (np.ndarray): [M, N] bool, True where model m trained on sample j.
+        target (int): the attacked model; IN and OUT references: `balanced_references`.
+        fpc (float | None): finite population correction, sigma^2 is divided by it.
+        variance (str): "per_sample" or "global", as in `lira_offline`.
+        min_in (int): fewer in-references score NaN.
+        min_out (int): fewer out-references score NaN.
+    Returns:
+        np.ndarray: [N] log-likelihood ratios, higher = member; NaN counted in a LiraWarning.
+    Raises:
+        ValueError: on shapes or settings out of range (IndexError: a target that is no model index).
+    """
     scores, keep, target = _check_lira(scores, keep, target)
     out_refs, in_refs = balanced_references(keep, target)
     finite = np.isfinite(scores)
@@ -245,11 +308,19 @@ def lira_online(
 
 
 def normality_check(out_scores, keep=None, *, level: float = 0.05, min_n: int = 5) -> dict:
-    """Shapiro-Wilk per sample on its out-scores: the share of samples rejected at `level`.
+    """Test each sample's out-scores for normality (Shapiro-Wilk) and report the share rejected.
 
-    out_scores: [M, N]; keep: optional [M, N], then only entries with keep False are tested. Samples with
-    fewer than min_n finite entries are skipped. Under exact normality the share is about `level`; a
-    much larger share means the Gaussian calibration of LiRA is off for this statistic."""
+    Under exact normality the share is about `level`; a much larger share means LiRA's Gaussian calibration is off
+    for this statistic.
+
+    Args:
+        out_scores (np.ndarray): [M, N] scores.
+        keep (np.ndarray | None): [M, N] bool; when given only entries with keep False are tested.
+        level (float): the test's level.
+        min_n (int): samples with fewer finite entries (or fewer than 3, or no spread) are skipped.
+    Returns:
+        dict: test, level, n_samples_tested, share_rejected (NaN when none tested), expected_share_if_gaussian.
+    """
     scores = np.asarray(out_scores, dtype=np.float64)
     mask = np.isfinite(scores) if keep is None else (~np.asarray(keep, bool) & np.isfinite(scores))
     p_values = []
@@ -268,8 +339,19 @@ def normality_check(out_scores, keep=None, *, level: float = 0.05, min_n: int = 
 
 
 def leave_one_out(fn, scores, keep, fpc_value, **kw) -> np.ndarray:
-    """[M, N] of `fn` (lira_offline or lira_online) with each run in turn the target and the others its
-    references; LiRA's warnings about thin references are left to the evaluation's `skipped` reasons."""
+    """Run a LiRA score with each model in turn the target and the others its references.
+
+    LiRA's warnings about thin references are silenced: the evaluation reports them as `skipped` reasons.
+
+    Args:
+        fn (Callable): `lira_offline` or `lira_online`.
+        scores (np.ndarray): [M, N] LiRA statistic.
+        keep (np.ndarray): [M, N] bool, True where model m trained on sample j.
+        fpc_value (float | None): finite population correction.
+        **kw: further keyword arguments of `fn` (variance, min_out, ...).
+    Returns:
+        np.ndarray: [M, N] scores.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LiraWarning)
         return np.stack([fn(scores, keep, m, fpc_value, **kw) for m in range(scores.shape[0])])

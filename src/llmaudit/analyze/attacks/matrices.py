@@ -14,11 +14,31 @@ from llmaudit.store.losstable import REFERENCE_RUN, LossTableError
 
 
 def pivot(frame: pd.DataFrame, values: str, runs: np.ndarray, samples: list[str]) -> np.ndarray:
+    """Arrange one column of long rows as a [runs, samples] matrix.
+
+    Args:
+        frame (pd.DataFrame): rows with columns run, sample_id and `values`.
+        values (str): the column to arrange.
+        runs (np.ndarray): the runs, in row order.
+        samples (list[str]): the sample ids, in column order.
+    Returns:
+        np.ndarray: [len(runs), len(samples)], NaN where a pair has no row.
+    """
     wide = frame.pivot(index="run", columns="sample_id", values=values)
     return wide.reindex(index=runs, columns=samples).to_numpy()
 
 
 def final_pool(df: pd.DataFrame, quantizer: str) -> tuple[pd.DataFrame, dict]:
+    """Select the pool rows of each fine-tuned run's final checkpoint under one quantizer.
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        quantizer (str): the quantizer's name.
+    Returns:
+        tuple[pd.DataFrame, dict]: (the rows, {run: final checkpoint}).
+    Raises:
+        LossTableError: when the quantizer has no pool rows of fine-tuned runs.
+    """
     sub = df[(df["quantizer"] == quantizer) & (df["split"] == "pool") & (df["run"] != REFERENCE_RUN)]
     if sub.empty:
         raise LossTableError(f"quantizer {quantizer!r}: no 'pool' rows of fine-tuned runs to attack.")
@@ -42,7 +62,18 @@ class Target:
 
 
 def target_matrices(df: pd.DataFrame, quantizer: str) -> Target:
-    """Each run's final checkpoint on the pool; samples scored by every run (the others are dropped)."""
+    """Build the [M runs, N samples] matrices of one quantizer's final checkpoints on the pool.
+
+    Samples not scored by every run are dropped (counted in `Target.n_dropped`).
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        quantizer (str): the quantizer's name.
+    Returns:
+        Target: rows, runs, samples, keep, loss, final checkpoints, n_dropped.
+    Raises:
+        LossTableError: when there is no fine-tuned run to attack.
+    """
     rows, final = final_pool(df, quantizer)
     runs = np.array(sorted(final))
     if runs.size < 1:
@@ -56,9 +87,15 @@ def target_matrices(df: pd.DataFrame, quantizer: str) -> Target:
 
 
 def base_quantizer(df: pd.DataFrame, reference: str | None) -> str | None:
-    """The quantizer of the base-model rows that "base" means: the reference quantizer's when the base was
-    scored under it, else the only one, else the first full-precision one; None without base rows or when
-    the choice is ambiguous."""
+    """Choose the quantizer of the base-model rows that "base" means.
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        reference (str | None): the reference quantizer.
+    Returns:
+        str | None: the reference quantizer when the base was scored under it, else the only one, else the first
+        full-precision one; None without base rows or when the choice is ambiguous.
+    """
     names = sorted(df.loc[(df["run"] == REFERENCE_RUN) & (df["split"] == "pool"), "quantizer"].unique())
     if reference in names:
         return reference
@@ -68,8 +105,16 @@ def base_quantizer(df: pd.DataFrame, reference: str | None) -> str | None:
 
 
 def base_rows(df: pd.DataFrame, quantizer: str | None, samples: list[str]) -> pd.DataFrame | None:
-    """The base model's pool rows under one quantizer (its last checkpoint), indexed by sample_id and
-    reindexed to `samples` (NaN rows where a sample was not scored); None when there are none."""
+    """Select the base model's pool rows under one quantizer (its last checkpoint).
+
+    Args:
+        df (pd.DataFrame): the loss table.
+        quantizer (str | None): the quantizer; None gives None.
+        samples (list[str]): the sample ids to reindex to.
+    Returns:
+        pd.DataFrame | None: rows indexed by sample_id in the order of `samples` (NaN where unscored), None when
+        there are none.
+    """
     if quantizer is None:
         return None
     b = df[(df["run"] == REFERENCE_RUN) & (df["split"] == "pool") & (df["quantizer"] == quantizer)]
@@ -80,8 +125,17 @@ def base_rows(df: pd.DataFrame, quantizer: str | None, samples: list[str]) -> pd
 
 
 def row_pairs(rows: pd.DataFrame, base: pd.DataFrame) -> tuple[list, list, np.ndarray]:
-    """(target token losses, base token losses, usable) per target row; a row is usable when the base scored
-    its sample, on the same number of tokens (else LossTableError naming the sample)."""
+    """Pair each target row's token losses with the base's for the same sample.
+
+    Args:
+        rows (pd.DataFrame): the target rows (sample_id, token_losses).
+        base (pd.DataFrame): the base rows indexed by sample_id (`base_rows`).
+    Returns:
+        tuple[list, list, np.ndarray]: (target token losses, base token losses, usable) per target row; a row is
+        usable when the base scored its sample (else its own losses stand in, masked).
+    Raises:
+        LossTableError: naming the sample when the base scored it on a different number of tokens.
+    """
     base_tokens = base["token_losses"]
     target, reference, usable = [], [], []
     for sample, tokens in zip(rows["sample_id"], rows["token_losses"]):

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from llmaudit.analyze.metrics import T_CUTOFF
 from llmaudit.common.errors import did_you_mean
-from llmaudit.config import LEGACY_ATTACK_NAMES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,6 +48,11 @@ class DefinitionSettings:
 
     @property
     def fpc_text(self) -> str:
+        """The finite population correction as written in a definition.
+
+        Returns:
+            str: "none", or the value to 6 significant digits.
+        """
         return "none" if self.fpc_value is None else f"{self.fpc_value:.6g}"
 
 
@@ -79,12 +83,25 @@ class AttackSpec:
             raise ValueError(f"attack {self.name!r}: unknown reference kind(s) {bad}; allowed: {REFERENCE_KINDS}")
 
     def definition(self, settings: DefinitionSettings) -> str:
+        """Write the attack's versioned definition, "<version>:<parameters>".
+
+        Args:
+            settings (DefinitionSettings): the settings the parameters text depends on.
+        Returns:
+            str: the definition recorded with every result.
+        """
         text = self.parameters if isinstance(self.parameters, str) else self.parameters(settings)
         return f"{self.version}:{text}"
 
     def unavailable_columns(self, rows: Any) -> str | None:
-        """Why the target rows (a DataFrame) do not allow this attack: a column it reads is absent or has a missing
-        value in some row; None when they allow it."""
+        """Say why the target rows do not allow this attack.
+
+        Args:
+            rows (pd.DataFrame): the target rows.
+        Returns:
+            str | None: the reason (a column it reads is absent or has a missing value in some row), None when they
+            allow it.
+        """
         if all(c in rows.columns and rows[c].notna().all() for c in self.columns):
             return None
         if self.missing_columns:
@@ -94,13 +111,18 @@ class AttackSpec:
 
 _REGISTRY: dict[str, AttackSpec] = {}
 
-LEGACY_ATTACKS = LEGACY_ATTACK_NAMES
-"""Every attack before the attacks of 2024-2026: a recorded config listing exactly these asked for "every attack"
-(run stores write their resolved config), and is read as every registered attack."""
-
 
 def register(spec: AttackSpec, *, replace: bool = False) -> AttackSpec:
-    """Add an attack (after the ones registered before it); a name registered twice is an error unless `replace`."""
+    """Add an attack after the ones registered before it.
+
+    Args:
+        spec (AttackSpec): the attack.
+        replace (bool): allow replacing an attack of the same name.
+    Returns:
+        AttackSpec: `spec`.
+    Raises:
+        ValueError: when the name is registered already (and not `replace`) or is "all".
+    """
     if spec.name in _REGISTRY and not replace:
         raise ValueError(f"attack {spec.name!r} is already registered")
     if spec.name == ALL:
@@ -110,16 +132,33 @@ def register(spec: AttackSpec, *, replace: bool = False) -> AttackSpec:
 
 
 def unregister(name: str) -> None:
-    """Remove an attack (a test's own attack, when the test ends)."""
+    """Remove an attack (a test's own attack, when the test ends).
+
+    Args:
+        name (str): the attack's name; an unknown name is ignored.
+    """
     _REGISTRY.pop(name, None)
 
 
 def registered_attacks() -> tuple[str, ...]:
-    """Every registered attack, in registration order (the default order of results)."""
+    """List every registered attack in registration order (the default order of results).
+
+    Returns:
+        tuple[str, ...]: the attack names.
+    """
     return tuple(_REGISTRY)
 
 
 def attack_spec(name: str) -> AttackSpec:
+    """Look up a registered attack.
+
+    Args:
+        name (str): the attack's name.
+    Returns:
+        AttackSpec: its spec.
+    Raises:
+        ValueError: for an unknown name, naming the closest one (`unknown_attack`).
+    """
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -127,13 +166,27 @@ def attack_spec(name: str) -> AttackSpec:
 
 
 def unknown_attack(name: str) -> str:
+    """Write the error message for an unknown attack name.
+
+    Args:
+        name (str): the name asked for.
+    Returns:
+        str: the message, with the closest registered name and the allowed ones.
+    """
     names = registered_attacks()
     return f"unknown attack {name!r}{did_you_mean(name, names)}; allowed: {', '.join(names)}, {ALL}"
 
 
 def resolve_attacks(names: Sequence[str]) -> tuple[str, ...]:
-    """The attacks `names` asks for ("all": every registered one); an unknown name is a ValueError naming the
-    closest one. (A recorded config's list of every attack of earlier versions is read as "all" by the config.)"""
+    """Resolve the attacks a list asks for ("all": every registered one).
+
+    Args:
+        names (Sequence[str]): attack names, or ("all",).
+    Returns:
+        tuple[str, ...]: the attack names, in the order asked for.
+    Raises:
+        ValueError: for an unknown name (naming the closest one) or a repeated one.
+    """
     names = tuple(names)
     if names == (ALL,):
         return registered_attacks()
@@ -146,8 +199,17 @@ def resolve_attacks(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def attack_definitions(settings: DefinitionSettings | None = None, **kw) -> dict[str, str]:
-    """Versioned definition string of every registered attack and of the per-sample calibration; stored in each
-    result. `kw`: the fields of `DefinitionSettings` when `settings` is not given."""
+    """Write the versioned definition of every registered attack and of the per-sample calibration.
+
+    The definitions are stored in each result, so that scores computed under different definitions are never
+    compared silently.
+
+    Args:
+        settings (DefinitionSettings | None): the settings; when None they are built from `kw`.
+        **kw: the fields of `DefinitionSettings` when `settings` is not given.
+    Returns:
+        dict[str, str]: {attack name or "calibration": definition}.
+    """
     d = settings if settings is not None else DefinitionSettings(**kw)
     out = {name: spec.definition(d) for name, spec in _REGISTRY.items()}
     out["calibration"] = (

@@ -27,16 +27,31 @@ GAMMA = 1.0
 
 
 def text_probability(loss) -> np.ndarray:
-    """p(x | theta) = exp(-L(x)), the geometric-mean token probability (in (0, 1]). loss: any shape."""
+    """Compute p(x | theta) = exp(-L(x)), the geometric-mean token probability, in (0, 1].
+
+    Args:
+        loss (np.ndarray): mean token losses L in nats, any shape.
+    Returns:
+        np.ndarray: the probabilities, same shape.
+    """
     return np.exp(-np.asarray(loss, dtype=np.float64))
 
 
 def offline_marginal(p_refs, out_mask, a: float) -> np.ndarray:
-    """p(x) from OUT references only: (1 + a) / 2 * mean_out(x) + (1 - a) / 2; NaN without an OUT reference.
+    """Compute p(x) from OUT references only: (1 + a) / 2 * mean_out(x) + (1 - a) / 2.
 
-    p_refs: [R, n] probabilities under R reference models; out_mask: [R, n], True where reference r did NOT
-    train on text j. It is (p_out + p_in) / 2 with the unseen IN-probability taken as p_in = a * p_out + (1 - a):
-    training moves p toward 1, not at all for a = 1 (p(x) = mean_out), all the way for a = 0 ((1 + mean_out) / 2)."""
+    It is (p_out + p_in) / 2 with the unseen IN-probability taken as p_in = a * p_out + (1 - a): training moves p
+    toward 1, not at all for a = 1 (p(x) = mean_out), all the way for a = 0 ((1 + mean_out) / 2).
+
+    Args:
+        p_refs (np.ndarray): [R, n] probabilities under R reference models.
+        out_mask (np.ndarray): [R, n] bool, True where reference r did not train on text j.
+        a (float): the offline coefficient, in [0, 1].
+    Returns:
+        np.ndarray: [n] marginals, NaN where a text has no OUT reference.
+    Raises:
+        ValueError: when a is outside [0, 1].
+    """
     if not 0 <= a <= 1:
         raise ValueError(f"a must lie in [0, 1]; got {a}.")
     p_refs, out_mask = np.atleast_2d(np.asarray(p_refs, dtype=np.float64)), np.atleast_2d(np.asarray(out_mask, bool))
@@ -47,9 +62,17 @@ def offline_marginal(p_refs, out_mask, a: float) -> np.ndarray:
 
 
 def online_marginal(p_refs, in_mask, out_mask=None) -> np.ndarray:
-    """p(x) from IN and OUT references: the mean of mean_in(x) and mean_out(x) (a balanced marginal even
-    when the counts differ); NaN where a text has no IN or no OUT reference. p_refs, in_mask: [R, n]; out_mask:
-    [R, n] the OUT references (default: every reference that is not IN)."""
+    """Compute p(x) from IN and OUT references: the mean of mean_in(x) and mean_out(x).
+
+    The mean of the two means is a balanced marginal even when the counts differ.
+
+    Args:
+        p_refs (np.ndarray): [R, n] probabilities under R reference models.
+        in_mask (np.ndarray): [R, n] bool, True where reference r trained on text j.
+        out_mask (np.ndarray | None): [R, n] the OUT references (default: every reference that is not IN).
+    Returns:
+        np.ndarray: [n] marginals, NaN where a text has no IN or no OUT reference.
+    """
     p_refs, in_mask = np.atleast_2d(np.asarray(p_refs, dtype=np.float64)), np.atleast_2d(np.asarray(in_mask, bool))
     out_mask = ~in_mask if out_mask is None else np.atleast_2d(np.asarray(out_mask, bool))
     n_in, n_out = in_mask.sum(0), out_mask.sum(0)
@@ -60,13 +83,23 @@ def online_marginal(p_refs, in_mask, out_mask=None) -> np.ndarray:
 
 
 def rmia_score(p_x, marginal_x, p_z, marginal_z, gamma: float = GAMMA) -> np.ndarray:
-    """Share of population texts z with LR(x, z) > gamma, computed in logs. p_x, marginal_x: [n] (the
-    target's probability of each text and its marginal); p_z, marginal_z: [Z]. NaN where x's marginal is
-    NaN; population texts with a NaN marginal are left out. -> [n] in [0, 1].
+    """Score RMIA: the share of population texts z with LR(x, z) > gamma, computed in logs.
 
-    With gamma = 1 and one population, the score is the rank of p(x | theta) / p(x) among the population's
-    ratios: within one target it orders texts as the ratio itself, and the population makes the scores of
-    different targets comparable (a per-target quantile)."""
+    With gamma = 1 and one population, the score is the rank of p(x | theta) / p(x) among the population's ratios:
+    within one target it orders texts as the ratio itself, and the population makes the scores of different targets
+    comparable (a per-target quantile).
+
+    Args:
+        p_x (np.ndarray): [n] the target's probability of each text.
+        marginal_x (np.ndarray): [n] each text's marginal p(x).
+        p_z (np.ndarray): [Z] the target's probability of each population text.
+        marginal_z (np.ndarray): [Z] their marginals; texts with a NaN marginal are left out.
+        gamma (float): the threshold on the likelihood ratio.
+    Returns:
+        np.ndarray: [n] scores in [0, 1], NaN where x's marginal is NaN.
+    Raises:
+        ValueError: when no population text has a finite likelihood ratio.
+    """
     log_x = np.log(np.asarray(p_x, dtype=np.float64)) - np.log(np.asarray(marginal_x, dtype=np.float64))
     log_z = np.log(np.asarray(p_z, dtype=np.float64)) - np.log(np.asarray(marginal_z, dtype=np.float64))
     log_z = log_z[np.isfinite(log_z)]
@@ -81,14 +114,23 @@ def rmia_score(p_x, marginal_x, p_z, marginal_z, gamma: float = GAMMA) -> np.nda
 def tune_offline_a(
     p_paired_x, p_refs_x, out_refs_x, paired_keep, p_paired_z, p_refs_z, grid: tuple[float, ...] = A_GRID
 ) -> tuple[float, float]:
-    """The offline coefficient a the reference implementation picks: attack a PAIRED reference model (whose
-    training set the attacker knows) with the remaining references, and keep the a of the highest AUROC
-    (the first on ties). Returns (a, that AUROC); (DEFAULT_A, NaN) when the paired model cannot be attacked
-    (no remaining reference, or one class only).
+    """Pick the offline coefficient a as the reference implementation does.
 
-    p_paired_x: [n] the paired model's probabilities of the texts; p_refs_x, out_refs_x: [R, n] the remaining
-    references and where each is OUT; paired_keep: [n] the paired model's membership; p_paired_z: [Z];
-    p_refs_z: [R, Z] (population texts are OUT everywhere)."""
+    A PAIRED reference model (whose training set the attacker knows) is attacked with the remaining references, and
+    the a of the highest AUROC is kept (the first on ties).
+
+    Args:
+        p_paired_x (np.ndarray): [n] the paired model's probabilities of the texts.
+        p_refs_x (np.ndarray): [R, n] the remaining references' probabilities.
+        out_refs_x (np.ndarray): [R, n] bool, where each remaining reference is OUT.
+        paired_keep (np.ndarray): [n] bool, the paired model's membership.
+        p_paired_z (np.ndarray): [Z] the paired model's probabilities of the population texts.
+        p_refs_z (np.ndarray): [R, Z] the remaining references' (population texts are OUT everywhere).
+        grid (tuple[float, ...]): the coefficients tried.
+    Returns:
+        tuple[float, float]: (a, its AUROC); (DEFAULT_A, NaN) when the paired model cannot be attacked (no remaining
+        reference, or one class only).
+    """
     p_refs_x = np.atleast_2d(np.asarray(p_refs_x, dtype=np.float64))
     keep = np.asarray(paired_keep, bool)
     if p_refs_x.shape[0] == 0 or keep.all() or not keep.any():

@@ -20,17 +20,34 @@ def _token_arrays(token_losses) -> list[np.ndarray]:
 
 
 def min_k_count(n_tokens: int, k: float) -> int:
-    """Number of tokens min-k% averages over: floor(k * T) (k * T rounded to 9 decimals first), at least 1.
+    """Count the tokens min-k% averages over: floor(k * T), k * T rounded to 9 decimals first, at least 1.
 
-    floor is the published convention (the Min-K%++ authors' and mimir's int(k * T)); where k * T < 1 they
-    average no token (undefined), llmaudit takes the least likely one."""
+    floor is the published convention (the Min-K%++ authors' and mimir's int(k * T)); where k * T < 1 they average
+    no token (undefined), llmaudit takes the least likely one.
+
+    Args:
+        n_tokens (int): the text's length T.
+        k (float): the fraction, in (0, 1].
+    Returns:
+        int: the count.
+    Raises:
+        ValueError: when k is outside (0, 1].
+    """
     if not 0 < k <= 1:
         raise ValueError(f"k is a fraction in (0, 1]; got {k}.")
     return max(1, math.floor(round(k * n_tokens, 9)))
 
 
 def loss_score(token_losses) -> np.ndarray:
-    """LOSS attack: -L(x) = -mean_t l_t. token_losses: n sequences of per-token NLLs -> [n]."""
+    """Score LOSS: -L(x) = -mean_t l_t.
+
+    Args:
+        token_losses (Sequence[np.ndarray]): n texts' per-token NLLs in nats.
+    Returns:
+        np.ndarray: [n] scores.
+    Raises:
+        ValueError: when a text has no token.
+    """
     return np.array([-a.mean() for a in _token_arrays(token_losses)])
 
 
@@ -48,8 +65,18 @@ def _min_k_counts(lengths: np.ndarray, k: float) -> np.ndarray:
 
 
 def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
-    """min-k%: mean log p (= -l_t) over the min_k_count(T, k) lowest-probability tokens. -> [n].
-    All texts at once (`largest_means` of l_t: the largest losses are the lowest probabilities)."""
+    """Score min-k%: the mean log p (= -l_t) over the min_k_count(T, k) lowest-probability tokens.
+
+    All texts at once (`largest_means` of l_t: the largest losses are the lowest probabilities).
+
+    Args:
+        token_losses (Sequence[np.ndarray]): n texts' per-token NLLs in nats.
+        k (float): the fraction of tokens, in (0, 1].
+    Returns:
+        np.ndarray: [n] scores.
+    Raises:
+        ValueError: when a text has no token or k is outside (0, 1].
+    """
     flat, lengths = _flat_tokens(token_losses)
     if lengths.size == 0:
         return np.zeros(0)
@@ -57,10 +84,21 @@ def min_k_score(token_losses, k: float = 0.2) -> np.ndarray:
 
 
 def min_k_plus_plus_score(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
-    """Min-K%++: per token (log p_t - mu_t) / sigma_t, then the mean of the lowest min_k_count(T, k). -> [n].
+    """Score Min-K%++: per token (log p_t - mu_t) / sigma_t, then the mean of the lowest min_k_count(T, k).
 
-    token_vocab_mean / token_vocab_std: per sample, per position, E[log p] and sd of log p under the
-    model's next-token distribution (loss-table columns of the same names). All texts at once."""
+    A position with sigma_t = 0 contributes 0. All texts at once.
+
+    Args:
+        token_losses (Sequence[np.ndarray]): n texts' per-token NLLs in nats.
+        token_vocab_mean (Sequence[np.ndarray] | None): per text and position, E[log p] under the model's
+            next-token distribution (the loss-table column of that name).
+        token_vocab_std (Sequence[np.ndarray] | None): the sd of log p under that distribution.
+        k (float): the fraction of tokens, in (0, 1].
+    Returns:
+        np.ndarray: [n] scores.
+    Raises:
+        ValueError: when the vocabulary statistics are absent, mismatched or negative (sd).
+    """
     if token_vocab_mean is None or token_vocab_std is None:
         raise ValueError(
             "Min-K%++ needs the per-position mean and std of log p over the vocabulary (loss-table columns "
@@ -86,7 +124,16 @@ def min_k_plus_plus_score(token_losses, token_vocab_mean, token_vocab_std, k: fl
 
 
 def zlib_score(token_losses, zlib_bytes) -> np.ndarray:
-    """zlib: -L(x) / zlib_bytes(x) (mean NLL in nats per token over the compressed length in bytes). -> [n]."""
+    """Score zlib: -L(x) / zlib_bytes(x), the mean NLL in nats per token over the compressed length.
+
+    Args:
+        token_losses (Sequence[np.ndarray]): n texts' per-token NLLs in nats.
+        zlib_bytes (np.ndarray): [n] zlib-compressed lengths of the texts in bytes.
+    Returns:
+        np.ndarray: [n] scores.
+    Raises:
+        ValueError: on a non-positive length or mismatched counts.
+    """
     zlib_bytes = np.asarray(zlib_bytes, dtype=np.float64).ravel()
     if (zlib_bytes <= 0).any() or not np.isfinite(zlib_bytes).all():
         raise ValueError("zlib_bytes must be positive byte counts.")
@@ -97,9 +144,19 @@ def zlib_score(token_losses, zlib_bytes) -> np.ndarray:
 
 
 def ref_score(target_loss, reference_losses, reference_mask=None) -> np.ndarray:
-    """ref: -(L_target - mean_i L_ref_i). target_loss: [n]; reference_losses: [R, n] (or [n] for one
-    reference); reference_mask: optional [R, n] booleans, True where reference i may be used for sample j.
-    NaN where a sample has no usable reference."""
+    """Score the reference attack: -(L_target - mean_i L_ref_i).
+
+    Equal losses give exactly 0 (docs/science.md section 4, ties).
+
+    Args:
+        target_loss (np.ndarray): [n] the target's mean losses.
+        reference_losses (np.ndarray): [R, n] (or [n] for one reference) the references' mean losses.
+        reference_mask (np.ndarray | None): [R, n] bool, True where reference i may be used for sample j.
+    Returns:
+        np.ndarray: [n] scores, NaN where a sample has no usable reference.
+    Raises:
+        ValueError: when the shapes do not match.
+    """
     target = np.asarray(target_loss, dtype=np.float64)
     refs = np.atleast_2d(np.asarray(reference_losses, dtype=np.float64))
     if refs.shape[1:] != target.shape:
@@ -116,11 +173,19 @@ def ref_score(target_loss, reference_losses, reference_mask=None) -> np.ndarray:
 
 
 def combine_scores(*components, axis: int = -1) -> np.ndarray:
-    """Equal-weight combination: z-score each component along `axis` (the samples), then sum.
+    """Combine components with equal weights: z-score each along `axis` (the samples), then sum.
 
-    components: arrays of the same shape, e.g. [M, N] with axis=-1 (z-scored per target model over its
-    samples). NaN entries are ignored in the mean and sd and stay NaN in the sum. A component constant but for
-    rounding along `axis` (sd within ROUNDING_ULPS of its values) contributes 0 instead of amplified rounding."""
+    NaN entries are ignored in the mean and sd and stay NaN in the sum. A component constant but for rounding along
+    `axis` (sd within ROUNDING_ULPS of its values) contributes 0 instead of amplified rounding.
+
+    Args:
+        *components (np.ndarray): arrays of the same shape, e.g. [M, N].
+        axis (int): the samples' axis (-1: z-scored per target model over its samples).
+    Returns:
+        np.ndarray: the sum, same shape.
+    Raises:
+        ValueError: without a component.
+    """
     if not components:
         raise ValueError("combine_scores needs at least one component.")
     total = 0.0
@@ -131,22 +196,3 @@ def combine_scores(*components, axis: int = -1) -> np.ndarray:
         constant = sd <= np.expand_dims(rounding_tolerance(comp, axis=axis), axis)  # constant but for rounding: 0
         total = total + np.where(constant, 0.0, (comp - mu) / np.where(constant, 1.0, sd))
     return total
-
-
-def min_k_score_per_sample(token_losses, k: float = 0.2) -> np.ndarray:
-    """`min_k_score` as it was computed before issue 33, one text at a time: the reference of the tests and the
-    baseline of benchmarks/bench_analysis.py."""
-    return np.array([-np.sort(a)[-min_k_count(a.size, k) :].mean() for a in _token_arrays(token_losses)])
-
-
-def min_k_plus_plus_score_per_sample(token_losses, token_vocab_mean, token_vocab_std, k: float = 0.2) -> np.ndarray:
-    """`min_k_plus_plus_score` as it was computed before issue 33, one text at a time (the tests' reference)."""
-    losses = _token_arrays(token_losses)
-    means = [np.asarray(m, dtype=np.float64).ravel() for m in token_vocab_mean]
-    stds = [np.asarray(s, dtype=np.float64).ravel() for s in token_vocab_std]
-    out = []
-    for a, mu, sd in zip(losses, means, stds):
-        with np.errstate(invalid="ignore", divide="ignore"):
-            z = np.where(sd > 0, (-a - mu) / np.where(sd > 0, sd, 1.0), 0.0)
-        out.append(np.sort(z)[: min_k_count(a.size, k)].mean())
-    return np.array(out)

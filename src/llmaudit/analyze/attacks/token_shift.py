@@ -13,6 +13,16 @@ from llmaudit.common.ragged import sizes
 
 
 def paired_texts(target_token_losses, reference_token_losses) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Pair the target's and the reference's token losses text by text, checking they match.
+
+    Args:
+        target_token_losses (Sequence[np.ndarray]): n texts' per-token losses under the target.
+        reference_token_losses (Sequence[np.ndarray]): the same texts' under the reference.
+    Returns:
+        list[tuple[np.ndarray, np.ndarray]]: (target, reference) float64 arrays per text.
+    Raises:
+        ValueError: when the counts differ or a text is empty or scored on different tokens.
+    """
     target = [np.asarray(t, dtype=np.float64).ravel() for t in target_token_losses]
     reference = [np.asarray(r, dtype=np.float64).ravel() for r in reference_token_losses]
     if len(target) != len(reference):
@@ -27,13 +37,28 @@ def paired_texts(target_token_losses, reference_token_losses) -> list[tuple[np.n
 
 
 def log_prob_shift(target_losses: np.ndarray, reference_losses: np.ndarray) -> np.ndarray:
-    """delta_t = l_ref,t - l_target,t = log p_target(x_t) - log p_ref(x_t). [T], [T] -> [T]."""
+    """Compute delta_t = l_ref,t - l_target,t = log p_target(x_t) - log p_ref(x_t).
+
+    Args:
+        target_losses (np.ndarray): [T] token losses under the target, in nats.
+        reference_losses (np.ndarray): [T] under the reference.
+    Returns:
+        np.ndarray: [T] shifts.
+    """
     return np.asarray(reference_losses, dtype=np.float64) - np.asarray(target_losses, dtype=np.float64)
 
 
 def flat_shifts(target_token_losses, reference_token_losses) -> tuple[np.ndarray, np.ndarray]:
-    """(delta of every text concatenated [sum T], lengths [n]), with `paired_texts`' checks: as many texts, each
-    scored on the same tokens, at least one."""
+    """Compute the shifts of every text, concatenated, with `paired_texts`' checks.
+
+    Args:
+        target_token_losses (Sequence[np.ndarray]): n texts' per-token losses under the target.
+        reference_token_losses (Sequence[np.ndarray]): the same texts' under the reference.
+    Returns:
+        tuple[np.ndarray, np.ndarray]: (delta of every text concatenated [sum T], lengths [n]).
+    Raises:
+        ValueError: when the counts differ or a text is empty or scored on different tokens.
+    """
     if len(target_token_losses) != len(reference_token_losses):
         raise ValueError(f"{len(target_token_losses)} target texts but {len(reference_token_losses)} reference texts.")
     if len(target_token_losses) == 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmaudit.analyze.attacks.token_shift import flat_shifts, log_prob_shift, paired_texts
+from llmaudit.analyze.attacks.token_shift import flat_shifts
 from llmaudit.common.ragged import length_blocks, row_means
 
 WBC_GRIDS: dict[str, tuple[int, ...]] = {
@@ -24,8 +24,19 @@ text's mean, and a text shorter than every size is scored with one window of its
 
 
 def geometric_windows(w_min: int, w_max: int, n_windows: int) -> tuple[int, ...]:
-    """The paper's window grid round(w_min * (w_max / w_min)^((k-1)/(n-1))), k = 1..n (round half to even;
-    no size of the default grid sits at a half). Duplicates are kept, as in the paper."""
+    """Make the paper's window grid round(w_min * (w_max / w_min)^((k-1)/(n-1))), k = 1..n.
+
+    Rounding is half to even (no size of the default grid sits at a half); duplicates are kept, as in the paper.
+
+    Args:
+        w_min (int): the smallest window, at least 1.
+        w_max (int): the largest window, at least w_min.
+        n_windows (int): the number of sizes n, at least 2.
+    Returns:
+        tuple[int, ...]: the sizes.
+    Raises:
+        ValueError: when the bounds are out of range.
+    """
     if not 1 <= w_min <= w_max or n_windows < 2:
         raise ValueError(f"need 1 <= w_min <= w_max and n_windows >= 2; got {w_min}, {w_max}, {n_windows}.")
     k = np.arange(n_windows, dtype=np.float64)
@@ -33,12 +44,20 @@ def geometric_windows(w_min: int, w_max: int, n_windows: int) -> tuple[int, ...]
 
 
 def window_vote(delta: np.ndarray, window: int, cumulative: np.ndarray | None = None) -> float:
-    """Share of the T - w + 1 windows of `window` consecutive tokens whose summed shift is > 0 (the
-    reference's summed loss exceeds the target's; an exact tie is not a vote). delta: [T], w <= T.
+    """Compute the share of windows whose summed shift is > 0 (an exact tie is not a vote).
 
-    Window sums are differences of the running sum [0, cumsum(delta)] (float64; pass it as `cumulative`
-    to reuse it across sizes): a window of exact zeros sums to exactly 0, since adding 0 leaves a float
-    unchanged."""
+    Window sums are differences of the running sum [0, cumsum(delta)] (float64): a window of exact zeros sums to
+    exactly 0, since adding 0 leaves a float unchanged.
+
+    Args:
+        delta (np.ndarray): [T] shifts of log p from the reference to the target.
+        window (int): the window size w, 1 <= w <= T.
+        cumulative (np.ndarray | None): the running sum, to reuse it across sizes.
+    Returns:
+        float: the share of the T - w + 1 windows.
+    Raises:
+        ValueError: when the window does not fit the text.
+    """
     delta = np.asarray(delta, dtype=np.float64)
     if not 1 <= window <= delta.size:
         raise ValueError(f"window {window} does not fit a text of {delta.size} tokens.")
@@ -96,12 +115,23 @@ def wbc_score(
     long: str = "clamp",
     budget: int = 1 << 22,
 ) -> np.ndarray:
-    """WBC [Chen2026]: the mean over the window sizes w of the share of sliding windows in which the
-    reference's summed token loss exceeds the target's (`window_vote`), in [0, 1]. n texts -> [n].
-    long: what a window longer than the text does (WBC_LONG).
+    """Score WBC [Chen2026]: the mean over window sizes of the share of windows voting member.
 
-    All texts at once: sorted by length, in blocks of about `budget` padded tokens, each a matrix of running
-    sums whose window sums and votes are array operations (the same sums as `window_vote`)."""
+    A window votes when the reference's summed token loss exceeds the target's (`window_vote`). All texts at once:
+    sorted by length, in blocks of about `budget` padded tokens, each a matrix of running sums (the same sums as
+    `window_vote`).
+
+    Args:
+        target_token_losses (Sequence[np.ndarray]): n texts' per-token losses under the target.
+        reference_token_losses (Sequence[np.ndarray]): the same texts' under the reference.
+        windows (tuple[int, ...]): the window sizes (`WBC_GRIDS`).
+        long (str): a window longer than the text: "clamp" or "skip" (`WBC_LONG`).
+        budget (int): padded tokens per block.
+    Returns:
+        np.ndarray: [n] scores in [0, 1].
+    Raises:
+        ValueError: on an unknown `long`, a non-positive size, or mismatched texts.
+    """
     if long not in WBC_LONG:
         raise ValueError(f"long must be one of {WBC_LONG}; got {long!r}.")
     if not windows or min(windows) < 1:
@@ -111,23 +141,4 @@ def wbc_score(
     out = np.empty(lengths.size)
     for texts in length_blocks(lengths, budget):
         out[texts] = _wbc_block(_running_sums(delta, lengths[texts], starts[texts]), lengths[texts], windows, long)
-    return out
-
-
-def wbc_score_per_sample(
-    target_token_losses, reference_token_losses, *, windows: tuple[int, ...] = WBC_GRIDS["config"], long: str = "clamp"
-) -> np.ndarray:
-    """`wbc_score` as it was computed before issue 33, one text at a time (a running sum and `window_vote` per
-    size): the reference of the tests and the baseline of benchmarks/bench_analysis.py."""
-    if long not in WBC_LONG:
-        raise ValueError(f"long must be one of {WBC_LONG}; got {long!r}.")
-    out = np.empty(len(target_token_losses))
-    for i, (t, r) in enumerate(paired_texts(target_token_losses, reference_token_losses)):
-        delta = log_prob_shift(t, r)
-        if long == "clamp":
-            sizes = [min(w, delta.size) for w in windows]
-        else:
-            sizes = [w for w in windows if w <= delta.size] or [delta.size]
-        cumulative = np.concatenate([[0.0], np.cumsum(delta)])
-        out[i] = float(np.mean([window_vote(delta, w, cumulative) for w in sizes]))
     return out

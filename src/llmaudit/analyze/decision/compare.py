@@ -37,23 +37,25 @@ def compare(
     per_attack: list[Difference],
     s: DecisionSettings,
 ) -> Comparison:
-    """MORE / SAME / LESS / CANNOT TELL against the reference (full precision), on leakage beyond chance.
+    """Compare a quantizer with the reference (full precision) on leakage beyond chance.
+
+    The direction is MORE when D's two-sided 1 - alpha percentile interval lies above 0, LESS when below (a false
+    MORE or LESS has probability at most alpha in all); SAME when every attack's paired difference of excess lies
+    inside (-margin, +margin) (intersection-union of two one-sided tests per attack: a false SAME has probability
+    at most alpha); else CANNOT TELL. A significant difference inside the margin keeps MORE / LESS and says so.
 
     Args:
-        quantizer, reference: the names compared.
-        diff_resampled: [B + 1] D = excess(quantizer) - excess(reference), row 0 observed, where excess is the rule's
-            headline TPR minus the realised FPR of the same rows (both measured on the same resampled samples):
-            a model that scores every record alike has TPR = FPR and no excess, as a model at chance has none on
-            average, so a null reads neither MORE nor LESS.
-        per_attack: each attack's paired differences (metric "excess_tpr" is what SAME reads), intervals at
-            1 - 2 alpha.
-        s: the rule's settings.
-
+        quantizer (str): the quantizer compared.
+        reference (str): the reference it is compared with.
+        diff_resampled (np.ndarray): [B + 1] D = excess(quantizer) - excess(reference), row 0 observed, where excess
+            is the rule's headline TPR minus the realised FPR of the same rows (both on the same resampled samples):
+            a model that scores every record alike has no excess, so a null reads neither MORE nor LESS.
+        per_attack (list[Difference]): each attack's paired differences (metric "excess_tpr" is what SAME reads),
+            intervals at 1 - 2 alpha.
+        s (DecisionSettings): the rule's settings (alpha, margin).
     Returns:
-        MORE when D's two-sided 1 - alpha percentile interval lies above 0, LESS when below (a false MORE or LESS
-        has probability at most alpha in all); SAME when every attack's paired difference of excess lies inside
-        (-margin, +margin) (intersection-union of two one-sided tests per attack: a false SAME has probability at
-        most alpha); else CANNOT TELL. A significant difference inside the margin keeps MORE / LESS and says so.
+        Comparison: MORE / SAME / LESS / CANNOT TELL (NOT MEASURED without a headline on both), the difference with
+        its interval, and a sentence.
     """
     d = diff_resampled[0]
     lo, hi = percentile_interval(diff_resampled[1:], s.alpha / 2, 1 - s.alpha / 2)

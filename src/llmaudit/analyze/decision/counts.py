@@ -20,9 +20,17 @@ TP, POS, FP, NEG = 0, 1, 2, 3
 
 
 def multiplicities(n_units: int, n_boot: int, seed: int, strata: np.ndarray | None = None) -> np.ndarray:
-    """[B + 1, N] float64 sample multiplicities: row 0 all ones (the observed data), rows 1..B bootstrap
-    resamples drawn with `numpy.random.default_rng(seed)` (within each stratum when `strata` [N] is given, so
-    that every resample keeps the numbers of each stratum)."""
+    """Draw the bootstrap's per-sample multiplicities.
+
+    Args:
+        n_units (int): the number of samples N.
+        n_boot (int): the number of resamples B.
+        seed (int): the seed of `numpy.random.default_rng`.
+        strata (np.ndarray | None): [N] stratum of each sample; when given, each resample is drawn within each
+            stratum, so that it keeps the numbers of each stratum.
+    Returns:
+        np.ndarray: [B + 1, N] float64 multiplicities, row 0 all ones (the observed data).
+    """
     rng = np.random.default_rng(seed)
     out = np.zeros((n_boot + 1, n_units))
     out[0] = 1.0
@@ -37,8 +45,17 @@ def multiplicities(n_units: int, n_boot: int, seed: int, strata: np.ndarray | No
 
 
 def sample_folds(labels: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
-    """[N] fold of each sample: a seeded permutation dealt round-robin within each label, so every fold holds
-    about 1/F of the members and of the non-members. labels: [N] (e.g. membership under the only target)."""
+    """Deal the samples into folds: a seeded permutation dealt round-robin within each label.
+
+    Every fold holds about 1/F of the members and of the non-members.
+
+    Args:
+        labels (np.ndarray): [N] labels (e.g. membership under the only target).
+        n_folds (int): the number of folds F.
+        seed (int): the seed of the permutation.
+    Returns:
+        np.ndarray: [N] the fold of each sample.
+    """
     rng = np.random.default_rng(seed)
     folds = np.empty(labels.size, dtype=np.int64)
     for value in np.unique(labels):
@@ -67,19 +84,26 @@ def _above(scores: np.ndarray, cum: np.ndarray, thresholds: np.ndarray) -> np.nd
 
 
 def sorted_threshold(scores: np.ndarray, cum: np.ndarray, fpr: float, held_out: bool) -> np.ndarray:
-    """[B + 1] per resample, the score s_j of the empirical threshold at FPR `fpr` (members count when their score
-    is strictly above it), from ascending scores [n] and the non-members' running weight cum [B + 1, n]:
-    with D_i = W - cum_{i-1} the weight at positions >= i, in-sample the largest i with D_i > fpr * W, held out the
-    largest i with D_i >= floor(fpr * (W + 1)) (the k-th largest). D only steps down at positions with weight, so
-    the position found always holds a non-member of the resample.
+    """Find, per resample, the score of the empirical threshold at a false positive rate.
 
-    In-sample (the threshold is judged on the same non-members): every threshold above s_j keeps the weighted
-    false positives <= fpr * W and none at or below it does, the largest TPR with FPR <= fpr on the empirical ROC
-    (`llmaudit.analyze.metrics.tpr_at_fpr`). Held out (the threshold is applied to OTHER non-members, as in
-    cross-fitting): s_j is the k-th largest non-member, k = floor(fpr * (W + 1)), which a fresh non-member exceeds
-    with probability k / (n + 1) <= fpr (the conformal quantile); the in-sample rule's (k+1)-th largest would give
-    it (k + 1) / (n + 1), above fpr. +inf with k = 0 (too few non-members: nothing is called a member) or without
-    non-member weight; -inf in-sample when every position is within the budget (fpr >= 1)."""
+    Members count when their score is strictly above the threshold. With D_i = W - cum_{i-1} the weight at positions
+    >= i: in-sample the largest i with D_i > fpr * W, held out the largest i with D_i >= floor(fpr * (W + 1)) (the
+    k-th largest). D only steps down at positions with weight, so the position found always holds a non-member.
+    In-sample (judged on the same non-members), every threshold above s_j keeps the weighted false positives
+    <= fpr * W and none at or below it does: the largest TPR with FPR <= fpr on the empirical ROC
+    (`llmaudit.analyze.metrics.tpr_at_fpr`). Held out (applied to OTHER non-members, as in cross-fitting), s_j is
+    the k-th largest non-member, which a fresh non-member exceeds with probability k / (n + 1) <= fpr (the conformal
+    quantile).
+
+    Args:
+        scores (np.ndarray): [n] ascending scores.
+        cum (np.ndarray): [B + 1, n] the non-members' running weight along the scores.
+        fpr (float): the false positive rate.
+        held_out (bool): the conformal (held-out) rule instead of the in-sample one.
+    Returns:
+        np.ndarray: [B + 1] thresholds; +inf with k = 0 or without non-member weight; -inf in-sample when every
+        position is within the budget (fpr >= 1).
+    """
     if not scores.size:
         return np.full(cum.shape[0], np.inf)
     total = cum[:, -1].astype(np.float64)
@@ -106,7 +130,16 @@ def _counts(s: np.ndarray, part: np.ndarray, thr: np.ndarray) -> np.ndarray:
 
 
 def sorted_rows(scores, member, group, unit):
-    """The rows in ascending order of score (stable): (scores, member, group, unit), each [n]."""
+    """Sort the rows by ascending score (stable).
+
+    Args:
+        scores (np.ndarray): [n] scores.
+        member (np.ndarray): [n] membership.
+        group (np.ndarray): [n] group (e.g. fold) of each row.
+        unit (np.ndarray): [n] sample index of each row.
+    Returns:
+        tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: (scores, member, group, unit) in that order.
+    """
     order = np.argsort(scores, kind="stable")
     return scores[order], member[order], group[order], unit[order]
 
@@ -119,18 +152,25 @@ def _chunks(n_rows: int, n_groups: int, n_resamples: int):
 def empirical_counts(
     scores: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(whole [B + 1, 4], train [F, 4], test [B + 1, F, 4]) counts of one attack on raw scores with an empirical
-    threshold PER TARGET model (one imported fine-tune: its own held-out non-members set it).
+    """Count one attack's hits with an empirical threshold per target model, whole and cross-fitted.
 
-    scores, keep: [M, N] (NaN = not scored); weights: [B + 1, N]; fold_of_sample: [N]. whole: every row against the
-    in-sample threshold of all the target's non-members (the TPR at FPR <= fpr of every benchmark). Cross-fitting,
-    per fold f, with the roles of the two classes crossed so that the choice and the measurement share no sample:
-    "train" (what the attack is chosen on; observed data only), the members outside f against the in-sample
-    threshold of f's non-members; "test" (what the chosen attack is measured on), f's members and f's non-members against the
-    conformal threshold of the non-members outside f (the k-th largest, k = floor(fpr (n + 1)), which a fresh
-    non-member exceeds with probability k / (n + 1) <= fpr). The measuring threshold never saw what decided the
-    choice, so no luck of a threshold that fell low is carried from one to the other, and f's own non-members,
-    fresh to it, give its realised FPR."""
+    whole: every row against the in-sample threshold of all the target's non-members (the TPR at FPR <= fpr of
+    every benchmark). Cross-fitting, per fold f, with the roles of the two classes crossed so that the choice and
+    the measurement share no sample: "train" (what the attack is chosen on; observed data only), the members
+    outside f against the in-sample threshold of f's non-members; "test" (what the chosen attack is measured on),
+    f's members and non-members against the conformal threshold of the non-members outside f. The measuring
+    threshold never saw what decided the choice, and f's own non-members, fresh to it, give its realised FPR.
+
+    Args:
+        scores (np.ndarray): [M, N] raw scores (NaN = not scored).
+        keep (np.ndarray): [M, N] membership.
+        weights (np.ndarray): [B + 1, N] sample multiplicities (`multiplicities`).
+        fpr (float): the false positive rate.
+        fold_of_sample (np.ndarray): [N] fold of each sample (`sample_folds`).
+    Returns:
+        tuple[np.ndarray, np.ndarray, np.ndarray]: (whole [B + 1, 4], train [F, 4], test [B + 1, F, 4]) counts
+        (TP, POS, FP, NEG).
+    """
     n_folds = int(fold_of_sample.max()) + 1
     whole = np.zeros((weights.shape[0], 4))
     train = np.zeros((n_folds, 4))
@@ -152,16 +192,32 @@ def empirical_counts(
 
 
 def normal_quantile(p: float) -> float:
+    """Compute the standard normal quantile Phi^-1(p).
+
+    Args:
+        p (float): the probability, in (0, 1).
+    Returns:
+        float: the quantile.
+    """
     from scipy import stats
 
     return float(stats.norm.ppf(p))
 
 
 def normal_scores(z: np.ndarray, n_ref, t_cutoff: float) -> np.ndarray:
-    """Per-sample calibrated scores on one normal scale: a score standardised with n references, whose Gaussian
-    predictive law is sqrt(1 + 1/n) t_{n-1}, maps to Phi^-1(F_{t,n-1}(z / sqrt(1 + 1/n))), so that one threshold
-    Phi^-1(1 - alpha) is the per-sample Student-t threshold of `llmaudit.analyze.metrics.calibrated_threshold` for
-    every n (n >= t_cutoff: z as it is, the normal threshold; n < 2 or n None: as it is). z, n_ref: [M, N]."""
+    """Map per-sample calibrated scores to one normal scale.
+
+    A score standardised with n references, whose Gaussian predictive law is sqrt(1 + 1/n) t_{n-1}, maps to
+    Phi^-1(F_{t,n-1}(z / sqrt(1 + 1/n))), so that one threshold Phi^-1(1 - alpha) is the per-sample Student-t
+    threshold of `llmaudit.analyze.metrics.calibrated_threshold` for every n.
+
+    Args:
+        z (np.ndarray): [M, N] standardised scores.
+        n_ref (np.ndarray | None): [M, N] references per score; None leaves z as it is.
+        t_cutoff (float): n at or above it keeps z as it is (the normal threshold); so does n < 2.
+    Returns:
+        np.ndarray: [M, N] scores on the normal scale.
+    """
     from scipy import special, stats
 
     z = np.asarray(z, dtype=np.float64)
@@ -177,12 +233,25 @@ def normal_scores(z: np.ndarray, n_ref, t_cutoff: float) -> np.ndarray:
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """num / den elementwise, NaN where den == 0."""
+    """Divide elementwise, NaN where the denominator is 0.
+
+    Args:
+        num (np.ndarray): numerators.
+        den (np.ndarray): denominators, same shape.
+    Returns:
+        np.ndarray: num / den, NaN where den == 0.
+    """
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
 def as_counts(above: np.ndarray, totals: np.ndarray) -> np.ndarray:
-    """[b, 4] (TP, POS, FP, NEG) from [b, 2] weights above the threshold and totals per class (0 non-members,
-    1 members)."""
+    """Arrange weights above the threshold and class totals as (TP, POS, FP, NEG) counts.
+
+    Args:
+        above (np.ndarray): [b, 2] weight above the threshold per class (0 non-members, 1 members).
+        totals (np.ndarray): [b, 2] total weight per class.
+    Returns:
+        np.ndarray: [b, 4] counts.
+    """
     return np.stack([above[:, 1], totals[:, 1], above[:, 0], totals[:, 0]], axis=1)

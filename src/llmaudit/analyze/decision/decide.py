@@ -85,7 +85,13 @@ class QuantizerEvidence:
     """attack -> [M, N] its raw scores (higher = member) in either mode: what the epsilon bound ranks."""
 
     def restricted(self, sample_ids: list[str]) -> QuantizerEvidence:
-        """The same evidence on a subset of its samples, in the given order."""
+        """Restrict the evidence to a subset of its samples, in the given order.
+
+        Args:
+            sample_ids (list[str]): the samples kept, each one of `self.sample_ids`.
+        Returns:
+            QuantizerEvidence: the same evidence on those samples.
+        """
         pos = {s: i for i, s in enumerate(self.sample_ids)}
         idx = np.array([pos[s] for s in sample_ids], dtype=np.int64)
 
@@ -102,7 +108,14 @@ class QuantizerEvidence:
 
 
 def decision_mode(n_targets: int, min_runs: int) -> str:
-    """calibrated with at least max(2, min_runs) target models, else empirical."""
+    """Choose the decision mode from the number of target models.
+
+    Args:
+        n_targets (int): the target models M (fine-tuning runs).
+        min_runs (int): the fewest targets the calibrated mode needs (at least 2 in any case).
+    Returns:
+        str: "calibrated" with at least max(2, min_runs) targets, else "empirical".
+    """
     return "calibrated" if n_targets >= max(2, min_runs) else "empirical"
 
 
@@ -112,9 +125,18 @@ def _weights(ev: QuantizerEvidence, s: DecisionSettings) -> np.ndarray:
 
 
 def count_arrays(ev: QuantizerEvidence, weights: np.ndarray, s: DecisionSettings) -> CountArrays:
-    """The resampled counts of every scored attack of one quantizer (`CountArrays`), in either mode: calibrated
-    scores pooled over targets (`calibrated_counts`) or raw scores against each target's own thresholds
-    (`empirical_counts`); folds of samples in both."""
+    """Count the resampled hits of every scored attack of one quantizer, in either mode.
+
+    Calibrated scores are pooled over targets (`calibrated_counts`); raw scores are read against each target's
+    own thresholds (`empirical_counts`); folds of samples in both.
+
+    Args:
+        ev (QuantizerEvidence): the attacks' scores on the quantizer.
+        weights (np.ndarray): [B + 1, N] sample multiplicities.
+        s (DecisionSettings): the rule's settings.
+    Returns:
+        CountArrays: the counts of every attack.
+    """
     names = list(ev.scores)
     B1 = weights.shape[0]
     if not names:
@@ -144,9 +166,20 @@ def _excess(counts: np.ndarray) -> np.ndarray:
 def per_attack_differences(
     q: OwnDecision, ref: OwnDecision, s: DecisionSettings, attacks: set[str]
 ) -> list[Difference]:
-    """Per attack judged on both (`attacks`): the paired differences (quantizer - reference) of leakage beyond chance
-    (TPR minus realised FPR, what SAME reads), of the TPR and of the AUROC at the measuring threshold, each with its
-    percentile interval at 1 - 2 alpha over the same resamples (both decisions made with the same weights)."""
+    """Compute the paired differences (quantizer - reference) of each attack judged on both.
+
+    The differences are of leakage beyond chance (TPR minus realised FPR, what SAME reads), of the TPR and of the
+    AUROC at the measuring threshold, each with its percentile interval at 1 - 2 alpha over the same resamples (both
+    decisions made with the same weights).
+
+    Args:
+        q (OwnDecision): the quantizer's own decision.
+        ref (OwnDecision): the reference's own decision.
+        s (DecisionSettings): the rule's settings.
+        attacks (set[str]): the attacks judged on both.
+    Returns:
+        list[Difference]: three differences per attack (excess_tpr, tpr, auroc).
+    """
     out = []
     qa, ra = q.arrays, ref.arrays
     for a in [a for a in qa.attacks if a in ra.attacks and a in attacks]:
@@ -171,8 +204,15 @@ def per_attack_differences(
 
 
 def loss_gap(loss: np.ndarray, keep: np.ndarray, weights: np.ndarray) -> Estimate:
-    """Mean loss of non-member rows minus member rows (nats per token), pooled over the targets, under each row of
-    sample multiplicities [B + 1, N]: the observed value with its 95% percentile interval."""
+    """Estimate the mean loss of non-member rows minus member rows, pooled over the targets.
+
+    Args:
+        loss (np.ndarray): [M, N] mean token loss in nats (NaN = not scored).
+        keep (np.ndarray): [M, N] membership.
+        weights (np.ndarray): [B + 1, N] sample multiplicities, row 0 the observed data.
+    Returns:
+        Estimate: the observed gap in nats per token with its 95% percentile bootstrap interval.
+    """
     ok = np.isfinite(loss)
     sums = np.stack(
         [
@@ -204,8 +244,15 @@ class OwnDecision:
 
 
 def exact_reading(ev: QuantizerEvidence, s: DecisionSettings) -> ExactResult | str | None:
-    """The exact FAIL test on few non-members (`exact_test`) where no scored attack has the 10 / FPR non-members the
-    cross-fitted rule needs: its reading with one target, else why it cannot be made; None where it is not needed."""
+    """Read the exact FAIL test where no scored attack has the non-members the cross-fitted rule needs.
+
+    Args:
+        ev (QuantizerEvidence): the attacks' scores on the quantizer.
+        s (DecisionSettings): the rule's settings (10 / FPR non-members needed).
+    Returns:
+        ExactResult | str | None: the reading (`exact_test`) with one target, else why it cannot be made; None where
+        it is not needed.
+    """
     finite = [np.isfinite(v) & ~ev.keep for v in ev.scores.values()]
     if not finite or max(int(f.sum()) for f in finite) >= s.nonmembers_needed:
         return None
@@ -218,7 +265,14 @@ def exact_reading(ev: QuantizerEvidence, s: DecisionSettings) -> ExactResult | s
 
 
 def decide_one(ev: QuantizerEvidence, s: DecisionSettings) -> OwnDecision:
-    """`OwnDecision` of one quantizer: independent of the other quantizers (a worker process may make it)."""
+    """Decide one quantizer on its own evidence, independently of the others (a worker process may do it).
+
+    Args:
+        ev (QuantizerEvidence): the attacks' scores on the quantizer.
+        s (DecisionSettings): the rule's settings.
+    Returns:
+        OwnDecision: the decision with what a paired comparison reuses.
+    """
     weights = _weights(ev, s)
     arrays = count_arrays(ev, weights, s)
     exact = exact_reading(ev, s)
@@ -246,9 +300,21 @@ def _with_comparison(
 def decide(
     evidence: dict[str, QuantizerEvidence], reference: str | None, s: DecisionSettings, own: dict | None = None
 ) -> ReleaseDecision:
-    """The release decision of every quantizer in `evidence` (rules: RULE_STATEMENTS), each compared with
-    `reference` (the store's full precision) where it is among them. own: `decide_one` of some quantizers, made
-    already (by the worker process that attacked them); the others are made here."""
+    """Decide the release of every quantizer, each compared with the reference where it is among them.
+
+    The rules are RULE_STATEMENTS.
+
+    Args:
+        evidence (dict[str, QuantizerEvidence]): the attacks' scores, by quantizer.
+        reference (str | None): the store's full-precision quantizer.
+        s (DecisionSettings): the rule's settings.
+        own (dict | None): `decide_one` of some quantizers, made already (by the worker process that attacked them);
+            the others are made here.
+    Returns:
+        ReleaseDecision: the rule and the decision of each quantizer.
+    Raises:
+        ValueError: when the settings are invalid or the quantizers were evaluated in different modes.
+    """
     s.check()
     modes = {ev.mode for ev in evidence.values()}
     if len(modes) > 1:

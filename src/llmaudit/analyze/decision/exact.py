@@ -43,16 +43,16 @@ class ExactDesign:
 
 
 def threshold_rank(n: int, fpr: float, alpha_t: float) -> tuple[int, float]:
-    """The largest k >= 1 with P[Bin(n, fpr) >= k] >= 1 - alpha_t, and P[Bin(n, fpr) < k] (the probability that the
-    k-th largest of n non-members lies below the population's 1 - fpr quantile); (0, 1.0) where no k qualifies.
+    """Find the order statistic of the exact test's threshold.
 
     Args:
-        n: non-member scores the threshold is read from.
-        fpr: the false-positive rate the threshold must hold.
-        alpha_t: the largest probability allowed for a threshold below the quantile.
-
+        n (int): non-member scores the threshold is read from.
+        fpr (float): the false-positive rate the threshold must hold.
+        alpha_t (float): the largest probability allowed for a threshold below the quantile.
     Returns:
-        (k, P[Bin(n, fpr) <= k - 1]).
+        tuple[int, float]: (k, P[Bin(n, fpr) < k]): the largest k >= 1 with P[Bin(n, fpr) >= k] >= 1 - alpha_t, and
+        the probability that the k-th largest of n non-members lies below the population's 1 - fpr quantile;
+        (0, 1.0) where no k qualifies.
     """
     k = 0
     while k < n and stats.binom.sf(k, n, fpr) >= 1 - alpha_t:  # sf(k) = P[X >= k + 1]
@@ -61,31 +61,48 @@ def threshold_rank(n: int, fpr: float, alpha_t: float) -> tuple[int, float]:
 
 
 def nonmembers_for_threshold(fpr: float, alpha_t: float) -> int:
-    """The fewest non-members whose largest score holds the FPR with probability >= 1 - alpha_t:
-    ceil(log(alpha_t) / log(1 - fpr)) (367 at fpr 0.01, alpha_t 0.025)."""
+    """Count the fewest non-members whose largest score holds the FPR with probability >= 1 - alpha_t.
+
+    The count is ceil(log(alpha_t) / log(1 - fpr)) (367 at fpr 0.01, alpha_t 0.025).
+
+    Args:
+        fpr (float): the false-positive rate.
+        alpha_t (float): the threshold's error rate.
+    Returns:
+        int: the count.
+    """
     return int(math.ceil(math.log(alpha_t) / math.log1p(-fpr) - 1e-9))
 
 
 def clopper_pearson(x: int, n: int, alpha: float) -> tuple[float, float]:
-    """(lower, upper) one-sided exact bounds, each at level 1 - alpha, of a binomial proportion x / n."""
+    """Compute the one-sided exact bounds of a binomial proportion x / n, each at level 1 - alpha.
+
+    Args:
+        x (int): successes.
+        n (int): trials.
+        alpha (float): the error rate of each bound.
+    Returns:
+        tuple[float, float]: (lower, upper).
+    """
     lower = 0.0 if x <= 0 else float(stats.beta.ppf(alpha, x, n - x + 1))
     upper = 1.0 if x >= n else float(stats.beta.ppf(1 - alpha, x + 1, n - x))
     return lower, upper
 
 
 def exact_design(members: int, nonmembers: int, n_attacks: int, s: DecisionSettings) -> ExactDesign | str:
-    """The exact test's split of one target's `members` and `nonmembers` scores among `n_attacks` attacks, or why it
-    cannot be made. With one attack nothing is chosen and every score is measured; with several, the selection split
-    takes 1 / folds of the members and of the non-members, less where the threshold needs them (at least
+    """Split one target's scores for the exact test, or say why it cannot be made.
+
+    With one attack nothing is chosen and every score is measured; with several, the selection split takes
+    1 / folds of the members and of the non-members, less where the threshold needs them (at least
     `MIN_SELECTION_NONMEMBERS`).
 
     Args:
-        members, nonmembers: the target's scored members and non-members.
-        n_attacks: the attacks to choose among.
-        s: the rule's settings (fpr, alpha, folds).
-
+        members (int): the target's scored members.
+        nonmembers (int): the target's scored non-members.
+        n_attacks (int): the attacks to choose among.
+        s (DecisionSettings): the rule's settings (fpr, alpha, folds).
     Returns:
-        The design, or a sentence saying what is missing.
+        ExactDesign | str: the design, or a sentence saying what is missing.
     """
     need = nonmembers_for_threshold(s.fpr, s.alpha / 2)
     select_non = 0 if n_attacks <= 1 else min(nonmembers // s.folds, nonmembers - need)
@@ -118,10 +135,20 @@ class ExactResult:
 
     @property
     def tpr(self) -> float:
+        """The chosen attack's TPR on the measurement split.
+
+        Returns:
+            float: hits / members.
+        """
         return self.hits / self.design.members
 
     @property
     def realised_fpr(self) -> float:
+        """The realised false-positive rate on the measurement split.
+
+        Returns:
+            float: false positives / non-members.
+        """
         return self.false_positives / self.design.nonmembers
 
 
@@ -147,15 +174,15 @@ def _choice_key(scores: np.ndarray, member: np.ndarray) -> tuple[int, float]:
 
 
 def exact_test(scores: dict[str, np.ndarray], member: np.ndarray, s: DecisionSettings) -> ExactResult | str:
-    """The exact FAIL test on one target's scores (module doc), or why it cannot be made.
+    """Run the exact FAIL test on one target's scores (module doc), or say why it cannot be made.
 
     Args:
-        scores: attack -> [N] scores (higher = member; NaN = not scored: a sample unscored by any attack is left out).
-        member: [N] membership.
-        s: the rule's settings.
-
+        scores (dict[str, np.ndarray]): attack -> [N] scores (higher = member; NaN = not scored: a sample unscored
+            by any attack is left out).
+        member (np.ndarray): [N] membership.
+        s (DecisionSettings): the rule's settings.
     Returns:
-        The reading, or a sentence saying what is missing.
+        ExactResult | str: the reading, or a sentence saying what is missing.
     """
     names = list(scores)
     if not names:

@@ -92,14 +92,21 @@ def _resample_blocks(n_resamples: int, width: int):
 
 
 def choice_threshold(scores: np.ndarray, weights: np.ndarray, fpr: float) -> float:
-    """The threshold an attack is chosen at, from the ascending calibrated scores [n] of the rows and the weights [n]
-    of the non-member rows it is set by (0 elsewhere): the higher of two estimates of their 1 - fpr quantile, a
-    normal law fitted to them (weighted mean + sd Phi^-1(1 - fpr): calibrated scores are N(0, 1) for non-members
-    where the calibration holds) and their in-sample empirical threshold (`counts.sorted_threshold`: it reads a
-    heavy tail the fit misses). A choosing threshold that falls low by chance makes its attack look strong, one
-    that falls high only costs it the choice: the higher of the two removes the low errors of each (the order
-    statistic's noise, the fit's blindness to a tail). Only the choice reads it: the measuring threshold is
-    empirical. +inf without non-members."""
+    """Find the threshold an attack is chosen at: the higher of two estimates of the 1 - fpr quantile.
+
+    The estimates are a normal law fitted to the non-member rows (weighted mean + sd Phi^-1(1 - fpr): calibrated
+    scores are N(0, 1) for non-members where the calibration holds) and their in-sample empirical threshold
+    (`counts.sorted_threshold`: it reads a heavy tail the fit misses). A choosing threshold that falls low by chance
+    makes its attack look strong, one that falls high only costs it the choice: the higher of the two removes the
+    low errors of each. Only the choice reads it: the measuring threshold is empirical.
+
+    Args:
+        scores (np.ndarray): [n] ascending calibrated scores of the rows.
+        weights (np.ndarray): [n] weights of the non-member rows that set it (0 elsewhere).
+        fpr (float): the false positive rate.
+    Returns:
+        float: the threshold, +inf without non-member weight.
+    """
     total = weights.sum()
     if not total > 0:
         return np.inf
@@ -127,20 +134,23 @@ def _choice_counts(s, member, fold, unit, w0: np.ndarray, fpr: float) -> np.ndar
 def calibrated_counts(
     z: np.ndarray, keep: np.ndarray, weights: np.ndarray, fpr: float, fold_of_sample: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(measured [B + 1, 4], loose [B + 1, 4], train [F, 4], test [B + 1, F, 4]) counts of one attack's per-sample
-    calibrated scores pooled over the target models.
+    """Count one attack's per-sample calibrated scores pooled over the target models, whole and cross-fitted.
 
-    z: [M, N] calibrated scores on the normal scale (`normal_scores`: a non-member is N(0, 1) where the calibration's
-    Gaussian model holds); keep: [M, N]; weights: [B + 1, N]; fold_of_sample: [N]. Two thresholds over every row:
-    the empirical one, the in-sample threshold of the pooled non-member rows (FPR <= fpr on them whatever the
-    scores' distribution), and the analytic one, Phi^-1(1 - fpr). measured = every row against the empirical one
-    (the attack as an auditor who fixed it beforehand would measure it), loose = against the LOWER of the two (what
-    a PASS reads).
-    Cross-fitting over folds of samples (a sample's rows under every target in one fold), with the classes' roles
-    crossed so that the choice and the measurement read different rows: "train" (observed data only), the member
-    rows outside f against `choice_threshold` of f's non-member rows; "test" (the measurement), f's member and
-    non-member rows against the held-out (conformal) threshold of the non-member rows OUTSIDE f (the k-th largest,
-    k = floor(fpr (n + 1)): a fresh non-member exceeds it with probability k / (n + 1) <= fpr)."""
+    Two thresholds over every row: the empirical one (the in-sample threshold of the pooled non-member rows, FPR <=
+    fpr whatever the scores' distribution) and the analytic one, Phi^-1(1 - fpr).
+
+    Args:
+        z (np.ndarray): [M, N] calibrated scores on the normal scale (`normal_scores`).
+        keep (np.ndarray): [M, N] membership.
+        weights (np.ndarray): [B + 1, N] sample multiplicities.
+        fpr (float): the false positive rate.
+        fold_of_sample (np.ndarray): [N] fold of each sample (a sample's rows under every target in one fold).
+    Returns:
+        tuple: (measured [B + 1, 4]: every row against the empirical threshold; loose [B + 1, 4]: against the lower
+        of the two, what a PASS reads; train [F, 4]: the member rows outside f against `choice_threshold` of f's
+        non-member rows, observed data only; test [B + 1, F, 4]: f's rows against the conformal threshold of the
+        non-member rows outside f, which a fresh non-member exceeds with probability <= fpr), counts (TP, POS, FP, NEG).
+    """
     n_folds = int(fold_of_sample.max()) + 1
     B1, n_units = weights.shape
     analytic = normal_quantile(1 - fpr)
@@ -174,10 +184,18 @@ def calibrated_counts(
 
 
 def weighted_auroc(scores: np.ndarray, labels: np.ndarray, unit: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """[B + 1] AUROC of pooled rows under each row of sample multiplicities (ties count one half).
+    """Compute the AUROC of pooled rows under each row of sample multiplicities (ties count one half).
 
-    scores, labels, unit: [R] rows (score, member flag, sample index); weights: [B + 1, N]. A row weighs the
-    multiplicity of its sample. The rows are sorted once; each resample's AUROC is one compiled pass over them
-    (`roc_kernel`), exact for integer weights."""
+    A row weighs the multiplicity of its sample. The rows are sorted once; each resample's AUROC is one compiled
+    pass over them (`roc_kernel`), exact for integer weights.
+
+    Args:
+        scores (np.ndarray): [R] the rows' scores.
+        labels (np.ndarray): [R] the rows' membership.
+        unit (np.ndarray): [R] the rows' sample index.
+        weights (np.ndarray): [B + 1, N] sample multiplicities.
+    Returns:
+        np.ndarray: [B + 1] AUROCs.
+    """
     auroc, _, _ = roc_stats(roc_rows(scores, labels, unit, weights.shape[1]), weights, ())
     return auroc

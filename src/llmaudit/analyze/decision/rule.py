@@ -39,14 +39,26 @@ class CountArrays:
     """[B + 1, A, 4] at the looser threshold the PASS rule reads (calibrated mode; None: per_attack)."""
 
     def judged_only(self, names: list[str]) -> CountArrays:
-        """The same counts for the attacks in `names` only: the cross-fitting chooses among the attacks that can be
-        judged at the decision's FPR (enough non-members), never one whose TPR rests on too few of them."""
+        """Restrict the counts to some attacks.
+
+        The cross-fitting chooses among the attacks that can be judged at the decision's FPR (enough non-members), never
+        one whose TPR rests on too few of them.
+
+        Args:
+            names (list[str]): the attacks kept, each one of `self.attacks`.
+        Returns:
+            CountArrays: the same counts for those attacks only.
+        """
         idx = [self.attacks.index(n) for n in names]
         loose = None if self.per_attack_loose is None else self.per_attack_loose[:, idx]
         return CountArrays(names, self.per_attack[:, idx], self.train[idx], self.test[:, idx], self.fold_kind, loose)
 
     def loose(self) -> np.ndarray:
-        """The counts a PASS reads: at the looser threshold in calibrated mode, else `per_attack`'s."""
+        """Return the counts a PASS reads: at the looser threshold in calibrated mode, else `per_attack`'s.
+
+        Returns:
+            np.ndarray: [B + 1, A, 4] counts.
+        """
         return self.per_attack if self.per_attack_loose is None else self.per_attack_loose
 
 
@@ -66,15 +78,16 @@ class CrossFit:
 
 
 def cross_fit(train: np.ndarray, test: np.ndarray) -> CrossFit:
-    """The strongest attack chosen on each fold's complement and measured on the fold, pooled over folds.
+    """Choose the strongest attack on each fold's complement, measure it on the fold, and pool over folds.
+
+    The choice made on the observed data (ties: the first attack in order) is applied to every resample, so that the
+    resampled TPRs vary with the measurement, never with a choice that flips between resamples.
 
     Args:
-        train: [A, F, 4] what each attack is chosen on, per fold (observed data).
-        test: [B + 1, A, F, 4] what it is measured on; row 0 the observed data.
-
+        train (np.ndarray): [A, F, 4] what each attack is chosen on, per fold (observed data).
+        test (np.ndarray): [B + 1, A, F, 4] what it is measured on; row 0 the observed data.
     Returns:
-        The choice made on the observed data (ties: the first attack in order) applied to every resample, so that
-        the resampled TPRs vary with the measurement, never with a choice that flips between resamples.
+        CrossFit: the pooled TPR and realised FPR, the attack picked per fold and the pooled counts.
     """
     tpr_train = ratio(train[..., TP], train[..., POS])  # [A, F]
     key = np.where(np.isfinite(tpr_train), tpr_train, -np.inf)
@@ -99,10 +112,20 @@ def _proportion(counts: np.ndarray, z: float, *, two_sided: bool, confidence: fl
 
 
 def judge_attacks(arrays: CountArrays, s: DecisionSettings, unjudged: dict[str, str]) -> list[AttackJudgement]:
-    """Each attack's TPR at s.fpr at the threshold a PASS reads (the looser one in calibrated mode) with a
-    simultaneous one-sided upper bound (Wilson at the bootstrap's effective sample size, z = Phi^-1(1 - alpha / k),
-    k the attacks judged: Bonferroni), and its TPR at the empirical threshold of all its non-members with a two-sided
-    1 - 2 alpha interval. An attack is judged where it has 10 / FPR non-member scores."""
+    """Judge each attack: its TPR with a simultaneous upper bound, and its TPR at the measuring threshold.
+
+    The TPR at s.fpr at the threshold a PASS reads (the looser one in calibrated mode) gets a simultaneous
+    one-sided upper bound (Wilson at the bootstrap's effective sample size, z = Phi^-1(1 - alpha / k), k the attacks
+    judged: Bonferroni); the TPR at the empirical threshold of all its non-members a two-sided 1 - 2 alpha interval.
+    An attack is judged where it has 10 / FPR non-member scores.
+
+    Args:
+        arrays (CountArrays): the resampled counts.
+        s (DecisionSettings): the rule's settings.
+        unjudged (dict[str, str]): attack -> why it could not be scored (listed as not judged).
+    Returns:
+        list[AttackJudgement]: one per attack, the scored ones first.
+    """
     loose, measuring = arrays.loose(), arrays.per_attack
     tpr = ratio(loose[..., TP], loose[..., POS])
     judged = [
@@ -169,10 +192,19 @@ def _empty_strongest(arrays: CountArrays) -> StrongestAttack:
 
 
 def strongest_attack(arrays: CountArrays, s: DecisionSettings) -> tuple[StrongestAttack, np.ndarray, np.ndarray]:
-    """The cross-fitted strongest attack (`cross_fit`) with its interval conditional on the observed choices: Wilson
-    at the bootstrap's effective sample size, two-sided 1 - 2 alpha (its lower end the one-sided 1 - alpha bound a
-    FAIL reads); its leakage beyond chance (TPR minus realised FPR) with a percentile interval; and the resampled TPR
-    and leakage beyond chance [B + 1] (what the paired comparison reads)."""
+    """Measure the cross-fitted strongest attack (`cross_fit`) with its interval conditional on the choices.
+
+    The interval is Wilson at the bootstrap's effective sample size, two-sided 1 - 2 alpha (its lower end the
+    one-sided 1 - alpha bound a FAIL reads); leakage beyond chance (TPR minus realised FPR) gets a percentile
+    interval.
+
+    Args:
+        arrays (CountArrays): the resampled counts of the judged attacks.
+        s (DecisionSettings): the rule's settings.
+    Returns:
+        tuple[StrongestAttack, np.ndarray, np.ndarray]: the headline, and its resampled TPR and leakage beyond chance
+        [B + 1] (what the paired comparison reads).
+    """
     if not arrays.attacks:  # no attack can be judged: nothing to choose from
         nan = np.full(arrays.test.shape[0], np.nan)
         return _empty_strongest(arrays), nan, nan
@@ -211,9 +243,18 @@ def strongest_attack(arrays: CountArrays, s: DecisionSettings) -> tuple[Stronges
 
 
 def exact_strongest(result: ExactResult, s: DecisionSettings) -> StrongestAttack:
-    """The exact test's reading (`llmaudit.analyze.decision.exact`) as the rule's headline: the TPR of the measurement
-    split at the order-statistic threshold, with its one-sided lower bound at 1 - alpha (threshold and bound
-    together); no upper bound (the threshold is chosen to hold the FPR, which makes the TPR low, never high)."""
+    """Write the exact test's reading (`llmaudit.analyze.decision.exact`) as the rule's headline.
+
+    The TPR of the measurement split at the order-statistic threshold gets its one-sided lower bound at 1 - alpha
+    (threshold and bound together) and no upper bound (the threshold is chosen to hold the FPR, which makes the TPR
+    low, never high).
+
+    Args:
+        result (ExactResult): the exact test's reading.
+        s (DecisionSettings): the rule's settings.
+    Returns:
+        StrongestAttack: the headline, route "exact".
+    """
     d = result.design
     return StrongestAttack(
         tpr=Estimate(
@@ -245,10 +286,21 @@ def decision_of(
     mode: str,
     exact: ExactResult | str | None = None,
 ) -> tuple[QuantizerDecision, np.ndarray, np.ndarray]:
-    """The attack criterion of one quantizer (comparison left empty: `decide` adds it), and the headline's resampled
-    TPR and leakage beyond chance [B + 1] (the paired comparison reads the second). exact: the exact test's reading
-    (or why it could not be made) where no attack has the non-members the cross-fitted rule needs; it then gives the
-    headline."""
+    """Decide one quantizer on the attack criterion (the comparison is left empty: `decide` adds it).
+
+    Args:
+        quantizer (str): the quantizer's name.
+        arrays (CountArrays): its resampled counts.
+        s (DecisionSettings): the rule's settings.
+        unjudged (dict[str, str]): attack -> why it could not be scored.
+        n_targets (int): the target models M.
+        mode (str): "calibrated" or "empirical".
+        exact (ExactResult | str | None): the exact test's reading where no attack has the non-members the
+            cross-fitted rule needs (it then gives the headline), or why it could not be made.
+    Returns:
+        tuple[QuantizerDecision, np.ndarray, np.ndarray]: the decision, and the headline's resampled TPR and
+        leakage beyond chance [B + 1] (the paired comparison reads the second).
+    """
     attacks = judge_attacks(arrays, s, unjudged)
     strongest, tpr, excess = strongest_attack(arrays.judged_only([a.attack for a in attacks if a.judged]), s)
     if isinstance(exact, ExactResult) and strongest.tpr.value is None:

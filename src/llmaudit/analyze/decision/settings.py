@@ -42,6 +42,8 @@ class DecisionSettings:
 
     @property
     def nonmembers_needed(self) -> int:
-        """Non-member scores an attack needs to be judged by the cross-fitted rule (and a PASS to be possible):
-        10 / FPR, so that the TPR at the FPR rests on about 10 false positives."""
+        """Non-member scores an attack needs to be judged by the cross-fitted rule (and a PASS to be possible).
+
+        10 / FPR, so that the TPR at the FPR rests on about 10 false positives.
+        """
         return int(round(10 / self.fpr))

@@ -54,6 +54,7 @@ class Reach:
 
     @property
     def verdict_reachable(self) -> bool:
+        """Whether a PASS or a FAIL is within reach."""
         return self.pass_reachable or self.fail_reachable
 
 
@@ -68,8 +69,17 @@ def _smallest(low: float, high: float, holds, steps: int = 60) -> float | None:
 
 
 def members_for_pass(attacks: int, s: DecisionSettings) -> int | None:
-    """The fewest member scores with which an attack at chance (TPR = FPR) has its simultaneous one-sided upper
-    bound (Wilson, z = Phi^-1(1 - alpha / attacks)) below the limit; None where the limit is at or below the FPR."""
+    """Count the fewest member scores with which an attack at chance can clear a PASS.
+
+    At chance (TPR = FPR) the attack's simultaneous one-sided upper bound (Wilson, z = Phi^-1(1 - alpha / attacks))
+    must fall below the limit.
+
+    Args:
+        attacks (int): the attacks judged (the Bonferroni divisor).
+        s (DecisionSettings): the rule's settings (fpr, limit, alpha).
+    Returns:
+        int | None: the count; None where the limit is at or below the FPR.
+    """
     if s.limit <= s.fpr:
         return None
     z = z_value(s.alpha / max(1, attacks))
@@ -89,14 +99,14 @@ def _fail_from_exact(design: ExactDesign, s: DecisionSettings) -> float | None:
 
 
 def sizing(design: Design, s: DecisionSettings) -> Reach:
-    """What a design can decide under the release rule.
+    """Say what a design can decide under the release rule.
 
     Args:
-        design: member and non-member scores per target, targets, attacks.
-        s: the rule's settings (fpr, limit, alpha, folds, min_runs).
-
+        design (Design): member and non-member scores per target, targets, attacks.
+        s (DecisionSettings): the rule's settings (fpr, limit, alpha, folds, min_runs).
     Returns:
-        Whether PASS and FAIL are within reach, the smallest TPR a FAIL can show, and the sizes a verdict needs.
+        Reach: whether PASS and FAIL are within reach, the smallest TPR a FAIL can show, and the sizes a verdict
+        needs.
     """
     mode = "calibrated" if design.targets >= max(2, s.min_runs) else "empirical"
     pooled_non, pooled_mem = design.targets * design.nonmembers, design.targets * design.members
@@ -127,8 +137,15 @@ def sizing(design: Design, s: DecisionSettings) -> Reach:
 
 
 def sizing_lines(reach: Reach, s: DecisionSettings, unit: str = "non-member") -> list[str]:
-    """The sizing in sentences, one per line: the design, PASS, FAIL, and what a verdict needs where none is within
-    reach. unit: how the user calls a non-member (e.g. "held-out record")."""
+    """Write the sizing in sentences: the design, PASS, FAIL, and what a verdict needs where none is in reach.
+
+    Args:
+        reach (Reach): the sizing (`sizing`).
+        s (DecisionSettings): the rule's settings.
+        unit (str): how the user calls a non-member (e.g. "held-out record").
+    Returns:
+        list[str]: one sentence per line.
+    """
     d = reach.design
     per = "per target model" if d.targets > 1 else "on the one target model"
     lines = [

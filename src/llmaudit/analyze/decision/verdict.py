@@ -13,7 +13,13 @@ from llmaudit.analyze.decision.settings import DecisionSettings
 
 
 def none_if_nan(x) -> float | None:
-    """A float, or None where it is missing or not finite (JSON has no NaN)."""
+    """Turn a missing or non-finite number into None (JSON has no NaN).
+
+    Args:
+        x (float | None): the number.
+    Returns:
+        float | None: x as a float, or None.
+    """
     return None if x is None or not math.isfinite(x) else float(x)
 
 
@@ -68,11 +74,21 @@ def _measured_test(attacks: list[AttackJudgement], s: DecisionSettings) -> Verdi
 def verdict(
     strongest: StrongestAttack, attacks: list[AttackJudgement], s: DecisionSettings, exact_why: str | None = None
 ) -> Verdict:
-    """FAIL: the headline's one-sided lower bound is above the limit (leakage shown; a false FAIL has probability
-    <= alpha), whether the headline is cross-fitted or exact. PASS: every judged attack's simultaneous upper bound is
-    below the limit (a false PASS has probability <= alpha); it needs 10 / FPR non-members. NOT MEASURED: fewer non-
-    members than that and no FAIL shown. Otherwise INCONCLUSIVE, with the size that would decide it.
-    exact_why: why the exact test on few non-members could not be made, where it was tried."""
+    """Read the three-way verdict of the attack criterion from its tests, in order.
+
+    FAIL: the headline's one-sided lower bound is above the limit (leakage shown; a false FAIL has probability
+    <= alpha), whether the headline is cross-fitted or exact. PASS: every judged attack's simultaneous upper bound
+    is below the limit (a false PASS has probability <= alpha); it needs 10 / FPR non-members. NOT MEASURED: fewer
+    non-members than that and no FAIL shown. Otherwise INCONCLUSIVE, with the size that would decide it.
+
+    Args:
+        strongest (StrongestAttack): the rule's headline.
+        attacks (list[AttackJudgement]): every attack's judgement.
+        s (DecisionSettings): the rule's settings.
+        exact_why (str | None): why the exact test on few non-members could not be made, where it was tried.
+    Returns:
+        Verdict: the status, its reason, the size that would decide it and the tests read.
+    """
     judged = [a for a in attacks if a.judged]
     fail = _fail_test(strongest, s)
     if fail.held:
@@ -135,11 +151,21 @@ def _towards_fail(strongest: StrongestAttack, judged: list[AttackJudgement], s: 
 
 
 def size_to_decide(strongest: StrongestAttack, judged: list[AttackJudgement], s: DecisionSettings) -> SizeNeeded:
-    """How many times the audited samples would turn INCONCLUSIVE into FAIL or PASS if the estimates hold (standard
-    errors shrink as 1 / sqrt(n)): towards FAIL, the smallest factor that moves a lower bound (the headline's, or an
-    attack's at the measuring threshold whose estimate is above the limit) past the limit; towards PASS, where every
-    judged attack's estimate is below the limit, the factor that moves the last upper bound below it. The smaller.
-    None only where no estimate is on either side of the limit (one sits on it)."""
+    """Size the data that would turn INCONCLUSIVE into FAIL or PASS if the estimates hold.
+
+    Standard errors shrink as 1 / sqrt(n). Towards FAIL, the smallest factor that moves a lower bound (the
+    headline's, or an attack's at the measuring threshold whose estimate is above the limit) past the limit; towards
+    PASS, where every judged attack's estimate is below the limit, the factor that moves the last upper bound below
+    it. The smaller of the two is kept.
+
+    Args:
+        strongest (StrongestAttack): the rule's headline.
+        judged (list[AttackJudgement]): the judged attacks.
+        s (DecisionSettings): the rule's settings.
+    Returns:
+        SizeNeeded: the factor on the audited samples, its direction and a sentence; factor None only where no
+        estimate is on either side of the limit (one sits on it).
+    """
     options = [(f, "FAIL", a) for f, a in _towards_fail(strongest, judged, s)]
     if all(a.tpr.value is not None and a.tpr.value < s.limit for a in judged):
         factors = [

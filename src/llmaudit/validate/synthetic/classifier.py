@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from llmaudit.common.runtime import torch_threads
 from llmaudit.quantize import simple
@@ -70,7 +69,7 @@ def train_batched(
     Weight and bias are packed as theta [R, C, d + 1] against inputs [x, 1]. The gradient of the
     mean cross-entropy is written out, (softmax - onehot)^T [x, 1] / B, and Adam is torch.optim.Adam's
     update rule (no weight decay, no amsgrad) applied elementwise: per run this is exactly R
-    independent nn.Linear + Adam trainings (`train_per_run`), without autograd's per-step overhead."""
+    independent nn.Linear + Adam trainings (the tests' reference loop), without autograd's per-step overhead."""
     R, n, d = x.shape
     with torch_threads(adam.threads), torch.no_grad():
         xa = torch.cat([x, torch.ones(R, n, 1, dtype=x.dtype)], -1)  # [R, n, d + 1]
@@ -110,42 +109,6 @@ def _adam_step(theta: torch.Tensor, grad: torch.Tensor, state: dict, lr: float, 
     bc2 = 1 - b2**step
     denom = (v.sqrt() / math.sqrt(bc2)).add_(adam.eps)
     theta.addcdiv_(m, denom, value=-lr / bc1)
-
-
-def train_per_run(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    w0: torch.Tensor,
-    b0: torch.Tensor,
-    order: torch.Tensor,
-    *,
-    lr: float,
-    batch_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference loop: one nn.Linear and one torch.optim.Adam per run. Same inputs/outputs as
-    `train_batched`."""
-    R, n, d = x.shape
-    E = order.shape[1]
-    out_w, out_b = [], []
-    for r in range(R):
-        model = torch.nn.Linear(d, w0.shape[1])
-        with torch.no_grad():
-            model.weight.copy_(w0[r])
-            model.bias.copy_(b0[r])
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        tw, tb = [w0[r].clone()], [b0[r].clone()]
-        for e in range(E):
-            for s in range(0, n, batch_size):
-                idx = order[r, e, s : s + batch_size]
-                loss = F.cross_entropy(model(x[r, idx]), y[r, idx])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            tw.append(model.weight.detach().clone())
-            tb.append(model.bias.detach().clone())
-        out_w.append(torch.stack(tw))
-        out_b.append(torch.stack(tb))
-    return torch.stack(out_w, 1), torch.stack(out_b, 1)
 
 
 def per_sample_losses(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -256,7 +256,7 @@ def train_discriminators(
     """Train one [x, y, theta, loss] -> hidden -> 1 MLP per entry of `feats` (one per quantizer),
     all at once as batched tensors, on the rows of `train_runs`; score the rows of `test_runs`.
 
-    Per quantizer this is exactly `train_discriminator_reference` (an nn.Linear-ReLU-nn.Linear MLP on
+    Per quantizer this is exactly the tests' reference network (an nn.Linear-ReLU-nn.Linear MLP on
     the full 388-wide rows, mean BCE, torch.optim.Adam, same init and mini-batch order): the
     discriminators share nothing but the mini-batch row order. The forward and backward passes are
     written out (no autograd) over a leading quantizer dimension, and Adam's update (elementwise, so

@@ -26,7 +26,16 @@ PREDATES_TOP1 = (
 
 
 def ez_mia_builder(edge: str, skip_first: bool, reference: str):
-    """The builder of one variant: scores of the target's rows against `reference`'s, NaN where unusable."""
+    """Build the score builder of one EZ-MIA variant.
+
+    Args:
+        edge (str): the edge convention, "top" or "bottom" (docs/science.md section 4).
+        skip_first (bool): leave the first scored position out.
+        reference (str): the reference rows, "base" or "matched" (`AttackContext.reference_rows`).
+    Returns:
+        Callable[[AttackContext], np.ndarray]: the builder of the [M, N] scores of the target's rows against
+        `reference`'s, NaN where a row has no usable pair.
+    """
 
     def build(ctx: AttackContext) -> np.ndarray:
         target, ref, usable = ctx.paired_tokens(reference)

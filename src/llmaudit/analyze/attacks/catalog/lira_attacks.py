@@ -22,12 +22,27 @@ def _statistic(ctx: AttackContext) -> np.ndarray:
 
 
 def offline(ctx: AttackContext) -> np.ndarray:
+    """Score LiRA offline: each run the target, the other runs where a sample was out its references.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs.
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    """
     s = ctx.settings
     return leave_one_out(lira_offline, _statistic(ctx), ctx.target.keep, ctx.fpc_value, variance=s.lira_variance)
 
 
 def online(ctx: AttackContext) -> np.ndarray:
-    """Only with a median of at least 2 in- and 2 out-references per sample."""
+    """Score LiRA online from the in- and out-references of each sample.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs.
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    Raises:
+        AttackUnavailable: when the median sample has fewer than 2 in- or 2 out-references.
+    """
     keep = ctx.target.keep
     n_in, n_out = in_reference_counts(keep), out_reference_counts(keep)
     if np.median(n_in) < 2 or np.median(n_out) < 2:

@@ -12,8 +12,19 @@ from llmaudit.analyze.attacks.text import combine_scores, ref_score
 
 
 def ref_matrix(loss: np.ndarray, keep: np.ndarray, base: np.ndarray | None, ref_models: str) -> np.ndarray:
-    """[M, N] ref scores with each run as target: references are other runs' out-models (as many for a member of
-    the target as for a non-member, `balanced_references`) and/or the base."""
+    """Compute the [M, N] reference-attack scores with each run in turn the target.
+
+    References are the other runs' out-models (as many for a member of the target as for a non-member,
+    `balanced_references`) and/or the base model.
+
+    Args:
+        loss (np.ndarray): [M, N] mean token losses of the runs.
+        keep (np.ndarray): [M, N] bool, True where the run trained on the sample.
+        base (np.ndarray | None): [N] base-model losses (NaN where unscored); needed for "base" and "both".
+        ref_models (str): "runs", "base" or "both".
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    """
     M, N = loss.shape
     out = np.empty((M, N))
     for m in range(M):
@@ -30,7 +41,15 @@ def ref_matrix(loss: np.ndarray, keep: np.ndarray, base: np.ndarray | None, ref_
 
 
 def ref(ctx: AttackContext) -> np.ndarray:
-    """One run and base rows: the base is the reference whatever ref_models says."""
+    """Score the reference attack; with one run and base rows, the base is the reference whatever ref_models says.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs.
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    Raises:
+        AttackUnavailable: when the references asked for (base rows, or other runs) are absent.
+    """
     t, base = ctx.target, ctx.base_loss
     ref_models = ctx.settings.ref_models
     if ref_models == "runs" and t.runs.size == 1 and base is not None:
@@ -43,7 +62,14 @@ def ref(ctx: AttackContext) -> np.ndarray:
 
 
 def combination(*parts: str):
-    """The builder of the sum of the components' per-target z-scores."""
+    """Build the score builder of the sum of the components' per-target z-scores.
+
+    Args:
+        *parts (str): the names of the component attacks.
+    Returns:
+        Callable[[AttackContext], np.ndarray]: the builder of the [M, N] combined scores; it raises
+        AttackUnavailable when a component is unavailable.
+    """
 
     def build(ctx: AttackContext) -> np.ndarray:
         matrices, lacking = [], []

@@ -19,8 +19,17 @@ from llmaudit.analyze.attacks.rmia import (
 
 
 def population(ctx: AttackContext) -> np.ndarray:
-    """[M, Z] probabilities of the validation texts at each run's final checkpoint (texts scored by every run), and
-    [M, N] of the pool samples; AttackUnavailable with one run or without such texts."""
+    """Compute the probabilities of the population texts and check RMIA can run.
+
+    The population is the validation texts scored by every run at its final checkpoint.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs.
+    Returns:
+        np.ndarray: [M, Z] probabilities p = exp(-L) of the Z population texts under each run.
+    Raises:
+        AttackUnavailable: with one run, or without such texts.
+    """
     t = ctx.target
     if t.runs.size < 2:
         raise AttackUnavailable("one fine-tuning run: RMIA's references are the other runs")
@@ -37,8 +46,19 @@ def population(ctx: AttackContext) -> np.ndarray:
 
 
 def tuned_a(p: np.ndarray, keep: np.ndarray, z: np.ndarray, target: int) -> float:
-    """Offline a for `target`: tuned by attacking the paired run (target + 1, cyclically) with the runs that
-    are neither (`tune_offline_a`); the target's own scores never enter."""
+    """Tune RMIA's offline coefficient a for one target run.
+
+    The coefficient is tuned by attacking the paired run (target + 1, cyclically) with the runs that are neither
+    (`tune_offline_a`); the target's own scores never enter.
+
+    Args:
+        p (np.ndarray): [M, N] probabilities of the pool samples under each run.
+        keep (np.ndarray): [M, N] bool, True where the run trained on the sample.
+        z (np.ndarray): [M, Z] probabilities of the population texts.
+        target (int): the index of the target run.
+    Returns:
+        float: the coefficient a.
+    """
     M = p.shape[0]
     paired = (target + 1) % M
     rest = np.array([r for r in range(M) if r not in (target, paired)], dtype=int)
@@ -47,8 +67,17 @@ def tuned_a(p: np.ndarray, keep: np.ndarray, z: np.ndarray, target: int) -> floa
 
 
 def offline(ctx: AttackContext) -> np.ndarray:
-    """Offline: the other runs' OUT models (as many for a member of the target as for a non-member) with the tuned
-    a; the coefficients chosen are recorded as "rmia_offline_a"."""
+    """Score RMIA offline: the other runs' out-models as references, with the tuned coefficient a.
+
+    The coefficients chosen are recorded in `ctx.info["rmia_offline_a"]`.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs.
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    Raises:
+        AttackUnavailable: as `population`.
+    """
     z = ctx.cached("rmia_population", lambda: population(ctx))
     t = ctx.target
     p = text_probability(t.loss)
@@ -66,7 +95,17 @@ def offline(ctx: AttackContext) -> np.ndarray:
 
 
 def online(ctx: AttackContext) -> np.ndarray:
-    """Online: the IN and OUT references' means (every reference is OUT for a population text)."""
+    """Score RMIA online: p(x) the mean of the in- and the out-references' means.
+
+    Every reference is out for a population text.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs.
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    Raises:
+        AttackUnavailable: as `population`.
+    """
     z = ctx.cached("rmia_population", lambda: population(ctx))
     t = ctx.target
     p = text_probability(t.loss)

@@ -11,14 +11,35 @@ from llmaudit.analyze.attacks.text import min_k_plus_plus_score, min_k_score
 
 
 def loss(ctx: AttackContext) -> np.ndarray:
+    """Score LOSS: -L(x), the mean token NLL negated.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs.
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    """
     return -ctx.target.loss
 
 
 def min_k(ctx: AttackContext) -> np.ndarray:
+    """Score min-k%: the mean log p of the floor(k * T) least likely tokens (at least one).
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs (k from `ctx.settings.k`).
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    """
     return ctx.per_row(min_k_score(ctx.target.rows["token_losses"], ctx.settings.k))
 
 
 def min_k_plus_plus(ctx: AttackContext) -> np.ndarray:
+    """Score Min-K%++: min-k% of log p standardized by the vocabulary's mean and sd at each position.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs (k from `ctx.settings.k`).
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    """
     rows = ctx.target.rows
     return ctx.per_row(
         min_k_plus_plus_score(rows["token_losses"], rows["token_vocab_mean"], rows["token_vocab_std"], ctx.settings.k)
@@ -26,6 +47,13 @@ def min_k_plus_plus(ctx: AttackContext) -> np.ndarray:
 
 
 def zlib(ctx: AttackContext) -> np.ndarray:
+    """Score zlib: -L(x) over the zlib-compressed length of the text in bytes.
+
+    Args:
+        ctx (AttackContext): the quantizer's attack inputs.
+    Returns:
+        np.ndarray: [M, N] scores, higher = more likely a member.
+    """
     rows = ctx.target.rows
     return ctx.per_row(-rows["loss"].to_numpy(dtype=np.float64) / rows["zlib_bytes"].to_numpy(dtype=np.float64))
 

@@ -21,7 +21,16 @@ WBC_VARIANTS: dict[str, dict] = {
 
 
 def wbc_builder(grid: str, long: str, reference: str):
-    """The builder of one variant: scores of the target's rows against `reference`'s, NaN where unusable."""
+    """Build the score builder of one WBC variant.
+
+    Args:
+        grid (str): the window grid, a key of `WBC_GRIDS` ("config" or "paper").
+        long (str): windows longer than the text: "clamp" or "skip".
+        reference (str): the reference rows, "base" or "matched" (`AttackContext.reference_rows`).
+    Returns:
+        Callable[[AttackContext], np.ndarray]: the builder of the [M, N] scores of the target's rows against
+        `reference`'s, NaN where a row has no usable pair.
+    """
 
     def build(ctx: AttackContext) -> np.ndarray:
         target, ref, usable = ctx.paired_tokens(reference)

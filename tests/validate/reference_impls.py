@@ -1,6 +1,10 @@
-"""The one-at-a-time reference of the baseline MIS's batched discriminators (`mis.train_discriminators`):
-one plain nn.Linear - ReLU - nn.Linear network per quantizer on materialised rows, trained with autograd
-and torch.optim.Adam. The tests compare the batched trainer with it; the protocol never runs it.
+"""Reference implementations the tests compare `llmaudit.validate.synthetic` with, and the baseline
+benchmarks/bench_synthetic.py times; the protocol never runs them.
+
+- `train_per_run`: one nn.Linear and one torch.optim.Adam per run, the loop `classifier.train_batched` computes
+  for all runs at once.
+- `train_discriminator_reference`: one plain nn.Linear - ReLU - nn.Linear network per quantizer on materialised
+  rows, trained with autograd and torch.optim.Adam, the network `mis.train_discriminators` trains batched.
 """
 
 from __future__ import annotations
@@ -12,6 +16,42 @@ import torch
 import torch.nn.functional as F
 
 from llmaudit.validate.synthetic.mis import DiscriminatorSettings
+
+
+def train_per_run(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w0: torch.Tensor,
+    b0: torch.Tensor,
+    order: torch.Tensor,
+    *,
+    lr: float,
+    batch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference loop: one nn.Linear and one torch.optim.Adam per run. Same inputs/outputs as
+    `train_batched`."""
+    R, n, d = x.shape
+    E = order.shape[1]
+    out_w, out_b = [], []
+    for r in range(R):
+        model = torch.nn.Linear(d, w0.shape[1])
+        with torch.no_grad():
+            model.weight.copy_(w0[r])
+            model.bias.copy_(b0[r])
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        tw, tb = [w0[r].clone()], [b0[r].clone()]
+        for e in range(E):
+            for s in range(0, n, batch_size):
+                idx = order[r, e, s : s + batch_size]
+                loss = F.cross_entropy(model(x[r, idx]), y[r, idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            tw.append(model.weight.detach().clone())
+            tb.append(model.bias.detach().clone())
+        out_w.append(torch.stack(tw))
+        out_b.append(torch.stack(tb))
+    return torch.stack(out_w, 1), torch.stack(out_b, 1)
 
 
 def _reference_rows(pre: dict[str, Any], q: int, runs: torch.Tensor) -> torch.Tensor:
