@@ -119,7 +119,7 @@ def audited(tmp_path_factory):
 
 
 def _rates(result, q, measure="greedy"):
-    return next(r for r in result["extraction"]["risk"]["per_quantizer"][q]["rates"] if r["measure"] == measure)
+    return next(r for r in result.extraction.risk["per_quantizer"][q]["rates"] if r["measure"] == measure)
 
 
 def test_members_greedy_extraction_is_one_and_non_members_the_planted_share(audited):
@@ -136,7 +136,7 @@ def test_members_greedy_extraction_is_one_and_non_members_the_planted_share(audi
 
 
 def test_sampled_extraction_follows_the_loss_and_the_comparison_is_paired_with_full_precision(audited):
-    risk = audited["result"]["extraction"]["risk"]
+    risk = audited["result"].extraction.risk
     assert risk["reference"] == "fp32" and risk["n"] == 100 and risk["p"] == 0.5
     # fp32 members: summed loss about 5 x 0.8 = 4 nats < 4.975 (p* at n=100, p=0.5); "sign" members stay at 10 nats
     assert _rates(audited["result"], "fp32", "sampled")["members"]["value"] > 0.9
@@ -148,7 +148,7 @@ def test_sampled_extraction_follows_the_loss_and_the_comparison_is_paired_with_f
 
 
 def test_greedy_from_top1_equals_the_generated_greedy_answers(audited):
-    checks = audited["result"]["extraction"]["greedy_check"]
+    checks = audited["result"].extraction.greedy_check
     expected = sum(_formulaic(j) for j in range(N_VAL)) / N_VAL
     for q in QUANTIZERS:
         c = checks[q]
@@ -157,7 +157,7 @@ def test_greedy_from_top1_equals_the_generated_greedy_answers(audited):
 
 
 def test_epsilon_bound_per_quantizer_from_an_independent_design(audited):
-    eps = audited["result"]["epsilon"]
+    eps = audited["result"].epsilon.model_dump()
     assert eps["qualifies"] and eps["design"] == "independent"
     fp32, sign = eps["per_quantizer"]["fp32"], eps["per_quantizer"]["sign"]
     assert fp32["status"] == "MEASURED" and fp32["epsilon_lb"] > 1.0
@@ -173,7 +173,7 @@ def test_a_fixed_size_design_says_why_no_bound():
 
 
 def test_release_set_is_judged_and_compared_with_its_best_single_file(audited):
-    (s,) = audited["result"]["release_sets"]
+    (s,) = (block.model_dump() for block in audited["result"].release_sets)
     assert s["name"] == "fp32+uniform-5" and s["files"] == SETS[0]
     assert s["decision"]["quantizer"] == "fp32+uniform-5" and s["decision"]["status"] in (
         "PASS",

@@ -23,6 +23,7 @@ from llmaudit.analyze.decision.models import (
     QuantizerDecision,
     StrongestAttack,
 )
+from llmaudit.analyze.result_blocks import SpearmanVsRQ
 from llmaudit.analyze.store_analysis import analyze
 from llmaudit.common.io import atomic_write_json, to_strict_json
 from llmaudit.config import ExperimentConfig
@@ -152,15 +153,15 @@ def test_report_json_is_strict_and_validates_against_the_versioned_schema(experi
     assert [r["quantizer"] for r in grid] == ["fp32", "uniform-5", "sign"]
     assert grid[0]["is_reference"] and grid[0]["utility"]["relative_change"] == 0.0
     assert grid[2]["size_vs_reference"] == pytest.approx(200 / 4000)
-    util = experiment["result"]["utility"]["sign"]
-    assert grid[2]["utility"]["relative_change"] == pytest.approx(util["relative_change"])
+    util = experiment["result"].utility["sign"]
+    assert grid[2]["utility"]["relative_change"] == pytest.approx(util.relative_change)
     assert set(grid[0]["attacks"]) == {"loss", "ref", "lira_offline"}
 
 
 def test_non_finite_numbers_become_null_and_a_broken_report_fails_loudly(experiment):
-    result = copy.deepcopy(experiment["result"])
-    result["utility"]["uniform-5"]["val_loss"] = float("nan")
-    result["indicator"]["per_quantizer"]["sign"]["r_q"]["mean"] = float("inf")
+    result = experiment["result"].model_copy(deep=True)
+    result.utility["uniform-5"].val_loss = float("nan")
+    result.r_q.per_quantizer["sign"].r_q.mean = float("inf")
     report = build_report(result)
     validate_report(report)
     row = {r["quantizer"]: r for r in report["grid"]}
@@ -506,7 +507,9 @@ def test_indicator_lines_carry_the_registry_status_and_the_damage_caveat(experim
     ],
 )
 def test_indicator_agreement_states_the_observed_sign_against_the_expected_one(rho, p, verdict, tail):
-    per_attack = {"attacks": {a: {"auroc": {"rho": v}} for a, v in (("loss", -0.5), ("ref", -0.2), ("zlib", 0.1))}}
+    per_attack = SpearmanVsRQ.model_validate(
+        {"attacks": {a: {"auroc": {"rho": v}} for a, v in (("loss", -0.5), ("ref", -0.2), ("zlib", 0.1))}}
+    )
     out = indicator_agreement({"auroc": {"rho": rho, "p_value": p, "n_quantizers": 9}}, per_attack)
     assert out["verdict"] == verdict
     assert out["observed_sign"] == ("negative" if rho < 0 else "positive")

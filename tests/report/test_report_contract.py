@@ -22,7 +22,7 @@ from llmaudit.report.plots import render_all
 from llmaudit.report.schema import REPORT_SCHEMA, validate_report
 from llmaudit.report.terminal import summary_text
 
-LANDED = Path(__file__).parent / "fixtures" / "report_landed_ae578c7.json.gz"  # report.json of the landed ae578c7
+LANDED = Path(__file__).parent / "fixtures" / "report_schema_v4_untyped_writer.json.gz"  # v4, written from dicts
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_an_old_report_without_later_keys_still_renders(landed):
             row.pop(key)
         row["utility"].pop("divergence")
     report = ReportJson.model_validate(old)
-    assert report.grid[0].decided() is None and report.decision_rule is None
+    assert report.grid[0].decision is None and report.decision_rule is None
     md = render_markdown(report)
     assert "## Verdict" in md and conclusion(report).split(" (")[0] in md
     assert "## Privacy" in render_model_card(old)

@@ -82,7 +82,7 @@ def test_divergence_and_task_columns_equal_the_planted_values(measured):
 def test_markdown_and_html_show_the_utility_section_and_the_figure(measured):
     md = Path(measured["paths"]["markdown"]).read_text()
     section = md.split("## Utility against full precision")[1].split("\n## ")[0]
-    ci = measured["result"]["utility"]["uniform-5"]["divergence"]["kl_mean"]["ci"]
+    ci = measured["result"].utility["uniform-5"].divergence.stat("kl_mean").ci
     assert ci[0] < 0.035 < ci[1]
     assert f"| `uniform-5` | 0.035 ± 0 \\[{fmt_sig(ci[0])}, {fmt_sig(ci[1])}\\] |" in section  # mean ± token se [runs]
     assert "caption_rouge_l" in section and "\\(Δ -1.000\\)" in section  # sign's drop from full precision
@@ -103,16 +103,16 @@ def test_the_utility_criterion_follows_report_utility_metric(measured):
         ("same_top", 0.8, {"fp32": PASS, "uniform-5": PASS, "sign": FAIL}),
         ("caption_rouge_l", 0.05, {"fp32": PASS, "sign": FAIL}),
     ):
-        th = dict(result["thresholds"], utility_metric=metric, utility_limit=limit, min_runs=RUNS)
-        report = build_report(result | {"thresholds": th})
+        th = dict(result.thresholds, utility_metric=metric, utility_limit=limit, min_runs=RUNS)
+        report = build_report(result.model_copy(update={"thresholds": th}))
         crit = {
             q: next(c for c in v["criteria"] if c["id"] == "utility")
             for q, v in report["checklist"]["per_quantizer"].items()
         }
         assert {q: crit[q]["status"] for q in want} == want, (metric, limit)
         assert crit["fp32"]["metric"] == metric
-    th = dict(result["thresholds"], utility_metric="kl", utility_limit=1.0, min_runs=RUNS + 1)
-    report = build_report(result | {"thresholds": th})
+    th = dict(result.thresholds, utility_metric="kl", utility_limit=1.0, min_runs=RUNS + 1)
+    report = build_report(result.model_copy(update={"thresholds": th}))
     assert all(
         next(c for c in v["criteria"] if c["id"] == "utility")["status"] == NOT_MEASURED
         for v in report["checklist"]["per_quantizer"].values()

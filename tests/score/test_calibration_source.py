@@ -125,9 +125,13 @@ def test_scoring_records_where_the_calibration_text_came_from(audited_tiny_store
 
 
 def test_the_report_states_the_calibration_source_of_each_quantizer():
+    from llmaudit.analyze.result import QuantizerInfo
     from llmaudit.report.grid import calibration_source
 
-    assert calibration_source({"family": "gptq", "calibration": {"source": "heldout"}}) == "heldout"
-    assert calibration_source({"family": "gptq", "options": {"bits": 4}}) == "members"  # recorded before the setting
-    assert calibration_source({"family": "awq", "calibration": {"source": "file", "sha256": "0" * 64}}) == "file"
-    assert calibration_source({"family": "hqq"}) is None and calibration_source({"family": "gguf"}) is None
+    def calibration_source_of(record):
+        return calibration_source(QuantizerInfo.model_validate(record))
+
+    assert calibration_source_of({"family": "gptq", "calibration": {"source": "heldout"}}) == "heldout"
+    assert calibration_source_of({"family": "gptq", "options": {"bits": 4}}) == "members"  # no recorded source
+    assert calibration_source_of({"family": "awq", "calibration": {"source": "file", "sha256": "0" * 64}}) == "file"
+    assert calibration_source_of({"family": "hqq"}) is None and calibration_source_of({"family": "gguf"}) is None

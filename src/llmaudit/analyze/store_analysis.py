@@ -1,12 +1,14 @@
-"""The analysis of a run store: from its verified loss tables to one result object (r_Q, attacks,
-memorization, candidate indicators, blind baseline, utility), written to the store's results/*.json.
+"""The analysis of a run store: from its verified loss tables to one typed result
+(`llmaudit.analyze.result.AnalysisResult`: r_Q, attacks and the release decision, memorization, candidate indicators,
+blind baseline, utility), written to the store's results/*.json.
 
-`analyze(cfg, store)` is what `llmaudit analyze` runs; the result object is what every report rendering
-(JSON, Markdown, HTML) is made from.
+`analyze(cfg, store)` is what `llmaudit report` (and `llmaudit audit`) run before rendering; the typed result is what
+every report rendering (JSON, Markdown, HTML) is made from.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import textwrap
 import warnings
@@ -27,18 +29,19 @@ from llmaudit.analyze.exposure import vulnerable_samples
 from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import memorization_from_table
 from llmaudit.analyze.release_risks import check_release_sets, epsilon_block, extraction_block, release_sets_block
+from llmaudit.analyze.result import AnalysisResult
 from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.analyze.store_table import StoreTable, UnitFile, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import add_fidelity, trajectory_from_table, utility_from_table
 from llmaudit.common.errors import UserError
-from llmaudit.common.io import atomic_write_json, read_json
+from llmaudit.common.io import atomic_write_json, read_json, to_json
 from llmaudit.common.runtime import available_cores
 from llmaudit.config import ExperimentConfig
 from llmaudit.config.fields import FULL_PLACEHOLDER
 from llmaudit.quantize import full_precision_reference, get_quantizer
 from llmaudit.score.utility import recorded_settings
-from llmaudit.store.integrity import verify_store
+from llmaudit.store.integrity import StoreVerdict, verify_store
 from llmaudit.store.losstable import REFERENCE_RUN, LossTableError
 from llmaudit.store.run_store import RunStore, content_digest
 
@@ -51,13 +54,8 @@ class AnalysisError(UserError):
     """The store cannot be analysed as it is: the message names the files and the command that repairs them."""
 
 
-def load_store_table(
-    store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None, *, echo=print
-) -> tuple[StoreTable, list[str], dict[str, int]]:
-    """The verified loss tables of the quantizers whose every unit is done (a `StoreTable`: the attacks read the
-    token lists quantizer by quantizer), the quantizers read, and
-    {quantizer: units missing} for those left out. Refuses a store with any problem (`verify_store`):
-    an edited manifest, a missing checkpoint, a unit that fails its check, unfinished runs."""
+def _verified(store: RunStore, cfg: ExperimentConfig, echo) -> StoreVerdict:
+    """The store's verdict (`verify_store`), its notes echoed; refused with any problem or an unfinished run."""
     verdict = verify_store(store, cfg)
     if not verdict.ok:
         raise AnalysisError(verdict.message(store))
@@ -68,6 +66,30 @@ def load_store_table(
         raise AnalysisError(
             f"runs {unfinished} of {store.root} are not finished; `llmaudit finetune` finishes them first."
         )
+    return verdict
+
+
+def load_store_table(
+    store: RunStore, cfg: ExperimentConfig, quantizers: list[str] | None = None, *, echo=print
+) -> tuple[StoreTable, list[str], dict[str, int]]:
+    """The verified loss tables of the quantizers whose every unit is done.
+
+    Refuses a store with any problem (`verify_store`) or an unfinished run.
+
+    Args:
+        store: the run store.
+        cfg: its experiment config.
+        quantizers: the quantizers asked for (default: every one scored).
+        echo: where notes go.
+
+    Returns:
+        (the tables, a `StoreTable`: the attacks read the token lists quantizer by quantizer; the quantizers read;
+        {quantizer: units missing} for those left out).
+
+    Raises:
+        AnalysisError: the store has a problem, or no quantizer is completely scored.
+    """
+    verdict = _verified(store, cfg, echo)
     wanted = list(quantizers or store.scored_quantizers())
     unknown = [q for q in wanted if q not in store.scored_quantizers()]
     if unknown:
@@ -102,7 +124,7 @@ def load_store_table(
 def _attacks(
     cfg: ExperimentConfig, manifest: dict, store_table: StoreTable, quantizers: list[str], reference: str, r_q: dict
 ) -> tuple[dict, dict]:
-    """(the attacks' result block, {quantizer: the evidence the release decision read})."""
+    """(the attacks' result block, {quantizer: the evidence the release decision read}); r_q: the r_Q indicator."""
     membership = manifest["membership"]
     table = store_table.light
     with warnings.catch_warnings():
@@ -119,7 +141,7 @@ def _attacks(
             ),
             rows_of=store_table.rows_of,
             quantizers=quantizers,
-            r_q=r_q,
+            r_q={q: e["r_q"]["mean"] for q, e in r_q["per_quantizer"].items()},
             reference_quantizer=reference,
             decision=decision_settings(cfg),
             processes=cfg.report.processes or available_cores(),
@@ -131,8 +153,18 @@ def _attacks(
 
 
 def release_sets_of(cfg: ExperimentConfig, scored: list[str]) -> list[list[str]]:
-    """report.release_sets with the placeholder `full` named for the store (its full-precision quantizer), each
-    name checked to be among `scored` (RecipeError, one line naming the set and the closest name)."""
+    """report.release_sets with the placeholder `full` named for the store (its full-precision quantizer).
+
+    Args:
+        cfg: the experiment config.
+        scored: the quantizers scored in the store.
+
+    Returns:
+        The release sets, each a list of quantizer names.
+
+    Raises:
+        RecipeError: a set names a quantizer not among `scored` (one line naming the set and the closest name).
+    """
     full = full_precision_reference(scored)
     sets = [
         [full if name == FULL_PLACEHOLDER and full else name for name in files] for files in cfg.report.release_sets
@@ -162,7 +194,14 @@ def _release_risks(
 
 
 def decision_settings(cfg: ExperimentConfig) -> DecisionSettings:
-    """The release rule's settings from a recipe's report section (docs/science.md section 12)."""
+    """The release rule's settings from a recipe's report section (docs/science.md section 12).
+
+    Args:
+        cfg: the experiment config.
+
+    Returns:
+        The settings.
+    """
     r = cfg.report
     return DecisionSettings(
         limit=r.max_tpr_at_1pct_fpr,
@@ -255,10 +294,17 @@ def _blind_baseline(store: RunStore, manifest: dict, cfg: ExperimentConfig) -> d
 
 
 def _utility(
-    cfg: ExperimentConfig, store: RunStore, table: pd.DataFrame, quantizers: list[str], reference: str, n_boot: int
+    cfg: ExperimentConfig,
+    store: RunStore,
+    table: pd.DataFrame,
+    quantizers: list[str],
+    reference: str,
+    n_boot: int,
+    echo,
 ) -> dict[str, Any]:
     """The result's utility blocks: "utility" (validation loss, with each quantizer's divergence summary and task
     metrics), "divergence" (llama.cpp's statistics per run) and "task_metrics" (per run, and the settings)."""
+    echo("[analyze] divergence from full precision and task metrics ...")
     seed = cfg.attack.seed
     divergence = divergence_from_table(table, quantizers, reference, n_boot=n_boot, seed=seed)
     tasks = task_metrics_from_table(table, store.read_records("val"), quantizers, reference, n_boot=n_boot, seed=seed)
@@ -271,8 +317,15 @@ def _utility(
 
 
 def utility_settings(store: RunStore, quantizers: list[str]) -> dict[str, Any] | None:
-    """The utility settings recorded by the final units of the first run (docs/science.md section 11), None
-    when none recorded any (an earlier llmaudit)."""
+    """The utility settings recorded by the final units of the first run (docs/science.md section 11).
+
+    Args:
+        store: the run store.
+        quantizers: the quantizers reported.
+
+    Returns:
+        The settings, None when no unit recorded any.
+    """
     steps = store.checkpoints(0) if store.run_done(0) else []
     for q in quantizers:
         if steps and store.unit_path(0, steps[-1], q).exists():
@@ -297,41 +350,61 @@ def _memorization(table: pd.DataFrame, manifest: dict, cfg: ExperimentConfig, n_
     )
 
 
-def _write_results(store: RunStore, result: dict[str, Any]) -> None:
+def _r_q(cfg: ExperimentConfig, table: pd.DataFrame, quantizers: list[str], n_boot: int, echo) -> dict[str, Any]:
+    """The r_Q indicator of the quantizers reported, over runs (`indicator_from_table`)."""
+    echo("[analyze] r_Q indicator ...")
+    scored = table[table["quantizer"].isin(quantizers)]
+    return indicator_from_table(scored, split="val", n_boot=n_boot, seed=cfg.attack.seed)
+
+
+def _write_results(store: RunStore, result: AnalysisResult) -> None:
     """results/indicator.json, attacks.json, memorization.json (those computed) and result.json."""
-    for name in ("indicator", "attacks", "memorization"):
-        if result[name] is not None:
-            atomic_write_json(store.results_dir / f"{name}.json", result[name])
-    atomic_write_json(store.results_dir / "result.json", result)
+    blocks = {"indicator": result.r_q, "attacks": result.attacks, "memorization": result.memorization}
+    for name, block in blocks.items():
+        if block is not None:
+            atomic_write_json(store.results_dir / f"{name}.json", block.model_dump(mode="json", by_alias=True))
+    atomic_write_json(store.results_dir / "result.json", result.to_json())
+
+
+def _typed(result: dict[str, Any]) -> AnalysisResult:
+    """The typed result of the analysis' blocks: numpy numbers made Python numbers (NaN kept), the release decision
+    kept as the decision's own pydantic object."""
+    decision = result["attacks"].pop("decision", None)
+    typed = AnalysisResult.model_validate(json.loads(to_json(result)))
+    if decision is not None:
+        typed.attacks.decision = decision
+    return typed
 
 
 def analyze(
     cfg: ExperimentConfig, store: RunStore, *, quantizers: list[str] | None = None, echo=print
-) -> dict[str, Any]:
+) -> AnalysisResult:
     """Compute every result from the verified loss tables and write results/*.json.
 
-    quantizers: the quantizers to report (default: every quantizer scored in the store, add-only)."""
+    Args:
+        cfg: the store's experiment config.
+        store: the run store.
+        quantizers: the quantizers to report (default: every quantizer scored in the store, add-only).
+        echo: where progress lines go.
+
+    Returns:
+        The typed result (`AnalysisResult`), as written to results/result.json.
+
+    Raises:
+        AnalysisError: the store cannot be analysed as it is (the message names the files and the fix)."""
     manifest = store.manifest()
     release_sets_of(cfg, quantizers or store.scored_quantizers())  # refused before any work
     store_table, quantizers, not_scored = load_store_table(store, cfg, quantizers, echo=echo)
     reference = full_precision_reference(quantizers) or quantizers[0]
     table = _without_matched_base(store_table.light, reference)  # "base" everywhere else: the reference unit alone
     n_boot = max(cfg.attack.n_boot, 200)
-    echo("[analyze] r_Q indicator ...")
-    indicator = indicator_from_table(
-        table[table["quantizer"].isin(quantizers)], split="val", n_boot=n_boot, seed=cfg.attack.seed
-    )
-    r_q_means = {q: e["r_q"]["mean"] for q, e in indicator["per_quantizer"].items()}
+    indicator = _r_q(cfg, table, quantizers, n_boot, echo)
     echo("[analyze] attacks ...")
-    attacks, evidence = _attacks(cfg, manifest, store_table, quantizers, reference, r_q_means)
+    attacks, evidence = _attacks(cfg, manifest, store_table, quantizers, reference, indicator)
     risks = _release_risks(cfg, store, table, evidence, quantizers, reference, echo)
     memorization = _memorization(table, manifest, cfg, n_boot, echo)
-    echo("[analyze] candidate indicators ...")
-    indicators = _indicators(cfg, table, quantizers, reference, n_boot)
-    echo("[analyze] blind baseline ...")
-    blind = _blind_baseline(store, manifest, cfg)
-    echo("[analyze] divergence from full precision and task metrics ...")
-    utility = _utility(cfg, store, table, quantizers, reference, n_boot)
+    echo("[analyze] candidate indicators and blind baseline ...")
+    candidates, blind = _indicators(cfg, table, quantizers, reference, n_boot), _blind_baseline(store, manifest, cfg)
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "llmaudit_version": __version__,
@@ -340,15 +413,15 @@ def analyze(
         "quantizers": quantizers,
         "not_scored": not_scored,
         "quantizer_info": _quantizer_info(store, quantizers),
-        **utility,
+        **_utility(cfg, store, table, quantizers, reference, n_boot, echo),
         "trajectory": trajectory_from_table(table),
         "indicator": indicator,
         "attacks": attacks,
         "memorization": memorization,
         "blind_baseline": blind,
-        "indicators": indicators,
+        "indicators": candidates,
         **risks,
         "thresholds": cfg.report.model_dump(exclude={"processes"}),  # how the stage runs is not a threshold
     }
-    _write_results(store, result)
-    return result
+    _write_results(store, typed := _typed(result))
+    return typed

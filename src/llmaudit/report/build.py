@@ -1,4 +1,4 @@
-"""The report object: everything every rendering shows, built once from the result object."""
+"""The report object: everything every rendering shows, built once from the typed analysis result."""
 
 from __future__ import annotations
 
@@ -6,57 +6,65 @@ import datetime as _dt
 import math
 from typing import Any
 
+from pydantic import BaseModel
+
+from llmaudit.analyze.result import AnalysisResult, as_result
+from llmaudit.analyze.result_blocks import (
+    BlindBaselineResult,
+    Candidate,
+    CandidateAggregate,
+    Capacity,
+    MemorizationResult,
+    QuantizerAttacks,
+    RecordedSamples,
+    SampleScore,
+    SpearmanVsRQ,
+    StatBounds,
+    SyntheticCheck,
+    Validation,
+)
 from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
-from llmaudit.report.model_base import dig
+from llmaudit.report.models import REPORT_SCHEMA_VERSION
 from llmaudit.report.policy import checklist_tpr, release_checklist, thresholds_of
 from llmaudit.report.recommend import explain_recommendation, recommend
 from llmaudit.report.section_registry import built_section_data
 from llmaudit.report.utility import utility_summary
 
-REPORT_SCHEMA_VERSION = 4
-
 VULNERABLE_TOP_K = 20
 
 
 def _recorded_samples(
-    block: dict[str, Any], row: dict[str, Any] | None
-) -> tuple[str | None, list[dict] | None, str | None]:
-    """(attack, samples, score definition) recorded for the reference quantizer (block: its attacks block of the
-    result, row: its grid row): the samples of its best attack that recorded some, else the quantizer's own list."""
-    order = (
-        sorted(row.get("attacks", {}), key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0)) if row else []
-    )
-    attack, samples, definition = None, None, None
+    block: QuantizerAttacks, row: dict[str, Any] | None
+) -> tuple[str | None, list[SampleScore] | None, str | None]:
+    """(attack, samples, score definition) recorded for the reference quantizer (block: its attacks in the result,
+    row: its grid row): the samples of its best attack that recorded some, else the quantizer's own list."""
+    order = sorted(row["attacks"], key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0)) if row else []
     for name in order:
-        vs = dig(block, "attacks", name, "vulnerable_samples")
-        if vs:
-            attack, samples = name, vs
-            break
-    if samples is None and block.get("vulnerable_samples"):
-        vs = block["vulnerable_samples"]
-        if isinstance(vs, dict):
-            attack, samples, definition = vs.get("attack"), vs.get("samples") or [], vs.get("score_definition")
-        else:
-            samples = vs
-    return attack, samples, definition
+        entry = block.attacks.get(name)
+        if entry is not None and entry.vulnerable_samples:
+            return name, entry.vulnerable_samples, None
+    vs = block.vulnerable_samples
+    if isinstance(vs, RecordedSamples):
+        return vs.attack, vs.samples or [], vs.score_definition
+    return None, vs or None, None
 
 
 def _top_samples(
-    samples: list[dict], *, include_samples: bool, records: list[dict] | None, top_k: int
+    samples: list[SampleScore], *, include_samples: bool, records: list[dict] | None, top_k: int
 ) -> list[dict[str, Any]]:
     """The top_k samples by score (highest first, missing scores last), ranked from 1, with their text from
     `records` when include_samples."""
     by_id = {str(r.get("sample_id")): r for r in (records or [])} if include_samples else {}
     ranked = sorted(
         samples,
-        key=lambda s: -(finite_or_none(s.get("score")) if finite_or_none(s.get("score")) is not None else -math.inf),
+        key=lambda s: -(finite_or_none(s.score) if finite_or_none(s.score) is not None else -math.inf),
     )
     items = []
     for rank, s in enumerate(ranked[:top_k], start=1):
-        item = {"rank": rank, "sample_id": str(s["sample_id"]), "score": finite_or_none(s.get("score"))}
+        item = {"rank": rank, "sample_id": str(s.sample_id), "score": finite_or_none(s.score)}
         if include_samples:
             rec = by_id.get(item["sample_id"])
             item["text"] = None if rec is None else "\n".join(str(rec.get(k, "")) for k in ("input", "output"))
@@ -65,7 +73,7 @@ def _top_samples(
 
 
 def vulnerable_samples_summary(
-    result: dict[str, Any],
+    result: AnalysisResult,
     grid: list[dict[str, Any]],
     *,
     include_samples: bool = False,
@@ -74,14 +82,23 @@ def vulnerable_samples_summary(
 ) -> dict[str, Any]:
     """The most vulnerable samples of the reference quantizer, by id and score.
 
-    Read from the result object (analysis must record them): per attack,
-    result["attacks"]["quantizers"][Q]["attacks"][ATTACK]["vulnerable_samples"] = [{"sample_id", "score"}, ...]
-    (highest score first), or per quantizer result["attacks"]["quantizers"][Q]["vulnerable_samples"] as such
-    a list or as {"attack", "score_definition", "samples": [...]}. The attack used is the reference's best
-    attack (highest calibrated TPR at 1% FPR) among those that recorded samples. Text is added only when
-    include_samples is True, from `records` (data/pool.jsonl) matched by sample_id."""
-    ref = result.get("reference_quantizer")
-    block = dig(result, "attacks", "quantizers", ref, default={}) if ref is not None else {}
+    Read from the result (the analysis must record them): per attack, `vulnerable_samples` of the attack's result on
+    the reference quantizer (highest score first), or the quantizer's own `vulnerable_samples` (a list, or recorded
+    with the attack and the score's definition). The attack used is the reference's best attack (highest
+    calibrated TPR at 1% FPR) among those that recorded samples.
+
+    Args:
+        result: the typed analysis result.
+        grid: the report's grid rows.
+        include_samples: add each sample's text (from `records`, matched by sample_id).
+        records: data/pool.jsonl's records.
+        top_k: how many samples.
+
+    Returns:
+        The report's vulnerable-samples block.
+    """
+    ref = result.reference_quantizer
+    block = (result.attacks.quantizers.get(ref) if ref is not None else None) or QuantizerAttacks()
     row = next((r for r in grid if r["quantizer"] == ref), None)
     attack, samples, definition = _recorded_samples(block, row)
     out: dict[str, Any] = {
@@ -107,115 +124,147 @@ def vulnerable_samples_summary(
     return out
 
 
-def _provenance(result: dict[str, Any]) -> dict[str, Any]:
-    exp = result["experiment"]
+def _provenance(result: AnalysisResult) -> dict[str, Any]:
+    exp = result.experiment
     return {
-        "experiment_name": exp.get("name"),
-        "run_dir": exp.get("run_dir"),
-        "identity_hash": exp.get("identity_hash"),
-        "model": exp.get("model"),
-        "adapter": exp.get("lora"),
-        "parameters": exp.get("parameters"),
-        "train": exp.get("train"),
-        "data": exp.get("data"),
-        "membership": exp.get("membership"),
-        "seeds": exp.get("seeds"),
-        "library_versions": exp.get("versions"),
-        "llmaudit_version": result.get("llmaudit_version"),
-        "result_schema_version": result.get("schema_version"),
-        "attack_definitions": dig(result, "attacks", "attack_definitions"),
-        "attack_settings": dig(result, "attacks", "settings"),
-        "indicator_protocol": dig(result, "indicator", "protocol"),
-        "model_source": exp.get("model_source"),
-        "origin": exp.get("origin"),
-        "left_out_quantizers": dict(exp.get("left_out_quantizers") or {}),
+        "experiment_name": exp.name,
+        "run_dir": exp.run_dir,
+        "identity_hash": exp.identity_hash,
+        "model": exp.model,
+        "adapter": exp.lora,
+        "parameters": exp.parameters,
+        "train": exp.train,
+        "data": exp.data,
+        "membership": exp.membership,
+        "seeds": exp.seeds,
+        "library_versions": exp.versions,
+        "llmaudit_version": result.llmaudit_version,
+        "result_schema_version": result.schema_version,
+        "attack_definitions": result.attacks.attack_definitions,
+        "attack_settings": result.attacks.settings,
+        "indicator_protocol": result.r_q.protocol if result.r_q is not None else None,
+        "model_source": exp.model_source,
+        "origin": exp.origin,
+        "left_out_quantizers": dict(exp.left_out_quantizers),
     }
 
 
-def blind_summary(blind: dict[str, Any] | None, grid: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The blind baseline beside the attacks: its AUROC and interval (mean over runs, and the highest run)
-    and, per quantizer, the attacks whose AUROC does not exceed its upper bound (they may measure the
-    difference between the files, not leakage)."""
-    if not blind:
+def blind_summary(blind: BlindBaselineResult | None, grid: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The blind baseline beside the attacks.
+
+    Args:
+        blind: the result's blind baseline.
+        grid: the report's grid rows.
+
+    Returns:
+        Its AUROC and interval (mean over runs, and the highest run) and, per quantizer, the attacks whose AUROC does
+        not exceed its upper bound (they may measure the difference between the files, not leakage); None without
+        a blind baseline.
+    """
+    if blind is None:
         return None
-    runs = [r for r in blind.get("per_run") or [] if r.get("auroc") is not None]
-    top = max(runs, key=lambda r: r["auroc"]) if runs else None
-    bound = finite_or_none(top["ci_high"]) if top else None
+    runs = [r for r in blind.per_run or [] if r.auroc is not None]
+    top = max(runs, key=lambda r: r.auroc) if runs else None
+    bound = finite_or_none(top.ci_high) if top else None
     not_beating = {}
     for row in grid:
         names = [
-            n
-            for n, a in row["attacks"].items()
-            if a.get("auroc") is not None and bound is not None and a["auroc"] <= bound
+            n for n, a in row["attacks"].items() if a["auroc"] is not None and bound is not None and a["auroc"] <= bound
         ]
         if names:
             not_beating[row["quantizer"]] = names
     return {
-        "mean_auroc": finite_or_none(blind.get("mean_auroc")),
+        "mean_auroc": finite_or_none(blind.mean_auroc),
         "highest": None
         if top is None
-        else {
-            "run": top["run"],
-            "auroc": finite_or_none(top["auroc"]),
-            "ci": interval_or_none(top["ci_low"], top["ci_high"]),
-        },
-        "runs": len(blind.get("per_run") or []),
-        "warning": blind.get("warning"),
-        "reason": blind.get("reason"),
-        "method": blind.get("method"),
+        else {"run": top.run, "auroc": finite_or_none(top.auroc), "ci": interval_or_none(top.ci_low, top.ci_high)},
+        "runs": len(blind.per_run or []),
+        "warning": blind.warning,
+        "reason": blind.reason,
+        "method": blind.method,
         "attacks_not_above_it": not_beating,
     }
 
 
-def indicators_summary(result: dict[str, Any], grid: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The published r_Q and the candidate indicators side by side: per quantizer the mean over runs with
-    its interval, each indicator's validation status, and its agreement with the attacks on THIS grid
-    (Spearman against the best attack's AUROC across quantizers, expected sign negative)."""
-    ind = result.get("indicators")
-    if not ind:
+def _candidate_summary(name: str, c: Candidate, order: list[str], best: dict[str, Any]) -> dict[str, Any]:
+    """One candidate indicator beside the attacks: per quantizer its mean and interval, its validation, and its
+    agreement with the best attack's AUROC across quantizers."""
+    aggregates = {q: c.per_quantizer.get(q) or CandidateAggregate() for q in order}
+    values = {q: finite_or_none(a.mean) for q, a in aggregates.items()}
+    cis = {q: interval_or_none(a.ci_low, a.ci_high) for q, a in aggregates.items()}
+    pairs = [(values[q], best[q]) for q in order if values[q] is not None and best[q] is not None]
+    corr = spearman([a for a, _ in pairs], [b for _, b in pairs]).to_dict("n_quantizers")
+    validation = c.validation or Validation()
+    synthetic = validation.synthetic or SyntheticCheck()
+    return {
+        "name": name,
+        "version": c.version,
+        "family": c.family,
+        "formula": c.formula,
+        "computable": bool(c.computable),
+        "reason": c.reason,
+        "status": c.status(),
+        "beyond_damage": (validation.beyond_damage.answer if validation.beyond_damage else None) or "not measured",
+        "synthetic_spearman": finite_or_none(synthetic.mean_spearman),
+        "values": values,
+        "ci": cis,
+        "agreement": indicator_agreement({"auroc": corr}, None, label=name) if c.computable else None,
+    }
+
+
+def indicators_summary(result: AnalysisResult, grid: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The published r_Q and the candidate indicators side by side.
+
+    Args:
+        result: the typed analysis result.
+        grid: the report's grid rows.
+
+    Returns:
+        Per indicator and quantizer the mean over runs with its interval, each indicator's validation status, and its
+        agreement with the attacks on THIS grid (Spearman against the best attack's AUROC across quantizers,
+        expected sign negative); None without candidate indicators.
+    """
+    ind = result.candidate_indicators
+    if ind is None:
         return None
-    best = {r["quantizer"]: dig(r, "best_attack_by_auroc", "value") for r in grid}
+    best = {r["quantizer"]: (r["best_attack_by_auroc"] or {}).get("value") for r in grid}
     order = [r["quantizer"] for r in grid]
-    shown = []
-    for name, c in ind["candidates"].items():
-        values = {q: finite_or_none(dig(c, "per_quantizer", q, "mean")) for q in order}
-        cis = {
-            q: interval_or_none(dig(c, "per_quantizer", q, "ci_low"), dig(c, "per_quantizer", q, "ci_high"))
-            for q in order
-        }
-        pairs = [(values[q], best[q]) for q in order if values[q] is not None and best[q] is not None]
-        corr = spearman([a for a, _ in pairs], [b for _, b in pairs]).to_dict("n_quantizers")
-        shown.append(
-            {
-                "name": name,
-                "version": c.get("version"),
-                "family": c.get("family"),
-                "formula": c.get("formula"),
-                "computable": bool(c.get("computable")),
-                "reason": c.get("reason"),
-                "status": dig(c, "validation", "status", default="not validated"),
-                "beyond_damage": dig(c, "validation", "beyond_damage", "answer", default="not measured"),
-                "synthetic_spearman": finite_or_none(dig(c, "validation", "synthetic", "mean_spearman")),
-                "values": values,
-                "ci": cis,
-                "agreement": indicator_agreement({"auroc": corr}, None, label=name) if c.get("computable") else None,
-            }
-        )
-    return {"primary": ind.get("primary"), "indicators": shown}
+    shown = [_candidate_summary(name, c, order, best) for name, c in ind.candidates.items()]
+    return {"primary": ind.primary, "indicators": shown}
+
+
+def _agreement_verdict(rho: float, p: float | None, alpha: float) -> tuple[str, str]:
+    """(the observed sign of rho, the verdict against the expected negative sign at significance alpha)."""
+    observed = "negative" if rho < 0 else ("positive" if rho > 0 else "zero")
+    significant = p is not None and p < alpha
+    if observed == "negative":
+        return observed, "agrees" if significant else "leans the expected way (not significant)"
+    if observed == "positive":
+        return observed, "contradicts" if significant else "leans the opposite way (not significant)"
+    return observed, "no relation"
 
 
 def indicator_agreement(
-    r_q_vs_best: dict[str, Any], per_attack: dict[str, Any] | None, *, alpha: float = 0.05, label: str = "r_Q"
+    r_q_vs_best: dict[str, Any], per_attack: SpearmanVsRQ | None, *, alpha: float = 0.05, label: str = "r_Q"
 ) -> dict[str, Any]:
     """Does r_Q rank the quantizers the way the attacks do? r_Q claims "higher = more secure", so the
-    expected sign of Spearman(r_Q, attack success) is NEGATIVE. The verdict states the observed sign
-    next to the expected one: agrees / contradicts (p < alpha), leans the expected or the opposite way
-    (not significant), or not measurable."""
-    head = dig(r_q_vs_best, "auroc", default={})
+    expected sign of Spearman(r_Q, attack success) is NEGATIVE.
+
+    Args:
+        r_q_vs_best: Spearman(indicator, the best attack's metric) per metric (`r_q_vs_best_attack`).
+        per_attack: Spearman(r_Q, each attack's headline metrics) from the result, or None.
+        alpha: the significance level.
+        label: the indicator's name in the sentence.
+
+    Returns:
+        The observed sign next to the expected one and the verdict: agrees / contradicts (p < alpha), leans the
+        expected or the opposite way (not significant), or not measurable; with the sentence that says it.
+    """
+    head = r_q_vs_best.get("auroc") or {}
     rho, p = head.get("rho"), head.get("p_value")
     signs = {"negative": 0, "positive": 0}
-    for metrics in dig(per_attack, "attacks", default={}).values():
-        value = dig(metrics, "auroc", "rho")
+    for metrics in (per_attack.attacks if per_attack is not None else {}).values():
+        value = metrics["auroc"].rho if "auroc" in metrics else None
         if value is not None and value != 0:
             signs["negative" if value < 0 else "positive"] += 1
     out = {
@@ -232,14 +281,7 @@ def indicator_agreement(
             "verdict": "not measurable",
             "sentence": f"r_Q cannot be compared with the attacks here ({head.get('reason') or 'too few quantizers'}).",
         }
-    observed = "negative" if rho < 0 else ("positive" if rho > 0 else "zero")
-    significant = p is not None and p < alpha
-    if observed == "negative":
-        verdict = "agrees" if significant else "leans the expected way (not significant)"
-    elif observed == "positive":
-        verdict = "contradicts" if significant else "leans the opposite way (not significant)"
-    else:
-        verdict = "no relation"
+    observed, verdict = _agreement_verdict(rho, p, alpha)
     consequence = {
         "agrees": " with the attacks",
         "contradicts": " the attacks: it ranks quantizers as MORE secure where the attacks are STRONGER",
@@ -253,49 +295,82 @@ def indicator_agreement(
     return out | {"observed_sign": observed, "verdict": verdict, "sentence": sentence}
 
 
-def _memorization_summary(mem: dict[str, Any] | None, order: list[str]) -> dict[str, Any] | None:
-    if not mem:
+_MEMORIZATION_KEYS = (
+    "member_mean_bits",
+    "nonmember_mean_bits",
+    "mean_difference_bits",
+    "excess_member_bits",
+    "member_bits_per_adapter_param",
+    "member_bits_per_model_param",
+)
+
+
+def _memorization_summary(mem: MemorizationResult | None, order: list[str]) -> dict[str, Any] | None:
+    if mem is None:
         return None
-    keys = (
-        "member_mean_bits",
-        "nonmember_mean_bits",
-        "mean_difference_bits",
-        "excess_member_bits",
-        "member_bits_per_adapter_param",
-        "member_bits_per_model_param",
-    )
     per_q = {}
     for q in order:
-        entry = dig(mem, "per_quantizer", q)
-        if entry:
-            per_q[q] = {"n_runs": len(entry.get("runs") or [])} | {
-                k: {
-                    "mean": finite_or_none(dig(entry, k, "mean")),
-                    "ci": interval_or_none(dig(entry, k, "low"), dig(entry, k, "high")),
-                }
-                for k in keys
+        entry = mem.per_quantizer.get(q)
+        if entry is not None:
+            stats = {k: getattr(entry, k) or StatBounds() for k in _MEMORIZATION_KEYS}
+            per_q[q] = {"n_runs": len(entry.runs or [])} | {
+                k: {"mean": finite_or_none(v.mean), "ci": interval_or_none(v.low, v.high)} for k, v in stats.items()
             }
-    cap = dig(mem, "capacity", default={})
-    ratios = [finite_or_none(r.get("adapter_capacity_over_information")) for r in cap.get("per_run") or []]
-    ratios = sorted(r for r in ratios if r is not None)
+    cap = mem.capacity or Capacity()
+    ratios = sorted(
+        r for r in (finite_or_none(r.adapter_capacity_over_information) for r in cap.per_run) if r is not None
+    )
     return {
-        "definition": mem.get("definition"),
-        "reference": mem.get("reference"),
-        "interval": mem.get("interval"),
+        "definition": mem.definition,
+        "reference": mem.reference,
+        "interval": mem.interval,
         "per_quantizer": per_q,
-        "adapter_capacity_bits": finite_or_none(cap.get("adapter_capacity_bits")),
-        "model_capacity_bits": finite_or_none(cap.get("model_capacity_bits")),
+        "adapter_capacity_bits": finite_or_none(cap.adapter_capacity_bits),
+        "model_capacity_bits": finite_or_none(cap.model_capacity_bits),
         "median_adapter_capacity_over_information": ratios[len(ratios) // 2] if ratios else None,
-        "capacity_note": cap.get("note"),
-        "notes": list(mem.get("notes") or []),
+        "capacity_note": cap.note,
+        "notes": list(mem.notes or []),
         "per_run_detail": "result.memorization.per_run (report.json only)",
     }
 
 
+def _dumped(block: BaseModel | None) -> Any:
+    return None if block is None else block.model_dump(mode="json", by_alias=True)
+
+
+def _sections(result: AnalysisResult, grid: list[dict[str, Any]], r_q_vs_best: dict[str, Any]) -> dict[str, Any]:
+    """The report's sections beside the grid: r_Q against the attacks, memorization, the blind baseline, the
+    candidate indicators, utility."""
+    spearman_vs_r_q = result.attacks.spearman_vs_r_q
+    return {
+        "indicator_agreement": indicator_agreement(r_q_vs_best, spearman_vs_r_q),
+        "spearman_r_q_vs_attacks": _dumped(spearman_vs_r_q),
+        "indicator_stability": result.r_q.stability if result.r_q is not None else None,
+        "memorization": _memorization_summary(result.memorization, [r["quantizer"] for r in grid]),
+        "not_scored": dict(result.not_scored),
+        "blind_baseline": blind_summary(result.blind_baseline, grid),
+        "indicators": indicators_summary(result, grid),
+        "utility": utility_summary(result),
+    }
+
+
 def build_report(
-    result: dict[str, Any], *, include_samples: bool = False, sample_records: list[dict] | None = None
+    result: AnalysisResult | dict[str, Any], *, include_samples: bool = False, sample_records: list[dict] | None = None
 ) -> dict[str, Any]:
-    """The report object every rendering is made from. Strict JSON (non-finite numbers as null)."""
+    """The report object every rendering is made from.
+
+    Args:
+        result: the analysis result (`AnalysisResult`, or results/result.json's content, parsed with it).
+        include_samples: add the most vulnerable samples' text.
+        sample_records: data/pool.jsonl's records (with include_samples).
+
+    Returns:
+        report.json's content, strict JSON (non-finite numbers as null).
+
+    Raises:
+        pydantic.ValidationError: `result` is not an analysis result.
+    """
+    result = as_result(result)
     grid = grid_rows(result)
     thresholds = thresholds_of(result)
     checklist = release_checklist(grid, thresholds)
@@ -305,34 +380,28 @@ def build_report(
     recommendation["explanation"] = explain_recommendation(recommendation, checklist, grid, provenance)
     report = {
         "report_schema_version": REPORT_SCHEMA_VERSION,
-        "llmaudit_version": result.get("llmaudit_version"),
+        "llmaudit_version": result.llmaudit_version,
         "generated_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "include_samples": bool(include_samples),
         "non_finite_policy": "NaN and +-inf are written as null (strict JSON); counts and reasons beside them say why",
         "provenance": provenance,
-        "decision_rule": dig(result, "attacks", "decision", "rule"),
-        "reference_quantizer": result.get("reference_quantizer"),
+        "decision_rule": None if result.attacks.decision is None else _dumped(result.attacks.decision.rule),
+        "reference_quantizer": result.reference_quantizer,
         "quantizers": [r["quantizer"] for r in grid],
         "grid": grid,
         "checklist": checklist,
         "recommendation": recommendation,
         "r_q_vs_best_attack": r_q_vs_best,
-        "indicator_agreement": indicator_agreement(r_q_vs_best, dig(result, "attacks", "spearman_vs_r_q")),
-        "spearman_r_q_vs_attacks": dig(result, "attacks", "spearman_vs_r_q"),
-        "indicator_stability": dig(result, "indicator", "stability"),
-        "memorization": _memorization_summary(result.get("memorization"), [r["quantizer"] for r in grid]),
-        "not_scored": dig(result, "not_scored", default={}),
-        "blind_baseline": blind_summary(result.get("blind_baseline"), grid),
-        "indicators": indicators_summary(result, grid),
-        "utility": utility_summary(result),
-        "vulnerable_samples": vulnerable_samples_summary(
-            result, grid, include_samples=include_samples, records=sample_records
-        ),
-        "extraction": result.get("extraction"),
-        "release_sets": list(result.get("release_sets") or []),
-        "epsilon": result.get("epsilon"),
+    } | _sections(result, grid, r_q_vs_best)
+    report["vulnerable_samples"] = vulnerable_samples_summary(
+        result, grid, include_samples=include_samples, records=sample_records
+    )
+    report |= {
+        "extraction": _dumped(result.extraction),
+        "release_sets": [_dumped(s) for s in result.release_sets or []],
+        "epsilon": _dumped(result.epsilon),
         "plots": {},
-        "result": result,
+        "result": result.to_json(),
     }
     report |= built_section_data(result, report)  # the registered sections' own data (section_registry)
     return to_strict_json(report)

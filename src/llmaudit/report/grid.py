@@ -5,9 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
+from llmaudit.analyze.result import AnalysisResult, QuantizerInfo, UtilityEntry
+from llmaudit.analyze.result_blocks import (
+    AttackResult,
+    CandidateAggregate,
+    Evaluation,
+    Num,
+    QuantizerAttacks,
+    RQEntry,
+)
 from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.stats import spearman
-from llmaudit.report.model_base import dig
 from llmaudit.report.policy import checklist_tpr
 from llmaudit.report.utility import divergence_row, task_metric_row
 
@@ -16,111 +24,123 @@ LOW_FPRS = (0.05, 0.01, 0.001)
 EVALUATIONS = ("pooled_naive", "pooled_calibrated", "per_sample")
 
 
-def _tpr_ci(block: dict, key: str) -> list | None:
-    # pooled_naive stores ci.tpr_at_fpr[key] = {low, high}; the other evaluations {tpr: {low, high}, ...}
-    c = dig(block, "ci", "tpr_at_fpr", key)
-    c = dig(c, "tpr", default=c)
-    return interval_or_none(dig(c, "low"), dig(c, "high"))
+def _interval(bounds: tuple[Num, Num] | None) -> list | None:
+    return None if bounds is None else interval_or_none(*bounds)
 
 
-def attack_summary(entry: dict[str, Any], n_models: int | None) -> dict[str, Any]:
-    """One attack on one quantizer: AUROC and TPR at low FPR, each with its 95% interval and reliability."""
-    low_fpr: dict[str, dict[str, Any]] = {}
-    for evaluation in EVALUATIONS:
-        block = entry.get(evaluation)
-        low_fpr[evaluation] = {}
-        for alpha in LOW_FPRS:
-            key = fpr_key(alpha)
-            t = dig(block, "tpr_at_fpr", key)
-            if t is None:
-                continue
-            low_fpr[evaluation][key] = {
-                "tpr": finite_or_none(t.get("tpr")),
-                "ci": _tpr_ci(block, key),
-                "reliable": bool(t.get("reliable", False)),
-                "min_negatives": t.get("min_negatives"),
-                "n_negatives": t.get("n_negatives"),
-            }
+def _low_fpr(evaluation: Evaluation | None) -> dict[str, dict[str, Any]]:
+    """One evaluation's TPR at each low FPR with its interval and reliability (those it measured)."""
+    out: dict[str, dict[str, Any]] = {}
+    for alpha in LOW_FPRS:
+        key = fpr_key(alpha)
+        t = evaluation.tpr_estimate(key) if evaluation is not None else None
+        if t is None:
+            continue
+        out[key] = {
+            "tpr": finite_or_none(t.tpr),
+            "ci": _interval(t.ci),
+            "reliable": t.reliable,
+            "min_negatives": t.min_negatives,
+            "n_negatives": t.n_negatives,
+        }
+    return out
+
+
+def attack_summary(entry: AttackResult, n_models: Num) -> dict[str, Any]:
+    """One attack on one quantizer: AUROC and TPR at low FPR, each with its 95% interval and reliability.
+
+    Args:
+        entry: the attack's result on the quantizer.
+        n_models: the target models behind it.
+
+    Returns:
+        The attack's entry of its grid row.
+    """
+    naive = entry.pooled_naive or Evaluation()
+    auroc_ci = naive.ci.auroc if naive.ci is not None and naive.ci.auroc is not None else None
+    calibrated = entry.pooled_calibrated
     return {
-        "definition": entry.get("definition"),
-        "auroc": finite_or_none(dig(entry, "pooled_naive", "auroc")),
-        "auroc_ci": interval_or_none(
-            dig(entry, "pooled_naive", "ci", "auroc", "low"), dig(entry, "pooled_naive", "ci", "auroc", "high")
-        ),
-        "auroc_calibrated": finite_or_none(dig(entry, "pooled_calibrated", "roc", "auroc")),
-        "average_precision": finite_or_none(dig(entry, "pooled_naive", "average_precision")),
-        "n_positives": dig(entry, "pooled_naive", "n_positives"),
-        "n_negatives": dig(entry, "pooled_naive", "n_negatives"),
+        "definition": entry.definition,
+        "auroc": finite_or_none(naive.auroc),
+        "auroc_ci": None if auroc_ci is None else interval_or_none(auroc_ci.low, auroc_ci.high),
+        "auroc_calibrated": finite_or_none(calibrated.roc.auroc if calibrated and calibrated.roc else None),
+        "average_precision": finite_or_none(naive.average_precision),
+        "n_positives": naive.n_positives,
+        "n_negatives": naive.n_negatives,
         "n_models": n_models,
-        "n_nan_scores": entry.get("n_nan_scores"),
-        "not_measured": dict(dig(entry, "not_measured", default=())),
-        "low_fpr": low_fpr,
+        "n_nan_scores": entry.n_nan_scores,
+        "not_measured": dict(entry.not_measured),
+        "low_fpr": {e: _low_fpr(getattr(entry, e)) for e in EVALUATIONS},
     }
 
 
-def _ordered_quantizers(result: dict[str, Any]) -> list[str]:
-    ref = result.get("reference_quantizer")
-    qs = list(result["quantizers"])
+def _ordered_quantizers(result: AnalysisResult) -> list[str]:
+    ref = result.reference_quantizer
+    qs = list(result.quantizers)
     return ([ref] if ref in qs else []) + [q for q in qs if q != ref]
 
 
-def _primary_indicator(result: dict[str, Any], quantizer: str) -> dict[str, Any] | None:
+def _primary_indicator(result: AnalysisResult, quantizer: str) -> dict[str, Any] | None:
     """The report's candidate indicator for one quantizer: name, mean over runs, interval, status."""
-    name = dig(result, "indicators", "primary")
-    entry = dig(result, "indicators", "candidates", name) if name is not None else None
-    if not entry:
+    candidates = result.candidate_indicators
+    name = candidates.primary if candidates is not None else None
+    entry = candidates.candidates.get(name) if candidates is not None and name is not None else None
+    if entry is None:
         return None
-    agg = dig(entry, "per_quantizer", quantizer)
+    agg = entry.per_quantizer.get(quantizer) or CandidateAggregate()
     return {
         "name": name,
-        "mean": finite_or_none(dig(agg, "mean")),
-        "ci": interval_or_none(dig(agg, "ci_low"), dig(agg, "ci_high")),
-        "confidence": finite_or_none(dig(agg, "confidence")),
-        "n_finite": dig(agg, "n_finite"),
-        "status": dig(entry, "validation", "status", default="not validated"),
+        "mean": finite_or_none(agg.mean),
+        "ci": interval_or_none(agg.ci_low, agg.ci_high),
+        "confidence": finite_or_none(agg.confidence),
+        "n_finite": agg.n_finite,
+        "status": entry.status(),
     }
 
 
-def _utility_row(util: dict[str, Any]) -> dict[str, Any]:
+def _listed(ci: list | None) -> list | None:
+    return (ci and interval_or_none(*ci)) or None
+
+
+def _utility_row(util: UtilityEntry) -> dict[str, Any]:
     """A quantizer's utility: validation loss, its change vs the reference (with intervals), task metrics."""
     return {
-        "confidence": finite_or_none(util.get("confidence")),
-        "val_loss": finite_or_none(util.get("val_loss")),
-        "val_loss_ci": (util.get("val_loss_ci") and interval_or_none(*util["val_loss_ci"])) or None,
-        "relative_change": finite_or_none(util.get("relative_change")),
-        "relative_change_ci": (util.get("relative_change_ci") and interval_or_none(*util["relative_change_ci"]))
-        or None,
-        "n_runs": util.get("n_runs"),
-        "relative_change_pooled": finite_or_none(util.get("relative_change_pooled")),
-        "relative_change_ci_samples": (
-            util.get("relative_change_ci_samples") and interval_or_none(*util["relative_change_ci_samples"])
-        )
-        or None,
-        "n_val_samples": util.get("n_val_samples"),
-        "task_metrics": {name: task_metric_row(m) for name, m in dig(util, "task_metrics", default={}).items()},
-        "divergence": divergence_row(util.get("divergence")),
+        "confidence": finite_or_none(util.confidence),
+        "val_loss": finite_or_none(util.val_loss),
+        "val_loss_ci": _listed(util.val_loss_ci),
+        "relative_change": finite_or_none(util.relative_change),
+        "relative_change_ci": _listed(util.relative_change_ci),
+        "n_runs": util.n_runs,
+        "relative_change_pooled": finite_or_none(util.relative_change_pooled),
+        "relative_change_ci_samples": _listed(util.relative_change_ci_samples),
+        "n_val_samples": util.n_val_samples,
+        "task_metrics": {name: task_metric_row(m) for name, m in util.task_metrics.items()},
+        "divergence": divergence_row(util.divergence),
     }
 
 
-def _r_q_row(entry: dict[str, Any]) -> dict[str, Any]:
+def _r_q_row(entry: RQEntry) -> dict[str, Any]:
     """A quantizer's r_Q over runs (entry: its block of the indicator's per_quantizer): mean, interval, rank, counts."""
+    r = entry.r_q
     return {
-        "confidence": finite_or_none(dig(entry, "r_q", "confidence")),
-        "mean": finite_or_none(dig(entry, "r_q", "mean")),
-        "ci": interval_or_none(dig(entry, "r_q", "ci_low"), dig(entry, "r_q", "ci_high")),
-        "std": finite_or_none(dig(entry, "r_q", "std")),
-        "median": finite_or_none(dig(entry, "r_q", "median")),
-        "rank": finite_or_none(dig(entry, "rank")),
-        "n_runs": dig(entry, "r_q", "n_runs"),
-        "n_finite": dig(entry, "r_q", "n_finite"),
-        "n_undefined": dig(entry, "r_q", "n_undefined"),
-        "n_infinite": dig(entry, "r_q", "n_infinite"),
+        "confidence": finite_or_none(r.confidence),
+        "mean": finite_or_none(r.mean),
+        "ci": interval_or_none(r.ci_low, r.ci_high),
+        "std": finite_or_none(r.std),
+        "median": finite_or_none(r.median),
+        "rank": finite_or_none(entry.rank),
+        "n_runs": r.n_runs,
+        "n_finite": r.n_finite,
+        "n_undefined": r.n_undefined,
+        "n_infinite": r.n_infinite,
     }
 
 
-def _r_q_status(result: dict[str, Any]) -> str:
+def _r_q_status(result: AnalysisResult) -> str:
     """The validation status of the published r_Q indicator."""
-    return dig(result, "indicators", "candidates", "rq_published", "validation", "status", default="not validated")
+    candidates = result.candidate_indicators
+    entry = candidates.candidates.get("rq_published") if candidates is not None else None
+    return "not validated" if entry is None else entry.status()
 
 
 def _best_attacks(attacks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -144,9 +164,15 @@ def _best_attacks(attacks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | 
 
 
 def strongest_vs_loss(attacks: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The strongest attack on one quantizer and how much stronger than LOSS it is: by calibrated TPR at 1%
-    FPR (the checklist's number; ties broken by AUROC) and by AUROC, each with LOSS's value and the
-    difference (strongest minus LOSS). None without a LOSS result."""
+    """The strongest attack on one quantizer and how much stronger than LOSS it is.
+
+    Args:
+        attacks: the grid row's attacks (`attack_summary`).
+
+    Returns:
+        By calibrated TPR at 1% FPR (the checklist's number; ties broken by AUROC) and by AUROC, the strongest
+        attack's value with LOSS's value and the difference (strongest minus LOSS); None without a LOSS result.
+    """
     loss = attacks.get("loss")
     if loss is None:
         return None
@@ -172,60 +198,88 @@ def strongest_vs_loss(attacks: dict[str, dict[str, Any]]) -> dict[str, Any] | No
     return out or None
 
 
-def calibration_source(info: dict[str, Any]) -> str | None:
-    """Where a calibrated quantizer's calibration text came from (its record; a GPTQ record written before the
-    setting existed calibrated on the run's members), or None for a quantizer that does not calibrate."""
-    calibration = info.get("calibration")
+def calibration_source(info: QuantizerInfo) -> str | None:
+    """Where a calibrated quantizer's calibration text came from.
+
+    Args:
+        info: the quantizer's record.
+
+    Returns:
+        The recorded source; "members" for a GPTQ record without one (it calibrated on the run's members); None for a
+        quantizer that does not calibrate.
+    """
+    calibration = info.calibration
     if isinstance(calibration, dict) and calibration.get("source"):
         return str(calibration["source"])
-    return "members" if info.get("family") == "gptq" else None
+    return "members" if info.family == "gptq" else None
 
 
-def grid_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack."""
-    decisions = dig(result, "attacks", "decision", "per_quantizer", default={})
-    ref = result.get("reference_quantizer")
-    ref_size = finite_or_none(dig(result["quantizer_info"], ref, "model_size_bytes") if ref is not None else None)
+def _quantizer_columns(info: QuantizerInfo, ref_size: float | None) -> dict[str, Any]:
+    """A quantizer's own columns: family, calibration, scoring engine, bits, size (and vs the reference's)."""
+    size = finite_or_none(info.model_size_bytes)
+    return {
+        "family": info.family,
+        "calibration": calibration_source(info),
+        "engine": (info.options or {}).get("engine"),  # what scored a GGUF quantizer's units
+        "bits": finite_or_none(info.bits),
+        "effective_bits": finite_or_none(info.effective_bits),
+        "model_size_bytes": size,
+        "size_vs_reference": size / ref_size if size is not None and ref_size else None,
+    }
+
+
+def grid_rows(result: AnalysisResult) -> list[dict[str, Any]]:
+    """One row per quantizer, the full-precision reference first: size, utility, r_Q, every attack.
+
+    Args:
+        result: the typed analysis result.
+
+    Returns:
+        The grid rows of report.json, each decision dumped as JSON.
+    """
+    decision = result.attacks.decision
+    ref = result.reference_quantizer
+    ref_info = result.quantizer_info.get(ref) if ref is not None else None
+    ref_size = finite_or_none(ref_info.model_size_bytes if ref_info is not None else None)
+    per_q = result.r_q.per_quantizer if result.r_q is not None else {}
     rows = []
     for q in _ordered_quantizers(result):
-        info = result["quantizer_info"].get(q, {})
-        att_block = dig(result, "attacks", "quantizers", q)
-        n_models = dig(att_block, "n_models")
-        size = finite_or_none(info.get("model_size_bytes"))
-        attacks = {name: attack_summary(a, n_models) for name, a in dig(att_block, "attacks", default={}).items()}
+        att_block = result.attacks.quantizers.get(q) or QuantizerAttacks()
+        attacks = {name: attack_summary(a, att_block.n_models) for name, a in att_block.attacks.items()}
         best_by_tpr, best_by_auroc = _best_attacks(attacks)
+        q_decision = decision.per_quantizer.get(q) if decision is not None else None
         rows.append(
-            {
-                "quantizer": q,
-                "is_reference": q == ref,
-                "family": info.get("family"),
-                "calibration": calibration_source(info),
-                "engine": (info.get("options") or {}).get("engine"),  # what scored a GGUF quantizer's units
-                "bits": finite_or_none(info.get("bits")),
-                "effective_bits": finite_or_none(info.get("effective_bits")),
-                "model_size_bytes": size,
-                "size_vs_reference": size / ref_size if size is not None and ref_size else None,
-                "utility": _utility_row(result["utility"].get(q, {})),
-                "r_q": _r_q_row(dig(result, "indicator", "per_quantizer", q, default={})),
+            {"quantizer": q, "is_reference": q == ref}
+            | _quantizer_columns(result.quantizer_info.get(q) or QuantizerInfo(), ref_size)
+            | {
+                "utility": _utility_row(result.utility.get(q) or UtilityEntry()),
+                "r_q": _r_q_row(per_q.get(q) or RQEntry()),
                 "r_q_status": _r_q_status(result),
                 "indicator": _primary_indicator(result, q),
-                "n_models": n_models,
+                "n_models": att_block.n_models,
                 "attacks": attacks,
-                "skipped_attacks": dict(dig(att_block, "skipped", default=())),
+                "skipped_attacks": dict(att_block.skipped),
                 "best_attack": best_by_tpr,
                 "best_attack_by_auroc": best_by_auroc,
                 "strongest_vs_loss": strongest_vs_loss(attacks),
-                "decision": decisions.get(q),
+                "decision": None if q_decision is None else q_decision.model_dump(mode="json"),
             }
         )
     return rows
 
 
 def r_q_vs_best_attack(grid: list[dict[str, Any]]) -> dict[str, Any]:
-    """Spearman rho across quantizers between mean r_Q and the best attack's metric (expected negative)."""
+    """Spearman rho across quantizers between mean r_Q and the best attack's metric (expected negative).
+
+    Args:
+        grid: the report's grid rows.
+
+    Returns:
+        {metric: the correlation with its p-value and the number of quantizers}.
+    """
     out: dict[str, Any] = {}
     for metric, key in (("tpr_at_1pct_calibrated", "best_attack"), ("auroc", "best_attack_by_auroc")):
-        pairs = [(r["r_q"]["mean"], dig(r, key, "value")) for r in grid]
+        pairs = [(r["r_q"]["mean"], (r[key] or {}).get("value")) for r in grid]
         pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
         out[metric] = spearman([x for x, _ in pairs], [y for _, y in pairs]).to_dict("n_quantizers")
     return out

@@ -1,8 +1,9 @@
 """The typed contract of report.json: pydantic models of what the renderers read, from which report.json is
 written (`dump_report`) and its JSON Schema generated (`llmaudit.report.schema`).
 
-Reading: `as_report(report)` parses a report dict once (a fresh one or a report.json of an earlier llmaudit); a key
-an earlier report lacks takes the field's default. Writing: `dump_report(report)` validates the built report with
+Reading: `as_report(report)` parses a report dict once (a fresh one or a report.json of any version); a key a
+report.json lacks takes the field's default. The release decision of each grid row is the analysis' own model
+(`llmaudit.analyze.decision.models.QuantizerDecision`). Writing: `dump_report(report)` validates the built report with
 `current=True`: every field the current builder writes must be there (a renamed key fails loudly instead of
 reading as None), then serializes it key for key, in the order it was built (`_Open` keeps the order it read).
 Sections with open-ended keys (`extra="allow"`) keep the keys the model does not name.
@@ -13,10 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from llmaudit.analyze.decision.models import QuantizerDecision
-from llmaudit.report.model_base import Interval, Num, Stat, Status, _Open, dig
+from llmaudit.analyze.decision.models import DecisionRule, QuantizerDecision, Verdict
 from llmaudit.report.models_context import (
     Adapter,
     AttackSettings,
@@ -38,6 +38,7 @@ from llmaudit.report.models_context import (
     VulnerableSamples,
 )
 from llmaudit.report.models_risks import EpsilonSection, ExtractionSection, ReleaseSetEntry
+from llmaudit.report.schema_base import CriterionStatus, Interval, Num, Stat, _Open, schema_required
 
 __all__ = [
     "Adapter",
@@ -50,7 +51,6 @@ __all__ = [
     "Provenance",
     "Stat",
     "Training",
-    "dig",
 ]
 
 # ------------------------------------------------------------------------------------------ grid row
@@ -82,7 +82,15 @@ class AttackEntry(_Open):
     low_fpr: dict[str, dict[str, TprAt]] = {}
 
     def tpr_at(self, evaluation: str, key: str) -> TprAt | None:
-        """The TPR at FPR `key` ("0.01") under `evaluation` ("pooled_calibrated"), None where not measured."""
+        """The TPR at one FPR under one evaluation.
+
+        Args:
+            evaluation: "pooled_naive", "pooled_calibrated" or "per_sample".
+            key: the FPR ("0.01").
+
+        Returns:
+            The TPR with its interval, None where not measured.
+        """
         return self.low_fpr.get(evaluation, {}).get(key)
 
 
@@ -210,11 +218,8 @@ class GridRow(_Open):
     best_attack: BestAttack | None = None
     best_attack_by_auroc: BestAttack | None = None
     strongest_vs_loss: StrongestVsLoss | None = None
-    decision: dict[str, Any] | None = None
-
-    def decided(self) -> QuantizerDecision | None:
-        """The release rule's typed decision (with the paired comparison); None before the rule existed."""
-        return None if self.decision is None else QuantizerDecision.model_validate(self.decision)
+    decision: QuantizerDecision | None = None
+    """The release rule's decision (with the paired comparison); None in a report.json without the rule."""
 
 
 # ------------------------------------------------------------------------------------------ checklist
@@ -235,7 +240,7 @@ class AttackVerdict(_Open):
     judged: bool | None = None
     reason: str | None = None
     realised_fpr: Num = None
-    status: Status | None = None
+    status: CriterionStatus | None = None
     ci: Interval = None
     reliable: bool | None = None
 
@@ -258,7 +263,7 @@ class Criterion(_Open):
     confidence: Num = None
     reliable: bool | None = None
     interval_over: str | None = None
-    status: Status
+    status: CriterionStatus
     reason: str
     mode: str | None = None
     in_sample_max: InSampleMax | None = None
@@ -269,10 +274,18 @@ class Criterion(_Open):
 
 
 class QuantizerChecklist(_Open):
-    overall: Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED"]
+    overall: Verdict
     criteria: list[Criterion] = Field(min_length=3)
 
     def criterion(self, cid: str) -> Criterion:
+        """One criterion of the quantizer.
+
+        Args:
+            cid: its id ("attack_tpr", "r_q", "indicator", "utility").
+
+        Returns:
+            The criterion.
+        """
         return next(c for c in self.criteria if c.id == cid)
 
 
@@ -302,7 +315,7 @@ class Recommendation(_Open):
     optional_keys = frozenset({"comparison", "candidates", "ranking", "runner_up"})
     quantizer: str | None = None
     rule: str = ""
-    overall: Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED"] | None = None
+    overall: Verdict | None = None
     cleared_for_release: bool = False
     reason: str = ""
     comparison: str | None = None
@@ -312,22 +325,27 @@ class Recommendation(_Open):
     explanation: str | None = None
 
 
-class DecisionRule(_Open):
-    """The release rule as the analysis recorded it (limit, FPR, alpha, equivalence margin, mode, statements)."""
+REPORT_SCHEMA_VERSION = 4
+"""The version of report.json this llmaudit writes."""
 
-    optional_keys = frozenset({"limit", "fpr", "alpha", "margin", "mode", "statements"})
-    limit: Num = None
-    fpr: Num = None
-    alpha: Num = None
-    margin: Num = None
-    mode: str | None = None
-    statements: list[str] = []
+
+def _report_schema(schema: dict[str, Any], cls: type[_Open]) -> None:
+    """ReportJson's JSON Schema beyond its fields' own: the required keys, the version this llmaudit writes, and the
+    privacy of the report itself (a report without include_samples carries no sample text)."""
+    schema_required(schema, cls)
+    schema["properties"]["report_schema_version"] = {"const": REPORT_SCHEMA_VERSION}
+    schema["if"] = {"properties": {"include_samples": {"const": False}}}
+    schema["then"] = {
+        "properties": {"vulnerable_samples": {"properties": {"samples": {"items": {"not": {"required": ["text"]}}}}}}
+    }
 
 
 class ReportJson(_Open):
     """report.json: everything every rendering shows (`llmaudit.report.build.build_report`)."""
 
+    model_config = ConfigDict(extra="allow", json_schema_extra=_report_schema, populate_by_name=True)
     report_schema_version: int
+    """The version of report.json (any version parses; the schema is this llmaudit's)."""
     llmaudit_version: str | None = None
     generated_utc: str | None = None
     include_samples: bool = False
@@ -356,24 +374,64 @@ class ReportJson(_Open):
     result: dict[str, Any] = {}
 
     def row(self, quantizer: str) -> GridRow:
+        """The grid row of one quantizer.
+
+        Args:
+            quantizer: its name.
+
+        Returns:
+            The row.
+        """
         return next(r for r in self.grid if r.quantizer == quantizer)
 
     def criteria(self, quantizer: str) -> dict[str, Criterion]:
+        """The checklist's criteria of one quantizer.
+
+        Args:
+            quantizer: its name.
+
+        Returns:
+            {criterion id: criterion}.
+        """
         return {c.id: c for c in self.checklist.per_quantizer[quantizer].criteria}
 
 
 def as_report(report: dict[str, Any] | ReportJson) -> ReportJson:
-    """The typed report: `report` itself when already parsed, else parsed once (any report.json version)."""
+    """The typed report: `report` itself when already parsed, else parsed once (any report.json version).
+
+    Args:
+        report: report.json's content, or the typed report.
+
+    Returns:
+        The typed report.
+    """
     return report if isinstance(report, ReportJson) else ReportJson.model_validate(report)
 
 
 def read_built(report: dict[str, Any]) -> ReportJson:
-    """The report just built, typed: every key the current builder writes required (raises
-    pydantic.ValidationError naming the section and the key), so that a renamed key fails here, not as a None."""
+    """The report just built, typed, with every key the current builder writes required, so that a renamed key
+    fails here, not as a None.
+
+    Args:
+        report: the built report (`llmaudit.report.build.build_report`).
+
+    Returns:
+        The typed report.
+
+    Raises:
+        pydantic.ValidationError: naming the section and the key.
+    """
     return ReportJson.model_validate(report, context={"current": True})
 
 
 def dump_report(report: dict[str, Any] | ReportJson) -> dict[str, Any]:
-    """report.json's content: the built report typed (`read_built`), serialized key for key as it was built."""
+    """report.json's content: the built report typed (`read_built`), serialized key for key as it was built.
+
+    Args:
+        report: the built report, or the typed one.
+
+    Returns:
+        The JSON content.
+    """
     model = report if isinstance(report, ReportJson) else read_built(report)
     return model.model_dump(mode="json", exclude_unset=True, by_alias=True)

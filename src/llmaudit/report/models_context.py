@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmaudit.report.model_base import Interval, Num, Stat, _Closed, _Open, _Recorded
+from llmaudit.report.schema_base import Interval, Num, Stat, _Closed, _Open, _Recorded
 
 # ------------------------------------------------------------------------------------------ provenance
 

@@ -11,7 +11,7 @@ from llmaudit.analyze.epsilon_audit import EpsilonBound
 from llmaudit.analyze.extraction import GreedyCheck
 from llmaudit.analyze.extraction_risk import ExtractionResult
 from llmaudit.analyze.release_sets import ReleaseSetDecision
-from llmaudit.report.model_base import _Open
+from llmaudit.report.schema_base import _Open
 
 
 class ExtractionSection(_Open):

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
-from llmaudit.report.model_base import dig
+from llmaudit.analyze.result import AnalysisResult
 from llmaudit.report.release import attack_criterion, decision_of
 from llmaudit.report.utility import metric_estimate
 
@@ -43,6 +43,14 @@ CHECKLIST_FPR = 0.01
 
 
 def checklist_tpr(att: dict[str, Any]) -> dict[str, Any]:
+    """The TPR at the checklist's FPR under the calibrated evaluation of one attack's grid entry.
+
+    Args:
+        att: the attack's entry of a grid row (`llmaudit.report.grid.attack_summary`).
+
+    Returns:
+        {"tpr", "ci", "reliable", ...}; tpr and ci None where the calibrated evaluation did not measure it.
+    """
     return att["low_fpr"].get("pooled_calibrated", {}).get(fpr_key(CHECKLIST_FPR)) or {
         "tpr": None,
         "ci": None,
@@ -55,7 +63,17 @@ def judge(
 ) -> dict[str, Any]:
     """PASS / FAIL / INCONCLUSIVE / NOT MEASURED for one estimate against one limit (rules: module doc).
 
-    kind: "max" (value must be <= limit) or "min" (value must be >= limit)."""
+    Args:
+        value: the estimate.
+        ci: its 95% interval [low, high].
+        limit: the criterion's limit.
+        kind: "max" (value must be <= limit) or "min" (value must be >= limit).
+        measured: whether the estimate may be judged at all.
+        why_not: the reason shown when it may not.
+
+    Returns:
+        {"status", "reason"}.
+    """
     if not measured:
         return {"status": NOT_MEASURED, "reason": why_not or "estimate unreliable"}
     if value is None:
@@ -76,12 +94,28 @@ def judge(
 
 
 def worst(statuses: Iterable[str]) -> str:
+    """The overall status of a quantizer: the worst of its criteria (FAIL > NOT MEASURED > INCONCLUSIVE > PASS).
+
+    Args:
+        statuses: the criteria's statuses (DISABLED ones do not count).
+
+    Returns:
+        The worst status; NOT MEASURED when none counts.
+    """
     counted = [s for s in statuses if s in _SEVERITY]
     return max(counted, key=_SEVERITY.__getitem__) if counted else NOT_MEASURED
 
 
-def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
-    th = dict(dig(result, "thresholds", default=()))
+def thresholds_of(result: AnalysisResult) -> dict[str, Any]:
+    """The checklist's thresholds as the analysis recorded them, with the defaults of those it did not record.
+
+    Args:
+        result: the typed analysis result.
+
+    Returns:
+        The thresholds (report section of the recipe).
+    """
+    th = dict(result.thresholds)
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
     th.setdefault("min_indicator", None)
     th.setdefault("utility_metric", "loss")
@@ -92,7 +126,14 @@ def thresholds_of(result: dict[str, Any]) -> dict[str, Any]:
 def failed_indicator_reason(name: str) -> str:
     """Why a criterion on an indicator that FAILED validation is DISABLED rather than NOT MEASURED: no audit size
     can measure it (the validation verdict is the indicator's, not this audit's), and an indicator shown not to
-    track the attacks is evidence neither for nor against a release; the attack criterion judges leakage."""
+    track the attacks is evidence neither for nor against a release; the attack criterion judges leakage.
+
+    Args:
+        name: the indicator's name.
+
+    Returns:
+        The reason, in one sentence.
+    """
     return (
         f"{name} failed validation (docs/science.md section 8): it is not evidence for or against a release at any "
         "audit size, so this criterion is off; the attack criterion judges leakage"
@@ -100,14 +141,23 @@ def failed_indicator_reason(name: str) -> str:
 
 
 def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
-    """Why a calibrated TPR at 1% FPR is unreliable, with the counts: the non-member scores it was computed on
-    (t["n_negatives"]: those with a finite calibrated score) against the pooled non-members (n_pooled) and the
-    10 / alpha it needs. The two differ where calibration drops scores: a sample with fewer than 2 OUT
-    references among the other models (online LiRA also needs 2 IN), or whose OUT scores have zero spread
-    (counting scores such as WBC's and RMIA's); more pooled non-members alone may then not be enough."""
+    """Why a calibrated TPR at 1% FPR is unreliable, with the counts.
+
+    The non-member scores it was computed on (those with a finite calibrated score) are set against the pooled
+    non-members and the 10 / alpha it needs. The two differ where calibration drops scores: a sample with fewer than
+    2 OUT references among the other models (online LiRA also needs 2 IN), or whose OUT scores have zero spread
+    (counting scores such as WBC's and RMIA's); more pooled non-members alone may then not be enough.
+
+    Args:
+        t: the TPR entry (`checklist_tpr`), with its n_negatives and min_negatives where recorded.
+        n_pooled: the pooled non-members.
+
+    Returns:
+        The reason, with the counts.
+    """
     need = t.get("min_negatives") or int(10 / CHECKLIST_FPR)
     n_cal = t.get("n_negatives")
-    if n_cal is None:  # a report.json from before the calibrated count was recorded
+    if n_cal is None:  # a report.json without the calibrated count
         return f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({n_pooled} pooled, needs >= {need})"
     why = f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({n_cal} calibrated"
     if n_pooled is not None and n_pooled > n_cal:
@@ -118,13 +168,13 @@ def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
 
 
 def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
-    """The attack criterion: the release rule's decision (`llmaudit.report.release`); a result written without one
-    (an earlier llmaudit) is judged attack by attack (`_legacy_attack_tpr_criterion`)."""
+    """The attack criterion: the release rule's decision (`llmaudit.report.release`); a result without one is judged
+    attack by attack (`_per_attack_tpr_criterion`)."""
     decision = decision_of(row)
-    return _legacy_attack_tpr_criterion(row, th) if decision is None else attack_criterion(row, decision)
+    return _per_attack_tpr_criterion(row, th) if decision is None else attack_criterion(row, decision)
 
 
-def _legacy_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+def _per_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
     """A result written without the release rule's decision: every attack judged on its own calibrated TPR and 95%
     interval (`judge`), at least min_runs runs; the worst verdict over the attacks."""
     limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
@@ -132,7 +182,7 @@ def _legacy_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dic
     for name, att in row["attacks"].items():
         t = checklist_tpr(att)
         n_models = att.get("n_models") or 0
-        if dig(att, "not_measured", "pooled_calibrated"):
+        if (att.get("not_measured") or {}).get("pooled_calibrated"):
             measured, why = False, att["not_measured"]["pooled_calibrated"]
         elif n_models < min_runs:
             measured, why = False, f"{n_models} target models < min_runs {min_runs}"
@@ -318,7 +368,15 @@ def _utility_metric_criterion(row: dict[str, Any], th: dict[str, Any], metric: s
 
 
 def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) -> dict[str, Any]:
-    """Per quantizer: every criterion with its status, and the overall status (rules: module doc)."""
+    """Per quantizer: every criterion with its status, and the overall status (rules: module doc).
+
+    Args:
+        grid: the report's grid rows.
+        thresholds: the checklist's thresholds (`thresholds_of`).
+
+    Returns:
+        report.json's checklist: the thresholds, the rules in words, per quantizer its criteria and overall status.
+    """
     th = dict(thresholds)
     th.setdefault("min_runs", DEFAULT_MIN_RUNS)
     th.setdefault("min_indicator", None)

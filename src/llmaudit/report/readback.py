@@ -8,7 +8,6 @@ gate reads it.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -29,7 +28,6 @@ class ReportFileError(UserError):
 REWRITE = "write it again with `llmaudit report RUN_DIR`"
 CRITERIA_REQUIRED = ("attack_tpr",)
 """The criteria every quantizer's checklist holds in any report.json version (the others at most once each)."""
-RULE_NUMBERS = ("limit", "fpr", "alpha", "margin")
 
 
 def _checklist_problems(report: ReportJson) -> list[str]:
@@ -65,30 +63,11 @@ def _names_problems(report: ReportJson) -> list[str]:
     return problems
 
 
-def _rule_problems(report: ReportJson) -> list[str]:
-    rule, problems = report.decision_rule, []
-    if rule is not None and rule.model_dump(exclude_unset=True):
-        for key in RULE_NUMBERS:
-            value = getattr(rule, key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                problems.append(
-                    f"decision_rule.{key} = {value!r} is not a number (the rule records all of {RULE_NUMBERS})"
-                )
-    for row in report.grid:
-        if row.decision is None:
-            continue
-        try:
-            row.decided()
-        except ValidationError as exc:
-            problems.append(f"grid row {row.quantizer}: decision: {describe_errors(exc, limit=1)}")
-    return problems
-
-
 def report_problems(report: ReportJson) -> list[str]:
     """What makes a parsed report.json contradict itself, in words naming the field: every grid row with its
     checklist and the other way round, names that are names, the quantizers the recommendation and the reference
-    name among the rows, each criterion at most once (the attack criterion always), the release rule's numbers, each
-    row's typed decision. Empty when it is consistent.
+    name among the rows, each criterion at most once (the attack criterion always). The release rule and each row's
+    decision are typed when the report is parsed (`ReportJson`). Empty when it is consistent.
 
     Args:
         report: the parsed report (`as_report`).
@@ -96,7 +75,7 @@ def report_problems(report: ReportJson) -> list[str]:
     Returns:
         The problems, in the order they were found.
     """
-    return _names_problems(report) + _checklist_problems(report) + _rule_problems(report)
+    return _names_problems(report) + _checklist_problems(report)
 
 
 def read_report(path: str | Path) -> ReportJson:

@@ -30,6 +30,16 @@ _CRITERION_WORDS = {"attack_tpr": "leakage", "r_q": "r_Q", "indicator": "indicat
 
 
 def crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
+    """One criterion of one quantizer in the checklist.
+
+    Args:
+        checklist: the report's checklist.
+        q: the quantizer.
+        cid: the criterion's id ("attack_tpr", "r_q", "indicator", "utility").
+
+    Returns:
+        The criterion.
+    """
     return next(c for c in checklist["per_quantizer"][q]["criteria"] if c["id"] == cid)
 
 
@@ -41,14 +51,29 @@ def _bits(r: dict[str, Any]) -> float:
 
 
 def excess(c: dict[str, Any]) -> float:
-    """How far criterion c's estimate is on the unsafe side of its limit (negative: safe side; inf: no estimate)."""
+    """How far a criterion's estimate is on the unsafe side of its limit.
+
+    Args:
+        c: the criterion.
+
+    Returns:
+        The distance (negative: the safe side; inf: no estimate or no limit).
+    """
     if c.get("value") is None or c.get("threshold") is None:
         return math.inf
     return c["value"] - c["threshold"] if c.get("comparison") == "<=" else c["threshold"] - c["value"]
 
 
 def ranking_key(r: dict[str, Any], checklist: dict[str, Any]) -> tuple:
-    """The recommendation's ordering of a candidate grid row (lower = preferred): module doc."""
+    """The recommendation's ordering of a candidate grid row (lower = preferred): module doc.
+
+    Args:
+        r: the grid row.
+        checklist: the report's checklist.
+
+    Returns:
+        The key: verdict, comparison with full precision, bits, utility margin.
+    """
     q = r["quantizer"]
     overall = checklist["per_quantizer"][q]["overall"]
     return (SEVERITY.get(overall, 9), DIRECTION_ORDER[direction_of(r)], _bits(r), excess(crit(checklist, q, "utility")))
@@ -71,8 +96,27 @@ def _lost_on(chosen: tuple, theirs: tuple, names: tuple[dict, dict]) -> str:
     )
 
 
+def _runner_up(ranked: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
+    """The second-ranked quantizer and the key it lost on."""
+    chosen, other = ranked[0], ranked[1]
+    per_q = checklist["per_quantizer"]
+    names = tuple({"overall": per_q[x["quantizer"]]["overall"], "direction": direction_of(x)} for x in (chosen, other))
+    return {
+        "quantizer": other["quantizer"],
+        "lost_on": _lost_on(ranking_key(chosen, checklist), ranking_key(other, checklist), names),
+    }
+
+
 def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
-    """The quantizer to release (rules: module doc), whether it is cleared, the ranking and the runner-up."""
+    """The quantizer to release (rules: module doc), whether it is cleared, the ranking and the runner-up.
+
+    Args:
+        grid: the report's grid rows.
+        checklist: the report's checklist.
+
+    Returns:
+        report.json's recommendation (without its explanation).
+    """
     per_q = checklist["per_quantizer"]
     candidates = [
         r for r in grid if not r.get("is_reference") and crit(checklist, r["quantizer"], "utility")["status"] == PASS
@@ -94,16 +138,7 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
     reason = f"first of {len(candidates)} quantizer(s) within the utility budget: overall {overall}; " + (
         comparison_sentence(chosen) or ""
     )
-    runner = None
-    if len(ranked) > 1:
-        other = ranked[1]
-        names = tuple(
-            {"overall": per_q[x["quantizer"]]["overall"], "direction": direction_of(x)} for x in (chosen, other)
-        )
-        runner = {
-            "quantizer": other["quantizer"],
-            "lost_on": _lost_on(ranking_key(chosen, checklist), ranking_key(other, checklist), names),
-        }
+    runner = _runner_up(ranked, checklist) if len(ranked) > 1 else None
     return {
         "quantizer": q,
         "rule": RULE,
@@ -118,7 +153,14 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
 
 
 def criterion_phrase(c: dict[str, Any]) -> str:
-    """One criterion in words: its name, estimate with interval, the limit and the status."""
+    """One criterion in words: its name, estimate with interval, the limit and the status.
+
+    Args:
+        c: the criterion.
+
+    Returns:
+        The phrase.
+    """
     name = {"attack_tpr": "attack TPR at 1% FPR", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}[c["id"]]
     if c["id"] == "attack_tpr" and c.get("attack"):
         name += f" (strongest, cross-fitted: {c['attack']})" if c.get("mode") else f" ({c['attack']})"
@@ -129,13 +171,29 @@ def criterion_phrase(c: dict[str, Any]) -> str:
 
 
 def deciding(checklist: dict[str, Any], q: str) -> dict[str, Any] | None:
-    """The criterion that keeps quantizer q from PASS: the worst-judged one (first in checklist order)."""
+    """The criterion that keeps a quantizer from PASS: the worst-judged one (first in checklist order).
+
+    Args:
+        checklist: the report's checklist.
+        q: the quantizer.
+
+    Returns:
+        The criterion, None where every criterion passes (or is off).
+    """
     bad = [c for c in checklist["per_quantizer"][q]["criteria"] if c["status"] in SEVERITY and c["status"] != PASS]
     return max(bad, key=lambda c: SEVERITY[c["status"]]) if bad else None
 
 
 def what_to_do(c: dict[str, Any], provenance: dict[str, Any]) -> str:
-    """What would turn criterion c into PASS, said from its own numbers."""
+    """What would turn a criterion into PASS, said from its own numbers.
+
+    Args:
+        c: the criterion.
+        provenance: the report's provenance (the audit's size).
+
+    Returns:
+        The advice, in one sentence.
+    """
     if c["id"] == "attack_tpr" and c.get("mode") and c["status"] in (INCONCLUSIVE, NOT_MEASURED):
         return size_phrase(c.get("size_needed"), provenance) or f"grow the audit: {c.get('reason')}"
     if c["status"] == NOT_MEASURED:
@@ -165,7 +223,17 @@ def explain_recommendation(
 ) -> str:
     """The recommendation in one paragraph a release manager can read: the quantizer, cleared or not and which
     criterion decided, how it leaks against full precision and at what utility, what would decide an open verdict,
-    and the runner-up and why it lost."""
+    and the runner-up and why it lost.
+
+    Args:
+        recommendation: the report's recommendation.
+        checklist: the report's checklist.
+        grid: the report's grid rows.
+        provenance: the report's provenance.
+
+    Returns:
+        The paragraph.
+    """
     q = recommendation.get("quantizer")
     if q is None:
         quantized = [r["quantizer"] for r in grid if not r.get("is_reference")]

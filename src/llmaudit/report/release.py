@@ -26,7 +26,7 @@ def decision_of(row: dict[str, Any] | GridRow) -> QuantizerDecision | None:
         QuantizerDecision | None: the decision; None for a report.json without a release decision.
     """
     if isinstance(row, GridRow):
-        return row.decided()
+        return row.decision
     raw = row.get("decision")
     return None if raw is None else QuantizerDecision.model_validate(raw)
 

@@ -1,15 +1,13 @@
-"""The JSON Schema of report.json, generated from its typed models (`llmaudit.report.models.ReportJson`), and its
-validation. Nothing here is written by hand but what JSON Schema says beyond the models: the version this llmaudit
-writes, the release decision's own models and the rule that a report without --include-samples carries no text."""
+"""The JSON Schema of report.json, generated from its typed models (`llmaudit.report.models.ReportJson`, with the
+release decision's own models), and its validation. Nothing here is written by hand: the version this llmaudit
+writes and the rule that a report without --include-samples carries no text are declared on `ReportJson`."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from llmaudit.analyze.decision.models import QuantizerDecision
-from llmaudit.report.build import REPORT_SCHEMA_VERSION
-from llmaudit.report.models import ReportJson
+from llmaudit.report.models import REPORT_SCHEMA_VERSION, ReportJson
 from llmaudit.report.section_registry import add_section_schemas, data_sections
 
 
@@ -18,23 +16,13 @@ class ReportSchemaError(ValueError):
 
 
 def report_schema() -> dict[str, Any]:
-    """report.json's JSON Schema (draft 2020-12) from ReportJson, for the version this llmaudit writes."""
+    """report.json's JSON Schema (the draft `jsonschema.Draft202012Validator` checks), generated from ReportJson,
+    for the version this llmaudit writes.
+
+    Returns:
+        The schema.
+    """
     schema = ReportJson.model_json_schema(ref_template="#/$defs/{model}")
-    decision = QuantizerDecision.model_json_schema(ref_template="#/$defs/{model}")
-    decision_defs = decision.pop("$defs", {}) | {"QuantizerDecision": decision}
-    own = schema.get("$defs", {})
-    clash = {k for k in set(own) & set(decision_defs) if own[k] != decision_defs[k]}
-    if clash:  # two different models of one name: one would silently replace the other's definition
-        raise RuntimeError(f"report and decision models share the names {sorted(clash)}")
-    defs = schema.get("$defs", {}) | decision_defs
-    schema["$defs"] = defs
-    defs["GridRow"]["properties"]["decision"] = {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/QuantizerDecision"}]}
-    schema["properties"]["report_schema_version"] = {"const": REPORT_SCHEMA_VERSION}
-    # privacy of the report itself: without include_samples, no sample may carry text
-    schema["if"] = {"properties": {"include_samples": {"const": False}}}
-    schema["then"] = {
-        "properties": {"vulnerable_samples": {"properties": {"samples": {"items": {"not": {"required": ["text"]}}}}}}
-    }
     add_section_schemas(schema)  # the registered sections' own data (section_registry)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -46,8 +34,15 @@ REPORT_SCHEMA: dict[str, Any] = report_schema()
 
 
 def validate_report(report: dict[str, Any]) -> None:
-    """Raise ReportSchemaError listing every place where `report` does not match REPORT_SCHEMA, or where it
-    is not strict JSON (a NaN or inf anywhere)."""
+    """Check a built report against REPORT_SCHEMA and strict JSON.
+
+    Args:
+        report: the built report.
+
+    Raises:
+        ReportSchemaError: listing every place where `report` does not match, or where it is not strict JSON (a NaN
+            or inf anywhere).
+    """
     import jsonschema
 
     try:

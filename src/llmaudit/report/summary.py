@@ -80,7 +80,14 @@ def _deciding(report: ReportJson, q: str) -> str:
 
 
 def summary_rows(report: ReportJson) -> list[SummaryRow]:
-    """One SummaryRow per quantizer, in the report's grid order (full precision first)."""
+    """One SummaryRow per quantizer, in the report's grid order (full precision first).
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The rows.
+    """
     rec = recommendation_of(report).quantizer
     rows = []
     for r in report.grid:
@@ -119,7 +126,14 @@ def _levels(values: list[float | None]) -> str:
 
 def leakage_statement(report: ReportJson) -> str:
     """What the numbers of the answer are, in one paragraph (its levels read from the numbers): the headline
-    leakage, the comparison with full precision, the utility, and which numbers are diagnostics."""
+    leakage, the comparison with full precision, the utility, and which numbers are diagnostics.
+
+    Args:
+        report: the typed report.
+
+    Returns:
+        The paragraph.
+    """
     rule = report.decision_rule
     if rule is None or not rule.model_dump(exclude_unset=True):
         return (

@@ -2,7 +2,7 @@
 task metrics (from the result's utility block), what the checklist's utility criterion judges when
 `report.utility_metric` is not the loss, and the Pareto front of the privacy-utility figure.
 
-Pure functions over the result and report dicts (no rendering): the grid, the policy, the view and the figures
+Pure functions over the typed result and the report's grid rows (no rendering): the grid, the policy, the view and the figures
 all read them.
 """
 
@@ -12,8 +12,17 @@ import math
 from typing import Any
 
 from llmaudit.analyze.fidelity import SUMMARY_KEYS
+from llmaudit.analyze.result import (
+    AnalysisResult,
+    DivergenceResult,
+    DivergenceSummary,
+    DriftStat,
+    Drop,
+    Generation,
+    TaskMetricResult,
+    TaskMetricsResult,
+)
 from llmaudit.common.formatting import finite_or_none, interval_or_none
-from llmaudit.report.model_base import dig
 
 DIVERGENCE_KEYS = SUMMARY_KEYS
 """The divergence statistics of each quantizer's row: the per-run statistics the analysis averages over runs."""
@@ -29,84 +38,126 @@ METRIC_LABELS = {
 }
 
 
-def divergence_row(entry: dict[str, Any] | None) -> dict[str, Any]:
-    """A quantizer's divergence summary for its grid row: every statistic's mean over runs, interval and token
-    error, or not measured with the reason."""
-    if not dig(entry, "measured"):
-        return {"measured": False, "reason": dig(entry, "reason") or "not measured"}
-    out: dict[str, Any] = {"measured": True, "reason": None, "n_runs": dig(entry, "n_runs")}
+def divergence_row(entry: DivergenceSummary | None) -> dict[str, Any]:
+    """A quantizer's divergence summary for its grid row.
+
+    Args:
+        entry: the quantizer's divergence summary in the result, None where not recorded.
+
+    Returns:
+        Every statistic's mean over runs, interval and token error, or not measured with the reason.
+    """
+    if entry is None or not entry.measured:
+        return {"measured": False, "reason": (entry.reason if entry is not None else None) or "not measured"}
+    out: dict[str, Any] = {"measured": True, "reason": None, "n_runs": entry.n_runs}
     for key in DIVERGENCE_KEYS:
+        stat = entry.stat(key) or DriftStat()
         out[key] = {
-            "mean": finite_or_none(dig(entry, key, "mean")),
-            "ci": interval_or_none(*(dig(entry, key, "ci") or [None, None])),
-            "token_se": finite_or_none(dig(entry, key, "token_se")),
+            "mean": finite_or_none(stat.mean),
+            "ci": interval_or_none(*(stat.ci or [None, None])),
+            "token_se": finite_or_none(stat.token_se),
         }
     return out
 
 
-def task_metric_row(m: dict[str, Any]) -> dict[str, Any]:
-    """One task metric of one quantizer for its grid row: value, interval, its drop below the reference."""
+def task_metric_row(m: TaskMetricResult) -> dict[str, Any]:
+    """One task metric of one quantizer for its grid row.
+
+    Args:
+        m: the metric in the quantizer's utility entry.
+
+    Returns:
+        Its value, interval and drop below the reference.
+    """
+    drop = m.drop_vs_reference or Drop()
     return {
-        "value": finite_or_none(m.get("value")),
-        "ci": interval_or_none(*(m.get("ci") or [None, None])),
-        "higher_is_better": m.get("higher_is_better", True),
-        "n_runs": m.get("n_runs"),
-        "drop": {
-            "value": finite_or_none(dig(m, "drop_vs_reference", "value")),
-            "ci": interval_or_none(*(dig(m, "drop_vs_reference", "ci") or [None, None])),
-        },
+        "value": finite_or_none(m.value),
+        "ci": interval_or_none(*(m.ci or [None, None])),
+        "higher_is_better": True if m.higher_is_better is None else m.higher_is_better,
+        "n_runs": m.n_runs,
+        "drop": {"value": finite_or_none(drop.value), "ci": interval_or_none(*(drop.ci or [None, None]))},
     }
 
 
+def _at(obj: dict[str, Any] | None, *keys: str) -> Any:
+    """obj[k1][k2]... of a grid row being built, None where a level is missing."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
 def metric_estimate(row: dict[str, Any], metric: str, limit: float | None) -> dict[str, Any]:
-    """What the utility criterion judges for a non-loss `metric` on one grid row: value, interval, the direction
-    ("max": value <= limit, "min": value >= limit), the limit, runs behind it, and why it is missing (or None)."""
+    """What the utility criterion judges for a non-loss `metric` on one grid row.
+
+    Args:
+        row: the grid row (`llmaudit.report.grid.grid_rows`).
+        metric: "kl", "same_top" or a task metric's name.
+        limit: report.utility_limit (None: the metric's default).
+
+    Returns:
+        Value, interval, the direction ("max": value <= limit, "min": value >= limit), the limit, runs behind it, and
+        why it is missing (or None).
+    """
     u = row["utility"]
     if metric in ("kl", "same_top"):
         d = u.get("divergence")
         stat = "kl_mean" if metric == "kl" else "same_top"
         return {
-            "value": dig(d, stat, "mean"),
-            "ci": dig(d, stat, "ci"),
+            "value": _at(d, stat, "mean"),
+            "ci": _at(d, stat, "ci"),
             "kind": "max" if metric == "kl" else "min",
             "limit": DEFAULT_LIMITS[metric] if limit is None else float(limit),
-            "n_runs": dig(d, "n_runs") or 0,
-            "missing": None if dig(d, "measured") else f"divergence not measured: {dig(d, 'reason')}",
+            "n_runs": _at(d, "n_runs") or 0,
+            "missing": None if _at(d, "measured") else f"divergence not measured: {_at(d, 'reason')}",
             "description": f"{METRIC_LABELS[metric]} {'<=' if metric == 'kl' else '>='} limit",
         }
-    m = dig(u, "task_metrics", metric)
+    m = _at(u, "task_metrics", metric)
     return {
-        "value": dig(m, "drop", "value"),
-        "ci": dig(m, "drop", "ci"),
+        "value": _at(m, "drop", "value"),
+        "ci": _at(m, "drop", "ci"),
         "kind": "max",
         "limit": TASK_DEFAULT_LIMIT if limit is None else float(limit),
-        "n_runs": dig(m, "n_runs") or 0,
+        "n_runs": _at(m, "n_runs") or 0,
         "missing": None if m else f"task metric {metric} not measured",
         "description": f"drop of {metric} below full precision (reference - quantizer, paired by run) <= limit",
     }
 
 
 def pareto_front(points: list[tuple[float, float]], *, lower_x_is_better: bool) -> list[bool]:
-    """Which points [(x, y)] are on the Pareto front when lower y is better and x is better lower (KL) or higher
-    (a task metric): a point is on it unless another is at least as good in both and better in one."""
+    """Which points are on the Pareto front: a point is on it unless another is at least as good in both
+    coordinates and better in one.
 
-    def better_or_equal(a, b):
+    Args:
+        points: [(x, y)], lower y better.
+        lower_x_is_better: x is better lower (KL) or higher (a task metric).
+
+    Returns:
+        Per point, whether it is on the front.
+    """
+
+    def _better_or_equal(a, b):
         ax, bx = (a[0], b[0]) if lower_x_is_better else (-a[0], -b[0])
         return ax <= bx and a[1] <= b[1]
 
     out = []
     for i, p in enumerate(points):
-        dominated = any(better_or_equal(q, p) and q != p for j, q in enumerate(points) if j != i)
+        dominated = any(_better_or_equal(q, p) and q != p for j, q in enumerate(points) if j != i)
         out.append(not dominated)
     return out
 
 
 def indistinguishable_by_kl(grid: list[dict[str, Any]]) -> list[list[str]]:
-    """Groups of quantizers (two or more, in KL order) whose mean KL intervals overlap a neighbour's: KL does not
-    order them (near-lossless quantizers typically)."""
+    """Groups of quantizers whose mean KL intervals overlap a neighbour's: KL does not order them.
+
+    Args:
+        grid: the report's grid rows.
+
+    Returns:
+        The groups (two quantizers or more each, in KL order).
+    """
     rows = []
     for r in grid:
-        mean, ci = dig(r, "utility", "divergence", "kl_mean", "mean"), dig(r, "utility", "divergence", "kl_mean", "ci")
+        mean, ci = _at(r, "utility", "divergence", "kl_mean", "mean"), _at(r, "utility", "divergence", "kl_mean", "ci")
         if mean is not None and ci:
             rows.append((mean, ci, r["quantizer"]))
     rows.sort(key=lambda t: t[0])
@@ -127,20 +178,26 @@ def indistinguishable_by_kl(grid: list[dict[str, Any]]) -> list[list[str]]:
     return groups
 
 
-def utility_summary(result: dict[str, Any]) -> dict[str, Any]:
-    """The report's block on how utility beyond the loss was measured: the divergence's definition, and the
-    task metrics' settings, metrics, and what was not measured with the fix."""
-    generation = dig(result, "task_metrics", "settings", "generation")
+def utility_summary(result: AnalysisResult) -> dict[str, Any]:
+    """The report's block on how utility beyond the loss was measured.
+
+    Args:
+        result: the typed analysis result.
+
+    Returns:
+        The divergence's definition, and the task metrics' settings, metrics, and what was not measured with the fix.
+    """
+    divergence = result.divergence or DivergenceResult()
+    tasks = result.task_metrics or TaskMetricsResult()
+    generation = (tasks.settings.generation if tasks.settings is not None else None) or Generation()
     return {
-        "divergence_definition": dig(result, "divergence", "definition"),
-        "divergence_reference": dig(result, "divergence", "reference_quantizer"),
-        "tasks_measured": bool(dig(result, "task_metrics", "measured")),
-        "tasks_reason": dig(result, "task_metrics", "reason"),
-        "task_metrics": dict(dig(result, "task_metrics", "metrics", default=())),
-        "tasks_not_measured": dict(dig(result, "task_metrics", "not_measured", default=())),
-        "generation_samples": dig(result, "task_metrics", "n_samples")
-        or len(dig(generation, "sample_ids") or [])
-        or None,
-        "generation_max_new_tokens": dig(generation, "max_new_tokens"),
-        "generation_decoding": dig(generation, "decoding"),
+        "divergence_definition": divergence.definition,
+        "divergence_reference": divergence.reference_quantizer,
+        "tasks_measured": bool(tasks.measured),
+        "tasks_reason": tasks.reason,
+        "task_metrics": dict(tasks.metrics),
+        "tasks_not_measured": dict(tasks.not_measured),
+        "generation_samples": tasks.n_samples or len(generation.sample_ids or []) or None,
+        "generation_max_new_tokens": generation.max_new_tokens,
+        "generation_decoding": generation.decoding,
     }

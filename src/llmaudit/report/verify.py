@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmaudit import __version__
+from llmaudit.analyze.result import as_result
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import read_json
 from llmaudit.config import ExperimentConfig
@@ -33,7 +34,16 @@ UNCHECKED = ("generated_utc", "plots")
 
 
 def first_difference(shown: Any, derived: Any, where: str = "") -> str | None:
-    """The dotted path of the first value where `shown` and `derived` (plain data) differ, or None when equal."""
+    """The dotted path of the first value where two reports (plain data) differ.
+
+    Args:
+        shown: report.json's content.
+        derived: what its analysis gives.
+        where: the path of `shown` within the whole report.
+
+    Returns:
+        The path, None when they are equal.
+    """
     if isinstance(shown, dict) and isinstance(derived, dict):
         for key in [*shown, *(k for k in derived if k not in shown)]:
             found = first_difference(shown.get(key), derived.get(key), f"{where}.{key}" if where else str(key))
@@ -53,8 +63,9 @@ def _derived(result: Any, report: ReportJson, store: RunStore) -> dict[str, Any]
     """The report.json content `result` gives (what `write_report` writes, its unchecked keys aside)."""
     if not isinstance(result, dict):
         raise TypeError("not a result object")
+    typed = as_result(result)  # a ValidationError (a ValueError) where it is not an analysis result
     records = store.read_records("pool") if report.include_samples else None
-    built = build_report(result, include_samples=report.include_samples, sample_records=records)
+    built = build_report(typed, include_samples=report.include_samples, sample_records=records)
     return {k: v for k, v in dump_report(read_built(built)).items() if k not in UNCHECKED}
 
 

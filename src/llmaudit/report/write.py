@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from llmaudit.analyze.result import AnalysisResult
 from llmaudit.common.io import atomic_write_text, directory_lock, replace_directory
 from llmaudit.report.build import build_report
 from llmaudit.report.html import render_html
@@ -18,7 +18,7 @@ from llmaudit.store.run_store import RunStore
 
 
 def write_report(
-    store: RunStore, result: dict[str, Any], include_samples: bool = False, release: str | None = None
+    store: RunStore, result: AnalysisResult, include_samples: bool = False, release: str | None = None
 ) -> dict[str, str]:
     """Write the report's files as one set.
 

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from llmaudit.analyze.candidates_table import candidates_from_table
+from llmaudit.analyze.result import AnalysisResult, as_result
 from llmaudit.common.io import read_json
 from llmaudit.common.stats import partial_spearman, spearman
 from llmaudit.store.losstable import read_loss_table
@@ -37,8 +38,8 @@ def is_store_dir(path: Path) -> bool:
 
 def _load_source(
     source: RunStore | str | Path | pd.DataFrame, result: Mapping[str, Any] | str | Path | None
-) -> tuple[pd.DataFrame, Mapping[str, Any] | None, str, str | None]:
-    """(loss table, result object or None, label of the source, why the result is missing)."""
+) -> tuple[pd.DataFrame, AnalysisResult | None, str, str | None]:
+    """(loss table, the typed analysis result or None, label of the source, why the result is missing)."""
     if isinstance(source, pd.DataFrame):
         table, label, result_path = source, "loss table (in memory)", None
     else:
@@ -51,30 +52,30 @@ def _load_source(
             label, result_path = str(store.root), store.results_dir / "result.json"
         else:
             table, label, result_path = read_loss_table(path), str(path), None
-    if isinstance(result, Mapping):
-        return table, result, label, None
+    if isinstance(result, (Mapping, AnalysisResult)):
+        return table, as_result(dict(result) if isinstance(result, Mapping) else result), label, None
     if result is not None:
         result_path = Path(result)
     if result_path is None:
         return table, None, label, "no result.json given: the attacks are unknown"
     if not result_path.exists():
         return table, None, label, f"{result_path} does not exist: the store has not been analysed/reported yet"
-    return table, read_json(result_path, what="result"), label, None
+    return table, as_result(read_json(result_path, what="result")), label, None
 
 
-def _aurocs(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """{attack: {quantizer: pooled naive AUROC}} from a result object's attacks block."""
+def _aurocs(result: AnalysisResult) -> dict[str, dict[str, float]]:
+    """{attack: {quantizer: pooled naive AUROC}} from the result's attacks."""
     out: dict[str, dict[str, float]] = {}
-    for q, block in ((result.get("attacks") or {}).get("quantizers") or {}).items():
-        for attack, entry in (block.get("attacks") or {}).items():
-            auroc = (entry.get("headline") or {}).get("auroc")
+    for q, block in result.attacks.quantizers.items():
+        for attack, entry in block.attacks.items():
+            auroc = entry.headline.get("auroc")
             if auroc is not None:
                 out.setdefault(attack, {})[q] = float(auroc)
     return out
 
 
 def _store_selection(
-    table: pd.DataFrame, res: Mapping[str, Any] | None, reference_quantizer: str | None
+    table: pd.DataFrame, res: AnalysisResult | None, reference_quantizer: str | None
 ) -> tuple[list[str] | None, str | None]:
     """(quantizers, reference quantizer) of `store_validation`: the result's quantizers present in the table
     (None = all), the argument's reference, else the result's; None when the table lacks it."""
@@ -82,8 +83,8 @@ def _store_selection(
     reference = reference_quantizer
     if res is not None:
         present = set(table["quantizer"].astype(str))
-        quantizers = [str(q) for q in res.get("quantizers", []) if str(q) in present] or None
-        reference = reference if reference is not None else res.get("reference_quantizer")
+        quantizers = [str(q) for q in res.quantizers if str(q) in present] or None
+        reference = reference if reference is not None else res.reference_quantizer
     if reference is not None and reference not in set(table["quantizer"].astype(str)):
         reference = None
     return quantizers, reference
@@ -127,7 +128,7 @@ def _candidate_vs_attacks(
 
 def store_validation(
     source: RunStore | str | Path | pd.DataFrame,
-    result: Mapping[str, Any] | str | Path | None = None,
+    result: AnalysisResult | Mapping[str, Any] | str | Path | None = None,
     *,
     reference_quantizer: str | None = None,
     names: Sequence[str] | None = None,

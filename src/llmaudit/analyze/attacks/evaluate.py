@@ -377,13 +377,13 @@ def run_attacks(
         rows_of: with a light table, reads each quantizer's rows whole (`StoreTable.rows_of`).
 
     Returns:
-        The JSON-ready result (`attacks_with_evidence`'s, without the evidence).
+        The JSON-ready result (`attacks_with_evidence`'s, without the evidence; its release decision dumped as JSON).
 
     Raises:
         ValueError: a quantizer without pool rows, an unknown reference quantizer, or a light table without
             `rows_of`.
     """
-    return attacks_with_evidence(
+    out = attacks_with_evidence(
         df,
         settings,
         quantizers=quantizers,
@@ -393,6 +393,7 @@ def run_attacks(
         processes=processes,
         rows_of=rows_of,
     )[0]
+    return out | {"decision": out["decision"].model_dump(mode="json")} if out.get("decision") is not None else out
 
 
 def attacks_with_evidence(
@@ -419,7 +420,8 @@ def attacks_with_evidence(
         rows_of: reads a quantizer's rows whole when `df` is a light table (`StoreTable.rows_of`).
 
     Returns:
-        (the JSON-ready result, {quantizer: the `QuantizerEvidence` the decision read}, empty without `decision`).
+        (the result: JSON-ready but its "decision", the typed `ReleaseDecision`; {quantizer: the `QuantizerEvidence`
+        the decision read}, empty without `decision`).
 
     Raises:
         ValueError: a quantizer without pool rows, an unknown reference quantizer, a light table without `rows_of`.
@@ -443,5 +445,5 @@ def attacks_with_evidence(
     }
     out["spearman_vs_r_q"] = spearman_vs_indicator(out, r_q) if r_q else None
     if decision is not None:
-        out["decision"] = decide(evidence, reference, decision, own).model_dump(mode="json")
+        out["decision"] = decide(evidence, reference, decision, own)
     return out, evidence

@@ -1,7 +1,8 @@
 """The typed results of the release decision (docs/science.md section 12): what the analysis hands the report.
 
 Every estimate carries its interval and what the interval means; every decision carries the rule that made it.
-report.json holds them as plain JSON (`model_dump`); the report reads them back with `model_validate`.
+The analysis result holds them as they are (`llmaudit.analyze.result.AnalysisResult`); report.json holds them as
+JSON (`model_dump`), and its typed model reads them back as these models (`llmaudit.report.models.GridRow`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED"]
+Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED"]
+"""The release rule's verdict on a quantizer (and a quantizer's overall checklist status)."""
 Direction = Literal["MORE", "SAME", "LESS", "CANNOT TELL", "NOT MEASURED"]
 Mode = Literal["calibrated", "empirical"]
 
@@ -131,7 +133,7 @@ class QuantizerDecision(_Model):
 
     quantizer: str
     mode: Mode
-    status: Status
+    status: Verdict
     reason: str
     limit: float
     fpr: float

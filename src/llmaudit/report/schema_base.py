@@ -1,5 +1,5 @@
-"""The building blocks of report.json's typed models (`llmaudit.report.models`): numbers and intervals as written,
-and the section base class that keeps the keys it does not name and the order it read them in."""
+"""The pydantic building blocks of report.json's typed models (`llmaudit.report.models`): numbers and intervals as
+written, and the section base class that keeps the keys it does not name and the order it read them in."""
 
 from __future__ import annotations
 
@@ -13,10 +13,18 @@ Num = int | float | None
 Interval = list[Num] | None
 """A 95% interval [low, high], or null."""
 
-Status = Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED", "DISABLED"]
+CriterionStatus = Literal["PASS", "FAIL", "INCONCLUSIVE", "NOT MEASURED", "DISABLED"]
+"""The status of one checklist criterion: a release verdict (`llmaudit.analyze.decision.models.Verdict`), or
+DISABLED (the criterion is off)."""
 
 
-def _schema_required(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+def schema_required(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """Mark required in a model's generated JSON Schema every field but its `optional_keys`.
+
+    Args:
+        schema: the schema pydantic generated for `cls`, changed in place.
+        cls: the model.
+    """
     optional = getattr(cls, "optional_keys", frozenset())
     schema["required"] = [
         (f.alias or name) for name, f in cls.model_fields.items() if name not in optional and not f.exclude
@@ -29,7 +37,7 @@ class _Open(BaseModel):
     optional_keys: the fields the current builder may leave out; every other field must be present when
     validated with context {"current": True} (and is required in the generated JSON Schema)."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra=_schema_required, populate_by_name=True)
+    model_config = ConfigDict(extra="allow", json_schema_extra=schema_required, populate_by_name=True)
     optional_keys: ClassVar[frozenset[str]] = frozenset()
     _order: tuple[str, ...] = PrivateAttr(default=())
 
@@ -55,7 +63,7 @@ class _Open(BaseModel):
 
 
 class _Closed(_Open):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_schema_required)
+    model_config = ConfigDict(extra="forbid", json_schema_extra=schema_required)
 
 
 class _Recorded(_Open):
@@ -74,13 +82,3 @@ class Stat(_Open):
     mean: Num = None
     ci: Interval = None
     token_se: Num = None
-
-
-def dig(obj: Any, *keys: str, default: Any = None) -> Any:
-    """obj[k1][k2]... in the untyped result object the builder reads; `default` where a level is missing, null or
-    not a mapping (a result of an earlier llmaudit lacks later blocks)."""
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-        if obj is None:
-            return default
-    return obj
