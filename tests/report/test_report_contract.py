@@ -22,7 +22,7 @@ from llmaudit.report.plots import render_all
 from llmaudit.report.schema import REPORT_SCHEMA, validate_report
 from llmaudit.report.terminal import summary_text
 
-LANDED = Path(__file__).parent / "fixtures" / "report_schema_v4_untyped_writer.json.gz"  # v4, written from dicts
+UNTYPED_V4 = Path(__file__).parent / "fixtures" / "report_schema_v4_untyped_writer.json.gz"  # v4, written from dicts
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +33,10 @@ def fresh(audited_tiny_store):
 
 
 @pytest.fixture(scope="module")
-def landed():
-    """report.json written by llmaudit at commit ae578c7, before report.json was typed: the whole file as that
-    code wrote it for a tiny demo store (nothing dropped)."""
-    return json.loads(gzip.decompress(LANDED.read_bytes()))
+def untyped_v4():
+    """A schema-v4 report.json written from dicts, by a writer that had no typed report model: the whole file as
+    that writer produced it for a tiny demo store (nothing dropped)."""
+    return json.loads(gzip.decompress(UNTYPED_V4.read_bytes()))
 
 
 def test_the_generated_schema_is_valid_and_versioned():
@@ -69,33 +69,33 @@ def test_a_renamed_key_fails_when_written_not_silently_none(fresh):
         dump_report(bad)
 
 
-def test_an_old_report_renders(landed):
-    report = as_report(landed)
+def test_a_v4_report_written_from_dicts_renders_in_every_output(untyped_v4):
+    report = as_report(untyped_v4)
     assert report.report_schema_version == 4 and report.grid[0].is_reference
     # read and written again: nothing lost, nothing added
-    assert report.model_dump(mode="json", exclude_unset=True) == landed
+    assert report.model_dump(mode="json", exclude_unset=True) == untyped_v4
     verdict = conclusion(report).split(" (")[0]  # the conclusion up to the parenthesis Markdown escapes
     assert verdict.startswith(("Release", "Nothing"))
-    md = render_markdown(landed)
+    md = render_markdown(untyped_v4)
     assert "## Answer" in md and "## Verdict" in md and verdict in md
-    figures = render_all(landed)
+    figures = render_all(untyped_v4)
     assert figures
-    page = render_html(landed, figures)
+    page = render_html(untyped_v4, figures)
     assert page.startswith("<!DOCTYPE html>") and "banner" in page
-    screen = summary_text(landed, width=120)
+    screen = summary_text(untyped_v4, width=120)
     assert "llmaudit verdict" in screen and verdict in " ".join(screen.split())
-    card = render_model_card(landed)
+    card = render_model_card(untyped_v4)
     assert "## Privacy: membership-inference audit" in card
     # written when full precision could be recommended: ranked again, the reference is never the candidate
-    assert landed["recommendation"]["quantizer"] == report.reference_quantizer
+    assert untyped_v4["recommendation"]["quantizer"] == report.reference_quantizer
     again = recommendation_of(report).quantizer
     assert again != report.reference_quantizer
-    assert gate_decision(landed, None)[1].startswith(again or "no quantization to ship")
+    assert gate_decision(untyped_v4, None)[1].startswith(again or "no quantization to ship")
 
 
-def test_an_old_report_without_later_keys_still_renders(landed):
+def test_a_v4_report_without_the_optional_blocks_still_renders(untyped_v4):
     """A report.json older still: no release decision, no explanation, no divergence, no indicators."""
-    old = json.loads(json.dumps(landed))
+    old = json.loads(json.dumps(untyped_v4))
     for key in ("decision_rule", "indicator_agreement", "indicators", "utility", "blind_baseline"):
         old.pop(key)
     old["recommendation"].pop("explanation")

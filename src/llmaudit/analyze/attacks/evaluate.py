@@ -243,11 +243,19 @@ def attack_quantizer(
     base_q: str | None = None,
     decision: DecisionSettings | None = None,
 ) -> tuple[dict, dict, QuantizerEvidence | None]:
-    """Every attack on one quantizer's final checkpoints, each run in turn as the target. base_q: the
-    quantizer of the base-model rows that "base" means (`base_quantizer`).
+    """Every attack on one quantizer's final checkpoints, each run in turn as the target.
 
-    Returns (the quantizer's result block, the attack definitions with its FPC, what the release decision reads
-    when `decision` settings are given, else None)."""
+    Args:
+        df: the loss table (light, with the token lists of this quantizer's final units).
+        quantizer: the quantizer attacked.
+        s: the attack settings, built once for the whole analysis.
+        base_q: the quantizer of the base-model rows that "base" means (`base_quantizer`), or None.
+        decision: the release rule's settings; None leaves out what the decision reads.
+
+    Returns:
+        (the quantizer's result block, the attack definitions with its FPC, what the release decision reads
+        when `decision` settings are given, else None).
+    """
     t = target_matrices(df, quantizer)
     pool_size = int(s.n_pool) if s.n_pool is not None else len(t.samples) + t.n_dropped
     train_size = float(s.n_train) if s.n_train is not None else float(t.keep.sum(1).mean())
