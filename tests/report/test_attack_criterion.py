@@ -4,7 +4,7 @@ included), and the report's strongest-attack-versus-LOSS line."""
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.report.cells import to_markdown
 from llmaudit.report.grid import strongest_vs_loss
-from llmaudit.report.models import GridRow
+from llmaudit.report.models import AttackEntry, GridRow
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, release_checklist
 from llmaudit.report.view_attacks import _skipped_bullets, _strongest_table
 
@@ -12,26 +12,32 @@ THRESHOLDS = {"max_tpr_at_1pct_fpr": 0.05, "min_r_q": 0.0, "max_utility_loss": 0
 
 
 def _attack(tpr, ci, auroc, reliable=True):
-    return {
-        "auroc": auroc,
-        "auroc_ci": [auroc - 0.02, auroc + 0.02],
-        "n_models": 8,
-        "not_measured": {},
-        "low_fpr": {
-            "pooled_calibrated": {fpr_key(0.01): {"tpr": tpr, "ci": ci, "reliable": reliable, "min_negatives": 1000}}
-        },
-    }
+    return AttackEntry.model_validate(
+        {
+            "auroc": auroc,
+            "auroc_ci": [auroc - 0.02, auroc + 0.02],
+            "n_models": 8,
+            "not_measured": {},
+            "low_fpr": {
+                "pooled_calibrated": {
+                    fpr_key(0.01): {"tpr": tpr, "ci": ci, "reliable": reliable, "min_negatives": 1000}
+                }
+            },
+        }
+    )
 
 
 def _row(attacks):
-    return {
-        "quantizer": "hqq-4",
-        "attacks": attacks,
-        "skipped_attacks": {},
-        "best_attack": None,
-        "r_q": {"mean": None, "ci": None, "n_finite": 0, "n_undefined": 0},
-        "utility": {"relative_change": 0.01, "relative_change_ci": [0.0, 0.02], "n_runs": 8},
-    }
+    return GridRow.model_validate(
+        {
+            "quantizer": "hqq-4",
+            "attacks": attacks,
+            "skipped_attacks": {},
+            "best_attack": None,
+            "r_q": {"mean": None, "ci": None, "n_finite": 0, "n_undefined": 0},
+            "utility": {"relative_change": 0.01, "relative_change_ci": [0.0, 0.02], "n_runs": 8},
+        }
+    )
 
 
 def _attack_criterion(attacks):
@@ -66,9 +72,14 @@ def test_strongest_attack_and_its_gain_over_loss():
         "wbc": _attack(0.117, None, 0.939),
     }
     vs = strongest_vs_loss(attacks)
-    assert vs["tpr_at_1pct_calibrated"]["attack"] == "ez_mia"
-    assert vs["tpr_at_1pct_calibrated"]["gain"] == 0.223 - 0.067 and vs["tpr_at_1pct_calibrated"]["reliable"]
-    assert vs["auroc"] == {"attack": "rmia_online", "value": 0.977, "loss": 0.745, "gain": 0.977 - 0.745}
+    assert vs.tpr_at_1pct_calibrated.attack == "ez_mia"
+    assert vs.tpr_at_1pct_calibrated.gain == 0.223 - 0.067 and vs.tpr_at_1pct_calibrated.reliable
+    assert vs.auroc.model_dump(exclude_unset=True) == {
+        "attack": "rmia_online",
+        "value": 0.977,
+        "loss": 0.745,
+        "gain": 0.977 - 0.745,
+    }
     assert strongest_vs_loss({"wbc": attacks["wbc"]}) is None  # no LOSS to compare with
     table = _strongest_table([GridRow.model_validate({"quantizer": "fp32", "strongest_vs_loss": vs})])
     assert [c.text for c in table.rows[0]] == [

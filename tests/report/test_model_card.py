@@ -16,13 +16,18 @@ from llmaudit.common.formatting import fmt_num, fmt_pct, fmt_pct_ci
 from llmaudit.report.answer import baseline_sentence, recommendation_of
 from llmaudit.report.cells import md_escape
 from llmaudit.report.model_card import UnknownQuantizerError, render_model_card
-from llmaudit.report.models import as_report
+from llmaudit.report.models import GridRow, as_report
 from llmaudit.report.policy import DISABLED, NOT_MEASURED, PASS, release_checklist
 from llmaudit.report.recommend import explain_recommendation, recommend
 from llmaudit.report.release import headline_of
 from llmaudit.report.write import write_report
 from tests.conftest import run_cli
 from tests.report.test_report import TH, _make_store, _row, decided
+
+
+def _typed(grid):
+    """The test's grid rows, typed as the report layer reads them."""
+    return [GridRow.model_validate(r) for r in grid]
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +207,9 @@ PROVENANCE = {"membership": {"pool_size": 256, "runs": 6}, "origin": "finetune"}
 
 
 def _explained(grid, th=TH):
-    cl = release_checklist(grid, th)
-    rec = recommend(grid, cl)
-    return rec, explain_recommendation(rec, cl, grid, PROVENANCE)
+    cl = release_checklist(_typed(grid), th)
+    rec = recommend(_typed(grid), cl)
+    return rec, explain_recommendation(rec, cl, _typed(grid), PROVENANCE)
 
 
 def test_recommendation_paragraph_when_a_quantizer_is_cleared():
@@ -241,7 +246,7 @@ def test_recommendation_paragraph_when_the_best_candidate_is_not_cleared():
         "instead of 256 (data.pool_size=576; `llmaudit plan RECIPE data.pool_size=576` prices it)." in text
     )
     provenance = PROVENANCE | {"run_dir": "llmaudit-out/demo-cpu"}
-    text = explain_recommendation(rec, release_checklist(grid, TH), grid, provenance)
+    text = explain_recommendation(rec, release_checklist(_typed(grid), TH), _typed(grid), provenance)
     assert "`llmaudit plan llmaudit-out/demo-cpu/config.yaml data.pool_size=576` prices it" in text
     assert "No other quantizer is within the utility budget." in text  # fp is the reference: never a runner-up
 
@@ -280,12 +285,12 @@ def test_a_criterion_on_a_failed_indicator_is_off_not_a_permanent_not_measured()
     verdict; an indicator not yet validated stays NOT MEASURED (a validation could still clear it)."""
     row = _row("fp", tpr=0.01, tpr_ci=(0.0, 0.02), ref=True) | {"r_q_status": "failed"}
     row["indicator"] = {"name": "gap_std_final", "mean": -0.1, "ci": [-0.15, -0.05], "n_finite": 8, "status": "failed"}
-    cl = release_checklist([row], TH | {"min_indicator": -0.2})
+    cl = release_checklist(_typed([row]), TH | {"min_indicator": -0.2})
     crit = {c["id"]: c for c in cl["per_quantizer"]["fp"]["criteria"]}
     assert crit["r_q"]["status"] == DISABLED and crit["indicator"]["status"] == DISABLED
     assert cl["per_quantizer"]["fp"]["overall"] == PASS
     row["r_q_status"] = "not validated"
-    assert release_checklist([row], TH)["per_quantizer"]["fp"]["overall"] == NOT_MEASURED
+    assert release_checklist(_typed([row]), TH)["per_quantizer"]["fp"]["overall"] == NOT_MEASURED
 
 
 def test_an_unreliable_tpr_names_the_calibrated_non_members_behind_it():
@@ -294,7 +299,7 @@ def test_an_unreliable_tpr_names_the_calibrated_non_members_behind_it():
     row = _row("fp", tpr=0.2, tpr_ci=(0.1, 0.3), reliable=False, ref=True)
     row["attacks"]["loss"]["n_negatives"] = 1260
     row["attacks"]["loss"]["low_fpr"]["pooled_calibrated"]["0.01"]["n_negatives"] = 837
-    crit = release_checklist([row], TH)["per_quantizer"]["fp"]["criteria"][0]
+    crit = release_checklist(_typed([row]), TH)["per_quantizer"]["fp"]["criteria"][0]
     assert crit["status"] == NOT_MEASURED
     assert "(837 calibrated of 1260 pooled: calibration drops samples" in crit["reason"]
     assert "needs >= 1000)" in crit["reason"]

@@ -30,6 +30,7 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.data.pool import membership_masks
 from llmaudit.report.build import build_report, indicator_agreement
 from llmaudit.report.markdown import render_markdown
+from llmaudit.report.models import GridRow
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, release_checklist
 from llmaudit.report.recommend import recommend
 from llmaudit.report.release import headline_of
@@ -38,6 +39,12 @@ from llmaudit.report.write import write_report
 from llmaudit.store.losstable import validate_loss_table
 from llmaudit.store.run_store import RunStore
 from tests.conftest import write_store_from_table
+
+
+def _typed(grid):
+    """The test's grid rows, typed as the report layer reads them."""
+    return [GridRow.model_validate(r) for r in grid]
+
 
 N_POOL, N_VAL, RUNS, STEPS, N_TOK = 24, 12, 14, (10, 20, 30), 6
 PLANTED = 7  # one pool sample (14 runs: every sample has at least 3 balanced OUT references, enough for LiRA) that every run which trains on it memorises far more than the others
@@ -313,7 +320,7 @@ def test_unreliable_estimates_and_too_few_runs_are_not_measured():
         _row("leaky", tpr=0.30, tpr_ci=(0.2, 0.4)),
         _row("leaky-unreliable", tpr=0.30, tpr_ci=(0.2, 0.4), reliable=False),
     ]
-    cl = release_checklist(grid, TH)
+    cl = release_checklist(_typed(grid), TH)
     assert cl["per_quantizer"]["fp"]["overall"] == PASS
     assert _status(cl, "few-negatives", "attack_tpr") == NOT_MEASURED
     assert cl["per_quantizer"]["few-negatives"]["overall"] == NOT_MEASURED
@@ -322,14 +329,17 @@ def test_unreliable_estimates_and_too_few_runs_are_not_measured():
     assert _status(cl, "leaky", "attack_tpr") == FAIL
     crit = next(c for c in cl["per_quantizer"]["leaky-unreliable"]["criteria"] if c["id"] == "attack_tpr")
     assert crit["status"] == NOT_MEASURED and "exceeds the limit" in crit["reason"]
-    assert release_checklist(grid, TH | {"min_r_q": 0.0})["per_quantizer"]["fp"]["criteria"][1]["status"] == "DISABLED"
+    assert (
+        release_checklist(_typed(grid), TH | {"min_r_q": 0.0})["per_quantizer"]["fp"]["criteria"][1]["status"]
+        == "DISABLED"
+    )
 
 
 def test_only_a_validated_indicator_drives_a_criterion():
     """r_Q as it stands (its validation failed) cannot clear or fail a quantizer; neither can an unvalidated
     candidate; a candidate that passed is judged like any estimate."""
     row = _row("fp", tpr=0.01, tpr_ci=(0.0, 0.02), ref=True) | {"r_q_status": "failed"}
-    crit = {c["id"]: c for c in release_checklist([row], TH)["per_quantizer"]["fp"]["criteria"]}
+    crit = {c["id"]: c for c in release_checklist(_typed([row]), TH)["per_quantizer"]["fp"]["criteria"]}
     # a failed indicator is off at every audit size (DISABLED), never a NOT MEASURED that no audit could lift
     assert crit["r_q"]["status"] == "DISABLED" and "failed validation" in crit["r_q"]["reason"]
     assert crit["indicator"]["status"] == "DISABLED"  # min_indicator unset
@@ -338,12 +348,13 @@ def test_only_a_validated_indicator_drives_a_criterion():
         row["indicator"] = ind | {"status": status}
         crit = {
             c["id"]: c
-            for c in release_checklist([row], TH | {"min_indicator": -0.2})["per_quantizer"]["fp"]["criteria"]
+            for c in release_checklist(_typed([row]), TH | {"min_indicator": -0.2})["per_quantizer"]["fp"]["criteria"]
         }
         assert crit["indicator"]["status"] == want, crit["indicator"]
     row["indicator"] = ind | {"status": "passed", "mean": -0.5, "ci": [-0.6, -0.4]}
     crit = {
-        c["id"]: c for c in release_checklist([row], TH | {"min_indicator": -0.2})["per_quantizer"]["fp"]["criteria"]
+        c["id"]: c
+        for c in release_checklist(_typed([row]), TH | {"min_indicator": -0.2})["per_quantizer"]["fp"]["criteria"]
     }
     assert crit["indicator"]["status"] == FAIL
 
@@ -411,8 +422,8 @@ def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
         decided(_row("q2", tpr=0.0, tpr_ci=None, rel=0.50, rel_ci=(0.4, 0.6)), "PASS", "LESS", bits=2.5),
         decided(_row("q3", tpr=0.0, tpr_ci=None, rel=0.08, rel_ci=(0.05, 0.12)), "PASS", "LESS", bits=3.5),
     ]
-    cl = release_checklist(grid, TH)
-    rec = recommend(grid, cl)
+    cl = release_checklist(_typed(grid), TH)
+    rec = recommend(_typed(grid), cl)
     # q2 is over the utility budget, q3's budget is INCONCLUSIVE, fp is the reference: not candidates
     assert set(rec["candidates"]) == {"q8", "q4", "q4b"}
     # q4b leaks MORE than full precision and loses to the larger q8 that leaks the same; q4 is smaller than q8
@@ -425,16 +436,18 @@ def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
             _row("b", tpr=0.0, tpr_ci=None, rel=0.02, rel_ci=(0.01, 0.03)), "PASS", bits=4.5, est=(0.04, 0.03, 0.049)
         ),
     ]
-    assert recommend(twins, release_checklist(twins, TH))["quantizer"] == "b"
+    assert recommend(_typed(twins), release_checklist(_typed(twins), TH))["quantizer"] == "b"
     over = [_row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.5, rel_ci=(0.4, 0.6))]
-    assert recommend(over, release_checklist(over, TH))["quantizer"] is None
+    assert recommend(_typed(over), release_checklist(_typed(over), TH))["quantizer"] is None
     only = [decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "PASS", bits=32)]  # full precision is no candidate
-    assert recommend(only, release_checklist(only, TH))["quantizer"] is None
+    assert recommend(_typed(only), release_checklist(_typed(only), TH))["quantizer"] is None
 
 
 def test_the_attack_criterion_reads_the_release_decision():
     row = decided(_row("q8", tpr=0.0, tpr_ci=None), "INCONCLUSIVE", est=(0.052, 0.034, 0.075))
-    crit = next(c for c in release_checklist([row], TH)["per_quantizer"]["q8"]["criteria"] if c["id"] == "attack_tpr")
+    crit = next(
+        c for c in release_checklist(_typed([row]), TH)["per_quantizer"]["q8"]["criteria"] if c["id"] == "attack_tpr"
+    )
     assert crit["status"] == INCONCLUSIVE and crit["reason"] == "planted INCONCLUSIVE"
     assert crit["value"] == 0.052 and crit["ci"] == [0.034, 0.075] and crit["attack"] == "loss"
     assert crit["in_sample_max"] == {"attack": "loss", "value": 0.075}

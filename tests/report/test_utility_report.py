@@ -12,7 +12,7 @@ from llmaudit.analyze.store_analysis import analyze
 from llmaudit.common.formatting import fmt_sig
 from llmaudit.config import ExperimentConfig
 from llmaudit.report.build import build_report
-from llmaudit.report.models import Checklist, ReportJson, Thresholds
+from llmaudit.report.models import Checklist, GridRow, ReportJson, Thresholds
 from llmaudit.report.plots import privacy_utility
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, release_checklist
 from llmaudit.report.schema import validate_report
@@ -21,6 +21,12 @@ from llmaudit.report.write import write_report
 from llmaudit.score.utility import encode_settings
 from llmaudit.store.losstable import UTILITY_METADATA_KEY, read_parquet_file, write_loss_table
 from tests.report.test_report import QUANTIZERS, RUNS, STEPS, TH, _make_store, _row
+
+
+def _typed(grid):
+    """The test's grid rows, typed as the report layer reads them."""
+    return [GridRow.model_validate(r) for r in grid]
+
 
 KL = {"fp32": 0.0, "uniform-5": 0.01, "sign": 0.5}  # per-token KL of run r: KL[q] * (1 + 5 r / (RUNS - 1))
 SAME_TOP = {"fp32": 1.0, "uniform-5": 5 / 6, "sign": 0.0}  # six tokens per sample
@@ -125,10 +131,10 @@ def test_a_metric_that_was_not_measured_is_never_pass():
         "divergence": {"measured": False, "reason": "scored without per-token KL"},
         "task_metrics": {},
     }
-    cl = release_checklist(grid, TH | {"utility_metric": "kl"})
+    cl = release_checklist(_typed(grid), TH | {"utility_metric": "kl"})
     crit = next(c for c in cl["per_quantizer"]["fp"]["criteria"] if c["id"] == "utility")
     assert crit["status"] == NOT_MEASURED and "scored without per-token KL" in crit["reason"]
-    cl = release_checklist(grid, TH | {"utility_metric": "smiles_exact_match"})
+    cl = release_checklist(_typed(grid), TH | {"utility_metric": "smiles_exact_match"})
     assert next(c for c in cl["per_quantizer"]["fp"]["criteria"] if c["id"] == "utility")["status"] == NOT_MEASURED
 
 
@@ -148,7 +154,7 @@ def test_pareto_front_and_kl_groups_by_hand():
         row("b", 1.5e-3, [1e-3, 3e-3]),
         row("c", 0.2, [0.1, 0.3]),
     ]
-    assert indistinguishable_by_kl(grid) == [["a", "b"]]
+    assert indistinguishable_by_kl(_typed(grid)) == [["a", "b"]]
 
 
 def test_the_figure_needs_two_quantizers_with_both_numbers():

@@ -361,8 +361,8 @@ def recommendation_of(report: ReportJson) -> Recommendation:
     if rec.explanation is not None and (rec.quantizer is None or rec.quantizer != report.reference_quantizer):
         return rec
     built = report.model_dump(mode="json", exclude_unset=True)
-    again = recommend(built["grid"], built["checklist"])
-    again["explanation"] = explain_recommendation(again, built["checklist"], built["grid"], built["provenance"])
+    again = recommend(report.grid, built["checklist"])
+    again["explanation"] = explain_recommendation(again, built["checklist"], report.grid, built["provenance"])
     return Recommendation.model_validate(again)
 
 

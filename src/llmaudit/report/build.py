@@ -27,7 +27,7 @@ from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
-from llmaudit.report.models import REPORT_SCHEMA_VERSION
+from llmaudit.report.models import REPORT_SCHEMA_VERSION, GridRow
 from llmaudit.report.policy import checklist_tpr, release_checklist, thresholds_of
 from llmaudit.report.recommend import explain_recommendation, recommend
 from llmaudit.report.section_registry import built_section_data
@@ -37,11 +37,11 @@ VULNERABLE_TOP_K = 20
 
 
 def _recorded_samples(
-    block: QuantizerAttacks, row: dict[str, Any] | None
+    block: QuantizerAttacks, row: GridRow | None
 ) -> tuple[str | None, list[SampleScore] | None, str | None]:
     """(attack, samples, score definition) recorded for the reference quantizer (block: its attacks in the result,
     row: its grid row): the samples of its best attack that recorded some, else the quantizer's own list."""
-    order = sorted(row["attacks"], key=lambda n: -(checklist_tpr(row["attacks"][n])["tpr"] or -1.0)) if row else []
+    order = sorted(row.attacks, key=lambda n: -(checklist_tpr(row.attacks[n]).tpr or -1.0)) if row else []
     for name in order:
         entry = block.attacks.get(name)
         if entry is not None and entry.vulnerable_samples:
@@ -74,7 +74,7 @@ def _top_samples(
 
 def vulnerable_samples_summary(
     result: AnalysisResult,
-    grid: list[dict[str, Any]],
+    grid: list[GridRow],
     *,
     include_samples: bool = False,
     records: list[dict] | None = None,
@@ -99,7 +99,7 @@ def vulnerable_samples_summary(
     """
     ref = result.reference_quantizer
     block = (result.attacks.quantizers.get(ref) if ref is not None else None) or QuantizerAttacks()
-    row = next((r for r in grid if r["quantizer"] == ref), None)
+    row = next((r for r in grid if r.quantizer == ref), None)
     attack, samples, definition = _recorded_samples(block, row)
     out: dict[str, Any] = {
         "quantizer": ref,
@@ -149,7 +149,7 @@ def _provenance(result: AnalysisResult) -> dict[str, Any]:
     }
 
 
-def blind_summary(blind: BlindBaselineResult | None, grid: list[dict[str, Any]]) -> dict[str, Any] | None:
+def blind_summary(blind: BlindBaselineResult | None, grid: list[GridRow]) -> dict[str, Any] | None:
     """The blind baseline beside the attacks.
 
     Args:
@@ -168,11 +168,9 @@ def blind_summary(blind: BlindBaselineResult | None, grid: list[dict[str, Any]])
     bound = finite_or_none(top.ci_high) if top else None
     not_beating = {}
     for row in grid:
-        names = [
-            n for n, a in row["attacks"].items() if a["auroc"] is not None and bound is not None and a["auroc"] <= bound
-        ]
+        names = [n for n, a in row.attacks.items() if a.auroc is not None and bound is not None and a.auroc <= bound]
         if names:
-            not_beating[row["quantizer"]] = names
+            not_beating[row.quantizer] = names
     return {
         "mean_auroc": finite_or_none(blind.mean_auroc),
         "highest": None
@@ -212,7 +210,7 @@ def _candidate_summary(name: str, c: Candidate, order: list[str], best: dict[str
     }
 
 
-def indicators_summary(result: AnalysisResult, grid: list[dict[str, Any]]) -> dict[str, Any] | None:
+def indicators_summary(result: AnalysisResult, grid: list[GridRow]) -> dict[str, Any] | None:
     """The published r_Q and the candidate indicators side by side.
 
     Args:
@@ -227,8 +225,8 @@ def indicators_summary(result: AnalysisResult, grid: list[dict[str, Any]]) -> di
     ind = result.candidate_indicators
     if ind is None:
         return None
-    best = {r["quantizer"]: (r["best_attack_by_auroc"] or {}).get("value") for r in grid}
-    order = [r["quantizer"] for r in grid]
+    best = {r.quantizer: r.best_attack_by_auroc.value if r.best_attack_by_auroc else None for r in grid}
+    order = [r.quantizer for r in grid]
     shown = [_candidate_summary(name, c, order, best) for name, c in ind.candidates.items()]
     return {"primary": ind.primary, "indicators": shown}
 
@@ -338,7 +336,14 @@ def _dumped(block: BaseModel | None) -> Any:
     return None if block is None else block.model_dump(mode="json", by_alias=True)
 
 
-def _sections(result: AnalysisResult, grid: list[dict[str, Any]], r_q_vs_best: dict[str, Any]) -> dict[str, Any]:
+def _row_json(row: GridRow) -> dict[str, Any]:
+    """A grid row as report.json writes it: the keys it was built with, its decision whole."""
+    return row.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"decision"}) | {
+        "decision": _dumped(row.decision)
+    }
+
+
+def _sections(result: AnalysisResult, grid: list[GridRow], r_q_vs_best: dict[str, Any]) -> dict[str, Any]:
     """The report's sections beside the grid: r_Q against the attacks, memorization, the blind baseline, the
     candidate indicators, utility."""
     spearman_vs_r_q = result.attacks.spearman_vs_r_q
@@ -346,7 +351,7 @@ def _sections(result: AnalysisResult, grid: list[dict[str, Any]], r_q_vs_best: d
         "indicator_agreement": indicator_agreement(r_q_vs_best, spearman_vs_r_q),
         "spearman_r_q_vs_attacks": _dumped(spearman_vs_r_q),
         "indicator_stability": result.r_q.stability if result.r_q is not None else None,
-        "memorization": _memorization_summary(result.memorization, [r["quantizer"] for r in grid]),
+        "memorization": _memorization_summary(result.memorization, [r.quantizer for r in grid]),
         "not_scored": dict(result.not_scored),
         "blind_baseline": blind_summary(result.blind_baseline, grid),
         "indicators": indicators_summary(result, grid),
@@ -387,8 +392,8 @@ def build_report(
         "provenance": provenance,
         "decision_rule": None if result.attacks.decision is None else _dumped(result.attacks.decision.rule),
         "reference_quantizer": result.reference_quantizer,
-        "quantizers": [r["quantizer"] for r in grid],
-        "grid": grid,
+        "quantizers": [r.quantizer for r in grid],
+        "grid": [_row_json(r) for r in grid],
         "checklist": checklist,
         "recommendation": recommendation,
         "r_q_vs_best_attack": r_q_vs_best,

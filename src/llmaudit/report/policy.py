@@ -26,6 +26,7 @@ from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.analyze.result import AnalysisResult
+from llmaudit.report.models import AttackEntry, GridRow, PrimaryIndicator, TprAt
 from llmaudit.report.release import attack_criterion, decision_of
 from llmaudit.report.utility import metric_estimate
 
@@ -42,20 +43,17 @@ DEFAULT_MIN_RUNS = 5
 CHECKLIST_FPR = 0.01
 
 
-def checklist_tpr(att: dict[str, Any]) -> dict[str, Any]:
+def checklist_tpr(att: AttackEntry) -> TprAt:
     """The TPR at the checklist's FPR under the calibrated evaluation of one attack's grid entry.
 
     Args:
         att: the attack's entry of a grid row (`llmaudit.report.grid.attack_summary`).
 
     Returns:
-        {"tpr", "ci", "reliable", ...}; tpr and ci None where the calibrated evaluation did not measure it.
+        The TPR with its interval and reliability; tpr and ci None where the calibrated evaluation did not measure
+        it.
     """
-    return att["low_fpr"].get("pooled_calibrated", {}).get(fpr_key(CHECKLIST_FPR)) or {
-        "tpr": None,
-        "ci": None,
-        "reliable": False,
-    }
+    return att.tpr_at("pooled_calibrated", fpr_key(CHECKLIST_FPR)) or TprAt()
 
 
 def judge(
@@ -140,7 +138,7 @@ def failed_indicator_reason(name: str) -> str:
     )
 
 
-def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
+def too_few_negatives_reason(t: TprAt, n_pooled: int | None) -> str:
     """Why a calibrated TPR at 1% FPR is unreliable, with the counts.
 
     The non-member scores it was computed on (those with a finite calibrated score) are set against the pooled
@@ -155,8 +153,8 @@ def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
     Returns:
         The reason, with the counts.
     """
-    need = t.get("min_negatives") or int(10 / CHECKLIST_FPR)
-    n_cal = t.get("n_negatives")
+    need = t.min_negatives or int(10 / CHECKLIST_FPR)
+    n_cal = t.n_negatives
     if n_cal is None:  # a report.json without the calibrated count
         return f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({n_pooled} pooled, needs >= {need})"
     why = f"too few non-members for TPR at {CHECKLIST_FPR:.0%} FPR ({n_cal} calibrated"
@@ -167,46 +165,46 @@ def too_few_negatives_reason(t: dict[str, Any], n_pooled: int | None) -> str:
     return why + f"; needs >= {need})"
 
 
-def _attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+def _attack_tpr_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
     """The attack criterion: the release rule's decision (`llmaudit.report.release`); a result without one is judged
     attack by attack (`_per_attack_tpr_criterion`)."""
     decision = decision_of(row)
     return _per_attack_tpr_criterion(row, th) if decision is None else attack_criterion(row, decision)
 
 
-def _per_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+def _per_attack_tpr_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
     """A result written without the release rule's decision: every attack judged on its own calibrated TPR and 95%
     interval (`judge`), at least min_runs runs; the worst verdict over the attacks."""
     limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
     per_attack = {}
-    for name, att in row["attacks"].items():
+    for name, att in row.attacks.items():
         t = checklist_tpr(att)
-        n_models = att.get("n_models") or 0
-        if (att.get("not_measured") or {}).get("pooled_calibrated"):
-            measured, why = False, att["not_measured"]["pooled_calibrated"]
+        n_models = att.n_models or 0
+        if att.not_measured.get("pooled_calibrated"):
+            measured, why = False, att.not_measured["pooled_calibrated"]
         elif n_models < min_runs:
             measured, why = False, f"{n_models} target models < min_runs {min_runs}"
-        elif not t["reliable"]:
-            why = too_few_negatives_reason(t, att.get("n_negatives"))
+        elif not t.reliable:
+            why = too_few_negatives_reason(t, att.n_negatives)
             measured = False
         else:
             measured, why = True, ""
-        verdict = judge(t["tpr"], t["ci"], limit=limit, kind="max", measured=measured, why_not=why)
-        if verdict["status"] == NOT_MEASURED and t["tpr"] is not None and t["tpr"] > limit:
-            verdict["reason"] += f"; indicative estimate {t['tpr']:.4g} exceeds the limit"
-        per_attack[name] = {"value": t["tpr"], "ci": t["ci"], "reliable": t["reliable"]} | verdict
-    best = row.get("best_attack") or dict.fromkeys(("name", "value", "ci", "reliable"))
+        verdict = judge(t.tpr, t.ci, limit=limit, kind="max", measured=measured, why_not=why)
+        if verdict["status"] == NOT_MEASURED and t.tpr is not None and t.tpr > limit:
+            verdict["reason"] += f"; indicative estimate {t.tpr:.4g} exceeds the limit"
+        per_attack[name] = {"value": t.tpr, "ci": t.ci, "reliable": t.reliable} | verdict
+    best = row.best_attack
     out = {
         "id": "attack_tpr",
         "description": f"highest TPR at {CHECKLIST_FPR:.0%} FPR (per-sample calibrated, pooled) over every attack <= limit",
         "threshold": limit,
         "comparison": "<=",
-        "attack": best.get("name"),
-        "value": best.get("value"),
-        "ci": best.get("ci"),
-        "reliable": best.get("reliable"),
+        "attack": best.name if best else None,
+        "value": best.value if best else None,
+        "ci": best.ci if best else None,
+        "reliable": best.reliable if best else None,
         "per_attack": per_attack,
-        "skipped_attacks": row["skipped_attacks"],
+        "skipped_attacks": row.skipped_attacks,
     }
     if not per_attack:
         return out | {"status": NOT_MEASURED, "reason": "no attack was computed"}
@@ -223,64 +221,64 @@ def _per_attack_tpr_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[s
     return out
 
 
-def _r_q_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+def _r_q_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
     limit, min_runs = float(th["min_r_q"]), int(th["min_runs"])
-    r = row["r_q"]
+    r = row.r_q
     out = {
         "id": "r_q",
         "description": "r_Q (mean over runs) >= limit",
         "threshold": limit,
         "comparison": ">=",
-        "value": r["mean"],
-        "ci": r["ci"],
-        "confidence": r.get("confidence"),
-        "reliable": (r["n_finite"] or 0) >= min_runs,
+        "value": r.mean,
+        "ci": r.ci,
+        "confidence": r.confidence,
+        "reliable": (r.n_finite or 0) >= min_runs,
     }
     if limit <= 0:
         return out | {"status": DISABLED, "reason": "min_r_q = 0 disables this criterion"}
-    if row.get("r_q_status", "not validated") == "failed":
+    if row.r_q_status == "failed":
         return out | {"status": DISABLED, "reason": failed_indicator_reason("r_Q")}
-    if row.get("r_q_status", "not validated") != "passed":
+    if row.r_q_status != "passed":
         return out | {
             "status": NOT_MEASURED,
-            "reason": f"r_Q's validation status is '{row.get('r_q_status', 'not validated')}' (docs/science.md section 8): "
+            "reason": f"r_Q's validation status is '{row.r_q_status}' (docs/science.md section 8): "
             "only an indicator that passed validation may drive a criterion",
         }
-    n_finite = r["n_finite"] or 0
+    n_finite = r.n_finite or 0
     why = f"{n_finite} runs with a finite r_Q < min_runs {min_runs}"
-    if r["n_undefined"]:
-        why += f" ({r['n_undefined']} undefined)"
-    return out | judge(r["mean"], r["ci"], limit=limit, kind="min", measured=n_finite >= min_runs, why_not=why)
+    if r.n_undefined:
+        why += f" ({r.n_undefined} undefined)"
+    return out | judge(r.mean, r.ci, limit=limit, kind="min", measured=n_finite >= min_runs, why_not=why)
 
 
-def _indicator_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+def _indicator_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
     """The validated attack-free indicator (report.indicator) >= report.min_indicator."""
-    ind = row.get("indicator") or dict.fromkeys(("name", "mean", "ci", "n_finite", "status"))
+    ind = row.indicator or PrimaryIndicator()
     limit, min_runs = th.get("min_indicator"), int(th["min_runs"])
     out = {
         "id": "indicator",
-        "description": f"{ind.get('name')} (mean over runs, higher = more secure) >= limit",
+        "description": f"{ind.name} (mean over runs, higher = more secure) >= limit",
         "threshold": limit,
         "comparison": ">=",
-        "value": ind.get("mean"),
-        "ci": ind.get("ci"),
-        "confidence": ind.get("confidence"),
-        "reliable": (ind.get("n_finite") or 0) >= min_runs,
+        "value": ind.mean,
+        "ci": ind.ci,
+        "confidence": ind.confidence,
+        "reliable": (ind.n_finite or 0) >= min_runs,
     }
     if limit is None:
         return out | {"status": DISABLED, "reason": "report.min_indicator is not set"}
-    if ind.get("status") == "failed":
-        return out | {"status": DISABLED, "reason": failed_indicator_reason(str(ind.get("name")))}
-    if ind.get("status") != "passed":
+    if ind.status == "failed":
+        return out | {"status": DISABLED, "reason": failed_indicator_reason(str(ind.name))}
+    if ind.status != "passed":
         return out | {
             "status": NOT_MEASURED,
-            "reason": f"{ind.get('name')} has validation status '{ind.get('status')}': only an indicator that passed "
+            "reason": f"{ind.name} has validation status '{ind.status}': only an indicator that passed "
             "validation may drive a criterion",
         }
-    n = ind.get("n_finite") or 0
+    n = ind.n_finite or 0
     return out | judge(
-        ind.get("mean"),
-        ind.get("ci"),
+        ind.mean,
+        ind.ci,
         limit=float(limit),
         kind="min",
         measured=n >= min_runs,
@@ -288,39 +286,37 @@ def _indicator_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, A
     )
 
 
-def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any]:
+def _utility_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
     metric = th.get("utility_metric") or "loss"
     if metric != "loss":
         return _utility_metric_criterion(row, th, metric)
     limit, min_runs = float(th["max_utility_loss"]), int(th["min_runs"])
-    u = row["utility"]
-    n_runs = u["n_runs"] or 0
+    u = row.utility
+    n_runs = u.n_runs or 0
     out = {
         "id": "utility",
         "description": "relative increase of validation loss vs full precision <= limit",
         "metric": "loss",
         "threshold": limit,
         "comparison": "<=",
-        "value": u["relative_change"],
-        "ci": u["relative_change_ci"],
-        "confidence": u.get("confidence"),
+        "value": u.relative_change,
+        "ci": u.relative_change_ci,
+        "confidence": u.confidence,
         "reliable": n_runs >= min_runs,
     }
-    if u["relative_change"] is None:
+    if u.relative_change is None:
         return out | {"status": NOT_MEASURED, "reason": "no validation loss relative to the reference (missing runs?)"}
-    if n_runs < min_runs and u.get("relative_change_ci_samples"):  # fewer runs: the interval over samples
-        verdict = judge(
-            u["relative_change_pooled"], u["relative_change_ci_samples"], limit=limit, kind="max", measured=True
-        )
+    if n_runs < min_runs and u.relative_change_ci_samples:  # fewer runs: the interval over samples
+        verdict = judge(u.relative_change_pooled, u.relative_change_ci_samples, limit=limit, kind="max", measured=True)
         verdict["reason"] += (
-            f" (interval over {u.get('n_val_samples')} validation samples: {n_runs} run(s) < min_runs {min_runs}, so "
+            f" (interval over {u.n_val_samples} validation samples: {n_runs} run(s) < min_runs {min_runs}, so "
             "run-to-run variation of training is not covered)"
         )
         return (
             out
             | {
-                "value": u["relative_change_pooled"],
-                "ci": u["relative_change_ci_samples"],
+                "value": u.relative_change_pooled,
+                "ci": u.relative_change_ci_samples,
                 "reliable": True,
                 "interval_over": "samples",
             }
@@ -330,8 +326,8 @@ def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any
         out
         | {"interval_over": "runs"}
         | judge(
-            u["relative_change"],
-            u["relative_change_ci"],
+            u.relative_change,
+            u.relative_change_ci,
             limit=limit,
             kind="max",
             measured=n_runs >= min_runs,
@@ -340,7 +336,7 @@ def _utility_criterion(row: dict[str, Any], th: dict[str, Any]) -> dict[str, Any
     )
 
 
-def _utility_metric_criterion(row: dict[str, Any], th: dict[str, Any], metric: str) -> dict[str, Any]:
+def _utility_metric_criterion(row: GridRow, th: dict[str, Any], metric: str) -> dict[str, Any]:
     """The utility criterion on report.utility_metric other than the loss (KL, same top, a task metric's drop
     below full precision; llmaudit.report.utility.metric_estimate), judged like every criterion."""
     e = metric_estimate(row, metric, th.get("utility_limit"))
@@ -367,7 +363,7 @@ def _utility_metric_criterion(row: dict[str, Any], th: dict[str, Any], metric: s
     )
 
 
-def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) -> dict[str, Any]:
+def release_checklist(grid: list[GridRow], thresholds: dict[str, Any]) -> dict[str, Any]:
     """Per quantizer: every criterion with its status, and the overall status (rules: module doc).
 
     Args:
@@ -388,7 +384,7 @@ def release_checklist(grid: list[dict[str, Any]], thresholds: dict[str, Any]) ->
             _indicator_criterion(row, th),
             _utility_criterion(row, th),
         ]
-        per_q[row["quantizer"]] = {"overall": worst(c["status"] for c in criteria), "criteria": criteria}
+        per_q[row.quantizer] = {"overall": worst(c["status"] for c in criteria), "criteria": criteria}
     return {"thresholds": th, "rules": CHECKLIST_RULES, "per_quantizer": per_q}
 
 

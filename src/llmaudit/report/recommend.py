@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct
+from llmaudit.report.models import GridRow
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
 from llmaudit.report.release import DIRECTION_ORDER, comparison_sentence, direction_of, size_phrase
 
@@ -43,10 +44,10 @@ def crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
     return next(c for c in checklist["per_quantizer"][q]["criteria"] if c["id"] == cid)
 
 
-def _bits(r: dict[str, Any]) -> float:
-    for key in ("effective_bits", "bits"):
-        if r.get(key) is not None:
-            return float(r[key])
+def _bits(r: GridRow) -> float:
+    for bits in (r.effective_bits, r.bits):
+        if bits is not None:
+            return float(bits)
     return math.inf
 
 
@@ -64,7 +65,7 @@ def excess(c: dict[str, Any]) -> float:
     return c["value"] - c["threshold"] if c.get("comparison") == "<=" else c["threshold"] - c["value"]
 
 
-def ranking_key(r: dict[str, Any], checklist: dict[str, Any]) -> tuple:
+def ranking_key(r: GridRow, checklist: dict[str, Any]) -> tuple:
     """The recommendation's ordering of a candidate grid row (lower = preferred): module doc.
 
     Args:
@@ -74,7 +75,7 @@ def ranking_key(r: dict[str, Any], checklist: dict[str, Any]) -> tuple:
     Returns:
         The key: verdict, comparison with full precision, bits, utility margin.
     """
-    q = r["quantizer"]
+    q = r.quantizer
     overall = checklist["per_quantizer"][q]["overall"]
     return (SEVERITY.get(overall, 9), DIRECTION_ORDER[direction_of(r)], _bits(r), excess(crit(checklist, q, "utility")))
 
@@ -96,18 +97,18 @@ def _lost_on(chosen: tuple, theirs: tuple, names: tuple[dict, dict]) -> str:
     )
 
 
-def _runner_up(ranked: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
+def _runner_up(ranked: list[GridRow], checklist: dict[str, Any]) -> dict[str, Any]:
     """The second-ranked quantizer and the key it lost on."""
     chosen, other = ranked[0], ranked[1]
     per_q = checklist["per_quantizer"]
-    names = tuple({"overall": per_q[x["quantizer"]]["overall"], "direction": direction_of(x)} for x in (chosen, other))
+    names = tuple({"overall": per_q[x.quantizer]["overall"], "direction": direction_of(x)} for x in (chosen, other))
     return {
-        "quantizer": other["quantizer"],
+        "quantizer": other.quantizer,
         "lost_on": _lost_on(ranking_key(chosen, checklist), ranking_key(other, checklist), names),
     }
 
 
-def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str, Any]:
+def recommend(grid: list[GridRow], checklist: dict[str, Any]) -> dict[str, Any]:
     """The quantizer to release (rules: module doc), whether it is cleared, the ranking and the runner-up.
 
     Args:
@@ -118,11 +119,9 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
         report.json's recommendation (without its explanation).
     """
     per_q = checklist["per_quantizer"]
-    candidates = [
-        r for r in grid if not r.get("is_reference") and crit(checklist, r["quantizer"], "utility")["status"] == PASS
-    ]
+    candidates = [r for r in grid if not r.is_reference and crit(checklist, r.quantizer, "utility")["status"] == PASS]
     if not candidates:
-        audited = any(not r.get("is_reference") for r in grid)
+        audited = any(not r.is_reference for r in grid)
         return {
             "quantizer": None,
             "rule": RULE,
@@ -133,7 +132,7 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
             else "only the full-precision reference was audited: there is no quantization to recommend",
         }
     ranked = sorted(candidates, key=lambda r: ranking_key(r, checklist))
-    chosen, q = ranked[0], ranked[0]["quantizer"]
+    chosen, q = ranked[0], ranked[0].quantizer
     overall = per_q[q]["overall"]
     reason = f"first of {len(candidates)} quantizer(s) within the utility budget: overall {overall}; " + (
         comparison_sentence(chosen) or ""
@@ -146,8 +145,8 @@ def recommend(grid: list[dict[str, Any]], checklist: dict[str, Any]) -> dict[str
         "cleared_for_release": overall == PASS,
         "reason": reason,
         "comparison": direction_of(chosen),
-        "candidates": [r["quantizer"] for r in candidates],
-        "ranking": [r["quantizer"] for r in ranked],
+        "candidates": [r.quantizer for r in candidates],
+        "ranking": [r.quantizer for r in ranked],
         "runner_up": runner,
     }
 
@@ -219,7 +218,7 @@ def _utility_words(checklist: dict[str, Any], q: str) -> str:
 
 
 def explain_recommendation(
-    recommendation: dict[str, Any], checklist: dict[str, Any], grid: list[dict[str, Any]], provenance: dict[str, Any]
+    recommendation: dict[str, Any], checklist: dict[str, Any], grid: list[GridRow], provenance: dict[str, Any]
 ) -> str:
     """The recommendation in one paragraph a release manager can read: the quantizer, cleared or not and which
     criterion decided, how it leaks against full precision and at what utility, what would decide an open verdict,
@@ -236,7 +235,7 @@ def explain_recommendation(
     """
     q = recommendation.get("quantizer")
     if q is None:
-        quantized = [r["quantizer"] for r in grid if not r.get("is_reference")]
+        quantized = [r.quantizer for r in grid if not r.is_reference]
         if not quantized:
             return "Only full precision was audited: there is no quantization to recommend."
         utility = {name: crit(checklist, name, "utility") for name in quantized}
@@ -245,8 +244,8 @@ def explain_recommendation(
             f"No quantization can be released: none keeps enough utility with a PASS (utility criterion). Closest: "
             f"{closest[0]}, {criterion_phrase(closest[1])}. To release one, {what_to_do(closest[1], provenance)}."
         )
-    row = next(r for r in grid if r["quantizer"] == q)
-    compared = f"{q} is the full-precision reference" if row.get("is_reference") else comparison_sentence(row)
+    row = next(r for r in grid if r.quantizer == q)
+    compared = f"{q} is the full-precision reference" if row.is_reference else comparison_sentence(row)
     decided = deciding(checklist, q)
     if recommendation.get("cleared_for_release"):
         text = f"Release {q}: cleared, every criterion passes ({criterion_phrase(crit(checklist, q, 'attack_tpr'))})"

@@ -73,11 +73,11 @@ def _interval(low: float | None, high: float | None) -> list[float] | None:
     return None if low is None or high is None else [low, high]
 
 
-def attack_criterion(row: dict[str, Any], d: QuantizerDecision) -> dict[str, Any]:
+def attack_criterion(row: GridRow, d: QuantizerDecision) -> dict[str, Any]:
     """The attack criterion of one quantizer in the checklist's shape, from its decision.
 
     Args:
-        row (dict[str, Any]): the quantizer's row of the grid.
+        row (GridRow): the quantizer's row of the grid.
         d (QuantizerDecision): its decision.
 
     Returns:
@@ -121,7 +121,7 @@ def attack_criterion(row: dict[str, Any], d: QuantizerDecision) -> dict[str, Any
         "per_attack": per_attack,
         "size_needed": d.size_needed.model_dump() if d.size_needed else None,
         "run_to_run_covered": d.run_to_run_covered,
-        "skipped_attacks": row["skipped_attacks"],
+        "skipped_attacks": row.skipped_attacks,
     }
 
 

@@ -23,6 +23,8 @@ from llmaudit.analyze.result import (
     TaskMetricsResult,
 )
 from llmaudit.common.formatting import finite_or_none, interval_or_none
+from llmaudit.report.models import Divergence, EstimateCI, GridRow, TaskMetric
+from llmaudit.report.schema_base import Stat
 
 DIVERGENCE_KEYS = SUMMARY_KEYS
 """The divergence statistics of each quantizer's row: the per-run statistics the analysis averages over runs."""
@@ -38,7 +40,7 @@ METRIC_LABELS = {
 }
 
 
-def divergence_row(entry: DivergenceSummary | None) -> dict[str, Any]:
+def divergence_row(entry: DivergenceSummary | None) -> Divergence:
     """A quantizer's divergence summary for its grid row.
 
     Args:
@@ -48,19 +50,19 @@ def divergence_row(entry: DivergenceSummary | None) -> dict[str, Any]:
         Every statistic's mean over runs, interval and token error, or not measured with the reason.
     """
     if entry is None or not entry.measured:
-        return {"measured": False, "reason": (entry.reason if entry is not None else None) or "not measured"}
-    out: dict[str, Any] = {"measured": True, "reason": None, "n_runs": entry.n_runs}
+        return Divergence(measured=False, reason=(entry.reason if entry is not None else None) or "not measured")
+    stats: dict[str, Stat] = {}
     for key in DIVERGENCE_KEYS:
         stat = entry.stat(key) or DriftStat()
-        out[key] = {
-            "mean": finite_or_none(stat.mean),
-            "ci": interval_or_none(*(stat.ci or [None, None])),
-            "token_se": finite_or_none(stat.token_se),
-        }
-    return out
+        stats[key] = Stat(
+            mean=finite_or_none(stat.mean),
+            ci=interval_or_none(*(stat.ci or [None, None])),
+            token_se=finite_or_none(stat.token_se),
+        )
+    return Divergence(measured=True, reason=None, n_runs=entry.n_runs, **stats)
 
 
-def task_metric_row(m: TaskMetricResult) -> dict[str, Any]:
+def task_metric_row(m: TaskMetricResult) -> TaskMetric:
     """One task metric of one quantizer for its grid row.
 
     Args:
@@ -70,23 +72,16 @@ def task_metric_row(m: TaskMetricResult) -> dict[str, Any]:
         Its value, interval and drop below the reference.
     """
     drop = m.drop_vs_reference or Drop()
-    return {
-        "value": finite_or_none(m.value),
-        "ci": interval_or_none(*(m.ci or [None, None])),
-        "higher_is_better": True if m.higher_is_better is None else m.higher_is_better,
-        "n_runs": m.n_runs,
-        "drop": {"value": finite_or_none(drop.value), "ci": interval_or_none(*(drop.ci or [None, None]))},
-    }
+    return TaskMetric(
+        value=finite_or_none(m.value),
+        ci=interval_or_none(*(m.ci or [None, None])),
+        higher_is_better=True if m.higher_is_better is None else m.higher_is_better,
+        n_runs=m.n_runs,
+        drop=EstimateCI(value=finite_or_none(drop.value), ci=interval_or_none(*(drop.ci or [None, None]))),
+    )
 
 
-def _at(obj: dict[str, Any] | None, *keys: str) -> Any:
-    """obj[k1][k2]... of a grid row being built, None where a level is missing."""
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
-def metric_estimate(row: dict[str, Any], metric: str, limit: float | None) -> dict[str, Any]:
+def metric_estimate(row: GridRow, metric: str, limit: float | None) -> dict[str, Any]:
     """What the utility criterion judges for a non-loss `metric` on one grid row.
 
     Args:
@@ -98,27 +93,28 @@ def metric_estimate(row: dict[str, Any], metric: str, limit: float | None) -> di
         Value, interval, the direction ("max": value <= limit, "min": value >= limit), the limit, runs behind it, and
         why it is missing (or None).
     """
-    u = row["utility"]
+    u = row.utility
     if metric in ("kl", "same_top"):
-        d = u.get("divergence")
-        stat = "kl_mean" if metric == "kl" else "same_top"
+        d = u.divergence
+        stat = (d.kl_mean if metric == "kl" else d.same_top) or Stat()
         return {
-            "value": _at(d, stat, "mean"),
-            "ci": _at(d, stat, "ci"),
+            "value": stat.mean,
+            "ci": stat.ci,
             "kind": "max" if metric == "kl" else "min",
             "limit": DEFAULT_LIMITS[metric] if limit is None else float(limit),
-            "n_runs": _at(d, "n_runs") or 0,
-            "missing": None if _at(d, "measured") else f"divergence not measured: {_at(d, 'reason')}",
+            "n_runs": d.n_runs or 0,
+            "missing": None if d.measured else f"divergence not measured: {d.reason}",
             "description": f"{METRIC_LABELS[metric]} {'<=' if metric == 'kl' else '>='} limit",
         }
-    m = _at(u, "task_metrics", metric)
+    m = u.task_metrics.get(metric)
+    drop = m.drop if m is not None else EstimateCI()
     return {
-        "value": _at(m, "drop", "value"),
-        "ci": _at(m, "drop", "ci"),
+        "value": drop.value,
+        "ci": drop.ci,
         "kind": "max",
         "limit": TASK_DEFAULT_LIMIT if limit is None else float(limit),
-        "n_runs": _at(m, "n_runs") or 0,
-        "missing": None if m else f"task metric {metric} not measured",
+        "n_runs": (m.n_runs if m is not None else None) or 0,
+        "missing": None if m is not None else f"task metric {metric} not measured",
         "description": f"drop of {metric} below full precision (reference - quantizer, paired by run) <= limit",
     }
 
@@ -146,7 +142,7 @@ def pareto_front(points: list[tuple[float, float]], *, lower_x_is_better: bool) 
     return out
 
 
-def indistinguishable_by_kl(grid: list[dict[str, Any]]) -> list[list[str]]:
+def indistinguishable_by_kl(grid: list[GridRow]) -> list[list[str]]:
     """Groups of quantizers whose mean KL intervals overlap a neighbour's: KL does not order them.
 
     Args:
@@ -157,9 +153,9 @@ def indistinguishable_by_kl(grid: list[dict[str, Any]]) -> list[list[str]]:
     """
     rows = []
     for r in grid:
-        mean, ci = _at(r, "utility", "divergence", "kl_mean", "mean"), _at(r, "utility", "divergence", "kl_mean", "ci")
-        if mean is not None and ci:
-            rows.append((mean, ci, r["quantizer"]))
+        kl = r.utility.divergence.kl_mean or Stat()
+        if kl.mean is not None and kl.ci:
+            rows.append((kl.mean, kl.ci, r.quantizer))
     rows.sort(key=lambda t: t[0])
     groups: list[list[str]] = []
     current: list[str] = []

@@ -148,7 +148,7 @@ def utility_section(report: ReportJson) -> Section | None:
     names = sorted({n for r in grid for n in r.utility.task_metrics})
     if names:
         tables.append(_task_table(grid, names))
-    groups = indistinguishable_by_kl([r.model_dump(exclude_unset=True) for r in grid])
+    groups = indistinguishable_by_kl(grid)
     bullets = [
         f"KL does not order {lit(', '.join(g))}: their intervals over runs overlap, so their difference in KL is "
         "within what the runs disagree on (for near-lossless quantizers, read the task metrics and attacks instead)."
