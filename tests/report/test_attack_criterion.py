@@ -41,27 +41,27 @@ def _row(attacks):
 
 
 def _attack_criterion(attacks):
-    checklist = release_checklist([_row(attacks)], THRESHOLDS)["per_quantizer"]["hqq-4"]
-    return next(c for c in checklist["criteria"] if c["id"] == "attack_tpr"), checklist["overall"]
+    checklist = release_checklist([_row(attacks)], THRESHOLDS).per_quantizer["hqq-4"]
+    return next(c for c in checklist.criteria if c.id == "attack_tpr"), checklist.overall
 
 
 def test_one_new_attack_over_the_limit_fails_a_quantizer_that_loss_clears():
     safe = {"loss": _attack(0.01, [0.0, 0.03], 0.74), "wbc": _attack(0.02, [0.0, 0.04], 0.93)}
     crit, _ = _attack_criterion(safe)
-    assert crit["status"] == PASS
+    assert crit.status == PASS
     crit, overall = _attack_criterion(safe | {"ez_mia_bottom": _attack(0.20, [0.15, 0.25], 0.80)})
-    assert crit["status"] == FAIL and overall == FAIL
-    assert crit["reason"].startswith("ez_mia_bottom:") and crit["per_attack"]["loss"]["status"] == PASS
+    assert crit.status == FAIL and overall == FAIL
+    assert crit.reason.startswith("ez_mia_bottom:") and crit.per_attack["loss"].status == PASS
 
 
 def test_the_worst_verdict_wins_over_every_attack():
     """FAIL > NOT MEASURED > INCONCLUSIVE > PASS, whichever attack carries it."""
     base = {"loss": _attack(0.01, [0.0, 0.03], 0.74)}
     crit, _ = _attack_criterion(base | {"rmia": _attack(0.03, [0.0, 0.08], 0.95)})
-    assert crit["status"] == INCONCLUSIVE and crit["reason"].startswith("rmia:")
+    assert crit.status == INCONCLUSIVE and crit.reason.startswith("rmia:")
     unreliable = _attack(0.01, [0.0, 0.02], 0.9, reliable=False)
     crit, _ = _attack_criterion(base | {"rmia": _attack(0.03, [0.0, 0.08], 0.95), "wbc_qbase": unreliable})
-    assert crit["status"] == NOT_MEASURED and crit["reason"].startswith("wbc_qbase:")
+    assert crit.status == NOT_MEASURED and crit.reason.startswith("wbc_qbase:")
 
 
 def test_strongest_attack_and_its_gain_over_loss():

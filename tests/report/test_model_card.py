@@ -219,7 +219,7 @@ def test_recommendation_paragraph_when_a_quantizer_is_cleared():
         decided(_row("q4", tpr=0.0, tpr_ci=None, rel=0.05, rel_ci=(0.03, 0.08)), "PASS", bits=4.5),
     ]
     rec, text = _explained(grid)
-    assert rec["quantizer"] == "q4" and rec["ranking"] == ["q4", "q8"]  # full precision is no candidate
+    assert rec.quantizer == "q4" and rec.ranking == ["q4", "q8"]  # full precision is no candidate
     assert text.startswith("Release q4: cleared, every criterion passes (attack TPR at 1% FPR (strongest, ")
     assert "cross-fitted: loss) 0.020 [0.010, 0.040] against limit <= 0.05: PASS)" in text
     assert "q4 leaks same (planted), at +5.0% validation loss." in text
@@ -236,7 +236,7 @@ def test_recommendation_paragraph_when_the_best_candidate_is_not_cleared():
     }
     grid = [decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "FAIL", bits=32), open_verdict]
     rec, text = _explained(grid)
-    assert rec["quantizer"] == "q8" and not rec["cleared_for_release"]
+    assert rec.quantizer == "q8" and not rec.cleared_for_release
     assert text.startswith(
         "The first-ranked candidate is q8, but it is NOT cleared for release: attack TPR at 1% FPR (strongest, "
         "cross-fitted: loss) 0.020 [0.010, 0.040] against limit <= 0.05: INCONCLUSIVE."
@@ -259,7 +259,7 @@ def test_a_failed_candidate_is_ranked_first_in_words_without_internal_names():
         decided(_row("q4", tpr=0.0, tpr_ci=None, rel=0.05, rel_ci=(0.03, 0.08)), "FAIL", bits=4.5),
     ]
     rec, text = _explained(grid)
-    assert rec["quantizer"] == "q4" and not rec["cleared_for_release"]
+    assert rec.quantizer == "q4" and not rec.cleared_for_release
     assert text.startswith("The first-ranked candidate is q4, but it is NOT cleared for release")
     assert "To decide it: its leakage fails: the whole interval is beyond the limit" in text
     assert "attack_tpr" not in text and "closest" not in text
@@ -274,7 +274,7 @@ def test_recommendation_paragraph_when_nothing_is_within_the_utility_budget():
         _row("q3", tpr=0.0, tpr_ci=(0.0, 0.01), rel=0.08, rel_ci=(0.05, 0.12)),  # INCONCLUSIVE
     ]
     rec, text = _explained(grid)
-    assert rec["quantizer"] is None
+    assert rec.quantizer is None
     assert text.startswith("No quantization can be released: none keeps enough utility with a PASS")
     assert "Closest: q3, utility (loss) 0.080 [0.050, 0.120] against limit <= 0.1: INCONCLUSIVE" in text
     assert "the utility interval reaches 0.120, across the limit 0.1: more runs or more samples narrow it" in text
@@ -286,11 +286,11 @@ def test_a_criterion_on_a_failed_indicator_is_off_not_a_permanent_not_measured()
     row = _row("fp", tpr=0.01, tpr_ci=(0.0, 0.02), ref=True) | {"r_q_status": "failed"}
     row["indicator"] = {"name": "gap_std_final", "mean": -0.1, "ci": [-0.15, -0.05], "n_finite": 8, "status": "failed"}
     cl = release_checklist(_typed([row]), TH | {"min_indicator": -0.2})
-    crit = {c["id"]: c for c in cl["per_quantizer"]["fp"]["criteria"]}
-    assert crit["r_q"]["status"] == DISABLED and crit["indicator"]["status"] == DISABLED
-    assert cl["per_quantizer"]["fp"]["overall"] == PASS
+    crit = {c.id: c for c in cl.per_quantizer["fp"].criteria}
+    assert crit["r_q"].status == DISABLED and crit["indicator"].status == DISABLED
+    assert cl.per_quantizer["fp"].overall == PASS
     row["r_q_status"] = "not validated"
-    assert release_checklist(_typed([row]), TH)["per_quantizer"]["fp"]["overall"] == NOT_MEASURED
+    assert release_checklist(_typed([row]), TH).per_quantizer["fp"].overall == NOT_MEASURED
 
 
 def test_an_unreliable_tpr_names_the_calibrated_non_members_behind_it():
@@ -299,10 +299,10 @@ def test_an_unreliable_tpr_names_the_calibrated_non_members_behind_it():
     row = _row("fp", tpr=0.2, tpr_ci=(0.1, 0.3), reliable=False, ref=True)
     row["attacks"]["loss"]["n_negatives"] = 1260
     row["attacks"]["loss"]["low_fpr"]["pooled_calibrated"]["0.01"]["n_negatives"] = 837
-    crit = release_checklist(_typed([row]), TH)["per_quantizer"]["fp"]["criteria"][0]
-    assert crit["status"] == NOT_MEASURED
-    assert "(837 calibrated of 1260 pooled: calibration drops samples" in crit["reason"]
-    assert "needs >= 1000)" in crit["reason"]
+    crit = release_checklist(_typed([row]), TH).per_quantizer["fp"].criteria[0]
+    assert crit.status == NOT_MEASURED
+    assert "(837 calibrated of 1260 pooled: calibration drops samples" in crit.reason
+    assert "needs >= 1000)" in crit.reason
 
 
 def test_an_attack_without_spread_is_told_apart_from_one_without_references():

@@ -30,7 +30,7 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.data.pool import membership_masks
 from llmaudit.report.build import build_report, indicator_agreement
 from llmaudit.report.markdown import render_markdown
-from llmaudit.report.models import GridRow
+from llmaudit.report.models import Checklist, GridRow
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS, judge, release_checklist
 from llmaudit.report.recommend import recommend
 from llmaudit.report.release import headline_of
@@ -309,7 +309,7 @@ TH = {"max_tpr_at_1pct_fpr": 0.05, "min_r_q": 0.1, "max_utility_loss": 0.10, "mi
 
 
 def _status(checklist, q, cid):
-    return next(c for c in checklist["per_quantizer"][q]["criteria"] if c["id"] == cid)["status"]
+    return next(c for c in checklist.per_quantizer[q].criteria if c.id == cid).status
 
 
 def test_unreliable_estimates_and_too_few_runs_are_not_measured():
@@ -321,49 +321,44 @@ def test_unreliable_estimates_and_too_few_runs_are_not_measured():
         _row("leaky-unreliable", tpr=0.30, tpr_ci=(0.2, 0.4), reliable=False),
     ]
     cl = release_checklist(_typed(grid), TH)
-    assert cl["per_quantizer"]["fp"]["overall"] == PASS
+    assert cl.per_quantizer["fp"].overall == PASS
     assert _status(cl, "few-negatives", "attack_tpr") == NOT_MEASURED
-    assert cl["per_quantizer"]["few-negatives"]["overall"] == NOT_MEASURED
+    assert cl.per_quantizer["few-negatives"].overall == NOT_MEASURED
     assert _status(cl, "few-runs", "attack_tpr") == NOT_MEASURED
     assert _status(cl, "few-runs", "utility") == NOT_MEASURED and _status(cl, "few-runs", "r_q") == NOT_MEASURED
     assert _status(cl, "leaky", "attack_tpr") == FAIL
-    crit = next(c for c in cl["per_quantizer"]["leaky-unreliable"]["criteria"] if c["id"] == "attack_tpr")
-    assert crit["status"] == NOT_MEASURED and "exceeds the limit" in crit["reason"]
-    assert (
-        release_checklist(_typed(grid), TH | {"min_r_q": 0.0})["per_quantizer"]["fp"]["criteria"][1]["status"]
-        == "DISABLED"
-    )
+    crit = next(c for c in cl.per_quantizer["leaky-unreliable"].criteria if c.id == "attack_tpr")
+    assert crit.status == NOT_MEASURED and "exceeds the limit" in crit.reason
+    assert release_checklist(_typed(grid), TH | {"min_r_q": 0.0}).per_quantizer["fp"].criteria[1].status == "DISABLED"
 
 
 def test_only_a_validated_indicator_drives_a_criterion():
     """r_Q as it stands (its validation failed) cannot clear or fail a quantizer; neither can an unvalidated
     candidate; a candidate that passed is judged like any estimate."""
     row = _row("fp", tpr=0.01, tpr_ci=(0.0, 0.02), ref=True) | {"r_q_status": "failed"}
-    crit = {c["id"]: c for c in release_checklist(_typed([row]), TH)["per_quantizer"]["fp"]["criteria"]}
+    crit = {c.id: c for c in release_checklist(_typed([row]), TH).per_quantizer["fp"].criteria}
     # a failed indicator is off at every audit size (DISABLED), never a NOT MEASURED that no audit could lift
-    assert crit["r_q"]["status"] == "DISABLED" and "failed validation" in crit["r_q"]["reason"]
-    assert crit["indicator"]["status"] == "DISABLED"  # min_indicator unset
+    assert crit["r_q"].status == "DISABLED" and "failed validation" in crit["r_q"].reason
+    assert crit["indicator"].status == "DISABLED"  # min_indicator unset
     ind = {"name": "gap_std_final", "mean": -0.1, "ci": [-0.15, -0.05], "n_finite": 6}
     for status, want in (("not validated", NOT_MEASURED), ("passed", PASS)):
         row["indicator"] = ind | {"status": status}
         crit = {
-            c["id"]: c
-            for c in release_checklist(_typed([row]), TH | {"min_indicator": -0.2})["per_quantizer"]["fp"]["criteria"]
+            c.id: c for c in release_checklist(_typed([row]), TH | {"min_indicator": -0.2}).per_quantizer["fp"].criteria
         }
-        assert crit["indicator"]["status"] == want, crit["indicator"]
+        assert crit["indicator"].status == want, crit["indicator"]
     row["indicator"] = ind | {"status": "passed", "mean": -0.5, "ci": [-0.6, -0.4]}
     crit = {
-        c["id"]: c
-        for c in release_checklist(_typed([row]), TH | {"min_indicator": -0.2})["per_quantizer"]["fp"]["criteria"]
+        c.id: c for c in release_checklist(_typed([row]), TH | {"min_indicator": -0.2}).per_quantizer["fp"].criteria
     }
-    assert crit["indicator"]["status"] == FAIL
+    assert crit["indicator"].status == FAIL
 
 
 def test_demo_sized_experiment_cannot_clear_tpr_at_one_percent(experiment):
     # 6 runs x 24 pool samples give far fewer than 10 / 0.01 = 1000 non-members: never PASS
     report = json.loads(experiment["outputs"]["json"])
     for q, entry in report["checklist"]["per_quantizer"].items():
-        assert _status(report["checklist"], q, "attack_tpr") == NOT_MEASURED
+        assert _status(Checklist.model_validate(report["checklist"]), q, "attack_tpr") == NOT_MEASURED
         assert entry["overall"] != PASS
     assert report["recommendation"]["cleared_for_release"] is False
 
@@ -425,10 +420,13 @@ def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
     cl = release_checklist(_typed(grid), TH)
     rec = recommend(_typed(grid), cl)
     # q2 is over the utility budget, q3's budget is INCONCLUSIVE, fp is the reference: not candidates
-    assert set(rec["candidates"]) == {"q8", "q4", "q4b"}
+    assert set(rec.candidates) == {"q8", "q4", "q4b"}
     # q4b leaks MORE than full precision and loses to the larger q8 that leaks the same; q4 is smaller than q8
-    assert rec["ranking"] == ["q4", "q8", "q4b"] and rec["cleared_for_release"]
-    assert rec["runner_up"] == {"quantizer": "q8", "lost_on": "its size: 8.50 against 4.50 effective bits per weight"}
+    assert rec.ranking == ["q4", "q8", "q4b"] and rec.cleared_for_release
+    assert rec.runner_up.model_dump() == {
+        "quantizer": "q8",
+        "lost_on": "its size: 8.50 against 4.50 effective bits per weight",
+    }
     # the same verdict, comparison and size: the utility decides, not the TPR estimates (planted far apart)
     twins = [
         decided(_row("a", tpr=0.0, tpr_ci=None, rel=0.04, rel_ci=(0.03, 0.05)), "PASS", bits=4.5, est=(0.0, 0.0, 0.01)),
@@ -436,22 +434,20 @@ def test_recommendation_ranks_on_what_the_audit_can_tell_apart():
             _row("b", tpr=0.0, tpr_ci=None, rel=0.02, rel_ci=(0.01, 0.03)), "PASS", bits=4.5, est=(0.04, 0.03, 0.049)
         ),
     ]
-    assert recommend(_typed(twins), release_checklist(_typed(twins), TH))["quantizer"] == "b"
+    assert recommend(_typed(twins), release_checklist(_typed(twins), TH)).quantizer == "b"
     over = [_row("q2", tpr=0.0, tpr_ci=(0.0, 0.0), rel=0.5, rel_ci=(0.4, 0.6))]
-    assert recommend(_typed(over), release_checklist(_typed(over), TH))["quantizer"] is None
+    assert recommend(_typed(over), release_checklist(_typed(over), TH)).quantizer is None
     only = [decided(_row("fp", tpr=0.0, tpr_ci=None, ref=True), "PASS", bits=32)]  # full precision is no candidate
-    assert recommend(_typed(only), release_checklist(_typed(only), TH))["quantizer"] is None
+    assert recommend(_typed(only), release_checklist(_typed(only), TH)).quantizer is None
 
 
 def test_the_attack_criterion_reads_the_release_decision():
     row = decided(_row("q8", tpr=0.0, tpr_ci=None), "INCONCLUSIVE", est=(0.052, 0.034, 0.075))
-    crit = next(
-        c for c in release_checklist(_typed([row]), TH)["per_quantizer"]["q8"]["criteria"] if c["id"] == "attack_tpr"
-    )
-    assert crit["status"] == INCONCLUSIVE and crit["reason"] == "planted INCONCLUSIVE"
-    assert crit["value"] == 0.052 and crit["ci"] == [0.034, 0.075] and crit["attack"] == "loss"
-    assert crit["in_sample_max"] == {"attack": "loss", "value": 0.075}
-    assert crit["per_attack"]["loss"]["upper_bound"] == 0.075 and crit["per_attack"]["loss"]["judged"]
+    crit = next(c for c in release_checklist(_typed([row]), TH).per_quantizer["q8"].criteria if c.id == "attack_tpr")
+    assert crit.status == INCONCLUSIVE and crit.reason == "planted INCONCLUSIVE"
+    assert crit.value == 0.052 and crit.ci == [0.034, 0.075] and crit.attack == "loss"
+    assert crit.in_sample_max.model_dump(exclude_unset=True) == {"attack": "loss", "value": 0.075}
+    assert crit.per_attack["loss"].upper_bound == 0.075 and crit.per_attack["loss"].judged
 
 
 # ------------------------------------------------------------------------------------------ Markdown

@@ -132,10 +132,10 @@ def test_a_metric_that_was_not_measured_is_never_pass():
         "task_metrics": {},
     }
     cl = release_checklist(_typed(grid), TH | {"utility_metric": "kl"})
-    crit = next(c for c in cl["per_quantizer"]["fp"]["criteria"] if c["id"] == "utility")
-    assert crit["status"] == NOT_MEASURED and "scored without per-token KL" in crit["reason"]
+    crit = next(c for c in cl.per_quantizer["fp"].criteria if c.id == "utility")
+    assert crit.status == NOT_MEASURED and "scored without per-token KL" in crit.reason
     cl = release_checklist(_typed(grid), TH | {"utility_metric": "smiles_exact_match"})
-    assert next(c for c in cl["per_quantizer"]["fp"]["criteria"] if c["id"] == "utility")["status"] == NOT_MEASURED
+    assert next(c for c in cl.per_quantizer["fp"].criteria if c.id == "utility").status == NOT_MEASURED
 
 
 def test_pareto_front_and_kl_groups_by_hand():

@@ -360,10 +360,9 @@ def recommendation_of(report: ReportJson) -> Recommendation:
     rec = report.recommendation
     if rec.explanation is not None and (rec.quantizer is None or rec.quantizer != report.reference_quantizer):
         return rec
-    built = report.model_dump(mode="json", exclude_unset=True)
-    again = recommend(report.grid, built["checklist"])
-    again["explanation"] = explain_recommendation(again, built["checklist"], report.grid, built["provenance"])
-    return Recommendation.model_validate(again)
+    again = recommend(report.grid, report.checklist)
+    again.explanation = explain_recommendation(again, report.checklist, report.grid, report.provenance)
+    return again
 
 
 def conclusion(report: ReportJson) -> str:

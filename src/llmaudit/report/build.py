@@ -336,6 +336,11 @@ def _dumped(block: BaseModel | None) -> Any:
     return None if block is None else block.model_dump(mode="json", by_alias=True)
 
 
+def _written(block: BaseModel) -> dict[str, Any]:
+    """A section built typed, as report.json writes it: the keys it was built with."""
+    return block.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
 def _row_json(row: GridRow) -> dict[str, Any]:
     """A grid row as report.json writes it: the keys it was built with, its decision whole."""
     return row.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"decision"}) | {
@@ -382,7 +387,7 @@ def build_report(
     r_q_vs_best = r_q_vs_best_attack(grid)
     recommendation = recommend(grid, checklist)
     provenance = _provenance(result)
-    recommendation["explanation"] = explain_recommendation(recommendation, checklist, grid, provenance)
+    recommendation.explanation = explain_recommendation(recommendation, checklist, grid, provenance)
     report = {
         "report_schema_version": REPORT_SCHEMA_VERSION,
         "llmaudit_version": result.llmaudit_version,
@@ -394,8 +399,8 @@ def build_report(
         "reference_quantizer": result.reference_quantizer,
         "quantizers": [r.quantizer for r in grid],
         "grid": [_row_json(r) for r in grid],
-        "checklist": checklist,
-        "recommendation": recommendation,
+        "checklist": _written(checklist),
+        "recommendation": _written(recommendation),
         "r_q_vs_best_attack": r_q_vs_best,
     } | _sections(result, grid, r_q_vs_best)
     report["vulnerable_samples"] = vulnerable_samples_summary(

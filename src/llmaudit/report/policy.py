@@ -26,7 +26,16 @@ from typing import Any
 
 from llmaudit.analyze.metrics import fpr_key
 from llmaudit.analyze.result import AnalysisResult
-from llmaudit.report.models import AttackEntry, GridRow, PrimaryIndicator, TprAt
+from llmaudit.report.models import (
+    AttackEntry,
+    Checklist,
+    Criterion,
+    GridRow,
+    PrimaryIndicator,
+    QuantizerChecklist,
+    Thresholds,
+    TprAt,
+)
 from llmaudit.report.release import attack_criterion, decision_of
 from llmaudit.report.utility import metric_estimate
 
@@ -165,14 +174,19 @@ def too_few_negatives_reason(t: TprAt, n_pooled: int | None) -> str:
     return why + f"; needs >= {need})"
 
 
-def _attack_tpr_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
+def _criterion(fields: dict[str, Any], verdict: dict[str, Any]) -> Criterion:
+    """A criterion from its fields and its verdict (a verdict's keys replace the fields' own)."""
+    return Criterion(**(fields | verdict))
+
+
+def _attack_tpr_criterion(row: GridRow, th: dict[str, Any]) -> Criterion:
     """The attack criterion: the release rule's decision (`llmaudit.report.release`); a result without one is judged
     attack by attack (`_per_attack_tpr_criterion`)."""
     decision = decision_of(row)
     return _per_attack_tpr_criterion(row, th) if decision is None else attack_criterion(row, decision)
 
 
-def _per_attack_tpr_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
+def _per_attack_tpr_criterion(row: GridRow, th: dict[str, Any]) -> Criterion:
     """A result written without the release rule's decision: every attack judged on its own calibrated TPR and 95%
     interval (`judge`), at least min_runs runs; the worst verdict over the attacks."""
     limit, min_runs = float(th["max_tpr_at_1pct_fpr"]), int(th["min_runs"])
@@ -207,7 +221,7 @@ def _per_attack_tpr_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any
         "skipped_attacks": row.skipped_attacks,
     }
     if not per_attack:
-        return out | {"status": NOT_MEASURED, "reason": "no attack was computed"}
+        return _criterion(out, {"status": NOT_MEASURED, "reason": "no attack was computed"})
     status = worst(v["status"] for v in per_attack.values())
     # the attack that decides the status: the worst-judged one, ties broken by the highest estimate
     deciding = max(
@@ -218,10 +232,10 @@ def _per_attack_tpr_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any
     out["reason"] = f"{deciding[0]}: {deciding[1]['reason']}"
     if status == PASS:
         out["reason"] = f"every attack's 95% interval <= {limit:g} (highest: {out['attack']})"
-    return out
+    return Criterion(**out)
 
 
-def _r_q_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
+def _r_q_criterion(row: GridRow, th: dict[str, Any]) -> Criterion:
     limit, min_runs = float(th["min_r_q"]), int(th["min_runs"])
     r = row.r_q
     out = {
@@ -235,23 +249,26 @@ def _r_q_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
         "reliable": (r.n_finite or 0) >= min_runs,
     }
     if limit <= 0:
-        return out | {"status": DISABLED, "reason": "min_r_q = 0 disables this criterion"}
+        return _criterion(out, {"status": DISABLED, "reason": "min_r_q = 0 disables this criterion"})
     if row.r_q_status == "failed":
-        return out | {"status": DISABLED, "reason": failed_indicator_reason("r_Q")}
+        return _criterion(out, {"status": DISABLED, "reason": failed_indicator_reason("r_Q")})
     if row.r_q_status != "passed":
-        return out | {
-            "status": NOT_MEASURED,
-            "reason": f"r_Q's validation status is '{row.r_q_status}' (docs/science.md section 8): "
-            "only an indicator that passed validation may drive a criterion",
-        }
+        return _criterion(
+            out,
+            {
+                "status": NOT_MEASURED,
+                "reason": f"r_Q's validation status is '{row.r_q_status}' (docs/science.md section 8): "
+                "only an indicator that passed validation may drive a criterion",
+            },
+        )
     n_finite = r.n_finite or 0
     why = f"{n_finite} runs with a finite r_Q < min_runs {min_runs}"
     if r.n_undefined:
         why += f" ({r.n_undefined} undefined)"
-    return out | judge(r.mean, r.ci, limit=limit, kind="min", measured=n_finite >= min_runs, why_not=why)
+    return _criterion(out, judge(r.mean, r.ci, limit=limit, kind="min", measured=n_finite >= min_runs, why_not=why))
 
 
-def _indicator_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
+def _indicator_criterion(row: GridRow, th: dict[str, Any]) -> Criterion:
     """The validated attack-free indicator (report.indicator) >= report.min_indicator."""
     ind = row.indicator or PrimaryIndicator()
     limit, min_runs = th.get("min_indicator"), int(th["min_runs"])
@@ -266,27 +283,33 @@ def _indicator_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
         "reliable": (ind.n_finite or 0) >= min_runs,
     }
     if limit is None:
-        return out | {"status": DISABLED, "reason": "report.min_indicator is not set"}
+        return _criterion(out, {"status": DISABLED, "reason": "report.min_indicator is not set"})
     if ind.status == "failed":
-        return out | {"status": DISABLED, "reason": failed_indicator_reason(str(ind.name))}
+        return _criterion(out, {"status": DISABLED, "reason": failed_indicator_reason(str(ind.name))})
     if ind.status != "passed":
-        return out | {
-            "status": NOT_MEASURED,
-            "reason": f"{ind.name} has validation status '{ind.status}': only an indicator that passed "
-            "validation may drive a criterion",
-        }
+        return _criterion(
+            out,
+            {
+                "status": NOT_MEASURED,
+                "reason": f"{ind.name} has validation status '{ind.status}': only an indicator that passed "
+                "validation may drive a criterion",
+            },
+        )
     n = ind.n_finite or 0
-    return out | judge(
-        ind.mean,
-        ind.ci,
-        limit=float(limit),
-        kind="min",
-        measured=n >= min_runs,
-        why_not=f"{n} runs < min_runs {min_runs}",
+    return _criterion(
+        out,
+        judge(
+            ind.mean,
+            ind.ci,
+            limit=float(limit),
+            kind="min",
+            measured=n >= min_runs,
+            why_not=f"{n} runs < min_runs {min_runs}",
+        ),
     )
 
 
-def _utility_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
+def _utility_criterion(row: GridRow, th: dict[str, Any]) -> Criterion:
     metric = th.get("utility_metric") or "loss"
     if metric != "loss":
         return _utility_metric_criterion(row, th, metric)
@@ -305,26 +328,28 @@ def _utility_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
         "reliable": n_runs >= min_runs,
     }
     if u.relative_change is None:
-        return out | {"status": NOT_MEASURED, "reason": "no validation loss relative to the reference (missing runs?)"}
+        return _criterion(
+            out, {"status": NOT_MEASURED, "reason": "no validation loss relative to the reference (missing runs?)"}
+        )
     if n_runs < min_runs and u.relative_change_ci_samples:  # fewer runs: the interval over samples
         verdict = judge(u.relative_change_pooled, u.relative_change_ci_samples, limit=limit, kind="max", measured=True)
         verdict["reason"] += (
             f" (interval over {u.n_val_samples} validation samples: {n_runs} run(s) < min_runs {min_runs}, so "
             "run-to-run variation of training is not covered)"
         )
-        return (
-            out
-            | {
+        return _criterion(
+            out,
+            {
                 "value": u.relative_change_pooled,
                 "ci": u.relative_change_ci_samples,
                 "reliable": True,
                 "interval_over": "samples",
             }
-            | verdict
+            | verdict,
         )
-    return (
-        out
-        | {"interval_over": "runs"}
+    return _criterion(
+        out,
+        {"interval_over": "runs"}
         | judge(
             u.relative_change,
             u.relative_change_ci,
@@ -332,11 +357,11 @@ def _utility_criterion(row: GridRow, th: dict[str, Any]) -> dict[str, Any]:
             kind="max",
             measured=n_runs >= min_runs,
             why_not=f"{n_runs} runs < min_runs {min_runs}",
-        )
+        ),
     )
 
 
-def _utility_metric_criterion(row: GridRow, th: dict[str, Any], metric: str) -> dict[str, Any]:
+def _utility_metric_criterion(row: GridRow, th: dict[str, Any], metric: str) -> Criterion:
     """The utility criterion on report.utility_metric other than the loss (KL, same top, a task metric's drop
     below full precision; llmaudit.report.utility.metric_estimate), judged like every criterion."""
     e = metric_estimate(row, metric, th.get("utility_limit"))
@@ -352,18 +377,21 @@ def _utility_metric_criterion(row: GridRow, th: dict[str, Any], metric: str) -> 
         "reliable": e["n_runs"] >= min_runs,
     }
     if e["missing"]:
-        return out | {"status": NOT_MEASURED, "reason": e["missing"]}
-    return out | judge(
-        e["value"],
-        e["ci"],
-        limit=e["limit"],
-        kind=e["kind"],
-        measured=e["n_runs"] >= min_runs,
-        why_not=f"{e['n_runs']} runs < min_runs {min_runs}",
+        return _criterion(out, {"status": NOT_MEASURED, "reason": e["missing"]})
+    return _criterion(
+        out,
+        judge(
+            e["value"],
+            e["ci"],
+            limit=e["limit"],
+            kind=e["kind"],
+            measured=e["n_runs"] >= min_runs,
+            why_not=f"{e['n_runs']} runs < min_runs {min_runs}",
+        ),
     )
 
 
-def release_checklist(grid: list[GridRow], thresholds: dict[str, Any]) -> dict[str, Any]:
+def release_checklist(grid: list[GridRow], thresholds: dict[str, Any]) -> Checklist:
     """Per quantizer: every criterion with its status, and the overall status (rules: module doc).
 
     Args:
@@ -384,8 +412,8 @@ def release_checklist(grid: list[GridRow], thresholds: dict[str, Any]) -> dict[s
             _indicator_criterion(row, th),
             _utility_criterion(row, th),
         ]
-        per_q[row.quantizer] = {"overall": worst(c["status"] for c in criteria), "criteria": criteria}
-    return {"thresholds": th, "rules": CHECKLIST_RULES, "per_quantizer": per_q}
+        per_q[row.quantizer] = QuantizerChecklist(overall=worst(c.status for c in criteria), criteria=criteria)
+    return Checklist(thresholds=Thresholds(**th), rules=CHECKLIST_RULES, per_quantizer=per_q)
 
 
 CHECKLIST_RULES = [

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from llmaudit.common.formatting import fmt_ci, fmt_num, fmt_pct
-from llmaudit.report.models import GridRow
+from llmaudit.report.models import Checklist, Criterion, GridRow, Provenance, Recommendation, RunnerUp
 from llmaudit.report.policy import FAIL, INCONCLUSIVE, NOT_MEASURED, PASS
 from llmaudit.report.release import DIRECTION_ORDER, comparison_sentence, direction_of, size_phrase
 
@@ -30,7 +30,7 @@ _KEY_WORDS = ("its verdict", "its comparison with full precision", "its size", "
 _CRITERION_WORDS = {"attack_tpr": "leakage", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}
 
 
-def crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
+def crit(checklist: Checklist, q: str, cid: str) -> Criterion:
     """One criterion of one quantizer in the checklist.
 
     Args:
@@ -41,7 +41,7 @@ def crit(checklist: dict[str, Any], q: str, cid: str) -> dict[str, Any]:
     Returns:
         The criterion.
     """
-    return next(c for c in checklist["per_quantizer"][q]["criteria"] if c["id"] == cid)
+    return checklist.per_quantizer[q].criterion(cid)
 
 
 def _bits(r: GridRow) -> float:
@@ -51,7 +51,7 @@ def _bits(r: GridRow) -> float:
     return math.inf
 
 
-def excess(c: dict[str, Any]) -> float:
+def excess(c: Criterion) -> float:
     """How far a criterion's estimate is on the unsafe side of its limit.
 
     Args:
@@ -60,12 +60,12 @@ def excess(c: dict[str, Any]) -> float:
     Returns:
         The distance (negative: the safe side; inf: no estimate or no limit).
     """
-    if c.get("value") is None or c.get("threshold") is None:
+    if c.value is None or c.threshold is None:
         return math.inf
-    return c["value"] - c["threshold"] if c.get("comparison") == "<=" else c["threshold"] - c["value"]
+    return c.value - c.threshold if c.comparison == "<=" else c.threshold - c.value
 
 
-def ranking_key(r: GridRow, checklist: dict[str, Any]) -> tuple:
+def ranking_key(r: GridRow, checklist: Checklist) -> tuple:
     """The recommendation's ordering of a candidate grid row (lower = preferred): module doc.
 
     Args:
@@ -76,7 +76,7 @@ def ranking_key(r: GridRow, checklist: dict[str, Any]) -> tuple:
         The key: verdict, comparison with full precision, bits, utility margin.
     """
     q = r.quantizer
-    overall = checklist["per_quantizer"][q]["overall"]
+    overall = checklist.per_quantizer[q].overall
     return (SEVERITY.get(overall, 9), DIRECTION_ORDER[direction_of(r)], _bits(r), excess(crit(checklist, q, "utility")))
 
 
@@ -97,18 +97,18 @@ def _lost_on(chosen: tuple, theirs: tuple, names: tuple[dict, dict]) -> str:
     )
 
 
-def _runner_up(ranked: list[GridRow], checklist: dict[str, Any]) -> dict[str, Any]:
+def _runner_up(ranked: list[GridRow], checklist: Checklist) -> RunnerUp:
     """The second-ranked quantizer and the key it lost on."""
     chosen, other = ranked[0], ranked[1]
-    per_q = checklist["per_quantizer"]
-    names = tuple({"overall": per_q[x.quantizer]["overall"], "direction": direction_of(x)} for x in (chosen, other))
-    return {
-        "quantizer": other.quantizer,
-        "lost_on": _lost_on(ranking_key(chosen, checklist), ranking_key(other, checklist), names),
-    }
+    per_q = checklist.per_quantizer
+    names = tuple({"overall": per_q[x.quantizer].overall, "direction": direction_of(x)} for x in (chosen, other))
+    return RunnerUp(
+        quantizer=other.quantizer,
+        lost_on=_lost_on(ranking_key(chosen, checklist), ranking_key(other, checklist), names),
+    )
 
 
-def recommend(grid: list[GridRow], checklist: dict[str, Any]) -> dict[str, Any]:
+def recommend(grid: list[GridRow], checklist: Checklist) -> Recommendation:
     """The quantizer to release (rules: module doc), whether it is cleared, the ranking and the runner-up.
 
     Args:
@@ -118,40 +118,40 @@ def recommend(grid: list[GridRow], checklist: dict[str, Any]) -> dict[str, Any]:
     Returns:
         report.json's recommendation (without its explanation).
     """
-    per_q = checklist["per_quantizer"]
-    candidates = [r for r in grid if not r.is_reference and crit(checklist, r.quantizer, "utility")["status"] == PASS]
+    per_q = checklist.per_quantizer
+    candidates = [r for r in grid if not r.is_reference and crit(checklist, r.quantizer, "utility").status == PASS]
     if not candidates:
         audited = any(not r.is_reference for r in grid)
-        return {
-            "quantizer": None,
-            "rule": RULE,
-            "overall": None,
-            "cleared_for_release": False,
-            "reason": "no quantization is within the utility budget with a PASS (see the utility criterion)"
+        return Recommendation(
+            quantizer=None,
+            rule=RULE,
+            overall=None,
+            cleared_for_release=False,
+            reason="no quantization is within the utility budget with a PASS (see the utility criterion)"
             if audited
             else "only the full-precision reference was audited: there is no quantization to recommend",
-        }
+        )
     ranked = sorted(candidates, key=lambda r: ranking_key(r, checklist))
     chosen, q = ranked[0], ranked[0].quantizer
-    overall = per_q[q]["overall"]
+    overall = per_q[q].overall
     reason = f"first of {len(candidates)} quantizer(s) within the utility budget: overall {overall}; " + (
         comparison_sentence(chosen) or ""
     )
     runner = _runner_up(ranked, checklist) if len(ranked) > 1 else None
-    return {
-        "quantizer": q,
-        "rule": RULE,
-        "overall": overall,
-        "cleared_for_release": overall == PASS,
-        "reason": reason,
-        "comparison": direction_of(chosen),
-        "candidates": [r.quantizer for r in candidates],
-        "ranking": [r.quantizer for r in ranked],
-        "runner_up": runner,
-    }
+    return Recommendation(
+        quantizer=q,
+        rule=RULE,
+        overall=overall,
+        cleared_for_release=overall == PASS,
+        reason=reason,
+        comparison=direction_of(chosen),
+        candidates=[r.quantizer for r in candidates],
+        ranking=[r.quantizer for r in ranked],
+        runner_up=runner,
+    )
 
 
-def criterion_phrase(c: dict[str, Any]) -> str:
+def criterion_phrase(c: Criterion) -> str:
     """One criterion in words: its name, estimate with interval, the limit and the status.
 
     Args:
@@ -160,16 +160,16 @@ def criterion_phrase(c: dict[str, Any]) -> str:
     Returns:
         The phrase.
     """
-    name = {"attack_tpr": "attack TPR at 1% FPR", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}[c["id"]]
-    if c["id"] == "attack_tpr" and c.get("attack"):
-        name += f" (strongest, cross-fitted: {c['attack']})" if c.get("mode") else f" ({c['attack']})"
-    if c["id"] == "utility":
-        name += f" ({c.get('metric', 'loss')})"
-    limit = "no limit" if c.get("threshold") is None else f"limit {c['comparison']} {c['threshold']:g}"
-    return f"{name} {fmt_num(c.get('value'))}{fmt_ci(c.get('ci'))} against {limit}: {c['status']}"
+    name = {"attack_tpr": "attack TPR at 1% FPR", "r_q": "r_Q", "indicator": "indicator", "utility": "utility"}[c.id]
+    if c.id == "attack_tpr" and c.attack:
+        name += f" (strongest, cross-fitted: {c.attack})" if c.mode else f" ({c.attack})"
+    if c.id == "utility":
+        name += f" ({c.metric or 'loss'})"
+    limit = "no limit" if c.threshold is None else f"limit {c.comparison} {c.threshold:g}"
+    return f"{name} {fmt_num(c.value)}{fmt_ci(c.ci)} against {limit}: {c.status}"
 
 
-def deciding(checklist: dict[str, Any], q: str) -> dict[str, Any] | None:
+def deciding(checklist: Checklist, q: str) -> Criterion | None:
     """The criterion that keeps a quantizer from PASS: the worst-judged one (first in checklist order).
 
     Args:
@@ -179,11 +179,11 @@ def deciding(checklist: dict[str, Any], q: str) -> dict[str, Any] | None:
     Returns:
         The criterion, None where every criterion passes (or is off).
     """
-    bad = [c for c in checklist["per_quantizer"][q]["criteria"] if c["status"] in SEVERITY and c["status"] != PASS]
-    return max(bad, key=lambda c: SEVERITY[c["status"]]) if bad else None
+    bad = [c for c in checklist.per_quantizer[q].criteria if c.status in SEVERITY and c.status != PASS]
+    return max(bad, key=lambda c: SEVERITY[c.status]) if bad else None
 
 
-def what_to_do(c: dict[str, Any], provenance: dict[str, Any]) -> str:
+def what_to_do(c: Criterion, provenance: dict[str, Any] | Provenance) -> str:
     """What would turn a criterion into PASS, said from its own numbers.
 
     Args:
@@ -193,32 +193,33 @@ def what_to_do(c: dict[str, Any], provenance: dict[str, Any]) -> str:
     Returns:
         The advice, in one sentence.
     """
-    if c["id"] == "attack_tpr" and c.get("mode") and c["status"] in (INCONCLUSIVE, NOT_MEASURED):
-        return size_phrase(c.get("size_needed"), provenance) or f"grow the audit: {c.get('reason')}"
-    if c["status"] == NOT_MEASURED:
-        return f"grow the measurement behind its {_CRITERION_WORDS.get(c['id'], c['id'])}: {c.get('reason')}"
-    if c["status"] == FAIL:
+    words = _CRITERION_WORDS.get(c.id, c.id)
+    if c.id == "attack_tpr" and c.mode and c.status in (INCONCLUSIVE, NOT_MEASURED):
+        return size_phrase(c.size_needed, provenance) or f"grow the audit: {c.reason}"
+    if c.status == NOT_MEASURED:
+        return f"grow the measurement behind its {words}: {c.reason}"
+    if c.status == FAIL:
         return (
-            f"its {_CRITERION_WORDS.get(c['id'], c['id'])} fails: the whole interval is beyond the limit; only a limit "
+            f"its {words} fails: the whole interval is beyond the limit; only a limit "
             f"beyond it, or another model, changes that"
         )
-    ci = c.get("ci") or [None, None]
-    bound = ci[1] if c.get("comparison") == "<=" else ci[0]
+    ci = c.ci or [None, None]
+    bound = ci[1] if c.comparison == "<=" else ci[0]
     return (
-        f"the {_CRITERION_WORDS.get(c['id'], c['id'])} interval reaches {fmt_num(bound)}, across the limit {c['threshold']:g}: more runs or more "
+        f"the {words} interval reaches {fmt_num(bound)}, across the limit {c.threshold:g}: more runs or more "
         f"samples narrow it"
     )
 
 
-def _utility_words(checklist: dict[str, Any], q: str) -> str:
+def _utility_words(checklist: Checklist, q: str) -> str:
     u = crit(checklist, q, "utility")
-    if u.get("metric", "loss") == "loss" and u.get("value") is not None:
-        return f"at {fmt_pct(u['value'])} validation loss"
-    return f"at utility ({u.get('metric')}) {fmt_num(u.get('value'))}"
+    if (u.metric or "loss") == "loss" and u.value is not None:
+        return f"at {fmt_pct(u.value)} validation loss"
+    return f"at utility ({u.metric}) {fmt_num(u.value)}"
 
 
 def explain_recommendation(
-    recommendation: dict[str, Any], checklist: dict[str, Any], grid: list[GridRow], provenance: dict[str, Any]
+    recommendation: Recommendation, checklist: Checklist, grid: list[GridRow], provenance: dict[str, Any] | Provenance
 ) -> str:
     """The recommendation in one paragraph a release manager can read: the quantizer, cleared or not and which
     criterion decided, how it leaks against full precision and at what utility, what would decide an open verdict,
@@ -233,13 +234,13 @@ def explain_recommendation(
     Returns:
         The paragraph.
     """
-    q = recommendation.get("quantizer")
+    q = recommendation.quantizer
     if q is None:
         quantized = [r.quantizer for r in grid if not r.is_reference]
         if not quantized:
             return "Only full precision was audited: there is no quantization to recommend."
         utility = {name: crit(checklist, name, "utility") for name in quantized}
-        closest = min(utility.items(), key=lambda kv: (SEVERITY.get(kv[1]["status"], 9), excess(kv[1])))
+        closest = min(utility.items(), key=lambda kv: (SEVERITY.get(kv[1].status, 9), excess(kv[1])))
         return (
             f"No quantization can be released: none keeps enough utility with a PASS (utility criterion). Closest: "
             f"{closest[0]}, {criterion_phrase(closest[1])}. To release one, {what_to_do(closest[1], provenance)}."
@@ -247,7 +248,7 @@ def explain_recommendation(
     row = next(r for r in grid if r.quantizer == q)
     compared = f"{q} is the full-precision reference" if row.is_reference else comparison_sentence(row)
     decided = deciding(checklist, q)
-    if recommendation.get("cleared_for_release"):
+    if recommendation.cleared_for_release:
         text = f"Release {q}: cleared, every criterion passes ({criterion_phrase(crit(checklist, q, 'attack_tpr'))})"
     else:
         text = f"The first-ranked candidate is {q}, but it is NOT cleared for release" + (
@@ -257,11 +258,11 @@ def explain_recommendation(
     if not compared.startswith(q):  # a sentence, not a quantizer's name, starts with a capital
         compared = compared[:1].upper() + compared[1:]
     text += f". {compared}, {_utility_words(checklist, q)}."
-    if decided and not recommendation.get("cleared_for_release"):
+    if decided and not recommendation.cleared_for_release:
         text += f" To decide it: {what_to_do(decided, provenance)}."
-    runner = recommendation.get("runner_up")
+    runner = recommendation.runner_up
     if runner:
-        text += f" Runner-up: {runner['quantizer']}, which lost on {runner['lost_on']}."
+        text += f" Runner-up: {runner.quantizer}, which lost on {runner.lost_on}."
     else:
         text += " No other quantizer is within the utility budget."
     return text

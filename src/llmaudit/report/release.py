@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from llmaudit.analyze.decision.models import Estimate, QuantizerDecision, SizeNeeded
-from llmaudit.report.models import GridRow, Provenance
+from llmaudit.report.models import AttackVerdict, Criterion, GridRow, InSampleMax, Provenance
 
 DIRECTION_ORDER = {"LESS": 0, "SAME": 1, "CANNOT TELL": 2, "NOT MEASURED": 3, "MORE": 4}
 """How the recommendation ranks a quantizer's comparison with full precision (lower = better)."""
@@ -73,7 +73,7 @@ def _interval(low: float | None, high: float | None) -> list[float] | None:
     return None if low is None or high is None else [low, high]
 
 
-def attack_criterion(row: GridRow, d: QuantizerDecision) -> dict[str, Any]:
+def attack_criterion(row: GridRow, d: QuantizerDecision) -> Criterion:
     """The attack criterion of one quantizer in the checklist's shape, from its decision.
 
     Args:
@@ -81,7 +81,7 @@ def attack_criterion(row: GridRow, d: QuantizerDecision) -> dict[str, Any]:
         d (QuantizerDecision): its decision.
 
     Returns:
-        dict[str, Any]: the criterion as the checklist reads it.
+        Criterion: the criterion as the checklist reads it.
     """
     s = d.strongest
     mode = (
@@ -90,39 +90,38 @@ def attack_criterion(row: GridRow, d: QuantizerDecision) -> dict[str, Any]:
         else "empirical threshold on held-out non-members"
     )
     per_attack = {
-        a.attack: {
-            "value": a.tpr.value,
-            "upper_bound": a.upper_bound,
-            "judged": a.judged,
-            "reason": a.reason,
-            "realised_fpr": a.realised_fpr,
-        }
+        a.attack: AttackVerdict(
+            value=a.tpr.value,
+            upper_bound=a.upper_bound,
+            judged=a.judged,
+            reason=a.reason,
+            realised_fpr=a.realised_fpr,
+        )
         for a in d.attacks
     }
-    return {
-        "id": "attack_tpr",
-        "description": f"strongest attack's TPR at {d.fpr:.0%} FPR ({mode}), chosen on other folds and measured on "
+    return Criterion(
+        id="attack_tpr",
+        description=f"strongest attack's TPR at {d.fpr:.0%} FPR ({mode}), chosen on other folds and measured on "
         "each (cross-fitting): FAIL if its lower bound is above the limit, PASS if every attack's simultaneous upper "
         "bound is below it",
-        "threshold": d.limit,
-        "comparison": "<=",
-        "attack": chosen_attack(d),
-        "value": s.tpr.value if s else None,
-        "ci": _interval(s.tpr.low, s.tpr.high) if s else None,
-        "confidence": s.tpr.confidence if s else None,
-        "reliable": d.status != "NOT MEASURED",
-        "status": d.status,
-        "reason": d.reason,
-        "mode": d.mode,
-        "in_sample_max": {
-            "attack": d.in_sample_max_attack,
-            "value": d.in_sample_max.value if d.in_sample_max else None,
-        },
-        "per_attack": per_attack,
-        "size_needed": d.size_needed.model_dump() if d.size_needed else None,
-        "run_to_run_covered": d.run_to_run_covered,
-        "skipped_attacks": row.skipped_attacks,
-    }
+        threshold=d.limit,
+        comparison="<=",
+        attack=chosen_attack(d),
+        value=s.tpr.value if s else None,
+        ci=_interval(s.tpr.low, s.tpr.high) if s else None,
+        confidence=s.tpr.confidence if s else None,
+        reliable=d.status != "NOT MEASURED",
+        status=d.status,
+        reason=d.reason,
+        mode=d.mode,
+        in_sample_max=InSampleMax(
+            attack=d.in_sample_max_attack, value=d.in_sample_max.value if d.in_sample_max else None
+        ),
+        per_attack=per_attack,
+        size_needed=d.size_needed.model_dump() if d.size_needed else None,
+        run_to_run_covered=d.run_to_run_covered,
+        skipped_attacks=row.skipped_attacks,
+    )
 
 
 def direction_of(row: dict[str, Any] | GridRow) -> str:
