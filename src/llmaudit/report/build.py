@@ -28,6 +28,7 @@ from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
 from llmaudit.report.models import REPORT_SCHEMA_VERSION, GridRow
+from llmaudit.report.models_context import BlindBaseline, BlindHighest, IndicatorShown, IndicatorsSummary
 from llmaudit.report.policy import checklist_tpr, release_checklist, thresholds_of
 from llmaudit.report.recommend import explain_recommendation, recommend
 from llmaudit.report.section_registry import built_section_data
@@ -149,7 +150,7 @@ def _provenance(result: AnalysisResult) -> dict[str, Any]:
     }
 
 
-def blind_summary(blind: BlindBaselineResult | None, grid: list[GridRow]) -> dict[str, Any] | None:
+def blind_summary(blind: BlindBaselineResult | None, grid: list[GridRow]) -> BlindBaseline | None:
     """The blind baseline beside the attacks.
 
     Args:
@@ -171,20 +172,20 @@ def blind_summary(blind: BlindBaselineResult | None, grid: list[GridRow]) -> dic
         names = [n for n, a in row.attacks.items() if a.auroc is not None and bound is not None and a.auroc <= bound]
         if names:
             not_beating[row.quantizer] = names
-    return {
-        "mean_auroc": finite_or_none(blind.mean_auroc),
-        "highest": None
+    return BlindBaseline(
+        mean_auroc=finite_or_none(blind.mean_auroc),
+        highest=None
         if top is None
-        else {"run": top.run, "auroc": finite_or_none(top.auroc), "ci": interval_or_none(top.ci_low, top.ci_high)},
-        "runs": len(blind.per_run or []),
-        "warning": blind.warning,
-        "reason": blind.reason,
-        "method": blind.method,
-        "attacks_not_above_it": not_beating,
-    }
+        else BlindHighest(run=top.run, auroc=finite_or_none(top.auroc), ci=interval_or_none(top.ci_low, top.ci_high)),
+        runs=len(blind.per_run or []),
+        warning=blind.warning,
+        reason=blind.reason,
+        method=blind.method,
+        attacks_not_above_it=not_beating,
+    )
 
 
-def _candidate_summary(name: str, c: Candidate, order: list[str], best: dict[str, Any]) -> dict[str, Any]:
+def _candidate_summary(name: str, c: Candidate, order: list[str], best: dict[str, Any]) -> IndicatorShown:
     """One candidate indicator beside the attacks: per quantizer its mean and interval, its validation, and its
     agreement with the best attack's AUROC across quantizers."""
     aggregates = {q: c.per_quantizer.get(q) or CandidateAggregate() for q in order}
@@ -194,23 +195,23 @@ def _candidate_summary(name: str, c: Candidate, order: list[str], best: dict[str
     corr = spearman([a for a, _ in pairs], [b for _, b in pairs]).to_dict("n_quantizers")
     validation = c.validation or Validation()
     synthetic = validation.synthetic or SyntheticCheck()
-    return {
-        "name": name,
-        "version": c.version,
-        "family": c.family,
-        "formula": c.formula,
-        "computable": bool(c.computable),
-        "reason": c.reason,
-        "status": c.status(),
-        "beyond_damage": (validation.beyond_damage.answer if validation.beyond_damage else None) or "not measured",
-        "synthetic_spearman": finite_or_none(synthetic.mean_spearman),
-        "values": values,
-        "ci": cis,
-        "agreement": indicator_agreement({"auroc": corr}, None, label=name) if c.computable else None,
-    }
+    return IndicatorShown(
+        name=name,
+        version=c.version,
+        family=c.family,
+        formula=c.formula,
+        computable=bool(c.computable),
+        reason=c.reason,
+        status=c.status(),
+        beyond_damage=(validation.beyond_damage.answer if validation.beyond_damage else None) or "not measured",
+        synthetic_spearman=finite_or_none(synthetic.mean_spearman),
+        values=values,
+        ci=cis,
+        agreement=indicator_agreement({"auroc": corr}, None, label=name) if c.computable else None,
+    )
 
 
-def indicators_summary(result: AnalysisResult, grid: list[GridRow]) -> dict[str, Any] | None:
+def indicators_summary(result: AnalysisResult, grid: list[GridRow]) -> IndicatorsSummary | None:
     """The published r_Q and the candidate indicators side by side.
 
     Args:
@@ -228,7 +229,7 @@ def indicators_summary(result: AnalysisResult, grid: list[GridRow]) -> dict[str,
     best = {r.quantizer: r.best_attack_by_auroc.value if r.best_attack_by_auroc else None for r in grid}
     order = [r.quantizer for r in grid]
     shown = [_candidate_summary(name, c, order, best) for name, c in ind.candidates.items()]
-    return {"primary": ind.primary, "indicators": shown}
+    return IndicatorsSummary(primary=ind.primary, indicators=shown)
 
 
 def _agreement_verdict(rho: float, p: float | None, alpha: float) -> tuple[str, str]:
@@ -336,9 +337,9 @@ def _dumped(block: BaseModel | None) -> Any:
     return None if block is None else block.model_dump(mode="json", by_alias=True)
 
 
-def _written(block: BaseModel) -> dict[str, Any]:
-    """A section built typed, as report.json writes it: the keys it was built with."""
-    return block.model_dump(mode="json", by_alias=True, exclude_unset=True)
+def _written(block: BaseModel | None) -> dict[str, Any] | None:
+    """A section built typed, as report.json writes it: the keys it was built with (None for a section not built)."""
+    return None if block is None else block.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def _row_json(row: GridRow) -> dict[str, Any]:
@@ -358,9 +359,9 @@ def _sections(result: AnalysisResult, grid: list[GridRow], r_q_vs_best: dict[str
         "indicator_stability": result.r_q.stability if result.r_q is not None else None,
         "memorization": _memorization_summary(result.memorization, [r.quantizer for r in grid]),
         "not_scored": dict(result.not_scored),
-        "blind_baseline": blind_summary(result.blind_baseline, grid),
-        "indicators": indicators_summary(result, grid),
-        "utility": utility_summary(result),
+        "blind_baseline": _written(blind_summary(result.blind_baseline, grid)),
+        "indicators": _written(indicators_summary(result, grid)),
+        "utility": _written(utility_summary(result)),
     }
 
 

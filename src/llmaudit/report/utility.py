@@ -24,6 +24,7 @@ from llmaudit.analyze.result import (
 )
 from llmaudit.common.formatting import finite_or_none, interval_or_none
 from llmaudit.report.models import Divergence, EstimateCI, GridRow, TaskMetric
+from llmaudit.report.models_context import UtilitySummary
 from llmaudit.report.schema_base import Stat
 
 DIVERGENCE_KEYS = SUMMARY_KEYS
@@ -174,7 +175,7 @@ def indistinguishable_by_kl(grid: list[GridRow]) -> list[list[str]]:
     return groups
 
 
-def utility_summary(result: AnalysisResult) -> dict[str, Any]:
+def utility_summary(result: AnalysisResult) -> UtilitySummary:
     """The report's block on how utility beyond the loss was measured.
 
     Args:
@@ -186,14 +187,14 @@ def utility_summary(result: AnalysisResult) -> dict[str, Any]:
     divergence = result.divergence or DivergenceResult()
     tasks = result.task_metrics or TaskMetricsResult()
     generation = (tasks.settings.generation if tasks.settings is not None else None) or Generation()
-    return {
-        "divergence_definition": divergence.definition,
-        "divergence_reference": divergence.reference_quantizer,
-        "tasks_measured": bool(tasks.measured),
-        "tasks_reason": tasks.reason,
-        "task_metrics": dict(tasks.metrics),
-        "tasks_not_measured": dict(tasks.not_measured),
-        "generation_samples": tasks.n_samples or len(generation.sample_ids or []) or None,
-        "generation_max_new_tokens": generation.max_new_tokens,
-        "generation_decoding": generation.decoding,
-    }
+    return UtilitySummary(
+        divergence_definition=divergence.definition,
+        divergence_reference=divergence.reference_quantizer,
+        tasks_measured=bool(tasks.measured),
+        tasks_reason=tasks.reason,
+        task_metrics=dict(tasks.metrics),
+        tasks_not_measured=dict(tasks.not_measured),
+        generation_samples=tasks.n_samples or len(generation.sample_ids or []) or None,
+        generation_max_new_tokens=generation.max_new_tokens,
+        generation_decoding=generation.decoding,
+    )
