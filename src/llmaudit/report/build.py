@@ -28,9 +28,19 @@ from llmaudit.common.io import to_strict_json
 from llmaudit.common.stats import spearman
 from llmaudit.report.grid import grid_rows, r_q_vs_best_attack
 from llmaudit.report.models import REPORT_SCHEMA_VERSION, GridRow
-from llmaudit.report.models_context import BlindBaseline, BlindHighest, IndicatorShown, IndicatorsSummary
+from llmaudit.report.models_context import (
+    BlindBaseline,
+    BlindHighest,
+    IndicatorShown,
+    IndicatorsSummary,
+    Memorization,
+    MemorizationRow,
+    Sample,
+    VulnerableSamples,
+)
 from llmaudit.report.policy import checklist_tpr, release_checklist, thresholds_of
 from llmaudit.report.recommend import explain_recommendation, recommend
+from llmaudit.report.schema_base import Stat
 from llmaudit.report.section_registry import built_section_data
 from llmaudit.report.utility import utility_summary
 
@@ -55,7 +65,7 @@ def _recorded_samples(
 
 def _top_samples(
     samples: list[SampleScore], *, include_samples: bool, records: list[dict] | None, top_k: int
-) -> list[dict[str, Any]]:
+) -> list[Sample]:
     """The top_k samples by score (highest first, missing scores last), ranked from 1, with their text from
     `records` when include_samples."""
     by_id = {str(r.get("sample_id")): r for r in (records or [])} if include_samples else {}
@@ -65,10 +75,10 @@ def _top_samples(
     )
     items = []
     for rank, s in enumerate(ranked[:top_k], start=1):
-        item = {"rank": rank, "sample_id": str(s.sample_id), "score": finite_or_none(s.score)}
+        item = Sample(rank=rank, sample_id=str(s.sample_id), score=finite_or_none(s.score))
         if include_samples:
-            rec = by_id.get(item["sample_id"])
-            item["text"] = None if rec is None else "\n".join(str(rec.get(k, "")) for k in ("input", "output"))
+            rec = by_id.get(item.sample_id)
+            item.text = None if rec is None else "\n".join(str(rec.get(k, "")) for k in ("input", "output"))
         items.append(item)
     return items
 
@@ -80,7 +90,7 @@ def vulnerable_samples_summary(
     include_samples: bool = False,
     records: list[dict] | None = None,
     top_k: int = VULNERABLE_TOP_K,
-) -> dict[str, Any]:
+) -> VulnerableSamples:
     """The most vulnerable samples of the reference quantizer, by id and score.
 
     Read from the result (the analysis must record them): per attack, `vulnerable_samples` of the attack's result on
@@ -102,22 +112,22 @@ def vulnerable_samples_summary(
     block = (result.attacks.quantizers.get(ref) if ref is not None else None) or QuantizerAttacks()
     row = next((r for r in grid if r.quantizer == ref), None)
     attack, samples, definition = _recorded_samples(block, row)
-    out: dict[str, Any] = {
-        "quantizer": ref,
-        "attack": attack,
-        "score_definition": definition,
-        "include_samples": include_samples,
-        "available": bool(samples),
-        "samples": [],
-    }
+    out = VulnerableSamples(
+        quantizer=ref,
+        attack=attack,
+        score_definition=definition,
+        include_samples=include_samples,
+        available=bool(samples),
+        samples=[],
+    )
     if not samples:
-        out["note"] = (
+        out.note = (
             "not recorded: the result object holds no per-sample attack scores "
             "(result['attacks']['quantizers'][Q]['attacks'][ATTACK]['vulnerable_samples'])"
         )
         return out
-    out["samples"].extend(_top_samples(samples, include_samples=include_samples, records=records, top_k=top_k))
-    out["note"] = (
+    out.samples = _top_samples(samples, include_samples=include_samples, records=records, top_k=top_k)
+    out.note = (
         "sample text included (--include-samples)"
         if include_samples
         else "ids and scores only; the text is included only with --include-samples"
@@ -304,7 +314,7 @@ _MEMORIZATION_KEYS = (
 )
 
 
-def _memorization_summary(mem: MemorizationResult | None, order: list[str]) -> dict[str, Any] | None:
+def _memorization_summary(mem: MemorizationResult | None, order: list[str]) -> Memorization | None:
     if mem is None:
         return None
     per_q = {}
@@ -312,25 +322,26 @@ def _memorization_summary(mem: MemorizationResult | None, order: list[str]) -> d
         entry = mem.per_quantizer.get(q)
         if entry is not None:
             stats = {k: getattr(entry, k) or StatBounds() for k in _MEMORIZATION_KEYS}
-            per_q[q] = {"n_runs": len(entry.runs or [])} | {
-                k: {"mean": finite_or_none(v.mean), "ci": interval_or_none(v.low, v.high)} for k, v in stats.items()
-            }
+            per_q[q] = MemorizationRow(
+                n_runs=len(entry.runs or []),
+                **{k: Stat(mean=finite_or_none(v.mean), ci=interval_or_none(v.low, v.high)) for k, v in stats.items()},
+            )
     cap = mem.capacity or Capacity()
     ratios = sorted(
         r for r in (finite_or_none(r.adapter_capacity_over_information) for r in cap.per_run) if r is not None
     )
-    return {
-        "definition": mem.definition,
-        "reference": mem.reference,
-        "interval": mem.interval,
-        "per_quantizer": per_q,
-        "adapter_capacity_bits": finite_or_none(cap.adapter_capacity_bits),
-        "model_capacity_bits": finite_or_none(cap.model_capacity_bits),
-        "median_adapter_capacity_over_information": ratios[len(ratios) // 2] if ratios else None,
-        "capacity_note": cap.note,
-        "notes": list(mem.notes or []),
-        "per_run_detail": "result.memorization.per_run (report.json only)",
-    }
+    return Memorization(
+        definition=mem.definition,
+        reference=mem.reference,
+        interval=mem.interval,
+        per_quantizer=per_q,
+        adapter_capacity_bits=finite_or_none(cap.adapter_capacity_bits),
+        model_capacity_bits=finite_or_none(cap.model_capacity_bits),
+        median_adapter_capacity_over_information=ratios[len(ratios) // 2] if ratios else None,
+        capacity_note=cap.note,
+        notes=list(mem.notes or []),
+        per_run_detail="result.memorization.per_run (report.json only)",
+    )
 
 
 def _dumped(block: BaseModel | None) -> Any:
@@ -357,7 +368,7 @@ def _sections(result: AnalysisResult, grid: list[GridRow], r_q_vs_best: dict[str
         "indicator_agreement": indicator_agreement(r_q_vs_best, spearman_vs_r_q),
         "spearman_r_q_vs_attacks": _dumped(spearman_vs_r_q),
         "indicator_stability": result.r_q.stability if result.r_q is not None else None,
-        "memorization": _memorization_summary(result.memorization, [r.quantizer for r in grid]),
+        "memorization": _written(_memorization_summary(result.memorization, [r.quantizer for r in grid])),
         "not_scored": dict(result.not_scored),
         "blind_baseline": _written(blind_summary(result.blind_baseline, grid)),
         "indicators": _written(indicators_summary(result, grid)),
@@ -404,8 +415,8 @@ def build_report(
         "recommendation": _written(recommendation),
         "r_q_vs_best_attack": r_q_vs_best,
     } | _sections(result, grid, r_q_vs_best)
-    report["vulnerable_samples"] = vulnerable_samples_summary(
-        result, grid, include_samples=include_samples, records=sample_records
+    report["vulnerable_samples"] = _written(
+        vulnerable_samples_summary(result, grid, include_samples=include_samples, records=sample_records)
     )
     report |= {
         "extraction": _dumped(result.extraction),
