@@ -264,3 +264,14 @@ def test_report_takes_overrides_of_the_report_section_only(audited):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "report section only" in err
     code, _, err = run_cli(["report", root, "report.release_sets=[[fp32,uniform-4]]"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "did you mean 'uniform-5'" in err
+
+
+def test_the_recorded_settings_of_an_analysis_are_typed_from_the_recipe(audited):
+    result = audited["result"]
+    assert result.thresholds.decision_resamples == 200 and result.thresholds.release_sets == SETS
+    assert dict(result.thresholds) == audited["cfg"].report.model_dump(exclude={"processes"})
+    assert result.attacks.settings.n_boot == 30 and result.attacks.settings.n_pool == N_POOL
+    assert set(result.attacks.attack_definitions) >= {"loss", "ref"}
+    assert result.r_q.stability.n_runs == RUNS and result.r_q.protocol.n_boot == max(
+        result.attacks.settings.n_boot, 200
+    )

@@ -22,6 +22,7 @@ from llmaudit.analyze.result_blocks import (
     ResultBlock,
     RQIndicator,
 )
+from llmaudit.analyze.result_recorded import RecordedThresholds
 from llmaudit.analyze.result_risks import EpsilonBlock, ExtractionBlock, ReleaseSetEntry
 
 
@@ -172,7 +173,8 @@ class AnalysisResult(ResultBlock):
     extraction: ExtractionBlock | None = None
     release_sets: list[ReleaseSetEntry] | None = None
     epsilon: EpsilonBlock | None = None
-    thresholds: dict[str, Any] = {}
+    thresholds: RecordedThresholds = RecordedThresholds()
+    """The release checklist's thresholds (the recipe's report section as recorded)."""
 
     def to_json(self) -> dict[str, Any]:
         """The result as results/result.json holds it.

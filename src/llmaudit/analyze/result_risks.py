@@ -11,7 +11,7 @@ from llmaudit.analyze.epsilon_audit import EpsilonBound
 from llmaudit.analyze.extraction import GreedyCheck
 from llmaudit.analyze.extraction_risk import ExtractionResult
 from llmaudit.analyze.release_sets import ReleaseSetDecision
-from llmaudit.analyze.result_blocks import ResultBlock
+from llmaudit.analyze.result_base import ResultBlock
 
 
 class ExtractionBlock(ResultBlock):
