@@ -17,6 +17,9 @@ import pytest
 
 from llmaudit.analyze.epsilon_bound import RECREATE
 from llmaudit.analyze.release_risks import epsilon_block
+from llmaudit.analyze.release_sets import ReleaseSetDecision
+from llmaudit.analyze.result import as_result
+from llmaudit.analyze.result_risks import EpsilonBlock, ExtractionBlock, ReleaseSetNotMeasured
 from llmaudit.analyze.store_analysis import analyze
 from llmaudit.common.io import atomic_write_json
 from llmaudit.config import ExperimentConfig, RecipeError
@@ -119,7 +122,7 @@ def audited(tmp_path_factory):
 
 
 def _rates(result, q, measure="greedy"):
-    return next(r for r in result.extraction.risk["per_quantizer"][q]["rates"] if r["measure"] == measure)
+    return next(r for r in result.extraction.risk.per_quantizer[q].rates if r.measure == measure)
 
 
 def test_members_greedy_extraction_is_one_and_non_members_the_planted_share(audited):
@@ -128,23 +131,23 @@ def test_members_greedy_extraction_is_one_and_non_members_the_planted_share(audi
     expected_non = (~membership & formulaic).sum() / (~membership).sum()
     for q in QUANTIZERS:
         r = _rates(audited["result"], q)
-        assert r["members"]["value"] == 1.0
-        assert r["nonmembers"]["value"] == pytest.approx(expected_non)
-        assert r["nonmembers"]["low"] < expected_non < r["nonmembers"]["high"]
-        assert r["memorized"]["value"] == pytest.approx(1.0 - expected_non)
-        assert r["member_rows"] == membership.sum() and r["nonmember_rows"] == (~membership).sum()
+        assert r.members.value == 1.0
+        assert r.nonmembers.value == pytest.approx(expected_non)
+        assert r.nonmembers.low < expected_non < r.nonmembers.high
+        assert r.memorized.value == pytest.approx(1.0 - expected_non)
+        assert r.member_rows == membership.sum() and r.nonmember_rows == (~membership).sum()
 
 
 def test_sampled_extraction_follows_the_loss_and_the_comparison_is_paired_with_full_precision(audited):
     risk = audited["result"].extraction.risk
-    assert risk["reference"] == "fp32" and risk["n"] == 100 and risk["p"] == 0.5
+    assert risk.reference == "fp32" and risk.n == 100 and risk.p == 0.5
     # fp32 members: summed loss about 5 x 0.8 = 4 nats < 4.975 (p* at n=100, p=0.5); "sign" members stay at 10 nats
-    assert _rates(audited["result"], "fp32", "sampled")["members"]["value"] > 0.9
-    assert _rates(audited["result"], "sign", "sampled")["members"]["value"] == 0.0
-    sign = {c["measure"]: c for c in risk["per_quantizer"]["sign"]["comparison"]}
-    assert sign["sampled"]["direction"] == "LESS" and sign["sampled"]["reference"] == "fp32"
-    assert sign["greedy"]["memorized"]["value"] == 0.0  # greedy flags planted alike under every quantizer
-    assert risk["per_quantizer"]["fp32"]["comparison"] == []
+    assert _rates(audited["result"], "fp32", "sampled").members.value > 0.9
+    assert _rates(audited["result"], "sign", "sampled").members.value == 0.0
+    sign = {c.measure: c for c in risk.per_quantizer["sign"].comparison}
+    assert sign["sampled"].direction == "LESS" and sign["sampled"].reference == "fp32"
+    assert sign["greedy"].memorized.value == 0.0  # greedy flags planted alike under every quantizer
+    assert risk.per_quantizer["fp32"].comparison == []
 
 
 def test_greedy_from_top1_equals_the_generated_greedy_answers(audited):
@@ -152,35 +155,45 @@ def test_greedy_from_top1_equals_the_generated_greedy_answers(audited):
     expected = sum(_formulaic(j) for j in range(N_VAL)) / N_VAL
     for q in QUANTIZERS:
         c = checks[q]
-        assert c["answers"] == RUNS * N_VAL and c["agree"]
-        assert c["rate_top1"] == c["rate_text"] == pytest.approx(expected)
+        assert c.answers == RUNS * N_VAL and c.agree
+        assert c.rate_top1 == c.rate_text == pytest.approx(expected)
 
 
 def test_epsilon_bound_per_quantizer_from_an_independent_design(audited):
-    eps = audited["result"].epsilon.model_dump()
-    assert eps["qualifies"] and eps["design"] == "independent"
-    fp32, sign = eps["per_quantizer"]["fp32"], eps["per_quantizer"]["sign"]
-    assert fp32["status"] == "MEASURED" and fp32["epsilon_lb"] > 1.0
-    assert fp32["attack"].startswith("loss")  # ref reads the other runs' memberships: never used
-    assert fp32["records"] == RUNS * N_POOL and fp32["correct"] <= fp32["guesses"]
-    assert sign["status"] == "MEASURED" and sign["epsilon_lb"] < fp32["epsilon_lb"]
+    eps = audited["result"].epsilon
+    assert eps.qualifies and eps.design == "independent"
+    fp32, sign = eps.per_quantizer["fp32"], eps.per_quantizer["sign"]
+    assert fp32.status == "MEASURED" and fp32.epsilon_lb > 1.0
+    assert fp32.attack.startswith("loss")  # ref reads the other runs' memberships: never used
+    assert fp32.records == RUNS * N_POOL and fp32.correct <= fp32.guesses
+    assert sign.status == "MEASURED" and sign.epsilon_lb < fp32.epsilon_lb
+
+
+def test_the_risk_blocks_read_back_from_result_json_are_typed_and_written_again_key_for_key(audited):
+    path = audited["store"].results_dir / "result.json"
+    recorded = json.loads(path.read_text(encoding="utf-8"))
+    again = as_result(recorded)
+    assert isinstance(again.extraction, ExtractionBlock) and isinstance(again.epsilon, EpsilonBlock)
+    assert [type(s) for s in again.release_sets] == [ReleaseSetDecision]
+    assert again.extraction.risk.per_quantizer["fp32"].rates[0].members.value == 1.0
+    for key in ("extraction", "release_sets", "epsilon"):
+        assert json.dumps(again.to_json()[key]) == json.dumps(recorded[key])
+    assert again.to_json()["extraction"] == audited["result"].to_json()["extraction"]
 
 
 def test_a_fixed_size_design_says_why_no_bound():
     manifest = {"identity": {"train": {"member_fraction": 0.5}}}  # a store made before train.membership existed
     block = epsilon_block({}, manifest, seed=0)
-    assert not block["qualifies"] and "fixed_fraction" in block["reason"] and RECREATE in block["reason"]
+    assert not block.qualifies and "fixed_fraction" in block.reason and RECREATE in block.reason
+    assert block.per_quantizer == {}
 
 
 def test_release_set_is_judged_and_compared_with_its_best_single_file(audited):
-    (s,) = (block.model_dump() for block in audited["result"].release_sets)
-    assert s["name"] == "fp32+uniform-5" and s["files"] == SETS[0]
-    assert s["decision"]["quantizer"] == "fp32+uniform-5" and s["decision"]["status"] in (
-        "PASS",
-        "FAIL",
-        "INCONCLUSIVE",
-    )
-    assert s["best_single_file"] in SETS[0] and s["sentence"].startswith("publishing fp32, uniform-5 together")
+    (s,) = audited["result"].release_sets
+    assert isinstance(s, ReleaseSetDecision)
+    assert s.name == "fp32+uniform-5" and s.files == SETS[0]
+    assert s.decision.quantizer == "fp32+uniform-5" and s.decision.status in ("PASS", "FAIL", "INCONCLUSIVE")
+    assert s.best_single_file in SETS[0] and s.sentence.startswith("publishing fp32, uniform-5 together")
 
 
 def test_a_release_set_naming_a_quantizer_left_out_is_refused_before_any_work(audited, monkeypatch):
@@ -220,7 +233,8 @@ def test_report_json_markdown_html_and_card_carry_each_section(audited):
 
 def test_a_report_without_a_qualifying_design_says_why_in_the_report_and_card(audited):
     report = copy.deepcopy(json.loads(Path(audited["paths"]["json"]).read_text(encoding="utf-8")))
-    report["epsilon"] = epsilon_block({}, {"identity": {"train": {"membership": "fixed_fraction"}}}, seed=0)
+    block = epsilon_block({}, {"identity": {"train": {"membership": "fixed_fraction"}}}, seed=0)
+    report["epsilon"] = block.model_dump(mode="json")
     md = render_markdown(report)
     assert "Not computed for this store" in md and "fixed" in md
     assert "lower bound (one run): not computed: each run trained on a fixed-size" in render_model_card(
@@ -239,9 +253,9 @@ def test_a_set_with_a_file_left_out_or_attacked_on_other_targets_is_not_measured
         for q, k in (("a", keep), ("b", ~keep))
     }
     other, left_out = release_sets_block(ev, [["a", "b"], ["a", "c"]], DecisionSettings())
-    assert "not attacked on the same target models" in other["not_measured"]
-    assert left_out == {"name": "a+c", "files": ["a", "c"], "not_measured": left_out["not_measured"]}
-    assert "c not attacked in this analysis" in left_out["not_measured"]
+    assert isinstance(other, ReleaseSetNotMeasured) and "not attacked on the same target models" in other.not_measured
+    assert left_out.name == "a+c" and left_out.files == ["a", "c"]
+    assert "c not attacked in this analysis" in left_out.not_measured
 
 
 def test_report_takes_overrides_of_the_report_section_only(audited):
@@ -250,3 +264,14 @@ def test_report_takes_overrides_of_the_report_section_only(audited):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "report section only" in err
     code, _, err = run_cli(["report", root, "report.release_sets=[[fp32,uniform-4]]"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "did you mean 'uniform-5'" in err
+
+
+def test_the_recorded_settings_of_an_analysis_are_typed_from_the_recipe(audited):
+    result = audited["result"]
+    assert result.thresholds.decision_resamples == 200 and result.thresholds.release_sets == SETS
+    assert dict(result.thresholds) == audited["cfg"].report.model_dump(exclude={"processes"})
+    assert result.attacks.settings.n_boot == 30 and result.attacks.settings.n_pool == N_POOL
+    assert set(result.attacks.attack_definitions) >= {"loss", "ref"}
+    assert result.r_q.stability.n_runs == RUNS and result.r_q.protocol.n_boot == max(
+        result.attacks.settings.n_boot, 200
+    )

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from llmaudit.analyze.result_recorded import RecordedThresholds
 from llmaudit.analyze.store_analysis import analyze
 from llmaudit.common.formatting import fmt_sig
 from llmaudit.config import ExperimentConfig
@@ -110,7 +111,7 @@ def test_the_utility_criterion_follows_report_utility_metric(measured):
         ("caption_rouge_l", 0.05, {"fp32": PASS, "sign": FAIL}),
     ):
         th = dict(result.thresholds, utility_metric=metric, utility_limit=limit, min_runs=RUNS)
-        report = build_report(result.model_copy(update={"thresholds": th}))
+        report = build_report(result.model_copy(update={"thresholds": RecordedThresholds.model_validate(th)}))
         crit = {
             q: next(c for c in v["criteria"] if c["id"] == "utility")
             for q, v in report["checklist"]["per_quantizer"].items()
@@ -118,7 +119,7 @@ def test_the_utility_criterion_follows_report_utility_metric(measured):
         assert {q: crit[q]["status"] for q in want} == want, (metric, limit)
         assert crit["fp32"]["metric"] == metric
     th = dict(result.thresholds, utility_metric="kl", utility_limit=1.0, min_runs=RUNS + 1)
-    report = build_report(result.model_copy(update={"thresholds": th}))
+    report = build_report(result.model_copy(update={"thresholds": RecordedThresholds.model_validate(th)}))
     assert all(
         next(c for c in v["criteria"] if c["id"] == "utility")["status"] == NOT_MEASURED
         for v in report["checklist"]["per_quantizer"].values()

@@ -2,8 +2,8 @@
 extraction risk of every quantizer (docs/science.md section 13), the decision of every release set of
 `report.release_sets` (section 14) and the one-run epsilon lower bound of every quantizer (section 15).
 
-Each block is JSON-ready and goes to the result object under its own key ("extraction", "release_sets",
-"epsilon"); the report reads them typed (`llmaudit.report.models_risks`).
+Each block is a typed model of `llmaudit.analyze.result_risks` and goes to the result object under its own key
+("extraction", "release_sets", "epsilon"); the report reads them as they are.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from llmaudit.analyze.epsilon_bound import inclusion_design
 from llmaudit.analyze.extraction import ExtractionSettings, extraction_matrices, greedy_check_of_table
 from llmaudit.analyze.extraction_risk import extraction_risk
 from llmaudit.analyze.release_sets import SetNotComparable, check_release_sets, decide_release_set, set_name
+from llmaudit.analyze.result_risks import EpsilonBlock, ExtractionBlock, ReleaseSetEntry, ReleaseSetNotMeasured
 
 __all__ = ["check_release_sets", "epsilon_block", "extraction_block", "release_sets_block"]
 
@@ -31,7 +32,7 @@ def extraction_block(
     reference: str | None,
     val_records: Sequence[Mapping[str, Any]],
     s: DecisionSettings,
-) -> dict[str, Any]:
+) -> ExtractionBlock:
     """Measure the extraction risk of every quantizer and check greedy extraction against generated answers.
 
     The greedy rate read from the top-1 flags is checked against the greedy answers generated at each run's final
@@ -45,20 +46,17 @@ def extraction_block(
             `output`).
         s (DecisionSettings): the release rule's settings (resamples and seed).
     Returns:
-        dict[str, Any]: {"risk": the `ExtractionResult` (n = 100, p = 0.5), "greedy_check": {quantizer:
-        `GreedyCheck`}}, JSON-ready.
+        ExtractionBlock: the `ExtractionResult` (n = 100, p = 0.5) and {quantizer: its `GreedyCheck`} for the
+        quantizers with generated answers.
     """
     matrices = {q: extraction_matrices(table, q) for q in quantizers}
     risk = extraction_risk(matrices, reference, ExtractionSettings(), s)
     outputs = {str(r["sample_id"]): str(r["output"]) for r in val_records}
     checks = {q: greedy_check_of_table(table, q, outputs) for q in quantizers}
-    return {
-        "risk": risk.model_dump(mode="json"),
-        "greedy_check": {q: c.model_dump(mode="json") for q, c in checks.items() if c.answers},
-    }
+    return ExtractionBlock(risk=risk, greedy_check={q: c for q, c in checks.items() if c.answers})
 
 
-def epsilon_block(evidence: Mapping[str, QuantizerEvidence], manifest: dict[str, Any], seed: int) -> dict[str, Any]:
+def epsilon_block(evidence: Mapping[str, QuantizerEvidence], manifest: dict[str, Any], seed: int) -> EpsilonBlock:
     """Bound epsilon from below for every attacked quantizer, from its attacks that read models only.
 
     Args:
@@ -66,8 +64,8 @@ def epsilon_block(evidence: Mapping[str, QuantizerEvidence], manifest: dict[str,
         manifest (dict[str, Any]): the store's manifest (its membership design, `inclusion_design`).
         seed (int): the seed of the split and of the order among tied scores.
     Returns:
-        dict[str, Any]: {"design", "qualifies", "reason", "per_quantizer": {quantizer: `EpsilonBound`}}, JSON-ready;
-        each NOT MEASURED with the reason where the design does not qualify.
+        EpsilonBlock: the design, whether it qualifies, why not, and {quantizer: its `EpsilonBound`}, each NOT
+        MEASURED with the reason where the design does not qualify.
     """
     design = inclusion_design(manifest)
     settings = EpsilonSettings(seed=seed)
@@ -75,13 +73,13 @@ def epsilon_block(evidence: Mapping[str, QuantizerEvidence], manifest: dict[str,
     for q, ev in evidence.items():
         allowed = set(outputs_only({a: attack_spec(a).references for a in ev.raw}))
         scores = {a: v for a, v in ev.raw.items() if a in allowed}
-        per_q[q] = epsilon_audit(q, scores, ev.keep, design, settings).model_dump(mode="json")
-    return {"design": design.design, "qualifies": design.qualifies, "reason": design.reason, "per_quantizer": per_q}
+        per_q[q] = epsilon_audit(q, scores, ev.keep, design, settings)
+    return EpsilonBlock(design=design.design, qualifies=design.qualifies, reason=design.reason, per_quantizer=per_q)
 
 
 def release_sets_block(
     evidence: Mapping[str, QuantizerEvidence], sets: Sequence[Sequence[str]], s: DecisionSettings
-) -> list[dict[str, Any]]:
+) -> list[ReleaseSetEntry]:
     """Judge every release set by the release rule and compare it with its best single file.
 
     A set with a file that was not attacked (left out of this analysis, not completely scored), or whose files were
@@ -92,17 +90,17 @@ def release_sets_block(
         sets (Sequence[Sequence[str]]): the release sets (`report.release_sets`).
         s (DecisionSettings): the release rule's settings.
     Returns:
-        list[dict[str, Any]]: one JSON-ready `ReleaseSetDecision` (or not-measured entry) per set.
+        list[ReleaseSetEntry]: one `ReleaseSetDecision` (or `ReleaseSetNotMeasured`) per set.
     """
-    out: list[dict[str, Any]] = []
+    out: list[ReleaseSetEntry] = []
     for files in sets:
         missing = [f for f in files if f not in evidence]
         why = f"not measured: {', '.join(missing)} not attacked in this analysis (not completely scored)"
         if not missing:
             try:
-                out.append(decide_release_set(evidence, files, s).model_dump(mode="json"))
+                out.append(decide_release_set(evidence, files, s))
                 continue
             except SetNotComparable as exc:
                 why = f"not measured: {exc}"
-        out.append({"name": set_name(files), "files": list(files), "not_measured": why})
+        out.append(ReleaseSetNotMeasured(name=set_name(files), files=list(files), not_measured=why))
     return out

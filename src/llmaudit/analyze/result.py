@@ -22,6 +22,8 @@ from llmaudit.analyze.result_blocks import (
     ResultBlock,
     RQIndicator,
 )
+from llmaudit.analyze.result_recorded import RecordedThresholds
+from llmaudit.analyze.result_risks import EpsilonBlock, ExtractionBlock, ReleaseSetEntry
 
 
 class DriftStat(ResultBlock):
@@ -147,10 +149,6 @@ class Experiment(ResultBlock):
     left_out_quantizers: dict[str, str] = {}
 
 
-class RiskBlock(ResultBlock):
-    """A store-wide risk block (extraction, epsilon) as the analysis wrote it."""
-
-
 class AnalysisResult(ResultBlock):
     """Everything the analysis of a run store found (module docstring); results/result.json is this object."""
 
@@ -172,10 +170,11 @@ class AnalysisResult(ResultBlock):
     blind_baseline: BlindBaselineResult | None = None
     candidate_indicators: CandidateIndicators | None = Field(default=None, alias="indicators")
     """Every candidate indicator (written as "indicators")."""
-    extraction: RiskBlock | None = None
-    release_sets: list[RiskBlock] | None = None
-    epsilon: RiskBlock | None = None
-    thresholds: dict[str, Any] = {}
+    extraction: ExtractionBlock | None = None
+    release_sets: list[ReleaseSetEntry] | None = None
+    epsilon: EpsilonBlock | None = None
+    thresholds: RecordedThresholds = RecordedThresholds()
+    """The release checklist's thresholds (the recipe's report section as recorded)."""
 
     def to_json(self) -> dict[str, Any]:
         """The result as results/result.json holds it.

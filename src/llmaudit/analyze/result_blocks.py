@@ -1,49 +1,18 @@
 """The blocks of the typed analysis result (`llmaudit.analyze.result.AnalysisResult`): the attacks with their
 estimates and intervals, r_Q, the candidate indicators, memorization, the blind baseline and utility.
 
-Every block keeps the keys it does not name (a later analysis may add some) and, written again, holds exactly the
-keys it read, in the order it read them: results/result.json read back and written again is the same file.
+Every block is a `llmaudit.analyze.result_base.ResultBlock`: written again, it holds exactly the keys it read.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, model_serializer, model_validator
+from pydantic import BaseModel
 
 from llmaudit.analyze.decision.models import ReleaseDecision
-
-Num = float | int | None
-"""A number as the analysis recorded it (NaN where undefined), or None; an int stays an int."""
-
-Interval = list[Num] | None
-"""An interval [low, high] as a list, or None."""
-
-
-class ResultBlock(BaseModel):
-    """A block of the analysis result: the keys it names typed, the others kept; written back key for key."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True, ser_json_inf_nan="constants")
-    _order: tuple[str, ...] = PrivateAttr(default=())
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _read(cls, data: Any, handler: Any) -> Any:
-        model = handler(data)
-        if isinstance(data, dict):
-            model._order = tuple(data)
-        return model
-
-    @model_serializer(mode="wrap")
-    def _write(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        unset = set(type(self).model_fields) - self.model_fields_set
-        dropped = unset | {type(self).model_fields[n].alias for n in unset} - {None}
-        out = {k: v for k, v in out.items() if k not in dropped}
-        if not self._order:
-            return out
-        return {k: out[k] for k in self._order if k in out} | {k: v for k, v in out.items() if k not in self._order}
-
+from llmaudit.analyze.result_base import Num, ResultBlock
+from llmaudit.analyze.result_recorded import RecordedAttackSettings, RQProtocol, RQStability
 
 # ------------------------------------------------------------------------------------------ attacks
 
@@ -194,8 +163,9 @@ class AttackResults(ResultBlock):
     """The attacks of the analysis: their definitions and settings, per quantizer every attack, the correlation with
     r_Q, and the release decision."""
 
-    attack_definitions: dict[str, Any] | None = None
-    settings: dict[str, Any] | None = None
+    attack_definitions: dict[str, str] | None = None
+    """{attack: its versioned definition} (`llmaudit.analyze.attacks.registry.attack_definitions`)."""
+    settings: RecordedAttackSettings | None = None
     reference_quantizer: str | None = None
     quantizers: dict[str, QuantizerAttacks] = {}
     spearman_vs_r_q: SpearmanVsRQ | None = None
@@ -231,8 +201,8 @@ class RQIndicator(ResultBlock):
     """The r_Q indicator (docs/science.md section 2): per quantizer over runs, its protocol and stability."""
 
     per_quantizer: dict[str, RQEntry] = {}
-    protocol: dict[str, Any] | None = None
-    stability: dict[str, Any] | None = None
+    protocol: RQProtocol | None = None
+    stability: RQStability | None = None
 
 
 class CandidateAggregate(ResultBlock):

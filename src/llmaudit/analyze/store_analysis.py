@@ -173,6 +173,10 @@ def release_sets_of(cfg: ExperimentConfig, scored: list[str]) -> list[list[str]]
     return sets
 
 
+RISK_KEYS = ("extraction", "release_sets", "epsilon")
+"""The result's store-wide risk blocks (`llmaudit.analyze.result_risks`)."""
+
+
 def _release_risks(
     cfg: ExperimentConfig,
     store: RunStore,
@@ -182,7 +186,7 @@ def _release_risks(
     reference: str,
     echo,
 ) -> dict[str, Any]:
-    """The result's "extraction", "release_sets" (after the per-quantizer decision) and "epsilon" blocks."""
+    """The result's "extraction", "release_sets" (after the per-quantizer decision) and "epsilon" blocks, typed."""
     echo("[analyze] extraction risk, release sets, epsilon lower bound ...")
     settings = decision_settings(cfg)
     extraction = extraction_block(table, quantizers, reference, store.read_records("val"), settings)
@@ -368,11 +372,14 @@ def _write_results(store: RunStore, result: AnalysisResult) -> None:
 
 def _typed(result: dict[str, Any]) -> AnalysisResult:
     """The typed result of the analysis' blocks: numpy numbers made Python numbers (NaN kept), the release decision
-    kept as the decision's own pydantic object."""
+    and the risk blocks kept as the analysis' own pydantic objects (`RISK_KEYS`), in their places."""
     decision = result["attacks"].pop("decision", None)
-    typed = AnalysisResult.model_validate(json.loads(to_json(result)))
+    risks = {k: result[k] for k in RISK_KEYS}
+    typed = AnalysisResult.model_validate(json.loads(to_json(result | dict.fromkeys(RISK_KEYS))))
     if decision is not None:
         typed.attacks.decision = decision
+    for key, block in risks.items():
+        setattr(typed, key, block)
     return typed
 
 
