@@ -78,6 +78,9 @@ TINY_OVERRIDES = [
     "score.generation_samples=2",
     "score.generation_max_new_tokens=8",
     "attack.n_boot=20",
+    # one process per stage, as the tests' own calls run them (the demo's two are tested in tests/jobs/test_local.py)
+    "train.processes=1",
+    "score.processes=1",
 ]
 
 

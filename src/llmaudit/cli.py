@@ -22,6 +22,7 @@ import typer
 
 from llmaudit.commands import app  # the Typer application with every command registered
 from llmaudit.commands.base import setup
+from llmaudit.common.children import end_with_parent
 from llmaudit.common.errors import UserError
 from llmaudit.common.safe_text import escape_controls, install
 
@@ -53,6 +54,7 @@ def main() -> None:
     While the command runs, stdout escapes every control character written to it but line breaks and colours
     (`common.safe_text.SafeStream`), and every error line is escaped too: text from data never drives the terminal."""
     debug = os.environ.get("LLMAUDIT_DEBUG", "") not in ("", "0")
+    end_with_parent()  # a child of `audit`'s fine-tuning or scoring processes stops when the audit does
     stdout = sys.stdout
     sys.stdout = install(stdout)
     try:

@@ -1,7 +1,7 @@
 """score.processes: several local scoring processes share one store's units."""
 
 from llmaudit.finetune.runs import finetune
-from llmaudit.jobs.local import score_in_processes
+from llmaudit.jobs.local import finetune_stage, score_in_processes
 from llmaudit.planning.status import stage_status
 from llmaudit.store.units import plan_units
 from llmaudit.store.worklog import read_work
@@ -19,3 +19,34 @@ def test_two_local_processes_score_every_unit_once(tiny_cfg):
     assert store.manifest()["config"]["score"]["processes"] == 2
     status = stage_status(store)
     assert not status["score"]["missing"] and not status["score"]["invalid"]
+
+
+def _adapters(store, runs):
+    """Every checkpoint's adapter bytes, by (run, step)."""
+    return {
+        (run, step): (store.checkpoint_dir(run, step) / "adapter_model.safetensors").read_bytes()
+        for run in range(runs)
+        for step in store.checkpoints(run)
+    }
+
+
+def test_two_training_processes_leave_the_checkpoints_of_one_bit_for_bit(tmp_path, capsys):
+    """train.processes=2: `finetune` starts two children, each trains its share of the runs whole; every checkpoint
+    is byte for byte the one the same runs trained in one process give (the built-in model trains on one thread)."""
+    from llmaudit.common.runtime import torch_threads
+    from llmaudit.config import load_recipe
+    from llmaudit.store.run_store import RunStore
+    from tests.conftest import TINY_OVERRIDES
+
+    overrides = [*TINY_OVERRIDES, "train.processes=2"]
+    cfg = load_recipe("demo-cpu", [*overrides, f"output_dir={tmp_path / 'two'}"])
+    two = finetune_stage(cfg, "demo-cpu", overrides, shard=None, show_progress=False)
+    assert "[finetune] 2 processes with 1 thread(s) each train the runs of" in capsys.readouterr().out
+    assert all(two.run_done(r) for r in range(cfg.train.runs))
+    one_cfg = load_recipe("demo-cpu", [*TINY_OVERRIDES, f"output_dir={tmp_path / 'one'}"])
+    with torch_threads(1):
+        one = finetune(one_cfg, progress=False, echo=lambda *a: None)
+    assert cfg.identity_hash() == one_cfg.identity_hash()  # the processes are the runner's, not the experiment's
+    expected = _adapters(one, cfg.train.runs)
+    assert len(expected) == cfg.train.runs * cfg.train.epochs
+    assert _adapters(RunStore(two.root), cfg.train.runs) == expected

@@ -36,8 +36,7 @@ def audit(
     check_target(recipe, overrides)  # argument errors answer before the work is imported
 
     from llmaudit.analyze.store_analysis import analyze
-    from llmaudit.finetune.runs import finetune as do_finetune
-    from llmaudit.jobs.local import score_in_processes
+    from llmaudit.jobs.local import finetune_stage, score_in_processes
     from llmaudit.planning.targets import config_from_recipe
     from llmaudit.report.write import write_report
     from llmaudit.score.stage import score as do_score
@@ -45,7 +44,7 @@ def audit(
     with bounded_primitive_cache():  # from the start: any oneDNN work fixes the process's cache size
         cfg = config_from_recipe(recipe, overrides, out)
         show_progress = progress(no_progress)
-        store = do_finetune(cfg, progress=show_progress)
+        store = finetune_stage(cfg, recipe, overrides, shard=None, show_progress=show_progress, echo=typer.echo)
     if cfg.score.processes > 1:
         score_in_processes(cfg, store, echo=typer.echo)
     else:

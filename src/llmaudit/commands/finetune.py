@@ -33,11 +33,13 @@ def finetune(
     check_target(recipe, overrides)
     shard_spec = parse_shard(shard)  # argument errors answer before the work is imported
 
-    from llmaudit.finetune.runs import finetune as do_finetune
+    from llmaudit.jobs.local import finetune_stage
     from llmaudit.planning.targets import config_from_recipe
 
     with bounded_primitive_cache():  # from the start: any oneDNN work fixes the process's cache size
         cfg = config_from_recipe(recipe, overrides, out)
-        store = do_finetune(cfg, shard=shard_spec, progress=progress(no_progress))
+        store = finetune_stage(
+            cfg, recipe, overrides, shard=shard_spec, show_progress=progress(no_progress), echo=typer.echo
+        )
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate/torchrun only the main process reports
         typer.echo(f"[finetune] done: {store.root}")

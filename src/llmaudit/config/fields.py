@@ -61,7 +61,7 @@ UPPER_BOUND_WHY = "upper_bound_why"
 
 RUNNER_SETTINGS: dict[str, tuple[str, ...]] = {
     "model": ("trust_remote_code",),
-    "train": ("device", "token_budget"),
+    "train": ("device", "token_budget", "processes"),
     "score": ("device", "token_budget", "head_chunk", "cpu_workers", "processes", "calibration_file"),
     "report": ("processes",),
 }

@@ -183,6 +183,12 @@ class TrainConfig(RecipeSection):
     the demo's tiny model never slices), on a GPU the whole batch. How the work is cut, not what is trained: not
     part of the experiment's identity."""
 
+    processes: int = size_field(1, ge=1, le=256, why=CORES_WHY)
+    """Processes that train this store's runs at once on this machine (`llmaudit finetune` and `audit`, not
+    under accelerate/torchrun or `--shard`): each run is claimed with a file lock and trained whole by one process,
+    the CPU cores divided among them. A model that computes on one thread (the built-in tiny model) trains the same
+    runs, bit for bit, in a fraction of the time; not part of the experiment's identity."""
+
     @model_validator(mode="after")
     def _bounded_checkpoints(self) -> TrainConfig:
         if self.epochs * self.checkpoints_per_epoch > 10_000:
@@ -453,7 +459,7 @@ class ExperimentConfig(RecipeSection):
             "model": self.model.model_dump(exclude={"trust_remote_code"}),
             "data": self.data.model_dump(),
             "lora": self.lora.model_dump(),
-            "train": self.train.model_dump(exclude={"device", "token_budget", *same}),
+            "train": self.train.model_dump(exclude={"device", "token_budget", "processes", *same}),
         }
 
     def identity_hash(self) -> str:

@@ -317,14 +317,10 @@ def _finetune_here(
 ) -> RunStore:
     """`finetune` in this process alone."""
     manifest = prepare_experiment(cfg, store, echo=echo)
-    runs = shard_items(list(range(cfg.train.runs)), shard)
     device = pick_device(cfg.train.device)
     tok = load_tokenizer(cfg.model)
-    todo = [r for r in runs if needs_training(store, r)]
-    clear_stale_markers(run_marker_path(store, r) for r in runs if r not in todo)
-    echo(
-        f"[finetune] {store.root}: {len(runs) - len(todo)} of {len(runs)} run(s) already done; training {len(todo)} on {device}"
-    )
+    todo, runs = _runs_to_train(cfg, store, shard), len(shard_items(list(range(cfg.train.runs)), shard))
+    echo(f"[finetune] {store.root}: {runs - len(todo)} of {runs} run(s) already done; training {len(todo)} on {device}")
     if not todo:
         return store
     base = load_base_model(cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device))
@@ -345,6 +341,34 @@ def _finetune_here(
     del base
     release_memory()
     return store
+
+
+def _runs_to_train(cfg: ExperimentConfig, store: RunStore, shard: tuple[int, int] | None) -> list[int]:
+    """The runs of this shard still to train; the stale RUNNING markers of the others cleared."""
+    runs = shard_items(list(range(cfg.train.runs)), shard)
+    todo = [r for r in runs if needs_training(store, r)]
+    clear_stale_markers(run_marker_path(store, r) for r in runs if r not in todo)
+    return todo
+
+
+def prepare_runs(cfg: ExperimentConfig, *, out: Path | None = None, echo=print) -> tuple[RunStore, list[int]]:
+    """What a parent does once before several processes train a store's runs (`train.processes`): the store
+    created (data draw, membership, manifest) and the base model's tokenizer loaded, which builds a built-in
+    model once, so that the processes started next find both ready.
+
+    Args:
+        cfg: the experiment's config.
+        out: the run directory, or None for the config's.
+        echo: where progress lines go.
+
+    Returns:
+        The run store and the runs still to train.
+    """
+    store = RunStore(out or cfg.resolved_output_dir())
+    with bounded_primitive_cache():
+        prepare_experiment(cfg, store, echo=echo)
+        load_tokenizer(cfg.model)
+    return store, _runs_to_train(cfg, store, None)
 
 
 def _parallel_base(

@@ -1,5 +1,6 @@
-"""Several local processes on one stage: `score.processes` scoring processes share one store's units
-(each unit is claimed with a file lock), the machine's cores divided among them."""
+"""Several local processes on one stage, the machine's cores divided among them: `train.processes` fine-tuning
+processes split a store's runs, `score.processes` scoring processes share its units (each unit is claimed with a
+file lock)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ import sys
 import time
 from typing import Any
 
+from llmaudit.common.children import child_environment
 from llmaudit.common.errors import UserError
 from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads
 from llmaudit.config import ExperimentConfig
+from llmaudit.finetune.distributed import launched_processes
+from llmaudit.finetune.runs import finetune, prepare_runs
+from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.score.stage import check_scoring
 from llmaudit.store.run_store import RunStore
 
 
@@ -37,6 +43,7 @@ def score_in_processes(
     Raises:
         UserError: a child process failed (the exit codes named; its error is printed above).
     """
+    check_scoring(cfg, store)  # a refused device, quantizer or store answers here, not from every child
     n = cfg.score.processes
     threads = max(1, (env_threads() or available_cores()) // n)
     # the same score settings in every child (JSON is YAML); --shard keeps a child from starting processes
@@ -59,13 +66,89 @@ def score_in_processes(
     ]
     command += ["--deep-verify"] * deep_verify + ["--refresh-utility"] * refresh_utility
     command += ["--trust-remote-code"] * cfg.model.trust_remote_code
-    env = dict(os.environ, **{THREADS_ENV: str(threads)})
     echo(f"[score] {n} scoring processes with {threads} thread(s) each share the units of {store.root}")
+    return _run_children([command] * n, threads, "scoring", "finished units are kept")
+
+
+def finetune_stage(
+    cfg: ExperimentConfig,
+    recipe: str | None,
+    overrides: list[str],
+    *,
+    shard: tuple[int, int] | None,
+    show_progress: bool,
+    echo=print,
+) -> RunStore:
+    """The fine-tuning stage of `llmaudit finetune` and `audit`: in `train.processes` child processes when the
+    setting asks for several and this process is neither a shard nor one of a launcher's processes, else here.
+
+    Args:
+        cfg: the experiment's config.
+        recipe: the recipe as the command line named it (None: the default one).
+        overrides: the command line's key=value overrides.
+        shard: this process's shard (`--shard K/N`), or None.
+        show_progress: progress bars (in this process only; children print lines).
+        echo: where progress lines go.
+
+    Returns:
+        The run store, every run of the shard trained.
+    """
+    if cfg.train.processes > 1 and shard is None and launched_processes() == 1:
+        store, todo = prepare_runs(cfg, echo=echo)
+        if todo:
+            finetune_in_processes(cfg, store, recipe, overrides, echo=echo)
+        return store
+    return finetune(cfg, shard=shard, progress=show_progress, echo=echo)
+
+
+def finetune_in_processes(
+    cfg: ExperimentConfig, store: RunStore, recipe: str | None, overrides: list[str], *, echo=print
+) -> dict[str, Any]:
+    """Run `cfg.train.processes` `llmaudit finetune RECIPE --out RUN_DIR --shard K/N` processes at once and wait.
+
+    Each child trains its round-robin share of the runs (the runs are of equal size, so the shares take equal
+    time), whole and in order, with its share of the cores: a run is trained as one process would train it.
+    The caller has created the store and built the base model first (`finetune.runs.prepare_runs`).
+
+    Args:
+        cfg: the experiment's config.
+        store: its run store, already created.
+        recipe: the recipe as the command line named it (None: the default one).
+        overrides: the command line's key=value overrides.
+        echo: where progress lines go.
+
+    Returns:
+        {"processes": how many ran, "seconds": the wall time}.
+
+    Raises:
+        UserError: a child process failed (the exit codes named; its error is printed above).
+    """
+    n = min(cfg.train.processes, cfg.train.runs)
+    # a built-in model trains on one thread wherever it runs (`configure_threads`), so its runs stay the same
+    threads = None if tiny_model(cfg) and env_threads() is None else max(1, (env_threads() or available_cores()) // n)
+    base = [sys.executable, "-m", "llmaudit.cli", "finetune", *([recipe] if recipe else []), *overrides]
+    base += ["--out", str(store.root), "--no-progress"]  # model.trust_remote_code, if given, is in the overrides
+    echo(f"[finetune] {n} processes with {threads or 1} thread(s) each train the runs of {store.root}")
+    return _run_children(
+        [[*base, "--shard", f"{k}/{n}"] for k in range(n)], threads, "fine-tuning", "finished runs are kept"
+    )
+
+
+def tiny_model(cfg: ExperimentConfig) -> bool:
+    """The experiment's model is a built-in tiny one (what `configure_threads` runs on one thread)."""
+    return cfg.model.name.startswith(BUILTIN_PREFIX)
+
+
+def _run_children(commands: list[list[str]], threads: int | None, what: str, kept: str) -> dict[str, Any]:
+    """Start every command at once with `threads` CPU threads each (None: the child's own choice), wait for all;
+    UserError when one failed."""
+    env = child_environment(dict(os.environ, **({THREADS_ENV: str(threads)} if threads else {})))
     t0 = time.time()
-    procs = [subprocess.Popen(command, env=env) for _ in range(n)]
+    procs = [subprocess.Popen(command, env=env) for command in commands]
     codes = [p.wait() for p in procs]
     if any(codes):
         raise UserError(
-            f"{sum(1 for c in codes if c)} of {n} scoring processes failed (exit codes {codes}); their errors are above. Run the same command again: finished units are kept."
+            f"{sum(1 for c in codes if c)} of {len(codes)} {what} processes failed (exit codes {codes}); their errors "
+            f"are above. Run the same command again: {kept}."
         )
-    return {"processes": n, "seconds": time.time() - t0}
+    return {"processes": len(codes), "seconds": time.time() - t0}

@@ -275,6 +275,30 @@ def _counts(units: int, done: _Progress | None, seconds: float, dtype: torch.dty
     }
 
 
+def check_scoring(cfg: ExperimentConfig, store: RunStore) -> tuple[ExperimentConfig, torch.device, Any, list]:
+    """What `score` checks before it touches a file: the device, the quantizers, the store and the options it
+    recorded; also what a parent checks before it starts scoring processes (`jobs.local.score_in_processes`).
+
+    Args:
+        cfg: the experiment's configuration.
+        store: the run store.
+
+    Returns:
+        (cfg with its reference quantizer named for the scoring dtype, the device, the store's `ComputeChoice`, the
+        quantizers).
+
+    Raises:
+        UserError: a device, quantizer, store or recorded option is refused.
+    """
+    device = pick_device(cfg.score.device)
+    check_quantizers(cfg.model_copy(update={"score": cfg.score.with_reference("fp32")}), device)  # before any file
+    choice = store.scoring_choice(cfg.score.dtype, device)
+    cfg = cfg.model_copy(update={"score": cfg.score.with_reference(SHORT_DTYPE_NAMES[choice.dtype])})
+    quantizers = check_quantizers(cfg, device)
+    check_recorded_options(store, quantizers)
+    return cfg, device, choice, quantizers
+
+
 def score(
     cfg: ExperimentConfig,
     store: RunStore,
@@ -300,12 +324,7 @@ def score(
     Returns:
         dict[str, Any]: counts and timings {"units", "scored", "taken_by_others", "seconds", "dtype"}.
     """
-    device = pick_device(cfg.score.device)
-    check_quantizers(cfg.model_copy(update={"score": cfg.score.with_reference("fp32")}), device)  # before any file
-    choice = store.scoring_choice(cfg.score.dtype, device)
-    cfg = cfg.model_copy(update={"score": cfg.score.with_reference(SHORT_DTYPE_NAMES[choice.dtype])})
-    quantizers = check_quantizers(cfg, device)
-    check_recorded_options(store, quantizers)
+    cfg, device, choice, quantizers = check_scoring(cfg, store)
     store.update_config(cfg)
     mine, todo = _todo(cfg, store, shard, deep=deep_verify, echo=echo)
     stale = _stale_units(cfg, store, mine, todo) if refresh_utility else set()
