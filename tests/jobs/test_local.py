@@ -1,7 +1,12 @@
-"""score.processes: several local scoring processes share one store's units."""
+"""train.processes and score.processes: several local processes share one store's runs or units."""
+
+import sys
+import time
+
+import pytest
 
 from llmaudit.finetune.runs import finetune
-from llmaudit.jobs.local import finetune_stage, score_in_processes
+from llmaudit.jobs.local import _run_children, finetune_stage, score_in_processes
 from llmaudit.planning.status import stage_status
 from llmaudit.store.units import plan_units
 from llmaudit.store.worklog import read_work
@@ -50,3 +55,21 @@ def test_two_training_processes_leave_the_checkpoints_of_one_bit_for_bit(tmp_pat
     expected = _adapters(one, cfg.train.runs)
     assert len(expected) == cfg.train.runs * cfg.train.epochs
     assert _adapters(RunStore(two.root), cfg.train.runs) == expected
+
+
+def test_a_failed_build_stops_the_started_children(tmp_path):
+    """What the parent does while its children start (the base model's build) fails: the children are stopped
+    and the build's own error is raised, not a report about the children."""
+    started = tmp_path / "started"
+    sleeper = [sys.executable, "-c", f"open({str(started)!r}, 'a').write('x'); import time; time.sleep(60)"]
+
+    def build() -> None:
+        deadline = time.time() + 30
+        while (not started.exists() or len(started.read_text()) < 2) and time.time() < deadline:
+            time.sleep(0.05)
+        raise OSError("the build failed")
+
+    t0 = time.time()
+    with pytest.raises(OSError, match="the build failed"):
+        _run_children([sleeper, sleeper], None, "fine-tuning", "finished runs are kept", meanwhile=build)
+    assert started.read_text() == "xx" and time.time() - t0 < 30  # both ran, and neither was waited out

@@ -353,8 +353,7 @@ def _runs_to_train(cfg: ExperimentConfig, store: RunStore, shard: tuple[int, int
 
 def prepare_runs(cfg: ExperimentConfig, *, out: Path | None = None, echo=print) -> tuple[RunStore, list[int]]:
     """What a parent does once before several processes train a store's runs (`train.processes`): the store
-    created (data draw, membership, manifest) and the base model's tokenizer loaded, which builds a built-in
-    model once, so that the processes started next find both ready.
+    created (data draw, membership, manifest), so that the processes started next all find the same one.
 
     Args:
         cfg: the experiment's config.
@@ -365,10 +364,19 @@ def prepare_runs(cfg: ExperimentConfig, *, out: Path | None = None, echo=print) 
         The run store and the runs still to train.
     """
     store = RunStore(out or cfg.resolved_output_dir())
-    with bounded_primitive_cache():
-        prepare_experiment(cfg, store, echo=echo)
-        load_tokenizer(cfg.model)
+    prepare_experiment(cfg, store, echo=echo)
     return store, _runs_to_train(cfg, store, None)
+
+
+def build_base(cfg: ExperimentConfig) -> None:
+    """Build a built-in base model once (a cached, file-locked build; a hub model: its tokenizer is read), what a
+    parent does while the training processes it started import their libraries: they wait for the build's lock.
+
+    Args:
+        cfg: the experiment's config.
+    """
+    with bounded_primitive_cache():
+        load_tokenizer(cfg.model)
 
 
 def _parallel_base(

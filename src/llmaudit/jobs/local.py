@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from llmaudit.common.children import child_environment
@@ -16,7 +17,7 @@ from llmaudit.common.errors import UserError
 from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads
 from llmaudit.config import ExperimentConfig
 from llmaudit.finetune.distributed import launched_processes
-from llmaudit.finetune.runs import finetune, prepare_runs
+from llmaudit.finetune.runs import build_base, finetune, prepare_runs
 from llmaudit.models.builtin import BUILTIN_PREFIX
 from llmaudit.score.stage import check_scoring
 from llmaudit.store.run_store import RunStore
@@ -95,20 +96,26 @@ def finetune_stage(
     """
     if cfg.train.processes > 1 and shard is None and launched_processes() == 1:
         store, todo = prepare_runs(cfg, echo=echo)
-        if todo:
-            finetune_in_processes(cfg, store, recipe, overrides, echo=echo)
+        if todo:  # the base model is built here while the children start (they wait for it)
+            finetune_in_processes(cfg, store, recipe, overrides, echo=echo, meanwhile=lambda: build_base(cfg))
         return store
     return finetune(cfg, shard=shard, progress=show_progress, echo=echo)
 
 
 def finetune_in_processes(
-    cfg: ExperimentConfig, store: RunStore, recipe: str | None, overrides: list[str], *, echo=print
+    cfg: ExperimentConfig,
+    store: RunStore,
+    recipe: str | None,
+    overrides: list[str],
+    *,
+    echo=print,
+    meanwhile: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run `cfg.train.processes` `llmaudit finetune RECIPE --out RUN_DIR --shard K/N` processes at once and wait.
 
     Each child trains its round-robin share of the runs (the runs are of equal size, so the shares take equal
     time), whole and in order, with its share of the cores: a run is trained as one process would train it.
-    The caller has created the store and built the base model first (`finetune.runs.prepare_runs`).
+    The caller has created the store first (`finetune.runs.prepare_runs`).
 
     Args:
         cfg: the experiment's config.
@@ -116,6 +123,8 @@ def finetune_in_processes(
         recipe: the recipe as the command line named it (None: the default one).
         overrides: the command line's key=value overrides.
         echo: where progress lines go.
+        meanwhile: run in this process once the children are started (the base model's build); when it fails,
+            the children are stopped and its error raised.
 
     Returns:
         {"processes": how many ran, "seconds": the wall time}.
@@ -129,9 +138,8 @@ def finetune_in_processes(
     base = [sys.executable, "-m", "llmaudit.cli", "finetune", *([recipe] if recipe else []), *overrides]
     base += ["--out", str(store.root), "--no-progress"]  # model.trust_remote_code, if given, is in the overrides
     echo(f"[finetune] {n} processes with {threads or 1} thread(s) each train the runs of {store.root}")
-    return _run_children(
-        [[*base, "--shard", f"{k}/{n}"] for k in range(n)], threads, "fine-tuning", "finished runs are kept"
-    )
+    commands = [[*base, "--shard", f"{k}/{n}"] for k in range(n)]
+    return _run_children(commands, threads, "fine-tuning", "finished runs are kept", meanwhile=meanwhile)
 
 
 def tiny_model(cfg: ExperimentConfig) -> bool:
@@ -139,12 +147,22 @@ def tiny_model(cfg: ExperimentConfig) -> bool:
     return cfg.model.name.startswith(BUILTIN_PREFIX)
 
 
-def _run_children(commands: list[list[str]], threads: int | None, what: str, kept: str) -> dict[str, Any]:
-    """Start every command at once with `threads` CPU threads each (None: the child's own choice), wait for all;
-    UserError when one failed."""
+def _run_children(
+    commands: list[list[str]], threads: int | None, what: str, kept: str, meanwhile: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Start every command at once with `threads` CPU threads each (None: the child's own choice), run `meanwhile`
+    here (the children stopped if it fails), wait for all; UserError when one failed."""
     env = child_environment(dict(os.environ, **({THREADS_ENV: str(threads)} if threads else {})))
     t0 = time.time()
     procs = [subprocess.Popen(command, env=env) for command in commands]
+    try:
+        if meanwhile is not None:
+            meanwhile()
+    except BaseException:
+        for p in procs:
+            p.terminate()
+            p.wait()
+        raise
     codes = [p.wait() for p in procs]
     if any(codes):
         raise UserError(
