@@ -110,3 +110,17 @@ def test_plan_where_a_store_of_fewer_runs_exists_prices_every_run_and_says_why(t
     code, out, err = run_cli(args)
     assert code == 0, err
     assert json.loads(out)["workload"]["runs"] == 5
+
+
+def test_local_processes_shorten_a_stage_only_where_the_model_computes_on_one_thread():
+    from llmaudit.common.runtime import available_cores
+    from llmaudit.planning.throughput import local_parallelism, processes_note
+
+    cores = available_cores()
+    assert local_parallelism(2, 8, one_thread=True) == min(2, cores)
+    assert local_parallelism(4, 1, one_thread=True) == 1  # one run: nothing to share
+    assert local_parallelism(2, 8, one_thread=False) == 1  # the processes divide the cores the probe used
+    assert processes_note({"train_processes": 1, "score_processes": 1}) == ""
+    assert (
+        processes_note({"train_processes": 2, "score_processes": 1}) == " (2 training and 1 scoring processes at once)"
+    )

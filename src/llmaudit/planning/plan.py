@@ -39,11 +39,14 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
 from llmaudit.finetune.runs import checkpoint_steps
+from llmaudit.models.builtin import BUILTIN_PREFIX
 from llmaudit.models.training import epoch_batches
 from llmaudit.planning.arguments import GPU_BF16_PEAK, check_device
+from llmaudit.planning.plan_text import format_plan as format_plan
 from llmaudit.planning.throughput import (
     Throughput,
     count_params,
+    local_parallelism,
     measure_throughput,
     model_config,
     named_gpu_throughput,
@@ -268,6 +271,21 @@ def utility_seconds(work: Workload, speed: Throughput) -> float:
     return prefill + work.divergence_positions * speed.divergence_s_per_position + decode * speed.generation_step_s
 
 
+def _unit_seconds(cfg: ExperimentConfig, work: Workload, speed: Throughput) -> float:
+    """The scoring stage's model load, checkpoint merges, quantizations and forward passes, in one process."""
+    matched = cfg.score.score_base and cfg.score.matched_base
+    n_base = (len(work.quantizers) if matched else 1) if cfg.score.score_base else 0
+    per_q_units = {q: (work.units - n_base) // max(1, len(work.quantizers)) for q in work.quantizers}
+    mean_tokens = work.score_padded_tokens / max(1, work.units)
+    seconds = speed.model_load_s + sum(len(s) for s in work.steps_per_run) * speed.checkpoint_s
+    for q in work.quantizers:
+        units = per_q_units[q] + (1 if cfg.score.score_base and (matched or q == work.quantizers[0]) else 0)
+        seconds += units * (
+            mean_tokens / speed.score_tokens_per_s * speed.forward_slowdown.get(q, 1.0) + speed.quantize_s.get(q, 0.0)
+        )
+    return seconds
+
+
 def estimate(
     cfg: ExperimentConfig, work: Workload, speed: Throughput, analysis: AnalysisCost, *, jobs: int = 1
 ) -> dict[str, Any]:
@@ -283,25 +301,19 @@ def estimate(
         jobs: devices in parallel.
 
     Returns:
-        {"finetune_s", "score_s", "utility_s", "report_s", "report_processes", "total_s", "jobs",
-        "parallel_total_s"}.
+        {"finetune_s", "score_s", "utility_s", "report_s", "report_processes", "train_processes", "score_processes",
+        "total_s", "jobs", "parallel_total_s"}.
     """
     checkpoints = sum(len(s) for s in work.steps_per_run)
+    one_thread = speed.device == "cpu" and cfg.model.name.startswith(BUILTIN_PREFIX)
+    train_at_once = local_parallelism(cfg.train.processes, work.runs, one_thread=one_thread)
+    score_at_once = local_parallelism(cfg.score.processes, work.units, one_thread=one_thread)
     finetune_s = (
-        speed.model_load_s + work.train_padded_tokens / speed.train_tokens_per_s + checkpoints * speed.checkpoint_s
+        speed.model_load_s
+        + (work.train_padded_tokens / speed.train_tokens_per_s + checkpoints * speed.checkpoint_s) / train_at_once
     )
-    matched = cfg.score.score_base and cfg.score.matched_base
-    n_base = (len(work.quantizers) if matched else 1) if cfg.score.score_base else 0
-    per_q_units = {q: (work.units - n_base) // max(1, len(work.quantizers)) for q in work.quantizers}
-    mean_tokens = work.score_padded_tokens / max(1, work.units)
-    score_s = speed.model_load_s + checkpoints * speed.checkpoint_s
-    for q in work.quantizers:
-        units = per_q_units[q] + (1 if cfg.score.score_base and (matched or q == work.quantizers[0]) else 0)
-        score_s += units * (
-            mean_tokens / speed.score_tokens_per_s * speed.forward_slowdown.get(q, 1.0) + speed.quantize_s.get(q, 0.0)
-        )
     utility_s = utility_seconds(work, speed)
-    score_s += utility_s + work.units * speed.unit_overhead_s
+    score_s = (_unit_seconds(cfg, work, speed) + utility_s + work.units * speed.unit_overhead_s) / score_at_once
     pool = len(work.members_per_run) and max(1, int(round(np.mean(work.members_per_run) / cfg.train.member_fraction)))
     processes = cfg.report.processes or available_cores()
     report_s = REPORT_OVERHEAD_S + analysis_seconds(
@@ -320,6 +332,8 @@ def estimate(
         "utility_s": utility_s,
         "report_s": report_s,
         "report_processes": min(processes, max(1, len(work.quantizers))),
+        "train_processes": train_at_once,
+        "score_processes": score_at_once,
         "total_s": total,
         "jobs": jobs,
         "parallel_total_s": (
@@ -421,69 +435,3 @@ def _adapter_bytes(cfg: ExperimentConfig, config: Any) -> int:
     with torch.device("meta"):
         model = with_lora(AutoModelForCausalLM.from_config(config), cfg)
     return 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def format_plan(plan: dict[str, Any]) -> str:
-    """The plan as `llmaudit plan` prints it.
-
-    Args:
-        plan: `make_plan`'s result.
-
-    Returns:
-        The text, lines joined by newlines.
-    """
-    w, t, e = plan["workload"], plan["throughput"], plan["estimate"]
-    steps = w["steps_per_run"]
-    lines = [
-        f"plan of {plan['experiment']}: {plan['model']} on {plan['device']}",
-        f"  runs            {w['runs']} x {w['members_per_run'][0] if w['members_per_run'] else 0} training samples, "
-        f"{len(steps[0]) if steps else 0} checkpoints per run (steps {steps[0] if steps else []})",
-        f"  quantizers      {len(w['quantizers'])}: {', '.join(w['quantizers'])}",
-        f"  scoring units   {w['units']} ({w['units_per_quantizer']} per quantizer{' + the base model' if w['units'] > w['units_per_quantizer'] * len(w['quantizers']) else ''}); "
-        f"GPTQ calibrations {w['gptq_calibrations']}",
-        f"  tokens          train {w['train_tokens']:,} ({w['train_padded_tokens']:,} padded); score {w['score_tokens']:,} "
-        f"({w['score_padded_tokens']:,} padded, budget {plan['token_budget']}), losses recorded for {w['scored_tokens']:,}",
-        f"  utility         KL: {w['divergence_positions']:,} positions compared, {w['reference_tokens']:,} reference-pass tokens; "
-        f"generation: {w['generation_units']} units, {w['generation_prompt_tokens']:,} prompt tokens, at most "
-        f"{w['generated_tokens_max']:,} new tokens ({w['generation_max_new_tokens']} per answer)",
-        f"  disk            adapters {_bytes(w['adapter_bytes'])}, loss tables about {_bytes(w['loss_table_bytes'])}",
-        f"  throughput      score {t['score_tokens_per_s']:,.0f} tok/s, train {t['train_tokens_per_s']:,.0f} tok/s, "
-        f"{1e3 * t.get('unit_overhead_s', 0.0):.0f} ms per scoring unit beside its arithmetic",
-    ]
-    for q, s in t["quantize_s"].items():
-        lines.append(f"    {q:>12}: {s:.1f} s per quantization, scoring x{t['forward_slowdown'].get(q, 1.0):.2f}")
-    lines += [f"    ({k}: {v})" for k, v in t["source"].items()]
-    if plan.get("analysis"):
-        a = plan["analysis"]
-        lines.append(
-            f"    (report: the analysis measured on this CPU in {a['measured_in_s']:.0f} s on synthetic tables of "
-            f"{a['runs']} runs x {' and '.join(str(r) for r in a['records'])} records, scaled as a + b n; "
-            f"{plan['estimate'].get('report_processes', 1)} quantizer(s) at a time, report.processes)"
-        )
-    lines.append(
-        f"  time            finetune {_duration(e['finetune_s'])}, score {_duration(e['score_s'])} (utility columns "
-        f"{_duration(e['utility_s'])}), report {_duration(e['report_s'])}; "
-        f"total {_duration(e['total_s'])}"
-    )
-    if e["jobs"] > 1:
-        lines.append(
-            f"  with {e['jobs']} parallel jobs: about {_duration(e['parallel_total_s'])} (each job loads the model once)"
-        )
-    lines += [f"  assumption      {a}" for a in plan.get("assumptions") or []]
-    return "\n".join(lines)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from llmaudit.common.memory import frozen_survivors, release_memory
-from llmaudit.common.runtime import dtype_name
+from llmaudit.common.runtime import available_cores, dtype_name
 from llmaudit.config import ExperimentConfig, ModelConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
 from llmaudit.data.records import record_text
@@ -424,3 +424,37 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
 
 
 # ------------------------------------------------------------------------------------------ estimate
+
+
+def local_parallelism(processes: int, items: int, *, one_thread: bool) -> int:
+    """How many of a stage's local processes (`train.processes`, `score.processes`) shorten its wall time: as many
+    as there are cores and items (runs, units) when the model computes on one thread (the built-in tiny model on a
+    CPU, measured here on one thread too); otherwise 1, since the processes then divide the cores (or the GPU) that
+    the throughput was measured with.
+
+    Args:
+        processes: the setting.
+        items: the stage's runs or units.
+        one_thread: the model computes on one thread.
+
+    Returns:
+        The divisor of the stage's seconds.
+    """
+    return max(1, min(processes, items, available_cores())) if one_thread else 1
+
+
+def processes_note(e: dict[str, Any]) -> str:
+    """What the plan's time line says of the local processes that shorten it.
+
+    Args:
+        e: the plan's estimate.
+
+    Returns:
+        The note, or "" when no stage runs several processes at once.
+    """
+    parts = [f"{e.get(k, 1)} {what}" for k, what in (("train_processes", "training"), ("score_processes", "scoring"))]
+    return (
+        f" ({' and '.join(parts)} processes at once)"
+        if e.get("train_processes", 1) * e.get("score_processes", 1) > 1
+        else ""
+    )
