@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from llmaudit.common.bounded import InputLimitError, read_parquet_bounded
@@ -396,12 +397,61 @@ def write_loss_table(df: pd.DataFrame, path: str | os.PathLike, *, metadata: dic
     return atomic_write_bytes(path, buf.getvalue())
 
 
+FLOAT_LISTS = ("token_losses", "token_vocab_mean", "token_vocab_std", "token_kl")
+"""The per-token number columns: each row read as a float64 array (None for a null row)."""
+
+BOOL_LISTS = ("token_top1", "token_same_top")
+"""The per-token flag columns: each row read as a bool array (None for a null row)."""
+
+
+def _list_rows(column: pa.ChunkedArray, dtype: type) -> np.ndarray | None:
+    """Each row of an arrow list column as its own numpy array of `dtype` (None for a null row), converted from
+    the flat values and the offsets in one pass: the arrays `np.asarray(v, dtype)` makes of `to_pandas()`'s rows
+    (a null flag reads False, as there). None, for `read_parquet_file` to convert row by row, where the column is
+    not a list of float32/float64 numbers (`dtype` float64) or of booleans (`dtype` bool)."""
+    kind = column.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return None
+    element = kind.value_type
+    if not (pa.types.is_boolean(element) if dtype is bool else pa.types.is_float32(element) or pa.types.is_float64(element)):
+        return None
+    rows = np.empty(len(column), dtype=object)
+    at = 0
+    for chunk in column.chunks:
+        values = pc.fill_null(chunk.values, False) if dtype is bool else chunk.values
+        flat = values.to_numpy(zero_copy_only=False)  # a null number reads NaN
+        offsets = chunk.offsets.to_numpy().tolist()
+        valid = chunk.is_valid().to_numpy(zero_copy_only=False).tolist()
+        for start, end, ok in zip(offsets, offsets[1:], valid):  # one by one: a slice assignment of equal-length
+            rows[at] = flat[start:end].astype(dtype) if ok else None  # arrays would broadcast them as a 2-D array
+            at += 1
+    return rows
+
+
+def _table_frame(table: pa.Table) -> tuple[pd.DataFrame, set[str]]:
+    """`table.to_pandas()` with the token list columns `_list_rows` converts already converted; (frame, the names
+    of those columns). A table with a repeated column name is left to `to_pandas` whole."""
+    names = table.column_names
+    fast: dict[str, np.ndarray] = {}
+    if len(set(names)) == len(names):
+        for col in (*FLOAT_LISTS, *BOOL_LISTS):
+            if col in names:
+                rows = _list_rows(table.column(col), bool if col in BOOL_LISTS else np.float64)
+                if rows is not None:
+                    fast[col] = rows
+                    table = table.set_column(names.index(col), col, pa.nulls(len(table)))
+    df = table.to_pandas()
+    for col, rows in fast.items():
+        df[col] = rows
+    return df, set(fast)
+
+
 def read_parquet_file(path: Path) -> pd.DataFrame:
     """One parquet file as a frame (token columns as float64 arrays), LossTableError naming the file
     when it is truncated, corrupt or not parquet."""
     try:
         table = read_parquet_bounded(path, what="loss table")  # bounded before it is decoded
-        df = table.to_pandas()
+        df, converted = _table_frame(table)
     except InputLimitError as exc:
         raise LossTableError(str(exc)) from None
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -410,18 +460,16 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
             "`llmaudit score RUN_DIR` scores it again."
         ) from None
     table_version(table.schema, str(path))
-    for col in ("token_losses", "token_vocab_mean", "token_vocab_std", "token_kl"):
-        if col in df.columns:
-            try:
-                df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
-            except (TypeError, ValueError) as exc:
-                raise LossTableError(
-                    f"{path}: column {col!r} holds non-numbers ({' '.join(str(exc).split())[:120]}); it holds one "
-                    "list of numbers per row."
-                ) from None
-    for col in ("token_top1", "token_same_top"):
-        if col in df.columns:
-            df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=bool))
+    for col in (c for c in FLOAT_LISTS if c in df.columns and c not in converted):
+        try:
+            df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
+        except (TypeError, ValueError) as exc:
+            raise LossTableError(
+                f"{path}: column {col!r} holds non-numbers ({' '.join(str(exc).split())[:120]}); it holds one "
+                "list of numbers per row."
+            ) from None
+    for col in (c for c in BOOL_LISTS if c in df.columns and c not in converted):
+        df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=bool))
     return df
 
 
