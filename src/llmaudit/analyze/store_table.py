@@ -79,13 +79,16 @@ def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.D
         np.float32
     )  # before SEQUENCE_BITS: a frame with it reads as a light table
     frame[SEQUENCE_BITS] = sequences_bits(frame["token_losses"])
-    final = np.full(len(frame), -1, dtype=np.int64)  # per unit of the file (one in a store), not per row
-    for (run, quantizer), rows in frame.groupby(["run", "quantizer"], sort=False).indices.items():
-        final[rows] = finals.get((int(run), str(quantizer)), -1)
+    keys = zip(frame["run"].tolist(), frame["quantizer"].tolist())
+    final = np.fromiter((finals.get((int(run), str(q)), -1) for run, q in keys), np.int64, len(frame))
     keep = (frame["split"].to_numpy() == "val") & (frame["checkpoint"].to_numpy() == final)
     if not keep.all():
         for column in TOKEN_LISTS:
-            if column in frame.columns:
+            if column in frame.columns and frame[column].dtype == object:
+                lists = frame[column].to_numpy(copy=True)  # what `where(keep, None)` gives, without its overhead
+                lists[~keep] = None
+                frame[column] = lists
+            elif column in frame.columns:
                 frame[column] = frame[column].where(keep, None)
     return frame
 

@@ -126,20 +126,21 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
         )
     _check_nulls(df, source)
     df = _canonical_dtypes(df, source)
-    bad_split = sorted(set(df["split"]) - set(SPLITS))
+    bad_split = sorted(set(df["split"].unique()) - set(SPLITS))
     if bad_split:
         raise LossTableError(f"{source}: unknown split value(s) {bad_split}; allowed: {list(SPLITS)}.")
-    if ((df["split"] == "val") & df["member"]).any():
+    if ((df["split"].to_numpy() == "val") & df["member"].to_numpy()).any():
         raise LossTableError(
             f"{source}: a 'val' row is marked member=True; validation samples must never be trained on."
         )
-    lengths = df["token_losses"].map(len)
-    if (lengths != df["n_tokens"]).any():
+    n_tokens = df["n_tokens"].to_numpy()
+    if (np.fromiter(map(len, df["token_losses"].to_numpy()), np.int64, len(df)) != n_tokens).any():
+        lengths = df["token_losses"].map(len)
         first = df.index[(lengths != df["n_tokens"]).to_numpy()][0]
         raise LossTableError(
             f"{source}: row {first}: len(token_losses)={lengths[first]} but n_tokens={df.at[first, 'n_tokens']}."
         )
-    if (df["n_tokens"] <= 0).any():
+    if (n_tokens <= 0).any():
         raise LossTableError(f"{source}: every row needs at least one scored token (n_tokens > 0).")
     bad_names = sorted({q for q in df["quantizer"].unique() if not is_safe_name(q)})
     if bad_names:
@@ -153,23 +154,47 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
             "quantizer or check the checkpoint."
         )
     _check_token_columns(df, source)
-    _check_duplicates(df, source)
-    check_one_membership(df, source)
+    if not _pairs_unique(df):  # where each (run, sample) has one row, neither check below can fail
+        _check_duplicates(df, source)
+        check_one_membership(df, source)
     return df
+
+
+PAIRS_CHECKED_IN_PYTHON = 100_000
+"""Up to this many rows (one unit file's), `_pairs_unique` hashes the rows' (run, sample_id) in Python, a few
+microseconds a row; above it pandas' own checks run at once."""
+
+
+def _pairs_unique(df: pd.DataFrame) -> bool:
+    """Whether no two rows of a small frame share (run, sample_id); False for a frame above
+    `PAIRS_CHECKED_IN_PYTHON` rows."""
+    if len(df) > PAIRS_CHECKED_IN_PYTHON:
+        return False
+    return len(set(zip(df["run"].tolist(), df["sample_id"].tolist()))) == len(df)
+
+
+STR_DTYPE = pd.Series(["a"]).astype(str).dtype
+"""The dtype `astype(str)` gives a column (pandas' string dtype; object before pandas 3)."""
+
+
+def _is_text(column: pd.Series) -> bool:
+    """Whether a column has pandas' string dtype (text or null in every row); False for an object column, which
+    may hold other objects."""
+    return STR_DTYPE != object and column.dtype == STR_DTYPE
 
 
 def _canonical_dtypes(df: pd.DataFrame, source: str) -> pd.DataFrame:
     """A copy with the canonical dtypes: int64 run/checkpoint/n_tokens, float64 loss, str names, bool member."""
     df = df.copy()
     try:
-        df["run"] = df["run"].astype("int64")
-        df["checkpoint"] = df["checkpoint"].astype("int64")
-        df["n_tokens"] = df["n_tokens"].astype("int64")
-        df["loss"] = df["loss"].astype("float64")
+        for col, dtype in (("run", "int64"), ("checkpoint", "int64"), ("n_tokens", "int64"), ("loss", "float64")):
+            if df[col].dtype != dtype:  # a column of that dtype already is left as it is
+                df[col] = df[col].astype(dtype)
     except (TypeError, ValueError) as exc:
         raise LossTableError(f"{source}: a numeric column holds non-numbers ({exc}).") from exc
     for col in ("quantizer", "sample_id", "split"):
-        df[col] = df[col].astype(str)
+        if not _is_text(df[col]):
+            df[col] = df[col].astype(str)
     if df["member"].dtype != bool:
         if not df["member"].isin([0, 1, True, False]).all():
             raise LossTableError(f"{source}: column 'member' must be boolean (True/False or 0/1).")
@@ -180,6 +205,8 @@ def _canonical_dtypes(df: pd.DataFrame, source: str) -> pd.DataFrame:
 def _check_nulls(df: pd.DataFrame, source: str) -> None:
     """No required value is null: a null sample_id would read as the id "None", a null token list has no length."""
     for col in (c for c in REQUIRED_COLUMNS if c != "loss"):  # a NaN loss is refused below, as non-finite
+        if isinstance(df[col].dtype, np.dtype) and df[col].dtype.kind in "iub":
+            continue  # a numpy integer or boolean column holds no null
         null = df[col].isna().to_numpy()
         if null.any():
             raise LossTableError(
@@ -259,7 +286,7 @@ def _check_token_columns(df: pd.DataFrame, source: str) -> None:
                 f"{row['run']} checkpoint {row['checkpoint']} quantizer {row['quantizer']} sample {row['sample_id']!r}."
             )
     for col in ("token_vocab_mean", "token_vocab_std"):
-        if col in df.columns and df[col].notna().all():
+        if col in df.columns and pd.notna(df[col].to_numpy()).all():
             values = _flat(df[col], source, col)
             if values.size != flat.size:
                 raise LossTableError(f"{source}: '{col}' does not hold one value per scored token.")
@@ -340,15 +367,16 @@ def _check_divergence_columns(df: pd.DataFrame, source: str) -> None:
     for col in ("token_kl", "token_same_top"):
         if col not in df.columns:
             continue
-        present = ~df[col].map(_missing)
-        rows = df[present]
-        if rows.empty:
+        column = df[col].to_numpy()
+        present = np.fromiter((not _missing(v) for v in column), bool, len(column))
+        if not present.any():
             continue
-        if (rows[col].map(len) != rows["n_tokens"]).any():
+        lists = column[present]
+        if (np.fromiter(map(len, lists), np.int64, len(lists)) != df["n_tokens"].to_numpy()[present]).any():
             raise LossTableError(
                 f"{source}: '{col}' does not hold one value per scored token in every row that has it."
             )
-        values = _flat(rows[col], source, col)
+        values = _flat(lists, source, col)
         bad = (
             ~np.isfinite(values) | (values < -NEGATIVE_TOLERANCE) if col == "token_kl" else ~np.isin(values, (0.0, 1.0))
         )
@@ -357,7 +385,11 @@ def _check_divergence_columns(df: pd.DataFrame, source: str) -> None:
                 f"{source}: '{col}' holds {int(bad.sum())} invalid value(s) (KL must be finite and >= 0, agreement "
                 "boolean); rescore that unit (`llmaudit score` redoes a failed unit)."
             )
-    if "generated" in df.columns and not df["generated"].map(lambda v: isinstance(v, str) or _missing(v)).all():
+    if (
+        "generated" in df.columns
+        and not _is_text(df["generated"])
+        and not df["generated"].map(lambda v: isinstance(v, str) or _missing(v)).all()
+    ):
         raise LossTableError(f"{source}: 'generated' must hold text or null.")
 
 
