@@ -205,9 +205,10 @@ def _canonical_dtypes(df: pd.DataFrame, source: str) -> pd.DataFrame:
 def _check_nulls(df: pd.DataFrame, source: str) -> None:
     """No required value is null: a null sample_id would read as the id "None", a null token list has no length."""
     for col in (c for c in REQUIRED_COLUMNS if c != "loss"):  # a NaN loss is refused below, as non-finite
-        if isinstance(df[col].dtype, np.dtype) and df[col].dtype.kind in "iub":
+        column = df[col]
+        if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iub":
             continue  # a numpy integer or boolean column holds no null
-        null = df[col].isna().to_numpy()
+        null = column.isna().to_numpy()
         if null.any():
             raise LossTableError(
                 f"{source}: column {col!r} is null in {int(null.sum())} row(s), first at row {int(np.flatnonzero(null)[0])}; "
@@ -248,7 +249,12 @@ def check_one_membership(df: pd.DataFrame, source: str, *, files: np.ndarray | N
     )
 
 
-def _flat(column: pd.Series, source: str, name: str) -> np.ndarray:
+def _flat(column: pd.Series | np.ndarray, source: str, name: str) -> np.ndarray:
+    """The rows' values of a token column joined as float64 (each row as `np.asarray(row, dtype=np.float64)`
+    flattened); LossTableError where a row holds non-numbers."""
+    rows = column.to_numpy() if isinstance(column, pd.Series) else column
+    if len(rows) and all(type(v) is np.ndarray and v.dtype == np.float64 and v.ndim == 1 for v in rows):
+        return np.concatenate(list(rows))  # the rows `read_parquet_file` makes: joined as they are
     try:
         return np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in column]) if len(column) else np.zeros(0)
     except (TypeError, ValueError) as exc:
@@ -305,7 +311,9 @@ def _check_token_columns(df: pd.DataFrame, source: str) -> None:
 def _check_top1(df: pd.DataFrame, source: str) -> None:
     """token_top1: per row either missing (a row of a version-1 table read beside newer ones) or one
     boolean per scored token."""
-    for i, (value, n) in enumerate(zip(df["token_top1"], df["n_tokens"])):
+    for i, (value, n) in enumerate(zip(df["token_top1"].to_numpy(), df["n_tokens"].to_numpy())):
+        if type(value) is np.ndarray and value.dtype == bool and value.ndim == 1 and value.size == n:
+            continue  # the rows `read_parquet_file` makes
         if value is None or (np.ndim(value) == 0 and pd.isna(value)):
             continue
         flags = np.asarray(value)
