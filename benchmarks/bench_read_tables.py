@@ -85,15 +85,12 @@ def same_frames(base: pd.DataFrame, current: pd.DataFrame) -> list[str]:
         if base[col].dtype != object:
             continue
         for i, (a, b) in enumerate(zip(base[col], current[col])):
-            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-                if not (
-                    isinstance(a, np.ndarray)
-                    and isinstance(b, np.ndarray)
-                    and a.dtype == b.dtype
-                    and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
-                ):
-                    problems.append(f"{col} row {i}: {a!r} != {b!r}")
-                    break
+            arrays = isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+            if (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)) and not (
+                arrays and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+            ):
+                problems.append(f"{col} row {i}: {a!r} != {b!r}")
+                break
     return problems
 
 

@@ -8,15 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from llmaudit.store.losstable import (
-    BOOL_LISTS,
-    FLOAT_LISTS,
-    LossTableError,
-    _list_rows,
-    read_loss_table,
-    read_parquet_file,
-    validate_loss_table,
-)
+from llmaudit.store.losstable import LossTableError, read_loss_table, read_parquet_file, validate_loss_table
+from llmaudit.store.table_columns import BOOL_LISTS, FLOAT_LISTS, list_rows
 
 
 def straightforward(table: pa.Table) -> pd.DataFrame:
@@ -82,7 +75,7 @@ def test_list_rows_of_chunked_and_sliced_columns(dtype):
     kind = pa.list_(pa.float32() if dtype is np.float64 else pa.bool_())
     array = pa.array(values * 3, kind).slice(3, 9)  # an offset into both the lists and their values
     column = pa.chunked_array([array.slice(0, 4), array.slice(4)])
-    got = _list_rows(column, dtype)
+    got = list_rows(column, dtype)
     want = pa.table({"c": column}).to_pandas()["c"].map(lambda v: None if v is None else np.asarray(v, dtype=dtype))
     assert len(got) == len(want) == 9
     for a, b in zip(got, want):
@@ -92,9 +85,9 @@ def test_list_rows_of_chunked_and_sliced_columns(dtype):
 
 
 def test_list_rows_leaves_other_types_to_the_row_by_row_conversion():
-    assert _list_rows(pa.chunked_array([pa.array([[1, 2]], pa.list_(pa.int64()))]), np.float64) is None
-    assert _list_rows(pa.chunked_array([pa.array([[1.0]], pa.list_(pa.float32()))]), bool) is None
-    assert _list_rows(pa.chunked_array([pa.array(["1.0"])]), np.float64) is None
+    assert list_rows(pa.chunked_array([pa.array([[1, 2]], pa.list_(pa.int64()))]), np.float64) is None
+    assert list_rows(pa.chunked_array([pa.array([[1.0]], pa.list_(pa.float32()))]), bool) is None
+    assert list_rows(pa.chunked_array([pa.array(["1.0"])]), np.float64) is None
 
 
 def unit_table(token_losses: pa.Array) -> pa.Table:

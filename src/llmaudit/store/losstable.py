@@ -54,13 +54,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from llmaudit.common.bounded import InputLimitError, read_parquet_bounded
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_bytes
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
+from llmaudit.store.table_columns import BOOL_LISTS, FLOAT_LISTS, is_text, pairs_unique, table_frame
 
 REQUIRED_COLUMNS: dict[str, str] = {
     "run": "int",
@@ -154,33 +154,10 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
             "quantizer or check the checkpoint."
         )
     _check_token_columns(df, source)
-    if not _pairs_unique(df):  # where each (run, sample) has one row, neither check below can fail
+    if not pairs_unique(df):  # where each (run, sample) has one row, neither check below can fail
         _check_duplicates(df, source)
         check_one_membership(df, source)
     return df
-
-
-PAIRS_CHECKED_IN_PYTHON = 100_000
-"""Up to this many rows (one unit file's), `_pairs_unique` hashes the rows' (run, sample_id) in Python, a few
-microseconds a row; above it pandas' own checks run at once."""
-
-
-def _pairs_unique(df: pd.DataFrame) -> bool:
-    """Whether no two rows of a small frame share (run, sample_id); False for a frame above
-    `PAIRS_CHECKED_IN_PYTHON` rows."""
-    if len(df) > PAIRS_CHECKED_IN_PYTHON:
-        return False
-    return len(set(zip(df["run"].tolist(), df["sample_id"].tolist()))) == len(df)
-
-
-STR_DTYPE = pd.Series(["a"]).astype(str).dtype
-"""The dtype `astype(str)` gives a column (pandas' string dtype; object before pandas 3)."""
-
-
-def _is_text(column: pd.Series) -> bool:
-    """Whether a column has pandas' string dtype (text or null in every row); False for an object column, which
-    may hold other objects."""
-    return STR_DTYPE != object and column.dtype == STR_DTYPE
 
 
 def _canonical_dtypes(df: pd.DataFrame, source: str) -> pd.DataFrame:
@@ -193,7 +170,7 @@ def _canonical_dtypes(df: pd.DataFrame, source: str) -> pd.DataFrame:
     except (TypeError, ValueError) as exc:
         raise LossTableError(f"{source}: a numeric column holds non-numbers ({exc}).") from exc
     for col in ("quantizer", "sample_id", "split"):
-        if not _is_text(df[col]):
+        if not is_text(df[col]):
             df[col] = df[col].astype(str)
     if df["member"].dtype != bool:
         if not df["member"].isin([0, 1, True, False]).all():
@@ -395,7 +372,7 @@ def _check_divergence_columns(df: pd.DataFrame, source: str) -> None:
             )
     if (
         "generated" in df.columns
-        and not _is_text(df["generated"])
+        and not is_text(df["generated"])
         and not df["generated"].map(lambda v: isinstance(v, str) or _missing(v)).all()
     ):
         raise LossTableError(f"{source}: 'generated' must hold text or null.")
@@ -437,61 +414,12 @@ def write_loss_table(df: pd.DataFrame, path: str | os.PathLike, *, metadata: dic
     return atomic_write_bytes(path, buf.getvalue())
 
 
-FLOAT_LISTS = ("token_losses", "token_vocab_mean", "token_vocab_std", "token_kl")
-"""The per-token number columns: each row read as a float64 array (None for a null row)."""
-
-BOOL_LISTS = ("token_top1", "token_same_top")
-"""The per-token flag columns: each row read as a bool array (None for a null row)."""
-
-
-def _list_rows(column: pa.ChunkedArray, dtype: type) -> np.ndarray | None:
-    """Each row of an arrow list column as its own numpy array of `dtype` (None for a null row), converted from
-    the flat values and the offsets in one pass: the arrays `np.asarray(v, dtype)` makes of `to_pandas()`'s rows
-    (a null flag reads False, as there). None, for `read_parquet_file` to convert row by row, where the column is
-    not a list of float32/float64 numbers (`dtype` float64) or of booleans (`dtype` bool)."""
-    kind = column.type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-        return None
-    element = kind.value_type
-    if not (pa.types.is_boolean(element) if dtype is bool else pa.types.is_float32(element) or pa.types.is_float64(element)):
-        return None
-    rows = np.empty(len(column), dtype=object)
-    at = 0
-    for chunk in column.chunks:
-        values = pc.fill_null(chunk.values, False) if dtype is bool else chunk.values
-        flat = values.to_numpy(zero_copy_only=False)  # a null number reads NaN
-        offsets = chunk.offsets.to_numpy().tolist()
-        valid = chunk.is_valid().to_numpy(zero_copy_only=False).tolist()
-        for start, end, ok in zip(offsets, offsets[1:], valid):  # one by one: a slice assignment of equal-length
-            rows[at] = flat[start:end].astype(dtype) if ok else None  # arrays would broadcast them as a 2-D array
-            at += 1
-    return rows
-
-
-def _table_frame(table: pa.Table) -> tuple[pd.DataFrame, set[str]]:
-    """`table.to_pandas()` with the token list columns `_list_rows` converts already converted; (frame, the names
-    of those columns). A table with a repeated column name is left to `to_pandas` whole."""
-    names = table.column_names
-    fast: dict[str, np.ndarray] = {}
-    if len(set(names)) == len(names):
-        for col in (*FLOAT_LISTS, *BOOL_LISTS):
-            if col in names:
-                rows = _list_rows(table.column(col), bool if col in BOOL_LISTS else np.float64)
-                if rows is not None:
-                    fast[col] = rows
-                    table = table.set_column(names.index(col), col, pa.nulls(len(table)))
-    df = table.to_pandas()
-    for col, rows in fast.items():
-        df[col] = rows
-    return df, set(fast)
-
-
 def read_parquet_file(path: Path) -> pd.DataFrame:
     """One parquet file as a frame (token columns as float64 arrays), LossTableError naming the file
     when it is truncated, corrupt or not parquet."""
     try:
         table = read_parquet_bounded(path, what="loss table")  # bounded before it is decoded
-        df, converted = _table_frame(table)
+        df, converted = table_frame(table)
     except InputLimitError as exc:
         raise LossTableError(str(exc)) from None
     except (pa.ArrowException, OSError, ValueError) as exc:
