@@ -174,3 +174,10 @@ def test_parquet_read_whole_is_read_tables_table_and_a_missing_column_is_refused
     assert whole.equals(pq.read_table(path)) and whole.schema.equals(pq.read_table(path).schema, check_metadata=True)
     with pytest.raises(pa.ArrowInvalid, match="nope"):
         read_parquet_bounded(path, columns=["x", "nope"])
+
+
+def test_parquet_with_a_repeated_column_name_is_refused(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table([pa.array([1]), pa.array([2])], names=["x", "x"]), path)
+    with pytest.raises(pa.ArrowInvalid, match="Multiple matches"):
+        read_parquet_bounded(path)

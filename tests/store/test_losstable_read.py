@@ -148,3 +148,10 @@ def test_a_sample_seen_twice_in_one_table_is_checked_for_one_membership():
         validate_loss_table(two_checkpoints(member_at_20=False), source="t.parquet")
     with pytest.raises(LossTableError, match="1 duplicate"):
         validate_loss_table(pd.concat([two_checkpoints(True)] * 2, ignore_index=True).iloc[:3], source="t.parquet")
+
+
+def test_a_unit_with_a_repeated_column_is_refused_naming_the_file(tmp_path):
+    table = unit_table(pa.array([[0.5, 1.5], [2.0]], pa.list_(pa.float32())))
+    pq.write_table(table.append_column("token_losses", table.column("token_losses")), tmp_path / "twice.parquet")
+    with pytest.raises(LossTableError, match="twice.parquet: not a readable parquet file"):
+        read_loss_table(tmp_path)
