@@ -16,14 +16,21 @@ from llmaudit.analyze.attacks.settings import AttackRunSettings
 from llmaudit.analyze.candidates_table import candidates_from_table
 from llmaudit.analyze.cost import synthetic_loss_table
 from llmaudit.analyze.decision import DecisionSettings
+from llmaudit.analyze.extraction import GREEDY, rows_greedy
 from llmaudit.analyze.fidelity import divergence_from_table
 from llmaudit.analyze.memorization import SEQUENCE_BITS, memorization_from_table, sequences_bits
 from llmaudit.analyze.rq_aggregate import indicator_from_table
 from llmaudit.analyze.store_analysis import load_store_table
-from llmaudit.analyze.store_table import TOKEN_LISTS, UnitFile, read_store_table
+from llmaudit.analyze.store_table import TOKEN_LISTS, UnitFile, final_steps, light_frame, read_store_table
 from llmaudit.analyze.taskmetrics import task_metrics_from_table
 from llmaudit.analyze.utility import trajectory_from_table, utility_from_table
-from llmaudit.store.losstable import REFERENCE_RUN, read_loss_table, write_loss_table
+from llmaudit.store.losstable import (
+    REFERENCE_RUN,
+    read_loss_table,
+    read_parquet_file,
+    validate_loss_table,
+    write_loss_table,
+)
 from llmaudit.store.run_store import RunStore
 
 
@@ -66,6 +73,34 @@ def test_the_light_table_keeps_token_lists_on_final_validation_rows_only_and_the
     scalars = [c for c in whole.columns if c not in TOKEN_LISTS]
     pd.testing.assert_frame_equal(light[scalars], whole[scalars])
     np.testing.assert_array_equal(light[SEQUENCE_BITS].to_numpy(), sequences_bits(whole["token_losses"]))
+
+
+def _light_column_by_column(frame: pd.DataFrame, finals: dict) -> pd.DataFrame:
+    """The light frame as pandas makes it one column at a time."""
+    frame = frame.copy()
+    frame[GREEDY] = rows_greedy(frame).astype(np.float32)
+    frame[SEQUENCE_BITS] = sequences_bits(frame["token_losses"])
+    final = np.array([finals.get((int(r), str(q)), -1) for r, q in zip(frame["run"], frame["quantizer"])])
+    keep = (frame["split"].to_numpy() == "val") & (frame["checkpoint"].to_numpy() == final)
+    for column in TOKEN_LISTS:
+        if column in frame.columns:
+            frame[column] = frame[column].where(keep, None)
+    return frame
+
+
+def test_each_file_s_light_frame_is_the_column_by_column_one_and_leaves_the_file_s_frame_alone(units):
+    files, _ = units
+    finals = final_steps(files)
+    for unit in files:
+        frame = validate_loss_table(read_parquet_file(unit.path), source=str(unit.path))
+        before = frame.copy()
+        light = light_frame(frame, finals)
+        pd.testing.assert_frame_equal(light, _light_column_by_column(before, finals), check_exact=True)
+        pd.testing.assert_frame_equal(frame, before, check_exact=True)
+        for column in TOKEN_LISTS:
+            if column in light.columns:
+                kept = light[column].map(_is_list).to_numpy()
+                assert all(np.array_equal(a, b) for a, b in zip(light[column][kept], before[column][kept]))
 
 
 def test_rows_of_a_quantizer_are_its_units_and_the_base_model_s_in_the_whole_table_s_order(units):

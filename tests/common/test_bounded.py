@@ -7,6 +7,7 @@ import os
 import typing
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -164,3 +165,19 @@ def test_an_absurd_size_is_refused_with_its_reason_before_anything_is_allocated(
         config_from_dict({"train": {"runs": 1000}, "data": {"pool_size": 100_000}})
     with pytest.raises(RecipeError, match="checkpoints per run is above 10,000"):
         config_from_dict({"train": {"epochs": 5000, "checkpoints_per_epoch": 5}})
+
+
+def test_parquet_read_whole_is_read_tables_table_and_a_missing_column_is_refused(tmp_path):
+    path = tmp_path / "t.parquet"
+    pd.DataFrame({"x": [0.5, None], "s": ["a", None], "l": [[1.0], None]}).to_parquet(path)
+    whole = read_parquet_bounded(path)
+    assert whole.equals(pq.read_table(path)) and whole.schema.equals(pq.read_table(path).schema, check_metadata=True)
+    with pytest.raises(pa.ArrowInvalid, match="nope"):
+        read_parquet_bounded(path, columns=["x", "nope"])
+
+
+def test_parquet_with_a_repeated_column_name_is_refused(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table([pa.array([1]), pa.array([2])], names=["x", "x"]), path)
+    with pytest.raises(pa.ArrowInvalid, match="Multiple matches"):
+        read_parquet_bounded(path)

@@ -70,24 +70,31 @@ def light_frame(frame: pd.DataFrame, finals: dict[tuple[int, str], int]) -> pd.D
     stay in their order.
 
     Args:
-        frame (pd.DataFrame): one file's validated rows; modified in place.
+        frame (pd.DataFrame): one file's validated rows; left as it is.
         finals (dict[tuple[int, str], int]): {(run, quantizer): final step} (`final_steps`).
     Returns:
-        pd.DataFrame: `frame`.
+        pd.DataFrame: a new frame (built at once, not column by column): `frame`'s columns in their order, the token
+            lists cleared where not kept, then `GREEDY` and `SEQUENCE_BITS`.
     """
-    frame[GREEDY] = rows_greedy(frame).astype(
-        np.float32
-    )  # before SEQUENCE_BITS: a frame with it reads as a light table
-    frame[SEQUENCE_BITS] = sequences_bits(frame["token_losses"])
-    final = np.full(len(frame), -1, dtype=np.int64)  # per unit of the file (one in a store), not per row
-    for (run, quantizer), rows in frame.groupby(["run", "quantizer"], sort=False).indices.items():
-        final[rows] = finals.get((int(run), str(quantizer)), -1)
+    greedy = rows_greedy(frame).astype(np.float32)  # before SEQUENCE_BITS: a frame with it reads as a light table
+    bits = sequences_bits(frame["token_losses"])
+    keys = zip(frame["run"].tolist(), frame["quantizer"].tolist())
+    final = np.fromiter((finals.get((int(run), str(q)), -1) for run, q in keys), np.int64, len(frame))
     keep = (frame["split"].to_numpy() == "val") & (frame["checkpoint"].to_numpy() == final)
-    if not keep.all():
-        for column in TOKEN_LISTS:
-            if column in frame.columns:
-                frame[column] = frame[column].where(keep, None)
-    return frame
+    columns = {}
+    for name in frame.columns:
+        column = frame[name]
+        if name in TOKEN_LISTS and not keep.all() and column.dtype == object:
+            lists = column.to_numpy(copy=True)  # what `where(keep, None)` gives, without its overhead
+            lists[~keep] = None
+            columns[name] = lists
+        elif name in TOKEN_LISTS and not keep.all():
+            columns[name] = column.where(keep, None).array
+        else:
+            columns[name] = column.to_numpy() if isinstance(column.dtype, np.dtype) else column.array
+    columns[GREEDY] = greedy
+    columns[SEQUENCE_BITS] = bits
+    return pd.DataFrame(columns, index=frame.index)
 
 
 @dataclass(frozen=True)

@@ -276,7 +276,11 @@ def read_parquet_bounded(
     schema = pq.ParquetFile(path).schema_arrow
     wanted = [f for f in schema if columns is None or f.name in columns]
     strings = [f.name for f in wanted if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-    table = pq.read_table(path, columns=columns, read_dictionary=strings)
+    if columns is None and len(set(schema.names)) == len(schema.names):  # skips read_table's dataset layer
+        with pq.ParquetFile(path, read_dictionary=strings) as parquet:
+            table = parquet.read()
+    else:  # read_table refuses a column the file lacks or holds twice (ParquetFile.read would not)
+        table = pq.read_table(path, columns=columns, read_dictionary=strings)
     decoded = sum(table.column(f.name).nbytes for f in wanted if f.name not in strings)
     for name in strings:
         for chunk in table.column(name).chunks:

@@ -60,6 +60,7 @@ from llmaudit.common.bounded import InputLimitError, read_parquet_bounded
 from llmaudit.common.errors import UserError
 from llmaudit.common.io import atomic_write_bytes
 from llmaudit.common.names import SAFE_NAME_RULE, is_safe_name
+from llmaudit.store.table_columns import BOOL_LISTS, FLOAT_LISTS, is_text, pairs_unique, table_frame
 
 REQUIRED_COLUMNS: dict[str, str] = {
     "run": "int",
@@ -125,20 +126,21 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
         )
     _check_nulls(df, source)
     df = _canonical_dtypes(df, source)
-    bad_split = sorted(set(df["split"]) - set(SPLITS))
+    bad_split = sorted(set(df["split"].unique()) - set(SPLITS))
     if bad_split:
         raise LossTableError(f"{source}: unknown split value(s) {bad_split}; allowed: {list(SPLITS)}.")
-    if ((df["split"] == "val") & df["member"]).any():
+    if ((df["split"].to_numpy() == "val") & df["member"].to_numpy()).any():
         raise LossTableError(
             f"{source}: a 'val' row is marked member=True; validation samples must never be trained on."
         )
-    lengths = df["token_losses"].map(len)
-    if (lengths != df["n_tokens"]).any():
+    n_tokens = df["n_tokens"].to_numpy()
+    if (np.fromiter(map(len, df["token_losses"].to_numpy()), np.int64, len(df)) != n_tokens).any():
+        lengths = df["token_losses"].map(len)
         first = df.index[(lengths != df["n_tokens"]).to_numpy()][0]
         raise LossTableError(
             f"{source}: row {first}: len(token_losses)={lengths[first]} but n_tokens={df.at[first, 'n_tokens']}."
         )
-    if (df["n_tokens"] <= 0).any():
+    if (n_tokens <= 0).any():
         raise LossTableError(f"{source}: every row needs at least one scored token (n_tokens > 0).")
     bad_names = sorted({q for q in df["quantizer"].unique() if not is_safe_name(q)})
     if bad_names:
@@ -152,8 +154,9 @@ def validate_loss_table(df: pd.DataFrame, *, source: str = "loss table") -> pd.D
             "quantizer or check the checkpoint."
         )
     _check_token_columns(df, source)
-    _check_duplicates(df, source)
-    check_one_membership(df, source)
+    if not pairs_unique(df):  # where each (run, sample) has one row, neither check below can fail
+        _check_duplicates(df, source)
+        check_one_membership(df, source)
     return df
 
 
@@ -161,14 +164,14 @@ def _canonical_dtypes(df: pd.DataFrame, source: str) -> pd.DataFrame:
     """A copy with the canonical dtypes: int64 run/checkpoint/n_tokens, float64 loss, str names, bool member."""
     df = df.copy()
     try:
-        df["run"] = df["run"].astype("int64")
-        df["checkpoint"] = df["checkpoint"].astype("int64")
-        df["n_tokens"] = df["n_tokens"].astype("int64")
-        df["loss"] = df["loss"].astype("float64")
+        for col, dtype in (("run", "int64"), ("checkpoint", "int64"), ("n_tokens", "int64"), ("loss", "float64")):
+            if df[col].dtype != dtype:  # a column of that dtype already is left as it is
+                df[col] = df[col].astype(dtype)
     except (TypeError, ValueError) as exc:
         raise LossTableError(f"{source}: a numeric column holds non-numbers ({exc}).") from exc
     for col in ("quantizer", "sample_id", "split"):
-        df[col] = df[col].astype(str)
+        if not is_text(df[col]):
+            df[col] = df[col].astype(str)
     if df["member"].dtype != bool:
         if not df["member"].isin([0, 1, True, False]).all():
             raise LossTableError(f"{source}: column 'member' must be boolean (True/False or 0/1).")
@@ -179,7 +182,10 @@ def _canonical_dtypes(df: pd.DataFrame, source: str) -> pd.DataFrame:
 def _check_nulls(df: pd.DataFrame, source: str) -> None:
     """No required value is null: a null sample_id would read as the id "None", a null token list has no length."""
     for col in (c for c in REQUIRED_COLUMNS if c != "loss"):  # a NaN loss is refused below, as non-finite
-        null = df[col].isna().to_numpy()
+        column = df[col]
+        if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iub":
+            continue  # a numpy integer or boolean column holds no null
+        null = column.isna().to_numpy()
         if null.any():
             raise LossTableError(
                 f"{source}: column {col!r} is null in {int(null.sum())} row(s), first at row {int(np.flatnonzero(null)[0])}; "
@@ -220,7 +226,12 @@ def check_one_membership(df: pd.DataFrame, source: str, *, files: np.ndarray | N
     )
 
 
-def _flat(column: pd.Series, source: str, name: str) -> np.ndarray:
+def _flat(column: pd.Series | np.ndarray, source: str, name: str) -> np.ndarray:
+    """The rows' values of a token column joined as float64 (each row as `np.asarray(row, dtype=np.float64)`
+    flattened); LossTableError where a row holds non-numbers."""
+    rows = column.to_numpy() if isinstance(column, pd.Series) else column
+    if len(rows) and all(type(v) is np.ndarray and v.dtype == np.float64 and v.ndim == 1 for v in rows):
+        return np.concatenate(list(rows))  # the rows `read_parquet_file` makes: joined as they are
     try:
         return np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in column]) if len(column) else np.zeros(0)
     except (TypeError, ValueError) as exc:
@@ -258,7 +269,7 @@ def _check_token_columns(df: pd.DataFrame, source: str) -> None:
                 f"{row['run']} checkpoint {row['checkpoint']} quantizer {row['quantizer']} sample {row['sample_id']!r}."
             )
     for col in ("token_vocab_mean", "token_vocab_std"):
-        if col in df.columns and df[col].notna().all():
+        if col in df.columns and pd.notna(df[col].to_numpy()).all():
             values = _flat(df[col], source, col)
             if values.size != flat.size:
                 raise LossTableError(f"{source}: '{col}' does not hold one value per scored token.")
@@ -277,7 +288,9 @@ def _check_token_columns(df: pd.DataFrame, source: str) -> None:
 def _check_top1(df: pd.DataFrame, source: str) -> None:
     """token_top1: per row either missing (a row of a version-1 table read beside newer ones) or one
     boolean per scored token."""
-    for i, (value, n) in enumerate(zip(df["token_top1"], df["n_tokens"])):
+    for i, (value, n) in enumerate(zip(df["token_top1"].to_numpy(), df["n_tokens"].to_numpy())):
+        if type(value) is np.ndarray and value.dtype == bool and value.ndim == 1 and value.size == n:
+            continue  # the rows `read_parquet_file` makes
         if value is None or (np.ndim(value) == 0 and pd.isna(value)):
             continue
         flags = np.asarray(value)
@@ -339,15 +352,16 @@ def _check_divergence_columns(df: pd.DataFrame, source: str) -> None:
     for col in ("token_kl", "token_same_top"):
         if col not in df.columns:
             continue
-        present = ~df[col].map(_missing)
-        rows = df[present]
-        if rows.empty:
+        column = df[col].to_numpy()
+        present = np.fromiter((not _missing(v) for v in column), bool, len(column))
+        if not present.any():
             continue
-        if (rows[col].map(len) != rows["n_tokens"]).any():
+        lists = column[present]
+        if (np.fromiter(map(len, lists), np.int64, len(lists)) != df["n_tokens"].to_numpy()[present]).any():
             raise LossTableError(
                 f"{source}: '{col}' does not hold one value per scored token in every row that has it."
             )
-        values = _flat(rows[col], source, col)
+        values = _flat(lists, source, col)
         bad = (
             ~np.isfinite(values) | (values < -NEGATIVE_TOLERANCE) if col == "token_kl" else ~np.isin(values, (0.0, 1.0))
         )
@@ -356,7 +370,11 @@ def _check_divergence_columns(df: pd.DataFrame, source: str) -> None:
                 f"{source}: '{col}' holds {int(bad.sum())} invalid value(s) (KL must be finite and >= 0, agreement "
                 "boolean); rescore that unit (`llmaudit score` redoes a failed unit)."
             )
-    if "generated" in df.columns and not df["generated"].map(lambda v: isinstance(v, str) or _missing(v)).all():
+    if (
+        "generated" in df.columns
+        and not is_text(df["generated"])
+        and not df["generated"].map(lambda v: isinstance(v, str) or _missing(v)).all()
+    ):
         raise LossTableError(f"{source}: 'generated' must hold text or null.")
 
 
@@ -401,7 +419,7 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
     when it is truncated, corrupt or not parquet."""
     try:
         table = read_parquet_bounded(path, what="loss table")  # bounded before it is decoded
-        df = table.to_pandas()
+        df, converted = table_frame(table)
     except InputLimitError as exc:
         raise LossTableError(str(exc)) from None
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -410,18 +428,16 @@ def read_parquet_file(path: Path) -> pd.DataFrame:
             "`llmaudit score RUN_DIR` scores it again."
         ) from None
     table_version(table.schema, str(path))
-    for col in ("token_losses", "token_vocab_mean", "token_vocab_std", "token_kl"):
-        if col in df.columns:
-            try:
-                df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
-            except (TypeError, ValueError) as exc:
-                raise LossTableError(
-                    f"{path}: column {col!r} holds non-numbers ({' '.join(str(exc).split())[:120]}); it holds one "
-                    "list of numbers per row."
-                ) from None
-    for col in ("token_top1", "token_same_top"):
-        if col in df.columns:
-            df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=bool))
+    for col in (c for c in FLOAT_LISTS if c in df.columns and c not in converted):
+        try:
+            df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=np.float64))
+        except (TypeError, ValueError) as exc:
+            raise LossTableError(
+                f"{path}: column {col!r} holds non-numbers ({' '.join(str(exc).split())[:120]}); it holds one "
+                "list of numbers per row."
+            ) from None
+    for col in (c for c in BOOL_LISTS if c in df.columns and c not in converted):
+        df[col] = df[col].map(lambda v: None if v is None else np.asarray(v, dtype=bool))
     return df
 
 
