@@ -27,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,35 @@ HERE = Path(__file__).resolve().parent
 CURRENT_SRC = HERE.parent / "src"
 sys.path.insert(0, str(HERE))
 
-STAGES = {
-    "finetune_s": re.compile(r"\[finetune\] run \d+: .*?\((\d+(?:\.\d+)?)s"),
-    "score_s": re.compile(r"\[score\] scored \d+ unit\(s\) in (\d+(?:\.\d+)?)s"),
-    "audit_s": re.compile(r"\[audit\] finished in (\d+(?:\.\d+)?)s"),
-}
+AUDIT_S = re.compile(r"\[audit\] finished in (\d+(?:\.\d+)?)s")
+STAGE_LINES = {"build_s": "[model]", "finetune_s": "[finetune]", "score_s": "[score]", "analysis_s": "[analyze]"}
+"""Each stage's wall: from the first line of its tag to the first line of the next stage's (the analysis: from the
+last "[score] scored" line, as it reads the loss tables before its own first line, to the end), by the time each line
+reached the benchmark. Stages that several processes run (fine-tuning and scoring with
+train.processes / score.processes) are timed as their wall, not as the sum of their processes' own seconds."""
+
+
+def stage_walls(timed: list[tuple[float, str]], end: float) -> dict[str, float]:
+    """{stage: seconds} from (arrival time, line) pairs; a stage whose tag never appears is 0."""
+    starts = {}
+    for key, tag in STAGE_LINES.items():
+        starts[key] = next((t for t, line in timed if line.startswith(tag)), None)
+    scored = [t for t, line in timed if line.startswith("[score] scored")]
+    if scored and starts["analysis_s"] is not None:  # the analysis reads the loss tables before its first line
+        starts["analysis_s"] = scored[-1]
+    order = [k for k in STAGE_LINES if starts[k] is not None]
+    walls = dict.fromkeys(STAGE_LINES, 0.0)
+    for i, key in enumerate(order):
+        stop = starts[order[i + 1]] if i + 1 < len(order) else end
+        walls[key] = stop - starts[key]
+    return walls
+
+
+def _timed_lines(stream: Any, sink: Any, t0: float, timed: list[tuple[float, str]]) -> None:
+    """Copy the audit's output to its log, noting when each line arrived (seconds after t0)."""
+    for line in iter(stream.readline, ""):
+        sink.write(line)
+        timed.append((time.monotonic() - t0, line))
 
 
 def _tree(root: int) -> list[int]:
@@ -80,9 +105,12 @@ def run_audit(src: Path, recipe: str, out: Path, cache: Path) -> dict[str, Any]:
     log = out.with_suffix(".log")
     command = [sys.executable, "-m", "llmaudit.cli", "audit", recipe, "--out", str(out), "--no-progress"]
     peaks: dict[int, int] = {}
+    timed: list[tuple[float, str]] = []
     t0 = time.monotonic()
     with open(log, "w") as sink:
-        child = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        reader = threading.Thread(target=_timed_lines, args=(child.stdout, sink, t0, timed), daemon=True)
+        reader.start()
         while True:
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)
             if pid:
@@ -90,17 +118,18 @@ def run_audit(src: Path, recipe: str, out: Path, cache: Path) -> dict[str, Any]:
             for p in _tree(child.pid):
                 peaks[p] = max(peaks.get(p, 0), _vmhwm_kib(p))
             time.sleep(1.0)
-    wall = time.monotonic() - t0
+        wall = time.monotonic() - t0
+        reader.join(timeout=10)
     text = log.read_text(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"bench_audit_baseline: the audit with {src} failed; its output: {log}\n{text[-2000:]}")
-    stages = {k: [float(v) for v in rx.findall(text)] for k, rx in STAGES.items()}
+    finished = [float(v) for v in AUDIT_S.findall(text)]
+    end = next((t for t, line in timed if line.startswith("[audit] finished")), wall)
     return {
         "src": str(src),
         "wall_s": wall,
-        "finetune_s": sum(stages["finetune_s"]),
-        "score_s": max(stages["score_s"] or [0.0]),
-        "audit_s": (stages["audit_s"] or [float("nan")])[-1],
+        **stage_walls(timed, end),
+        "audit_s": (finished or [float("nan")])[-1],
         "max_rss_mib": usage.ru_maxrss / 1024,
         "max_vmhwm_mib": max(peaks.values() or [0]) / 1024,
         "report": str(out / "report" / "report.json"),
@@ -125,12 +154,13 @@ def compare(recipe: str, before: str, after: str) -> dict[str, Any]:
 
 def print_rows(rows: list[dict], pairs: list[float], agreement: list[dict]) -> None:
     print(
-        f"{'audit':10s} {'wall s':>8s} {'finetune s':>11s} {'score s':>8s} {'max RSS MiB':>12s} {'max VmHWM MiB':>14s}"
+        f"{'audit':10s} {'wall s':>8s} {'build s':>8s} {'finetune s':>11s} {'score s':>8s} {'analysis s':>11s} "
+        f"{'max RSS MiB':>12s} {'max VmHWM MiB':>14s}"
     )
     for row in rows:
         print(
-            f"{row['label']:10s} {row['wall_s']:8.1f} {row['finetune_s']:11.1f} {row['score_s']:8.1f} "
-            f"{row['max_rss_mib']:12.0f} {row['max_vmhwm_mib']:14.0f}"
+            f"{row['label']:10s} {row['wall_s']:8.1f} {row['build_s']:8.1f} {row['finetune_s']:11.1f} "
+            f"{row['score_s']:8.1f} {row['analysis_s']:11.1f} {row['max_rss_mib']:12.0f} {row['max_vmhwm_mib']:14.0f}"
         )
     print(
         f"current / baseline wall, pair by pair: {', '.join(f'{r:.3f}' for r in pairs)}; median {statistics.median(pairs):.3f}"
