@@ -5,12 +5,19 @@ the offline SMolInstruct stand-in, with a ChatML chat template like Qwen2.5-Inst
 Qwen2 model pre-trained on records disjoint from every audited sample, so that fine-tuning starts from a
 base that knows the format (as a real instruct model does). It is built once and cached under
 $LLMAUDIT_CACHE (default ~/.cache/llmaudit), a reusable built asset.
+
+The CPU demo's base comes with llmaudit (models/assets/: this module's build of the demo recipe's
+`model.builtin`, on one thread, with its files' SHA-256 digests): the demo fine-tunes from it at once rather than
+pre-training it first, as a real audit starts from a downloaded base. Any other `model.builtin`, or
+$LLMAUDIT_BUILD_BUILTIN=1, builds here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import shutil
 import sys
 import time
@@ -26,11 +33,21 @@ from llmaudit.data.chem import GENERATOR_VERSION, SUPPORTED_TASKS, generate_reco
 from llmaudit.data.tokenize import format_record
 from llmaudit.models.training import TrainSettings, train_epochs
 
+log = logging.getLogger(__name__)
+
 BUILTIN_PREFIX = "builtin:"
 
 BUILTIN_NAMES = ("tiny-qwen2", "tiny-llama")
 
 BUILTIN_VERSION = "1"
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+"""Built-in bases that come with llmaudit, one directory per cache name (`tiny-qwen2-<builtin_key>`)."""
+
+BUILD_ENV = "LLMAUDIT_BUILD_BUILTIN"
+"""Set to 1: build a built-in base here even where llmaudit ships it (to check the shipped one, or on purpose)."""
+
+DIGESTS = "SHA256SUMS"
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -68,7 +85,58 @@ def _build_once(cfg: ModelConfig, root: Path) -> None:
             return
         for stale in root.parent.glob(f".{root.name}.*.tmp"):  # atomic_dir's directory of a killed build
             shutil.rmtree(stale, ignore_errors=True)
+        if os.environ.get(BUILD_ENV, "").strip() in ("", "0") and install_shipped(cfg, root):
+            return
         build_builtin_model(cfg, root)
+
+
+def shipped_files(name: str) -> dict[str, Path] | None:
+    """The files of the shipped base `name` (a cache directory's name), each checked against its SHA-256 digest;
+    None when llmaudit ships no such base or a file fails its digest (the base is then built).
+
+    Args:
+        name: the cache directory's name, `tiny-qwen2-<builtin_key>`.
+
+    Returns:
+        {file name: path}, or None.
+    """
+    asset = ASSETS / name
+    if not (asset / DIGESTS).is_file():
+        return None
+    files = {}
+    for line in (asset / DIGESTS).read_text().splitlines():
+        digest, file = line.split(maxsplit=1)
+        path = asset / file
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            log.warning("the shipped built-in base %s fails its digest at %s; building it instead", name, file)
+            return None
+        files[file] = path
+    return files
+
+
+def install_shipped(cfg: ModelConfig, root: Path) -> bool:
+    """Copy the shipped base of `cfg` into the cache at `root`, when llmaudit ships one that passes its digests.
+
+    Args:
+        cfg: the model's config (a built-in model).
+        root: its cache directory.
+
+    Returns:
+        True when it was installed; False when it must be built.
+    """
+    files = shipped_files(root.name)
+    if files is None:
+        return False
+    with atomic_dir(root) as tmp:
+        for file, path in files.items():
+            shutil.copyfile(path, tmp / file)
+    print(
+        f"[model] the built-in base model {cfg.name} comes with llmaudit (pre-trained by it, digests checked); "
+        f"cached in {root} ({BUILD_ENV}=1 builds it here)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
 
 
 def _pretrain_corpus(b: BuiltinModelConfig) -> tuple[list[dict], list[str]]:
