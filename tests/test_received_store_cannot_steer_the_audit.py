@@ -72,6 +72,7 @@ RUNNER_VALUES = {
     "model.trust_remote_code": True,
     "train.device": "cuda",
     "train.token_budget": 64,
+    "train.processes": 256,
     "score.device": "cuda",
     "score.token_budget": 64,
     "score.head_chunk": 1,

@@ -320,7 +320,8 @@ def _finetune_here(
     device = pick_device(cfg.train.device)
     tok = load_tokenizer(cfg.model)
     todo, runs = _runs_to_train(cfg, store, shard), len(shard_items(list(range(cfg.train.runs)), shard))
-    echo(f"[finetune] {store.root}: {runs - len(todo)} of {runs} run(s) already done; training {len(todo)} on {device}")
+    where = f"{store.root}" + (f" (shard {shard[0]}/{shard[1]})" if shard else "")
+    echo(f"[finetune] {where}: {runs - len(todo)} of {runs} run(s) already done; training {len(todo)} on {device}")
     if not todo:
         return store
     base = load_base_model(cfg.model, device, dtype=weights_dtype(store.train_dtype(cfg.model.dtype, device), device))
