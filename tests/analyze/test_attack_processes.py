@@ -3,8 +3,10 @@ inherit the table by fork instead of receiving it pickled, and a failure in a wo
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
+import os
 import pickle
 
 import numpy as np
@@ -65,3 +67,27 @@ def test_a_failure_in_a_worker_is_raised_as_itself(monkeypatch):
     monkeypatch.setattr(evaluate, "attack_quantizer", broken)
     with pytest.raises(ValueError, match="quantizer 'q1': planted"):
         run_attacks(synthetic_loss_table(3, 40, 3, seed=1), AttackRunSettings(n_boot=0), processes=2)
+
+
+def _pid_and_kind(value) -> tuple[int, str]:
+    return os.getpid(), type(value).__name__
+
+
+def test_a_block_computed_beside_runs_in_a_forked_process_and_returns_its_result():
+    """`forked_beside`: the call reads an unpicklable input (inherited by fork, never pickled), runs in another
+    process while the block runs here, and its result comes back; with one process it runs here instead."""
+    with workers.forked_beside(functools.partial(_pid_and_kind, _NeverPickled()), processes=2) as result:
+        pid, kind = result()
+    assert pid != os.getpid() and kind == "_NeverPickled"
+    assert workers._ForkedCall.call is None  # only the forked process's initializer sets it
+    with workers.forked_beside(functools.partial(_pid_and_kind, 7), processes=1) as result:
+        assert result() == (os.getpid(), "int")
+
+
+def _fails() -> None:
+    raise ValueError("the side block failed")
+
+
+def test_a_failure_beside_is_raised_as_itself():
+    with pytest.raises(ValueError, match="the side block failed"), workers.forked_beside(_fails, processes=2) as result:
+        result()

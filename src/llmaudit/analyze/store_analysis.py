@@ -8,6 +8,7 @@ every report rendering (JSON, Markdown, HTML) is made from.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import textwrap
@@ -21,6 +22,7 @@ from llmaudit import __version__
 from llmaudit.analyze.attacks.evaluate import attacks_with_evidence
 from llmaudit.analyze.attacks.matrices import base_quantizer
 from llmaudit.analyze.attacks.settings import AttackRunSettings
+from llmaudit.analyze.attacks.workers import forked_beside
 from llmaudit.analyze.blind import blind_baseline_for_pool
 from llmaudit.analyze.candidates import validation_of
 from llmaudit.analyze.candidates_table import candidates_from_table
@@ -339,6 +341,29 @@ def utility_settings(store: RunStore, quantizers: list[str]) -> dict[str, Any] |
     return None
 
 
+def _beside_risks(
+    cfg: ExperimentConfig,
+    store: RunStore,
+    table: pd.DataFrame,
+    manifest: dict,
+    quantizers: list[str],
+    reference: str,
+    n_boot: int,
+    echo,
+) -> dict[str, Any]:
+    """The blocks that read neither the attacks nor the release risks, computed beside the risks (`forked_beside`):
+    memorization, the candidate indicators, the blind baseline and the utility blocks, each from its own seed."""
+    memorization = _memorization(table, manifest, cfg, n_boot, echo)
+    echo("[analyze] candidate indicators and blind baseline ...")
+    candidates, blind = _indicators(cfg, table, quantizers, reference, n_boot), _blind_baseline(store, manifest, cfg)
+    return {
+        **_utility(cfg, store, table, quantizers, reference, n_boot, echo),
+        "memorization": memorization,
+        "blind_baseline": blind,
+        "indicators": candidates,
+    }
+
+
 def _memorization(table: pd.DataFrame, manifest: dict, cfg: ExperimentConfig, n_boot: int, echo) -> dict | None:
     """The memorization view when the table holds the base model's rows (run == REFERENCE_RUN), else None."""
     if not (table["run"] == REFERENCE_RUN).any():
@@ -408,10 +433,10 @@ def analyze(
     indicator = _r_q(cfg, table, quantizers, n_boot, echo)
     echo("[analyze] attacks ...")
     attacks, evidence = _attacks(cfg, manifest, store_table, quantizers, reference, indicator)
-    risks = _release_risks(cfg, store, table, evidence, quantizers, reference, echo)
-    memorization = _memorization(table, manifest, cfg, n_boot, echo)
-    echo("[analyze] candidate indicators and blind baseline ...")
-    candidates, blind = _indicators(cfg, table, quantizers, reference, n_boot), _blind_baseline(store, manifest, cfg)
+    side = functools.partial(_beside_risks, cfg, store, table, manifest, quantizers, reference, n_boot, echo)
+    with forked_beside(side, cfg.report.processes or available_cores()) as side_blocks:
+        risks = _release_risks(cfg, store, table, evidence, quantizers, reference, echo)
+        beside = side_blocks()
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
         "llmaudit_version": __version__,
@@ -420,13 +445,10 @@ def analyze(
         "quantizers": quantizers,
         "not_scored": not_scored,
         "quantizer_info": _quantizer_info(store, quantizers),
-        **_utility(cfg, store, table, quantizers, reference, n_boot, echo),
         "trajectory": trajectory_from_table(table),
         "indicator": indicator,
         "attacks": attacks,
-        "memorization": memorization,
-        "blind_baseline": blind,
-        "indicators": candidates,
+        **beside,
         **risks,
         "thresholds": cfg.report.model_dump(exclude={"processes"}),  # how the stage runs is not a threshold
     }

@@ -1,19 +1,21 @@
 """The quantizers attacked in worker processes (`report.processes`) that inherit the job, the table included, by
-fork: each task sends only a quantizer's name, never the table.
+fork: each task sends only a quantizer's name, never the table. Likewise one block of the analysis computed in a
+forked process beside the rest (`forked_beside`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from threadpoolctl import threadpool_limits
 
 from llmaudit.common.runtime import available_cores
 
-__all__ = ["QuantizerAttack", "attack_in_workers"]
+__all__ = ["QuantizerAttack", "attack_in_workers", "forked_beside"]
 
 
 class QuantizerAttack(Protocol):
@@ -75,3 +77,49 @@ def attack_in_workers(job: QuantizerAttack, quantizers: Sequence[str], processes
         initargs=(job, max(1, available_cores() // workers)),
     ) as pool:
         return list(pool.map(_ForkedWorker.attack, quantizers))
+
+
+class _ForkedCall:
+    """The call a `forked_beside` process makes, inherited by fork through the pool's initializer, never pickled."""
+
+    call: Callable[[], Any] | None = None
+
+    @classmethod
+    def start(cls, call: Callable[[], Any], threads: int) -> None:
+        """Keep the call and size the process's BLAS and OpenMP pools to its share of the cores."""
+        cls.call = call
+        threadpool_limits(limits=threads)
+
+    @classmethod
+    def run(cls) -> Any:
+        """The inherited call's result (pickled back to the parent)."""
+        return cls.call()
+
+
+@contextlib.contextmanager
+def forked_beside(call: Callable[[], Any], processes: int = 1) -> Iterator[Callable[[], Any]]:
+    """Compute `call()` in a forked process while the block runs in this one; yields what returns its result.
+
+    The process inherits what `call` reads (a table included) by fork, without pickling it; only the result comes
+    back. `call` must depend on its inputs and seeds alone (no state the block changes), so its result is the one
+    this process would compute. With processes <= 1, or without the fork start method, `call` runs here when its
+    result is asked for.
+
+    Args:
+        call: the work, without arguments.
+        processes: the processes the analysis may use (`report.processes`); the fork needs at least 2.
+
+    Yields:
+        A function returning `call()`'s result (raising what it raised), to be called within the block.
+    """
+    if processes <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield call
+        return
+    with ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_ForkedCall.start,
+        initargs=(call, max(1, available_cores() // 2)),
+    ) as pool:
+        future = pool.submit(_ForkedCall.run)
+        yield future.result
