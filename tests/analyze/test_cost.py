@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import pytest
 
 from llmaudit.analyze import cost
-from llmaudit.analyze.cost import AnalysisCost, CostModel, analysis_seconds, fit_cost, measure_analysis_cost
+from llmaudit.analyze.cost import (
+    AnalysisCost,
+    CostModel,
+    analysis_seconds,
+    fit_cost,
+    measure_analysis_cost,
+    read_cost,
+    report_rest_seconds,
+    synthetic_loss_table,
+)
 
 
 def test_fit_cost_is_the_line_through_the_two_sizes_with_nonnegative_parts():
@@ -56,3 +68,39 @@ def test_the_measurement_runs_the_real_analysis_in_seconds():
     for part in (c.fixed, c.per_boot, c.per_decision):
         assert part.overhead_s >= 0 and part.per_record_s >= 0
     assert c.fixed.at(40) > 0 and c.measured_in_s > 0
+    assert c.read_per_file_s >= 0 and c.read_per_byte_s > 0  # the tables written as unit files and read back
+
+
+def test_the_rest_of_the_report_by_hand():
+    """Reading 4 files of 5,000 bytes in all at 0.25 s per file and 1e-3 s per byte, and release sets of 2 and 3
+    files: (1 + 2) + (1 + 3) decisions of 10 resamples at 0.5 s + 1e-3 s x 100 records each."""
+    zero = CostModel(0.0, 0.0)
+    c = AnalysisCost(zero, zero, CostModel(0.5, 1e-3), 6, (100, 400), ("loss",), 1.0, 0.25, 1e-3)
+    rest = functools.partial(report_rest_seconds, c, pool=100, files=4, table_bytes=5000, resamples=10)
+    assert rest(set_sizes=[2, 3]) == pytest.approx(1 + 5 + 7 * 10 * 0.6)
+    assert rest(set_sizes=[]) == pytest.approx(6)
+    unmeasured = AnalysisCost(zero, zero, zero, 6, (100, 400), ("loss",), 1.0)  # a cost recorded before the reading
+    assert report_rest_seconds(unmeasured, pool=100, files=4, table_bytes=5000, set_sizes=[2], resamples=10) == 0
+
+
+def test_the_read_cost_is_the_two_layouts_solved_for_a_planted_cost(monkeypatch):
+    """Reads that cost exactly 0.02 s per file + 1e-8 s per byte: both parts recovered; every row is read back in
+    both layouts (about ten times the files in the second)."""
+    layouts = []
+
+    def planted(path, **kwargs):
+        df = real(path, **kwargs)
+        files = list(Path(path).glob("*.parquet"))
+        layouts.append((len(files), len(df)))
+        clock["t"] += 0.02 * len(files) + 1e-8 * sum(f.stat().st_size for f in files)
+        return df
+
+    real, clock = cost.read_loss_table, {"t": 0.0}
+    monkeypatch.setattr(cost, "read_loss_table", planted)
+    monkeypatch.setattr(cost.time, "process_time", lambda: clock["t"])
+    table = synthetic_loss_table(2, 30, 2)
+    per_file, per_byte = read_cost(table)
+    assert per_file == pytest.approx(0.02) and per_byte == pytest.approx(1e-8)
+    units = table.groupby(["run", "quantizer"]).ngroups
+    assert layouts[0] == (units, len(table)) and layouts[1][1] == len(table)
+    assert layouts[1][0] >= 10 * units  # about ten smaller files per unit

@@ -463,3 +463,23 @@ def test_prepare_factor_rejects_bad_shapes():
         prepare_factor(torch.eye(4), GPTQSpec(bits=4, group_size=-1))
     with pytest.raises(ValueError, match="does not fit"):
         gptq_quantize(torch.zeros(1, 3, 5), torch.eye(4)[None], GPTQSpec(bits=4, group_size=-1))
+
+
+def test_the_finiteness_check_sees_every_non_finite_entry_and_only_those():
+    from llmaudit.quantize.gptq_calibration import _all_finite, check_finite
+
+    big = torch.full((64, 64), 3.0e38)  # every entry finite, their sum overflows to infinity
+    assert not torch.isfinite(big.sum()) and _all_finite(big)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        w = torch.randn(8, 16)
+        w[3, 5] = bad
+        assert not _all_finite(w)
+    both = torch.zeros(4, 4)
+    both[0, 0], both[1, 1] = float("inf"), float("-inf")  # their sum is NaN: still refused
+    assert not _all_finite(both)
+    assert _all_finite(torch.randn(16, 16))
+    h = torch.eye(4)
+    check_finite({"a": big[:4, :4]}, {"a": h})
+    h[2, 2] = float("inf")
+    with pytest.raises(ValueError, match="'a' has a non-finite weight or calibration Hessian"):
+        check_finite({"a": torch.ones(4, 4)}, {"a": h})

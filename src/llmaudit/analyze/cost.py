@@ -22,16 +22,18 @@ Q x [fixed(n) + B x per_boot(n) + D x per_decision(n)] seconds.
 
 from __future__ import annotations
 
+import tempfile
 import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from ..store.losstable import validate_loss_table
+from ..store.losstable import read_loss_table, validate_loss_table, write_loss_table
 from .attacks.evaluate import run_attacks
 from .attacks.settings import AttackRunSettings
 from .decision import DecisionSettings
@@ -145,6 +147,10 @@ class AnalysisCost:
     records: tuple[int, ...]
     attacks: tuple[str, ...]
     measured_in_s: float
+    read_per_file_s: float = 0.0
+    """Seconds to read and validate one unit file beside its bytes (`read_cost`); 0 = not measured."""
+    read_per_byte_s: float = 0.0
+    """Seconds per loss-table byte read and validated (`read_cost`)."""
 
     def as_dict(self) -> dict:
         """Write the cost as a JSON-ready dict.
@@ -174,7 +180,8 @@ def measure_analysis_cost(
     Each table has `runs` runs, one of the `records` sizes and 2 quantizers; the analysis is timed without
     resamples, with `resamples` bootstrap resamples and with DECISION_RESAMPLES decision resamples, in CPU seconds
     of this process (`_seconds`) with one BLAS/OpenMP thread, as a report worker has on a machine it fills (idle
-    pool threads that spin between calls would count as work).
+    pool threads that spin between calls would count as work). The larger table is then written as unit files and
+    read back as the report reads a store's (`read_cost`).
 
     Args:
         attacks (Sequence[str]): the attacks timed.
@@ -191,8 +198,11 @@ def measure_analysis_cost(
     quantizers = 2
     with threadpool_limits(limits=1):
         for n_records in records:
-            _measure_size(runs, n_records, quantizers, attacks, resamples, (sizes, fixed, boot, dec))
+            df = _measure_size(runs, n_records, quantizers, attacks, resamples, (sizes, fixed, boot, dec))
+        per_file, per_byte = read_cost(df)
     return AnalysisCost(
+        read_per_file_s=per_file,
+        read_per_byte_s=per_byte,
         fixed=fit_cost(sizes, fixed),
         per_boot=fit_cost(sizes, boot),
         per_decision=fit_cost(sizes, dec),
@@ -203,8 +213,11 @@ def measure_analysis_cost(
     )
 
 
-def _measure_size(runs: int, n_records: int, quantizers: int, attacks: tuple, resamples: int, into: tuple) -> None:
-    """One size of `measure_analysis_cost`: appends the size and its three parts per quantizer to `into`."""
+def _measure_size(
+    runs: int, n_records: int, quantizers: int, attacks: tuple, resamples: int, into: tuple
+) -> pd.DataFrame:
+    """One size of `measure_analysis_cost`: appends the size and its three parts per quantizer to `into`; returns the
+    table it timed."""
     sizes, fixed, boot, dec = into
     df = synthetic_loss_table(runs, n_records, quantizers)
     base = _seconds(df, attacks, 0, 0)
@@ -212,6 +225,7 @@ def _measure_size(runs: int, n_records: int, quantizers: int, attacks: tuple, re
     fixed.append(base / quantizers)
     boot.append(max(_seconds(df, attacks, resamples, 0) - base, 0.0) / resamples / quantizers)
     dec.append(max(_seconds(df, attacks, 0, DECISION_RESAMPLES) - base, 0.0) / DECISION_RESAMPLES / quantizers)
+    return df
 
 
 def analysis_seconds(
@@ -237,3 +251,60 @@ def analysis_seconds(
         cost.fixed.at(n) + max(n_boot, 0) * cost.per_boot.at(n) + max(decision_resamples, 0) * cost.per_decision.at(n)
     )
     return -(-quantizers // max(processes, 1)) * per_quantizer
+
+
+def _timed_read(df: pd.DataFrame, keys: list[str], tmp: Path) -> tuple[int, int, float]:
+    """``df`` written as one parquet file per group of ``keys`` (helper columns dropped), then read back with
+    `read_loss_table`: (files, bytes, CPU seconds of the read)."""
+    tmp.mkdir()
+    for n, (_, unit) in enumerate(df.groupby(keys, sort=True)):
+        write_loss_table(unit.drop(columns=["_part"]).reset_index(drop=True), tmp / f"unit{n}.parquet")
+    files = list(tmp.glob("*.parquet"))
+    start = time.process_time()
+    read_loss_table(tmp)
+    return len(files), sum(f.stat().st_size for f in files), time.process_time() - start
+
+
+def read_cost(df: pd.DataFrame, parts: int = 10) -> tuple[float, float]:
+    """What reading and validating a store's loss tables costs on this machine, per unit file and per byte: ``df``
+    written as one file per (run, quantizer), as a store holds its units, then in `parts` times as many smaller
+    files, each layout read back with `read_loss_table`; the two readings t = files x a + bytes x b give the two
+    parts (each >= 0).
+
+    Args:
+        df (pd.DataFrame): a validated loss table (`synthetic_loss_table`).
+        parts (int): the smaller files per unit of the second layout.
+    Returns:
+        tuple[float, float]: (seconds per file, seconds per byte).
+    """
+    units = df.groupby(["run", "quantizer"], sort=True)
+    rows = max(int(units.size().max()) // parts, 1)
+    df = df.assign(_part=units.cumcount() // rows)
+    with tempfile.TemporaryDirectory(prefix="llmaudit-read-cost-") as tmp:
+        f1, b1, t1 = _timed_read(df, ["run", "quantizer"], Path(tmp) / "units")
+        f2, b2, t2 = _timed_read(df, ["run", "quantizer", "_part"], Path(tmp) / "parts")
+    det = f1 * b2 - f2 * b1
+    per_file = max((t1 * b2 - t2 * b1) / det, 0.0) if det else 0.0
+    return per_file, max(t1 - f1 * per_file, 0.0) / b1
+
+
+def report_rest_seconds(
+    cost: AnalysisCost, *, pool: int, files: int, table_bytes: int, set_sizes: Sequence[int], resamples: int
+) -> float:
+    """The report's measured work beside the attacks: reading the store's loss tables, and each release set's
+    decisions (the set's own and one per file on the set's records, `release_sets.decide_release_set`), each priced
+    as one quantizer's decision resamples.
+
+    Args:
+        cost (AnalysisCost): the measured cost.
+        pool (int): pool records n.
+        files (int): the store's unit files.
+        table_bytes (int): their bytes.
+        set_sizes (Sequence[int]): the files of each release set.
+        resamples (int): decision resamples D.
+    Returns:
+        float: the seconds.
+    """
+    read = files * cost.read_per_file_s + table_bytes * cost.read_per_byte_s
+    decisions = sum(1 + k for k in set_sizes)
+    return read + decisions * max(resamples, 0) * cost.per_decision.at(max(pool, 1))

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_serializer, model_validator
 
+from llmaudit.common.schema import in_read_order
+
 Num = float | int | None
 """A number as the analysis recorded it (NaN where undefined), or None; an int stays an int."""
 
@@ -36,7 +38,4 @@ class ResultBlock(BaseModel):
         out = handler(self)
         unset = set(type(self).model_fields) - self.model_fields_set
         dropped = unset | {type(self).model_fields[n].alias for n in unset} - {None}
-        out = {k: v for k, v in out.items() if k not in dropped}
-        if not self._order:
-            return out
-        return {k: out[k] for k in self._order if k in out} | {k: v for k, v in out.items() if k not in self._order}
+        return in_read_order({k: v for k, v in out.items() if k not in dropped}, self._order)

@@ -91,3 +91,19 @@ def parse_or_refuse(
         return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise error(f"{where}: {describe_errors(exc, prefix=prefix)}; {fix}") from None
+
+
+def in_read_order(written: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    """A model's keys as written, put back in the order they were read (keys not read last, as written), so that a
+    file read and written again is the same file.
+
+    Args:
+        written: the serialized keys and values.
+        order: the keys in the order they were read (empty: keep ``written`` as it is).
+
+    Returns:
+        The keys of ``written`` in that order.
+    """
+    if not order:
+        return written
+    return {k: written[k] for k in order if k in written} | {k: v for k, v in written.items() if k not in order}

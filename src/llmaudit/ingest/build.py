@@ -42,7 +42,7 @@ from llmaudit.data.tokenize import format_record
 from llmaudit.ingest.checkpoints import Checkpoint, ImportInputError, TrainingOutput, find_checkpoints, weight_shapes
 from llmaudit.ingest.draw import ImportData, data_block, read_import_data
 from llmaudit.ingest.quantized import check_quantized, parse_quantized, with_quantizers
-from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.models.builtin import is_builtin
 from llmaudit.models.layers import count_parameters
 from llmaudit.models.loading import (
     import_gptqmodel_quietly,
@@ -150,7 +150,7 @@ def import_training(request: ImportRequest, *, echo: Callable[[str], Any] = prin
         files, heldout_path, request.record_format_option, request.max_train, request.max_heldout, request.seed
     )
     cfg = _config(request, runs, data)
-    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
+    configure_threads(is_builtin(cfg.model))
 
     # 3. The model: the tokenizer renders every record, every distinct checkpoint shape loads onto the base.
     source = model_source(cfg.model, echo=echo)

@@ -18,7 +18,7 @@ from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads
 from llmaudit.config import ExperimentConfig
 from llmaudit.finetune.distributed import launched_processes
 from llmaudit.finetune.runs import build_base, finetune, prepare_runs
-from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.models.builtin import is_builtin
 from llmaudit.score.stage import check_scoring
 from llmaudit.store.run_store import RunStore
 
@@ -134,17 +134,14 @@ def finetune_in_processes(
     """
     n = min(cfg.train.processes, cfg.train.runs)
     # a built-in model trains on one thread wherever it runs (`configure_threads`), so its runs stay the same
-    threads = None if tiny_model(cfg) and env_threads() is None else max(1, (env_threads() or available_cores()) // n)
+    threads = (
+        None if is_builtin(cfg.model) and env_threads() is None else max(1, (env_threads() or available_cores()) // n)
+    )
     base = [sys.executable, "-m", "llmaudit.cli", "finetune", *([recipe] if recipe else []), *overrides]
     base += ["--out", str(store.root), "--no-progress"]  # model.trust_remote_code, if given, is in the overrides
     echo(f"[finetune] {n} processes with {threads or 1} thread(s) each train the runs of {store.root}")
     commands = [[*base, "--shard", f"{k}/{n}"] for k in range(n)]
     return _run_children(commands, threads, "fine-tuning", "finished runs are kept", meanwhile=meanwhile)
-
-
-def tiny_model(cfg: ExperimentConfig) -> bool:
-    """The experiment's model is a built-in tiny one (what `configure_threads` runs on one thread)."""
-    return cfg.model.name.startswith(BUILTIN_PREFIX)
 
 
 def _run_children(

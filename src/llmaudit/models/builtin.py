@@ -39,6 +39,20 @@ BUILTIN_PREFIX = "builtin:"
 
 BUILTIN_NAMES = ("tiny-qwen2", "tiny-llama")
 
+
+def is_builtin(cfg: ModelConfig) -> bool:
+    """Whether the model is a built-in tiny one (``builtin:NAME``): built here, and trained and scored on one thread
+    (`configure_threads`) so that its numbers are the same on every machine.
+
+    Args:
+        cfg: the model section.
+
+    Returns:
+        True for ``builtin:NAME``.
+    """
+    return cfg.name.startswith(BUILTIN_PREFIX)
+
+
 BUILTIN_VERSION = "1"
 
 ASSETS = Path(__file__).resolve().parent / "assets"

@@ -19,7 +19,7 @@ from llmaudit.config import (
     config_from_dict,
     load_recipe,
 )
-from llmaudit.models.builtin import BUILTIN_PREFIX
+from llmaudit.models.builtin import is_builtin
 from llmaudit.planning.arguments import is_run_dir
 from llmaudit.quantize import QUANTIZER_NAMES, QuantizationError, get_quantizer, missing_reference
 from llmaudit.store.run_store import RunStore
@@ -133,7 +133,7 @@ def config_from_recipe(recipe: str | None, overrides: list[str], out: Path | Non
     if out is not None:
         cfg = cfg.model_copy(update={"output_dir": str(out)})
     check_quantizer_requests(cfg, overrides, _scored(RunStore(cfg.resolved_output_dir())))
-    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
+    configure_threads(is_builtin(cfg.model))
     return cfg
 
 
@@ -170,7 +170,7 @@ def config_from_run_dir(
         received=True,
     )
     check_quantizer_requests(cfg, overrides, _scored(store))
-    configure_threads(cfg.model.name.startswith(BUILTIN_PREFIX))
+    configure_threads(is_builtin(cfg.model))
     return cfg
 
 

@@ -101,11 +101,20 @@ def check_finite(weights: dict[str, torch.Tensor], hessians: dict[str, torch.Ten
         ValueError: naming the first such layer.
     """
     for name, w in weights.items():
-        if not (torch.isfinite(w).all() and torch.isfinite(hessians[name]).all()):
+        if not (_all_finite(w) and _all_finite(hessians[name])):
             raise ValueError(
                 f"layer {name!r} has a non-finite weight or calibration Hessian; fix: check the checkpoint (its "
                 "weights, or activations overflowing on the calibration texts)"
             )
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every entry of ``t`` is finite. A finite sum needs finite entries (a NaN or an infinity among them makes
+    the sum NaN or infinite), and a float32 sum is one pass without a boolean copy; only a sum that overflows or
+    meets a non-finite entry is checked entry by entry."""
+    if bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def _longest_first(samples: Sequence[Sequence[int]]) -> list[Sequence[int]]:

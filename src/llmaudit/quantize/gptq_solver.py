@@ -325,15 +325,13 @@ def prepare_factor(
     if hessian.dim() != 3 or hessian.shape[1] != hessian.shape[2]:
         raise ValueError(f"hessian [L, C, C] expected, got {tuple(hessian.shape)}")
     h = hessian.to(torch.float32, copy=not inplace)
-    columns = h.shape[-1]
     diag = h.diagonal(dim1=-2, dim2=-1)
     dead = diag == 0
     diag.masked_fill_(dead, 1.0)
     perm = column_order(diag.clone(), spec)
     del diag
-    if perm is not None:
-        h = torch.gather(h, 1, perm.unsqueeze(-1).expand(-1, -1, columns))
-        h = torch.gather(h, 2, perm.unsqueeze(1).expand(-1, columns, -1))
+    if perm is not None:  # H[perm][:, perm]: the same entries moved, whole rows at a time
+        h = torch.stack([h[i].index_select(0, p).index_select(1, p) for i, p in enumerate(perm)])
     u, damps = inverse_hessian_factor(h, spec.damp_percent, spec.damp_auto_increment, exact=exact)
     return InverseFactor(dead, perm, u, damps)
 

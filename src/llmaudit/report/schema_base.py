@@ -7,6 +7,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationInfo, model_serializer, model_validator
 
+from llmaudit.common.schema import in_read_order
+
 Num = int | float | None
 """A number or null (report.json writes NaN and +-inf as null); an int stays an int."""
 
@@ -56,10 +58,7 @@ class _Open(BaseModel):
 
     @model_serializer(mode="wrap")
     def _write(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        if not self._order:
-            return out
-        return {k: out[k] for k in self._order if k in out} | {k: v for k, v in out.items() if k not in self._order}
+        return in_read_order(handler(self), self._order)
 
 
 class _Closed(_Open):
