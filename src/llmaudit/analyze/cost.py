@@ -18,6 +18,10 @@ power of n instead would scale the overhead with the work and overstate a large 
 Checked against the analysis timed at 5x and 10x the larger size measured (docs/science.md, "What the report
 stage costs"). An experiment of Q quantizers, n pool records, B bootstrap and D decision resamples costs
 Q x [fixed(n) + B x per_boot(n) + D x per_decision(n)] seconds.
+
+Beside the attacks the report reads the store's loss tables (`read_cost`: seconds per unit file and per byte,
+measured by writing the larger table as unit files and reading it back) and decides each release set (1 + k
+decisions of a set of k files, each priced as one quantizer's decision resamples): `report_rest_seconds`.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ from llmaudit.store.units import grid_units
 REPORT_OVERHEAD_S = 11.0
 """Report seconds that the measured terms do not price (the report command's imports, the store's verification, the
 r_Q indicator, extraction and epsilon blocks, the plots and the report files): a constant of the estimate,
-calibrated on the CPU demo's report on 2 cores (20.1 s, of which the measured terms priced 9.1 s)."""
+calibrated on the CPU demo's report on 2 cores (docs/science.md, "What the report stage costs")."""
 
 
 @functools.lru_cache(maxsize=8)
