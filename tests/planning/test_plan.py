@@ -112,14 +112,24 @@ def test_plan_where_a_store_of_fewer_runs_exists_prices_every_run_and_says_why(t
     assert json.loads(out)["workload"]["runs"] == 5
 
 
-def test_local_processes_shorten_a_stage_only_where_the_model_computes_on_one_thread():
+def test_local_processes_shorten_a_stage_on_a_cpu_each_measured_on_its_share_of_the_cores(monkeypatch):
     from llmaudit.common.runtime import available_cores
-    from llmaudit.planning.throughput import local_parallelism, processes_note
+    from llmaudit.config import load_recipe
+    from llmaudit.planning import throughput
+    from llmaudit.planning.throughput import local_parallelism, processes_note, stage_threads
 
     cores = available_cores()
-    assert local_parallelism(2, 8, one_thread=True) == min(2, cores)
-    assert local_parallelism(4, 1, one_thread=True) == 1  # one run: nothing to share
-    assert local_parallelism(2, 8, one_thread=False) == 1  # the processes divide the cores the probe used
+    assert local_parallelism(2, 8, on_cpu=True) == min(2, cores)
+    assert local_parallelism(4, 1, on_cpu=True) == 1  # one run: nothing to share
+    assert local_parallelism(2, 8, on_cpu=False) == 1  # the processes share the GPU the probe used
+    monkeypatch.setattr(throughput, "available_cores", lambda: 8)
+    monkeypatch.setattr(throughput, "env_threads", lambda: None)
+    verdict = load_recipe("smollm2-135m-verdict")  # score.processes 2, train.processes 1
+    assert stage_threads(verdict, runs=6) == {"train": None, "score": 4}  # what jobs.local gives each child
+    wide = verdict.model_copy(update={"train": verdict.train.model_copy(update={"processes": 3})})
+    assert stage_threads(wide, runs=6) == {"train": 2, "score": 4}
+    assert stage_threads(wide, runs=1)["train"] is None  # one run trains in one process
+    assert stage_threads(load_recipe("demo-cpu"), runs=8) == {"train": None, "score": None}  # built-in: one thread
     assert processes_note({"train_processes": 1, "score_processes": 1}) == ""
     assert (
         processes_note({"train_processes": 2, "score_processes": 1}) == " (2 training and 1 scoring processes at once)"

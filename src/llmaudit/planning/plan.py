@@ -39,7 +39,6 @@ from llmaudit.config import ExperimentConfig
 from llmaudit.data.tokenize import Example, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
 from llmaudit.finetune.runs import checkpoint_steps
-from llmaudit.models.builtin import is_builtin
 from llmaudit.models.training import epoch_batches
 from llmaudit.planning.arguments import GPU_BF16_PEAK, check_device
 from llmaudit.planning.plan_text import format_plan as format_plan
@@ -50,6 +49,7 @@ from llmaudit.planning.throughput import (
     measure_throughput,
     model_config,
     named_gpu_throughput,
+    stage_threads,
     standin_draw,
     with_lora,
 )
@@ -309,9 +309,9 @@ def estimate(
         "total_s", "jobs", "parallel_total_s"}.
     """
     checkpoints = sum(len(s) for s in work.steps_per_run)
-    one_thread = speed.device == "cpu" and is_builtin(cfg.model)
-    train_at_once = local_parallelism(cfg.train.processes, work.runs, one_thread=one_thread)
-    score_at_once = local_parallelism(cfg.score.processes, work.units, one_thread=one_thread)
+    on_cpu = speed.device == "cpu"
+    train_at_once = local_parallelism(cfg.train.processes, work.runs, on_cpu=on_cpu)
+    score_at_once = local_parallelism(cfg.score.processes, work.units, on_cpu=on_cpu)
     finetune_s = (
         speed.model_load_s
         + (work.train_padded_tokens / speed.train_tokens_per_s + checkpoints * speed.checkpoint_s) / train_at_once
@@ -404,7 +404,9 @@ def make_plan(cfg: ExperimentConfig, *, device: str = "auto", jobs: int = 1, ech
     speed = (
         named_gpu_throughput(cfg, draw, gpu)
         if gpu
-        else measure_throughput(cfg, draw, device=target, budget=budget, dtype=compute)
+        else measure_throughput(
+            cfg, draw, device=target, budget=budget, dtype=compute, threads=stage_threads(cfg, work.runs)
+        )
     )
     attacks = resolve_attacks(cfg.attack.attacks)
     echo(f"[plan] timing the analysis of {len(attacks)} attacks on synthetic loss tables (seconds)")

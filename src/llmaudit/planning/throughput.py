@@ -15,14 +15,14 @@ import numpy as np
 import torch
 
 from llmaudit.common.memory import frozen_survivors, release_memory
-from llmaudit.common.runtime import available_cores, dtype_name
+from llmaudit.common.runtime import available_cores, dtype_name, env_threads, torch_threads
 from llmaudit.config import ExperimentConfig, ModelConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
 from llmaudit.data.records import record_text
 from llmaudit.data.tokenize import collate, tokenize_records
 from llmaudit.finetune.experiment import Draw, draw_experiment
 from llmaudit.finetune.runs import autocast_dtype, weights_dtype
-from llmaudit.models.builtin import builtin_tokenizer
+from llmaudit.models.builtin import builtin_tokenizer, is_builtin
 from llmaudit.models.layers import cast_parameters
 from llmaudit.models.loading import import_gptqmodel_quietly
 from llmaudit.models.sources import ModelSource
@@ -221,7 +221,13 @@ def with_lora(model: Any, cfg: ExperimentConfig) -> Any:
 
 
 def measure_throughput(
-    cfg: ExperimentConfig, draw: Draw, *, device: torch.device, budget: int, dtype: torch.dtype = torch.float32
+    cfg: ExperimentConfig,
+    draw: Draw,
+    *,
+    device: torch.device,
+    budget: int,
+    dtype: torch.dtype = torch.float32,
+    threads: dict[str, int | None] | None = None,
 ) -> Throughput:
     """A few-second calibration on this machine with a random-weight model of the recipe's shape.
 
@@ -235,10 +241,13 @@ def measure_throughput(
         device: where to measure.
         budget: the scoring engine's token budget per batch.
         dtype: the compute dtype.
+        threads: {"train": n, "score": n}, the torch threads each stage's measurement runs on (`stage_threads`: what
+            one of the stage's local processes gets); missing or None: this process's count.
 
     Returns:
         The measured throughput.
     """
+    threads = threads or {}
     config = model_config(cfg, draw)
     kw = dict(include_prompt=cfg.data.include_prompt_in_loss, max_length=10**9)
     sample = tokenize_records(draw.tokenizer, draw.val[:16] or draw.pool[:16], "val", **kw)
@@ -255,12 +264,14 @@ def measure_throughput(
         score_examples(m, examples, pad_id=pad, options=options)
 
     scoring_model = cast_parameters(copy.deepcopy(model), dtype) if dtype != torch.float32 else model
-    score_s = _timed(lambda: run_scoring(scoring_model))
-    merge_s = _timed(lambda: copy.deepcopy(model), repeats=1)
-    train_s, train_tokens = _train_step_cost(cfg, model, examples[: cfg.train.batch_size], pad, device, dtype)
-    quantize_s, slowdown = _quantizer_costs(cfg, config, draw, device, examples, run_scoring, dtype)
-    divergence_s, step_s = _utility_costs(scoring_model, examples, pad, device)
-    overhead_s = unit_overhead_s(_val_sample(cfg, draw))
+    with torch_threads(threads.get("score")):
+        score_s = _timed(lambda: run_scoring(scoring_model))
+        merge_s = _timed(lambda: copy.deepcopy(model), repeats=1)
+        quantize_s, slowdown = _quantizer_costs(cfg, config, draw, device, examples, run_scoring, dtype)
+        divergence_s, step_s = _utility_costs(scoring_model, examples, pad, device)
+        overhead_s = unit_overhead_s(_val_sample(cfg, draw))
+    with torch_threads(threads.get("train")):
+        train_s, train_tokens = _train_step_cost(cfg, model, examples[: cfg.train.batch_size], pad, device, dtype)
     return Throughput(
         device=device.type,
         score_tokens_per_s=tokens / score_s,
@@ -269,17 +280,22 @@ def measure_throughput(
         forward_slowdown=slowdown,
         checkpoint_s=merge_s,
         model_load_s=load_s,
-        source={
-            "score": f"measured: scoring engine in {dtype_name(dtype)}, {len(examples)} samples of the recipe's own lengths, random weights of its shape",
-            "train": f"measured: one LoRA step (batch {len(examples[: cfg.train.batch_size])}), fwd + bwd + AdamW, as finetune trains in {dtype_name(dtype)}",
-            "quantize": "measured on a 2-layer slice of the model, scaled to the full depth",
-            "utility": "measured: the KL pass on the sample's positions, 8 greedy steps of its prompts in one batch",
-            "unit": "measured: a unit's claim, marker, loss table (the validation rows), work-log line and memory release",
-        },
+        source=_sources(dtype, len(examples), len(examples[: cfg.train.batch_size])),
         divergence_s_per_position=divergence_s,
         generation_step_s=step_s,
         unit_overhead_s=overhead_s,
     )
+
+
+def _sources(dtype: torch.dtype, samples: int, batch: int) -> dict[str, str]:
+    """Where each measured figure of `measure_throughput` comes from."""
+    return {
+        "score": f"measured: scoring engine in {dtype_name(dtype)}, {samples} samples of the recipe's own lengths, random weights of its shape",
+        "train": f"measured: one LoRA step (batch {batch}), fwd + bwd + AdamW, as finetune trains in {dtype_name(dtype)}",
+        "quantize": "measured on a 2-layer slice of the model, scaled to the full depth",
+        "utility": "measured: the KL pass on the sample's positions, 8 greedy steps of its prompts in one batch",
+        "unit": "measured: a unit's claim, marker, loss table (the validation rows), work-log line and memory release",
+    }
 
 
 def _train_step_cost(
@@ -426,21 +442,44 @@ def named_gpu_throughput(cfg: ExperimentConfig, draw: Draw, gpu: str) -> Through
 # ------------------------------------------------------------------------------------------ estimate
 
 
-def local_parallelism(processes: int, items: int, *, one_thread: bool) -> int:
-    """How many of a stage's local processes (`train.processes`, `score.processes`) shorten its wall time: as many
-    as there are cores and items (runs, units) when the model computes on one thread (the built-in tiny model on a
-    CPU, measured here on one thread too); otherwise 1, since the processes then divide the cores (or the GPU) that
-    the throughput was measured with.
+def stage_threads(cfg: ExperimentConfig, runs: int) -> dict[str, int | None]:
+    """The torch threads one local process of each stage computes on, on a CPU, as `llmaudit audit` starts them
+    (`jobs.local`): the cores divided among `score.processes` scoring processes, and among `train.processes`
+    training processes (at most one per run); None where the stage runs in one process. A built-in model keeps its
+    own count (`configure_threads`: one thread).
+
+    Args:
+        cfg: the experiment's config.
+        runs: the runs to train.
+
+    Returns:
+        {"train": threads or None, "score": threads or None}.
+    """
+    if is_builtin(cfg.model):
+        return {"train": None, "score": None}
+    cores = env_threads() or available_cores()
+    train, score = min(cfg.train.processes, max(runs, 1)), cfg.score.processes
+    return {
+        "train": max(1, cores // train) if train > 1 else None,
+        "score": max(1, cores // score) if score > 1 else None,
+    }
+
+
+def local_parallelism(processes: int, items: int, *, on_cpu: bool) -> int:
+    """How many of a stage's local processes (`train.processes`, `score.processes`) shorten its wall time: on a CPU,
+    as many as there are cores and items (runs, units), each process measured on its share of the cores
+    (`stage_threads`; the built-in tiny model on its one thread); on a GPU 1, since the processes share the device
+    the throughput was measured on.
 
     Args:
         processes: the setting.
         items: the stage's runs or units.
-        one_thread: the model computes on one thread.
+        on_cpu: the stage computes on this machine's CPU.
 
     Returns:
         The divisor of the stage's seconds.
     """
-    return max(1, min(processes, items, available_cores())) if one_thread else 1
+    return max(1, min(processes, items, available_cores())) if on_cpu else 1
 
 
 def processes_note(e: dict[str, Any]) -> str:
