@@ -68,7 +68,9 @@ def test_the_measurement_runs_the_real_analysis_in_seconds():
     for part in (c.fixed, c.per_boot, c.per_decision):
         assert part.overhead_s >= 0 and part.per_record_s >= 0
     assert c.fixed.at(40) > 0 and c.measured_in_s > 0
-    assert c.read_per_file_s >= 0 and c.read_per_byte_s > 0  # the tables written as unit files and read back
+    # the tables written as unit files and read back: each part >= 0 (clamped), not both 0 (the reads took time);
+    # on tables this small the per-file part can take all of it
+    assert c.read_per_file_s >= 0 and c.read_per_byte_s >= 0 and c.read_per_file_s + c.read_per_byte_s > 0
 
 
 def test_the_rest_of_the_report_by_hand():
