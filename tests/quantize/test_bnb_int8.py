@@ -66,10 +66,12 @@ def test_int8_linear_is_bitsandbytes_linear8bitlt_bit_for_bit(size, bias, thresh
     assert torch.equal(llm_int8_reference(x, mine.weight, mine.SCB, mine.bias, threshold), expected)
 
 
-def test_rows_the_compiled_pass_leaves_to_torch_give_bitsandbytes_numbers():
-    """A row of only outliers and zeros (127 / 0), and a NaN, go through torch's operations: still bitsandbytes'."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_the_compiled_pass_leaves_to_torch_give_bitsandbytes_numbers(dtype):
+    """A row of only outliers and zeros (127 / 0), and a NaN, go through torch's operations: still bitsandbytes'
+    (in bfloat16 the NaN rows also pass through the compiled dequantization's rounding)."""
     theirs, mine = _pair(32, 16, bias=True, threshold=6.0, seed=1)
-    x = torch.randn(4, 32)
+    x = torch.randn(4, 32).to(dtype)
     x[0] = 0
     x[1, :] = 7.0
     with torch.no_grad():
@@ -85,6 +87,25 @@ def test_compiled_and_reference_paths_agree_on_many_rows():
     x = (torch.randn(2048, 576) * 2).to(torch.bfloat16)
     x[:, 11] *= 8
     assert torch.equal(llm_int8(x, mine.weight, mine.SCB, mine.bias, 6.0), theirs(x.clone()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("blocked", [True, False])
+def test_an_outlier_column_found_in_a_later_block_is_the_whole_inputs(dtype, blocked, monkeypatch):
+    """Rows go through the compiled path in blocks of BLOCK_ROWS (one block where bitsandbytes' product is not
+    torch._int_mm): an outlier only in the last block's last row still zeroes its column's codes in every row, and
+    a row count that is not a multiple of the block is scored whole; every output is bitsandbytes'."""
+    from llmaudit.quantize import bnb_int8
+
+    monkeypatch.setattr(bnb_int8, "_product_is_int_mm", lambda: blocked)
+    theirs, mine = _pair(96, 40, bias=True, threshold=6.0, seed=3)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2 * bnb_int8.BLOCK_ROWS + 37, 96, generator=g).clamp_(-5, 5)
+    x[-1, 17] = 9.0  # the only outlier
+    x = x.to(dtype)
+    with torch.no_grad():
+        assert torch.equal(mine(x), theirs(x.clone()))
+        assert torch.equal(mine(x[:5]), theirs(x[:5].clone()))  # no outlier in these rows: no outlier column
 
 
 def test_bnb_int8_quantizer_builds_int8_linear_with_the_same_losses_and_digest(tokenizer, texts, monkeypatch):

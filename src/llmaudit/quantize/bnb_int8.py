@@ -15,7 +15,10 @@ codes CB [N, K] with row scales SCB [N] (bitsandbytes 0.50, its CPU operators):
 bitsandbytes' bit for bit (tests/quantize/test_bnb_int8.py compares it with `Linear8bitLt` itself); what it
 leaves out is bitsandbytes' bookkeeping around them: a copy and a restore of the outliers through boolean
 indexing, the float32 temporaries of step 4 made one per operation, the bias cast in place on the module (a
-forward that writes its module's state cannot run in two threads at once), and the autograd function.
+forward that writes its module's state cannot run in two threads at once), and the autograd function. Where step 3
+is torch._int_mm, steps 1-4 run in blocks of rows whose buffers are reused (the outlier columns are still the
+whole input's): an integer product is the same whatever the blocks, and a long batch's [T, N] int32 product is
+never allocated whole.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ INT8_DEQUANT_SCALE = 6.200124e-05
 """bitsandbytes' int8_mm_dequant factor, 1 / (127 * 127)."""
 INT8_ROW_SCALE = 7.874015718698502e-3
 """bitsandbytes' int8_vectorwise_dequant factor, 1 / 127."""
+BLOCK_ROWS = 512
+"""Rows per block of the compiled path: a block's float16 copy, codes and int32 product stay a few MiB, reused from
+block to block, where one int32 product of a long batch is tens of MiB of fresh pages on every call."""
 
 
 @numba.njit(cache=True, nogil=True)
@@ -38,9 +44,10 @@ def _rows_kernel(a, limit, codes, peaks, in_column):  # pragma: no cover (compil
     """Steps 1-2 on a = the float16 activations as float32 [T, K] (exact), through their bit patterns (for x >= 0 the
     order of the int32 patterns is the order of the numbers, so the inner loops are integer maxima and selects,
     which compile to vector instructions without fast-math): outliers |a| >= the threshold (`limit`: its float16
-    value's pattern, 0x7F800000 for none), each row's largest other |a| (`peaks`, patterns), the outlier columns;
-    then codes rint(a * fl(fl(1 / s) * 127)), 0 in an outlier column (the outliers themselves among them). False at
-    a NaN or an infinity, or a row whose maximum is 0 (left to the reference path)."""
+    value's pattern, 0x7F800000 for none), each row's largest other |a| (`peaks`, patterns), the outlier columns
+    (`in_column`, accumulated over calls); then codes rint(a * fl(fl(1 / s) * 127)), 0 in an outlier column found so
+    far (the outliers themselves among them). False at a NaN or an infinity, or a row whose maximum is 0 (left to
+    the reference path)."""
     rows, width = a.shape
     bits = a.view(np.int32)
     mask = np.int32(0x7FFFFFFF)
@@ -85,16 +92,25 @@ def _dequant_kernel(product, stats, scales, factor, bias, out):  # pragma: no co
 
 
 @numba.njit(cache=True, nogil=True)
-def _to_bfloat16_bits(values, out):  # pragma: no cover (compiled)
-    """float32 -> bfloat16 bit patterns, round to nearest even as torch rounds them (NaN: 0xFFFF, its vector path)."""
-    bits = values.view(np.uint32)
-    rows, columns = values.shape
+def _dequant_bfloat16_kernel(product, stats, scales, factor, bias, out):  # pragma: no cover (compiled)
+    """Step 4 in bfloat16: each float32 result of `_dequant_kernel`, rounded to nearest even as torch casts it
+    (NaN: 0xFFFF, its vector path), written as its bfloat16 bit pattern [T, N] in the same pass."""
+    rows, columns = product.shape
+    row = np.empty(columns, dtype=np.float32)
+    bits = row.view(np.uint32)
     one, half, nan = np.uint32(1), np.uint32(0x7FFF), np.uint32(0xFFFF)
     for t in range(rows):
+        s = stats[t]
+        if bias.shape[0] == 0:
+            for j in range(columns):
+                row[j] = np.float32(product[t, j]) * (s * scales[j]) * factor
+        else:
+            for j in range(columns):
+                row[j] = np.float32(product[t, j]) * (s * scales[j]) * factor + bias[j]
         for j in range(columns):
-            u = bits[t, j]
+            u = bits[j]
             r = (u + (((u >> np.uint32(16)) & one) + half)) >> np.uint32(16)
-            out[t, j] = np.uint16(nan if values[t, j] != values[t, j] else r)
+            out[t, j] = np.uint16(nan if row[j] != row[j] else r)
 
 
 def _threshold_bits(threshold: float) -> np.int32:
@@ -104,33 +120,70 @@ def _threshold_bits(threshold: float) -> np.int32:
     return np.int32(value.view(torch.int32).item())
 
 
-def _quantize_rows_compiled(a: Tensor, threshold: float) -> tuple[Tensor, Tensor, Tensor | None] | None:
-    """Steps 1-2 in two compiled passes per row; None where an activation is not finite or a row holds only
-    outliers and zeros (left to the reference path, which gives what torch gives there)."""
-    a32 = a.to(torch.float16).to(torch.float32).numpy()
-    codes = np.empty(a32.shape, dtype=np.int8)
-    peaks = np.empty(a32.shape[0], dtype=np.int32)
-    in_column = np.zeros(a32.shape[1], dtype=np.bool_)
-    if not _rows_kernel(a32, _threshold_bits(threshold), codes, peaks, in_column):
-        return None
-    stats = peaks.view(np.float32)
-    cols = torch.from_numpy(np.flatnonzero(in_column)) if in_column.any() else None
-    return torch.from_numpy(codes), torch.from_numpy(stats), cols
+def _product_is_int_mm() -> bool:
+    """Whether bitsandbytes' CPU `int8_linear_matmul` is torch._int_mm here (its own condition: torch's CPU capability
+    is AVX512). Then the compiled path computes the product block by block into one buffer: the same integers."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
-def _dequantize(product: Tensor, stats: Tensor, scales: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """Step 4 in one compiled pass (float32 or bfloat16 results; another dtype: the reference's operations)."""
-    if dtype not in (torch.float32, torch.bfloat16):
-        out = torch.outer(stats, scales).mul_(product).mul_(INT8_DEQUANT_SCALE)
-        return (out if bias is None else out.add_(bias.to(dtype))).to(dtype)
+def _as_float16(rows: Tensor, half: Tensor, exact: Tensor) -> np.ndarray:
+    """Step 1's cast of a block of rows: rounded to float16 as torch casts, then float32 (exact), in reused buffers.
+    A bfloat16 block goes through float32 first (exact), whose cast to float16 is vectorized: the same rounding of
+    the same value as torch's direct cast, which converts element by element."""
+    n = rows.shape[0]
+    if rows.dtype != torch.float16:
+        exact[:n].copy_(rows)
+        rows = exact[:n]
+    half[:n].copy_(rows)
+    exact[:n].copy_(half[:n])
+    return exact[:n].numpy()
+
+
+def _compiled(a: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, threshold: float, dtype: torch.dtype):
+    """Steps 1-4 compiled, in blocks of BLOCK_ROWS rows where the product is torch._int_mm (one block otherwise):
+    each block's cast, statistics and codes, the outlier columns then zeroed in every row (they are the whole
+    input's, as bitsandbytes finds them), then each block's product and dequantization into the output. Returns (out [T, N], outlier
+    columns or None), or None where an activation is not finite or a row holds only outliers and zeros (left to the
+    reference path, which gives what torch gives there)."""
+    rows, width = a.shape
+    step = BLOCK_ROWS if _product_is_int_mm() else max(rows, 1)
+    blocks = [(start, min(start + step, rows)) for start in range(0, rows, step)]
+    half = torch.empty((min(step, rows), width), dtype=torch.float16)
+    exact = torch.empty(half.shape, dtype=torch.float32)
+    ca, peaks, in_column = np.empty(a.shape, dtype=np.int8), np.empty(rows, np.int32), np.zeros(width, np.bool_)
+    limit = _threshold_bits(threshold)
+    for start, end in blocks:
+        values = _as_float16(a[start:end], half, exact)
+        if not _rows_kernel(values, limit, ca[start:end], peaks[start:end], in_column):
+            return None
+    cols = np.flatnonzero(in_column)
+    ca[:, cols] = 0  # the outlier columns that later blocks found: the whole input's, as bitsandbytes finds them
+    stats, codes_in = peaks.view(np.float32), torch.from_numpy(ca)
+    product = torch.empty((half.shape[0], codes.shape[0]), dtype=torch.int32)
+    out = torch.empty((rows, codes.shape[0]), dtype=dtype)
     b = np.zeros(0, np.float32) if bias is None else bias.to(dtype).to(torch.float32).numpy()
-    out = np.empty(tuple(product.shape), dtype=np.float32)
-    _dequant_kernel(product.numpy(), stats.numpy(), scales.numpy(), np.float32(INT8_DEQUANT_SCALE), b, out)
-    if dtype == torch.float32:
-        return torch.from_numpy(out)
-    bits = np.empty(out.shape, dtype=np.uint16)
-    _to_bfloat16_bits(out, bits)
-    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    for start, end in blocks:
+        if step == BLOCK_ROWS:
+            block_product = torch._int_mm(codes_in[start:end], codes.t(), out=product[: end - start])
+        else:
+            block_product = torch.ops.bitsandbytes.int8_linear_matmul.default(codes_in[start:end], codes)
+        _dequantize_into(block_product, stats[start:end], scales, b, out[start:end])
+    return out, (torch.from_numpy(cols) if cols.size else None)
+
+
+def _dequantize_into(product: Tensor, stats: np.ndarray, scales: Tensor, bias: np.ndarray, out: Tensor) -> None:
+    """Step 4 of a block in one compiled pass, written into `out` (float32, or bfloat16 through its bit patterns;
+    `bias` as float32 after its cast to out's dtype, of length 0 for none; another dtype: the reference's
+    operations)."""
+    factor = np.float32(INT8_DEQUANT_SCALE)
+    if out.dtype == torch.float32:
+        _dequant_kernel(product.numpy(), stats, scales.numpy(), factor, bias, out.numpy())
+    elif out.dtype == torch.bfloat16:
+        bits = out.view(torch.int16).numpy().view(np.uint16)
+        _dequant_bfloat16_kernel(product.numpy(), stats, scales.numpy(), factor, bias, bits)
+    else:
+        value = torch.outer(torch.from_numpy(stats), scales).mul_(product).mul_(INT8_DEQUANT_SCALE)
+        out.copy_(value if bias.shape[0] == 0 else value.add_(torch.from_numpy(bias).to(out.dtype)))
 
 
 def _quantize_rows(a: Tensor, threshold: float) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -155,7 +208,8 @@ def _quantize_rows(a: Tensor, threshold: float) -> tuple[Tensor, Tensor, Tensor 
 
 def llm_int8(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, threshold: float) -> Tensor:
     """bitsandbytes' LLM.int8() forward on a CPU (the module docstring), bit for bit: steps 1-2 and 4 compiled (one
-    pass each), step 3 bitsandbytes' own operator, step 5 torch's addmm as bitsandbytes calls it.
+    pass each, in blocks of rows), step 3 torch._int_mm where bitsandbytes' operator is torch._int_mm (its own
+    operator otherwise), step 5 torch's addmm as bitsandbytes calls it.
 
     Args:
         x: [..., K] activations (float32, bfloat16 or float16).
@@ -191,12 +245,12 @@ def _llm_int8(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, thr
     import bitsandbytes  # noqa: F401  (registers the torch.ops.bitsandbytes operators)
 
     a = x.reshape(-1, x.shape[-1])
-    quantized = _quantize_rows_compiled(a, threshold) if compiled else None
-    ca, stats, cols = quantized or _quantize_rows(a, threshold)
-    product = torch.ops.bitsandbytes.int8_linear_matmul.default(ca, codes)
-    if compiled:
-        out = _dequantize(product, stats, scales, bias, x.dtype)
+    done = _compiled(a, codes, scales, bias, threshold, x.dtype) if compiled else None
+    if done is not None:
+        out, cols = done
     else:
+        ca, stats, cols = _quantize_rows(a, threshold)
+        product = torch.ops.bitsandbytes.int8_linear_matmul.default(ca, codes)
         out = torch.outer(stats, scales).mul_(product).mul_(INT8_DEQUANT_SCALE)
         out = (out if bias is None else out.add_(bias.to(x.dtype))).to(x.dtype)
     if cols is not None and cols.numel():
