@@ -17,6 +17,7 @@ from llmaudit.common.runtime import (
     matmul_rates,
     pick_device,
     resolve_dtype,
+    threads_per_process,
     torch_threads,
 )
 
@@ -33,6 +34,13 @@ def test_threads_follow_the_environment_then_the_model_size(monkeypatch):
             env_threads()
     finally:
         torch.set_num_threads(before)
+
+
+def test_local_processes_divide_the_cores_among_them(monkeypatch):
+    monkeypatch.setenv("LLMAUDIT_THREADS", "8")
+    assert [threads_per_process(n) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]  # at least one thread each
+    monkeypatch.delenv("LLMAUDIT_THREADS")
+    assert threads_per_process(1) == cpu_parallelism()
 
 
 def test_torch_threads_restores_the_callers_count():

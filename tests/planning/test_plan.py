@@ -115,15 +115,13 @@ def test_plan_where_a_store_of_fewer_runs_exists_prices_every_run_and_says_why(t
 def test_local_processes_shorten_a_stage_on_a_cpu_each_measured_on_its_share_of_the_cores(monkeypatch):
     from llmaudit.common.runtime import available_cores
     from llmaudit.config import load_recipe
-    from llmaudit.planning import throughput
     from llmaudit.planning.throughput import local_parallelism, processes_note, stage_threads
 
     cores = available_cores()
     assert local_parallelism(2, 8, on_cpu=True) == min(2, cores)
     assert local_parallelism(4, 1, on_cpu=True) == 1  # one run: nothing to share
     assert local_parallelism(2, 8, on_cpu=False) == 1  # the processes share the GPU the probe used
-    monkeypatch.setattr(throughput, "available_cores", lambda: 8)
-    monkeypatch.setattr(throughput, "env_threads", lambda: None)
+    monkeypatch.setenv("LLMAUDIT_THREADS", "8")  # 8 cores to share, as jobs.local shares them
     verdict = load_recipe("smollm2-135m-verdict")  # score.processes 2, train.processes 1
     assert stage_threads(verdict, runs=6) == {"train": None, "score": 4}  # what jobs.local gives each child
     wide = verdict.model_copy(update={"train": verdict.train.model_copy(update={"processes": 3})})

@@ -87,6 +87,20 @@ def cpu_parallelism() -> int:
     return env_threads() or available_cores()
 
 
+def threads_per_process(processes: int) -> int:
+    """The torch threads each of `processes` local processes gets: this process's cores (`cpu_parallelism`) divided
+    among them, at least 1. `jobs.local` starts its children with it and `llmaudit plan` measures each stage on it,
+    so the two agree.
+
+    Args:
+        processes (int): the processes that share the cores.
+
+    Returns:
+        int: the threads of one of them.
+    """
+    return max(1, cpu_parallelism() // max(1, processes))
+
+
 def pick_device(requested: str = "auto") -> torch.device:
     """auto = cuda when a GPU is visible, else cpu; cuda without a GPU is an error with the fix."""
     if requested == "cuda" and not torch.cuda.is_available():

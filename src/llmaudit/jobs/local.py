@@ -14,7 +14,7 @@ from typing import Any
 
 from llmaudit.common.children import child_environment
 from llmaudit.common.errors import UserError
-from llmaudit.common.runtime import THREADS_ENV, available_cores, env_threads
+from llmaudit.common.runtime import THREADS_ENV, env_threads, threads_per_process
 from llmaudit.config import ExperimentConfig
 from llmaudit.finetune.distributed import launched_processes
 from llmaudit.finetune.runs import build_base, finetune, prepare_runs
@@ -46,7 +46,7 @@ def score_in_processes(
     """
     check_scoring(cfg, store)  # a refused device, quantizer or store answers here, not from every child
     n = cfg.score.processes
-    threads = max(1, (env_threads() or available_cores()) // n)
+    threads = threads_per_process(n)
     # the same score settings in every child (JSON is YAML); --shard keeps a child from starting processes
     settings = cfg.score.model_dump(mode="json")
     # options of a quantizer the grid does not score are unused: a child given them on its command line refuses them
@@ -134,9 +134,7 @@ def finetune_in_processes(
     """
     n = min(cfg.train.processes, cfg.train.runs)
     # a built-in model trains on one thread wherever it runs (`configure_threads`), so its runs stay the same
-    threads = (
-        None if is_builtin(cfg.model) and env_threads() is None else max(1, (env_threads() or available_cores()) // n)
-    )
+    threads = None if is_builtin(cfg.model) and env_threads() is None else threads_per_process(n)
     base = [sys.executable, "-m", "llmaudit.cli", "finetune", *([recipe] if recipe else []), *overrides]
     base += ["--out", str(store.root), "--no-progress"]  # model.trust_remote_code, if given, is in the overrides
     echo(f"[finetune] {n} processes with {threads or 1} thread(s) each train the runs of {store.root}")

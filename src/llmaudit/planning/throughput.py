@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from llmaudit.common.memory import frozen_survivors, release_memory
-from llmaudit.common.runtime import available_cores, dtype_name, env_threads, torch_threads
+from llmaudit.common.runtime import available_cores, dtype_name, threads_per_process, torch_threads
 from llmaudit.config import ExperimentConfig, ModelConfig
 from llmaudit.data.chem import SUPPORTED_TASKS
 from llmaudit.data.records import record_text
@@ -457,11 +457,10 @@ def stage_threads(cfg: ExperimentConfig, runs: int) -> dict[str, int | None]:
     """
     if is_builtin(cfg.model):
         return {"train": None, "score": None}
-    cores = env_threads() or available_cores()
     train, score = min(cfg.train.processes, max(runs, 1)), cfg.score.processes
     return {
-        "train": max(1, cores // train) if train > 1 else None,
-        "score": max(1, cores // score) if score > 1 else None,
+        "train": threads_per_process(train) if train > 1 else None,
+        "score": threads_per_process(score) if score > 1 else None,
     }
 
 
