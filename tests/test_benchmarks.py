@@ -330,6 +330,24 @@ def test_bench_utility_quick_times_each_part_against_the_unit(tmp_path):
     assert "of the unit" in done.stdout
 
 
+def test_bench_decoding_quick_times_every_row_count_against_one_row(tmp_path):
+    """benchmarks/bench_decoding.py on the built-in tiny model: a step for each row count, each against the 1-row
+    step, and the weights' bytes counted."""
+    out = tmp_path / "decoding.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("bench_decoding.py")), "--quick", "--steps", "3", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert sorted(int(rows) for rows in result["step_ms"]) == [1, 2, 4, 8, 16]
+    assert all(ms > 0 for ms in result["step_ms"].values()) and result["weights_bytes"] > 0
+    assert done.stdout.count("ratio to 1 row") == 5 and "GB/s" in done.stdout
+
+
 def _bench_hqq():
     """benchmarks/bench_hqq.py as a module (run in this process: the built-in model is built once per session)."""
     spec = importlib.util.spec_from_file_location("bench_hqq", SCRIPT.with_name("bench_hqq.py"))
