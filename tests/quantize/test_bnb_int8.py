@@ -11,7 +11,7 @@ import torch
 
 from llmaudit.quantize import get_quantizer
 from llmaudit.quantize.bnb_int8 import Int8Linear, llm_int8, llm_int8_reference
-from llmaudit.score.engine import plain_modules, score_examples, weights_digest
+from llmaudit.score.engine import fragments_heap, plain_modules, score_examples, weights_digest
 
 from .conftest import build_lora_merged
 
@@ -121,6 +121,7 @@ def test_bnb_int8_quantizer_builds_int8_linear_with_the_same_losses_and_digest(t
     layers = [m for m in mine.modules() if isinstance(m, Int8Linear)]
     assert len(layers) == 14 and not any(isinstance(m, bnb.nn.Linear8bitLt) for m in mine.modules())
     assert plain_modules(mine) and not plain_modules(theirs)
+    assert fragments_heap(mine) and fragments_heap(theirs) and not fragments_heap(base)  # both under bounded_heap
     assert weights_digest(mine) == weights_digest(theirs)
     assert q.model_size_bytes(mine) == q.model_size_bytes(theirs)
     examples = []

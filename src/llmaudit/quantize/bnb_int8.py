@@ -141,10 +141,10 @@ def _as_float16(rows: Tensor, half: Tensor, exact: Tensor) -> np.ndarray:
 
 def _compiled(a: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, threshold: float, dtype: torch.dtype):
     """Steps 1-4 compiled, in blocks of BLOCK_ROWS rows where the product is torch._int_mm (one block otherwise):
-    each block's cast, statistics and codes, the outlier columns then zeroed in every row (they are the whole
-    input's, as bitsandbytes finds them), then each block's product and dequantization into the output. Returns (out [T, N], outlier
-    columns or None), or None where an activation is not finite or a row holds only outliers and zeros (left to the
-    reference path, which gives what torch gives there)."""
+    each block's cast, statistics and codes; the outlier columns then zeroed in every row (they are the whole
+    input's, as bitsandbytes finds them); then each block's product and dequantization into the output. Returns
+    (out [T, N], outlier columns or None), or None where an activation is not finite or a row holds only outliers
+    and zeros (left to the reference path, which gives what torch gives there)."""
     rows, width = a.shape
     step = BLOCK_ROWS if _product_is_int_mm() else max(rows, 1)
     blocks = [(start, min(start + step, rows)) for start in range(0, rows, step)]
@@ -265,6 +265,7 @@ class Int8Linear(nn.Module):
     Its forward only reads the module (`stateless_forward`: safe in several threads at once)."""
 
     stateless_forward = True
+    large_temporaries = True  # its codes and output are the batch's size: scored with large blocks mapped
 
     def __init__(self, codes: Tensor, scales: Tensor, bias: Tensor | None, threshold: float):
         super().__init__()

@@ -252,6 +252,21 @@ def plain_modules(model: Any) -> bool:
     return True
 
 
+def fragments_heap(model: Any) -> bool:
+    """Whether scoring the model would fragment the heap under glibc's dynamic mmap threshold: it has real quantized
+    layers (not `plain_modules`: their float32 temporaries), or a layer that declares `large_temporaries` (its
+    forward allocates blocks the size of the batch: quantize.bnb_int8.Int8Linear).
+
+    Args:
+        model (Any): the model.
+
+    Returns:
+        bool: True when the model should be scored with large blocks mapped (common.memory.bounded_heap).
+    """
+    declared = any(getattr(type(module), "large_temporaries", False) is True for module in model.modules())
+    return declared or not plain_modules(model)
+
+
 @dataclass(frozen=True)
 class ScoringOptions:
     """How score_examples batches and bounds its work (see there): the engine's typed settings.

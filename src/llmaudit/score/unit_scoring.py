@@ -34,7 +34,7 @@ from llmaudit.score.calibration import (
     check_recorded_calibration,
     given_file,
 )
-from llmaudit.score.engine import ScoringOptions, TokenScores, plain_modules, score_examples, weights_digest
+from llmaudit.score.engine import ScoringOptions, TokenScores, fragments_heap, score_examples, weights_digest
 from llmaudit.score.utility import UnitUtility, UtilityWork, nonfinite_divergence
 from llmaudit.store.integrity import check_checkpoint_dir
 from llmaudit.store.losstable import REFERENCE_RUN
@@ -435,8 +435,8 @@ def score_unit(inputs: ScoreInputs, unit: Unit, work: CheckpointWork) -> tuple[p
     """The loss table of one unit: its checkpoint (`work.model`) quantized, scored on its samples.
 
     At a run's final checkpoint the table has the utility columns of its validation rows (llmaudit.score.utility),
-    measured against the checkpoint in the store's dtype (`work.reference`). A model with real quantized layers is
-    scored with large blocks mapped (`bounded_heap`: their float32 temporaries would fragment the heap).
+    measured against the checkpoint in the store's dtype (`work.reference`). A model whose scoring would fragment the
+    heap (`fragments_heap`: real quantized layers, the int8 layers) is scored with large blocks mapped.
 
     Args:
         inputs (ScoreInputs): the process's scoring inputs.
@@ -455,7 +455,7 @@ def score_unit(inputs: ScoreInputs, unit: Unit, work: CheckpointWork) -> tuple[p
     if given is None:  # the record describes llmaudit's quantization; a user's own file is recorded at import
         _record_quantizer(inputs.store, quantizer, qmodel, calibration_record(inputs, quantizer))
     examples = unit_examples(inputs.val, inputs.pool, unit)
-    with bounded_heap(not plain_modules(qmodel)):
+    with bounded_heap(fragments_heap(qmodel)):
         scores, extra, uwork = _unit_scores(inputs, unit, work, qmodel)
     nonfinite = [e.sample_id for e, s in zip(examples, scores, strict=True) if not np.isfinite(s.token_losses).all()]
     if nonfinite:
